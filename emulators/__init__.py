@@ -1,0 +1,35 @@
+"""Local servers speaking each provider's real wire protocol.
+
+The unmodified vendor SDKs run against them, so contract tests, benchmarks,
+``sandbox-router demo`` and users' own CI can exercise failover without a
+cloud account. `emulator_class` finds one by provider name; the shared parts
+(faults, quotas, records, the background thread) are in `emulators.harness`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from emulators.harness import Emulator
+
+__all__ = ["EMULATORS", "emulator_class"]
+
+EMULATORS: dict[str, str] = {
+    "daytona": "emulators.daytona:DaytonaEmulator",
+    "runloop": "emulators.runloop:RunloopEmulator",
+    "modal": "emulators.modal:ModalEmulator",
+    "e2b": "emulators.e2b:E2BEmulator",
+}
+
+
+def emulator_class(name: str) -> type[Emulator]:
+    """The emulator class for provider ``name`` (imported on first use)."""
+    try:
+        target = EMULATORS[name]
+    except KeyError:
+        raise ValueError(f"no emulator for {name!r}; expected one of {sorted(EMULATORS)}") from None
+    module, _, attr = target.partition(":")
+    cls: type[Emulator] = getattr(importlib.import_module(module), attr)
+    return cls

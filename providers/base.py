@@ -1,0 +1,246 @@
+"""The provider protocol every adapter implements, and the values it trades in.
+
+An adapter hides one vendor SDK behind `Provider` (create, connect, list,
+kill) and `Sandbox` (run, files, run_code, kill, `.native`). Both are async:
+the router runs every provider call on its own event loop and offers the
+sync API on top of that (see ``router.engine``), so an adapter is written once.
+
+Adapters raise only the classes of ``providers.errors``; the router decides
+from the class alone whether to retry, fail over or give the error to the
+caller.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from providers.errors import (
+    AuthError,
+    CapacityExceeded,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+    SandboxError,
+    SandboxPathError,
+    Unavailable,
+)
+
+__all__ = [
+    "LABEL_ENTRY",
+    "LABEL_LEASE",
+    "LABEL_ROUTER",
+    "LABEL_SESSION",
+    "AuthError",
+    "CapacityExceeded",
+    "CodeResult",
+    "CommandResult",
+    "FileInfo",
+    "NotFound",
+    "Provider",
+    "ProviderError",
+    "ProviderOptions",
+    "QuotaExceeded",
+    "RateLimited",
+    "Sandbox",
+    "SandboxError",
+    "SandboxInfo",
+    "SandboxPathError",
+    "SandboxSpec",
+    "Unavailable",
+]
+
+# Label keys the router puts on every sandbox it creates. Plain lowercase
+# identifiers because every provider accepts them as label/metadata/tag keys.
+LABEL_ROUTER = "sandbox_router"
+LABEL_ENTRY = "sandbox_router_entry"
+LABEL_LEASE = "sandbox_router_lease"
+LABEL_SESSION = "sandbox_router_session"
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """What the caller asks for; each adapter maps it onto its SDK's fields.
+
+    Attributes:
+        template: the provider's template / snapshot / image / blueprint name;
+            ``None`` takes the entry's configured default.
+        language: the main language of the sandbox (``python``, ``bash``...).
+        env: environment variables set for every command.
+        labels: labels/metadata/tags put on the sandbox (the router adds its own).
+        lifetime: seconds after which the provider may stop the sandbox.
+        idle_timeout: seconds of inactivity after which it may stop it.
+        cpu: cores; memory_mb and disk_gb: sizes; gpu: a GPU type, e.g. ``"T4"``.
+        workdir: working directory for commands.
+    """
+
+    template: str | None = None
+    language: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    lifetime: float | None = None
+    idle_timeout: float | None = None
+    cpu: float | None = None
+    memory_mb: int | None = None
+    disk_gb: int | None = None
+    gpu: str | None = None
+    workdir: str | None = None
+
+    def with_labels(self, labels: Mapping[str, str]) -> SandboxSpec:
+        """A copy with ``labels`` merged over the existing ones."""
+        return replace(self, labels={**self.labels, **labels})
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """The outcome of one command. A non-zero exit is a result, not an error."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(frozen=True, slots=True)
+class CodeResult(CommandResult):
+    """The outcome of `Sandbox.run_code`: output, rich results and the error."""
+
+    results: tuple[Any, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    name: str
+    path: str
+    is_dir: bool
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxInfo:
+    """One sandbox as a provider lists it."""
+
+    id: str
+    labels: Mapping[str, str]
+    state: str = "running"
+    created_at: float | None = None
+
+
+class ProviderOptions(BaseModel):
+    """Per-entry options of one provider; each adapter subclasses it.
+
+    Secrets are ``pydantic.SecretStr`` fields so they never show in a repr,
+    a log line or an error message.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sandbox(abc.ABC):
+    """A live sandbox: one handle API whatever the provider."""
+
+    id: str
+    provider: str
+
+    @abc.abstractmethod
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        """Run a shell command (a string) or an argv (a sequence)."""
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes | str) -> None: ...
+
+    @abc.abstractmethod
+    async def read_file(self, path: str) -> bytes: ...
+
+    @abc.abstractmethod
+    async def list_files(self, path: str = ".") -> list[FileInfo]: ...
+
+    @abc.abstractmethod
+    async def run_code(
+        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+    ) -> CodeResult: ...
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Destroy the sandbox; killing a dead sandbox is not an error."""
+
+    async def keepalive(self, seconds: float) -> None:  # noqa: B027 - optional hook
+        """Ask the provider to keep the sandbox alive ``seconds`` more.
+
+        Called by lease heartbeats. Providers whose sandboxes live until killed
+        need not override it.
+        """
+
+    @property
+    @abc.abstractmethod
+    def native(self) -> Any:
+        """The SDK's own sandbox object: the escape hatch."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.provider}:{self.id}>"
+
+
+class Provider(abc.ABC):
+    """One chain entry's provider: a configured account of one vendor.
+
+    Args:
+        name: the chain entry's name (unique in a config; used in errors,
+            logs and metric labels).
+        options: the validated ``Options`` of this provider.
+    """
+
+    kind: ClassVar[str]
+    Options: ClassVar[type[ProviderOptions]] = ProviderOptions
+    capabilities: frozenset[str] = frozenset({"run_code"})
+
+    def __init__(self, name: str, options: ProviderOptions | None = None) -> None:
+        self.name = name
+        self.options = options if options is not None else self.Options()
+
+    def configured(self) -> bool:
+        """True when the credentials this provider needs are present."""
+        return self.unconfigured_reason() is None
+
+    def unconfigured_reason(self) -> str | None:
+        """Why the entry cannot be used (e.g. which env var is missing), or None."""
+        return None
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec, *, timeout: float) -> Sandbox:
+        """Create a sandbox and wait until it runs, within ``timeout`` seconds."""
+
+    @abc.abstractmethod
+    async def connect(self, sandbox_id: str) -> Sandbox:
+        """A handle on an existing sandbox; NotFound when it is gone."""
+
+    @abc.abstractmethod
+    async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        """Sandboxes of this account carrying all of ``labels``."""
+
+    @abc.abstractmethod
+    async def kill(self, sandbox_id: str) -> bool:
+        """Destroy a sandbox by id; False when it did not exist."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release SDK clients; called when the router closes."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} entry={self.name!r}>"

@@ -1,0 +1,168 @@
+"""The one exception tree of sandbox-router.
+
+Every error the library raises derives from ``SandboxRouterError``. Adapters
+map each vendor SDK exception to the most specific class here, always with
+``raise ... from exc`` so the SDK's own exception stays on ``__cause__``::
+
+    SandboxRouterError
+    ├── ConfigError                 bad config file, field or value (router.config)
+    ├── StateUnavailable            the shared state store cannot be reached
+    ├── NoProviderAvailable         every chain entry was skipped or failed (router)
+    ├── LeaseError                  a lease was used after release, or lost
+    └── ProviderError               raised by a provider adapter
+        ├── AuthError               permanent: credentials missing or refused
+        ├── QuotaExceeded           the provider's own quota answer (reset_at)
+        ├── RateLimited             transient 429 (retry_after)
+        ├── CapacityExceeded        the provider's concurrency cap
+        ├── Unavailable             transient: 5xx, refused, timeouts
+        ├── NotFound                no such sandbox or template
+        └── SandboxError            the user's command or file op failed:
+            └── SandboxPathError    a path escapes the sandbox
+
+How the router treats each class is decided in ``policies.outcome``: only
+``Unavailable`` (and ``RateLimited`` inside its retry-after) is retried on the
+same entry; ``SandboxError`` never causes a failover and never counts against
+a provider's health.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+__all__ = [
+    "AuthError",
+    "CapacityExceeded",
+    "ConfigError",
+    "LeaseError",
+    "NoProviderAvailable",
+    "NotFound",
+    "ProviderError",
+    "QuotaExceeded",
+    "RateLimited",
+    "SandboxError",
+    "SandboxPathError",
+    "SandboxRouterError",
+    "StateUnavailable",
+    "Unavailable",
+]
+
+
+class SandboxRouterError(Exception):
+    """Root of every error raised by sandbox-router."""
+
+
+class ConfigError(SandboxRouterError, ValueError):
+    """The configuration is invalid.
+
+    The message names the file, the field path and what was expected, so an
+    operator can fix it without reading code.
+    """
+
+
+class StateUnavailable(SandboxRouterError):
+    """The shared state store (Redis or SQLite) cannot be reached.
+
+    Raised with ``on_state_error: fail_closed`` (the default) so no sandbox is
+    created that the fleet's quota ledger does not know about.
+    """
+
+
+class LeaseError(SandboxRouterError):
+    """A lease was used after it was released, or its state was lost."""
+
+
+class NoProviderAvailable(SandboxRouterError):
+    """No chain entry could serve; ``reasons`` maps each entry to why."""
+
+    def __init__(self, reasons: dict[str, str]) -> None:
+        self.reasons = dict(reasons)
+        lines = "\n".join(f"  - {name}: {why}" for name, why in self.reasons.items())
+        super().__init__(f"no sandbox provider available:\n{lines}" if lines else
+                         "no sandbox provider available: the chain is empty")
+
+
+class ProviderError(SandboxRouterError):
+    """An error from one provider adapter.
+
+    Attributes:
+        provider: the chain entry or provider name that raised it.
+        status: the HTTP/gRPC status the provider answered, when there was one.
+        attempt: which attempt on this entry raised it (set by the router).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str | None = None,
+        status: int | None = None,
+        sandbox_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.provider = provider
+        self.status = status
+        self.sandbox_id = sandbox_id
+        self.attempt: int | None = None
+
+    def __str__(self) -> str:
+        where = [f"provider={self.provider}"] if self.provider else []
+        if self.sandbox_id:
+            where.append(f"sandbox={self.sandbox_id}")
+        if self.status is not None:
+            where.append(f"status={self.status}")
+        return f"{self.message} ({', '.join(where)})" if where else self.message
+
+
+class AuthError(ProviderError):
+    """Credentials are missing or refused: the entry is misconfigured."""
+
+
+class QuotaExceeded(ProviderError):
+    """The provider says the account's quota is spent, until ``reset_at``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reset_at: datetime | None = None,
+        provider: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status=status)
+        self.reset_at = reset_at
+
+
+class RateLimited(ProviderError):
+    """A transient 429; ``retry_after`` seconds when the provider said."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        provider: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status=status)
+        self.retry_after = retry_after
+
+
+class CapacityExceeded(ProviderError):
+    """The provider's cap on concurrent sandboxes is reached."""
+
+
+class Unavailable(ProviderError):
+    """Transient: 5xx, connection refused or reset, timeouts."""
+
+
+class NotFound(ProviderError):
+    """No such sandbox (or template) on the provider."""
+
+
+class SandboxError(ProviderError):
+    """The user's command or file operation failed; never a reason to fail over."""
+
+
+class SandboxPathError(SandboxError, ValueError):
+    """A file path escapes the sandbox's directory."""

@@ -1,0 +1,471 @@
+"""The ``local`` provider: sandboxes on this host.
+
+Each sandbox is a private directory under the provider's root with its
+metadata beside it (``<id>.json``, outside the writable tree so a command
+cannot rewrite its own labels). Commands run with a scrubbed environment,
+resource limits (CPU seconds, address space, file size, processes) and in a
+new session so a timeout kills the whole process group. When ``bwrap`` is on
+PATH the command runs inside bubblewrap: new pid/net/ipc/uts namespaces, the
+system directories read-only and the sandbox directory as the only writable
+home, ``/home/sandbox``.
+
+The same machinery backs every emulator in ``emulators/``, so an emulated
+cloud sandbox runs real commands too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import resource
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import structlog
+
+from providers.base import (
+    CodeResult,
+    CommandResult,
+    FileInfo,
+    Provider,
+    ProviderOptions,
+    Sandbox,
+    SandboxInfo,
+    SandboxSpec,
+)
+from providers.errors import ConfigError, NotFound, SandboxError, SandboxPathError
+
+__all__ = ["LocalOptions", "LocalProvider", "LocalSandbox", "bwrap_available"]
+
+log = structlog.get_logger("sandbox_router.local")
+
+HOME = "/home/sandbox"
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_warned_no_bwrap = False
+
+
+def bwrap_available() -> bool:
+    return shutil.which("bwrap") is not None
+
+
+def _default_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"sandbox-router-{os.getuid()}" / "local"
+
+
+class LocalOptions(ProviderOptions):
+    """Options of the ``local`` provider.
+
+    Attributes:
+        root: where sandbox directories live (default: a per-user temp dir).
+        isolation: ``auto`` uses bubblewrap when present, ``bwrap`` requires
+            it, ``none`` runs commands as plain child processes.
+        cpu_seconds, memory_mb, file_size_mb, max_processes: rlimits applied
+            to every command.
+        max_output_bytes: stdout and stderr are each cut at this size.
+        python: interpreter for ``run_code(language="python")``.
+    """
+
+    root: Path | None = None
+    isolation: Literal["auto", "bwrap", "none"] = "auto"
+    cpu_seconds: int = 600
+    memory_mb: int = 2048
+    file_size_mb: int = 512
+    max_processes: int = 512
+    max_output_bytes: int = 10 * 1024 * 1024
+    python: str = "python3"
+
+
+class LocalProvider(Provider):
+    """Sandboxes on this host: always configured, the chain's last resort."""
+
+    kind: ClassVar[str] = "local"
+    Options: ClassVar[type[ProviderOptions]] = LocalOptions
+    capabilities = frozenset({"run_code", "files"})
+
+    def __init__(self, name: str = "local", options: ProviderOptions | None = None) -> None:
+        super().__init__(name, options)
+        opts = self.opts
+        self.root = (opts.root or _default_root()).resolve()
+        self.use_bwrap = _resolve_isolation(opts.isolation, name)
+
+    @property
+    def opts(self) -> LocalOptions:
+        assert isinstance(self.options, LocalOptions)
+        return self.options
+
+    async def create(
+        self, spec: SandboxSpec, *, timeout: float = 60.0, sandbox_id: str | None = None
+    ) -> LocalSandbox:
+        """Create a sandbox directory; ``sandbox_id`` lets an emulator mint vendor-shaped ids."""
+        sandbox_id = sandbox_id or "local-" + secrets.token_hex(8)
+        if not _ID.fullmatch(sandbox_id):
+            raise ValueError(f"invalid local sandbox id {sandbox_id!r}")
+        meta = {
+            "id": sandbox_id,
+            "labels": dict(spec.labels),
+            "env": dict(spec.env),
+            "created_at": time.time(),
+            "language": spec.language,
+        }
+        await asyncio.to_thread(self._write_meta, sandbox_id, meta)
+        return LocalSandbox(self, sandbox_id, meta)
+
+    def _write_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
+        (self.root / sandbox_id).mkdir(parents=True, mode=0o700)
+        tmp = self.root / f".{sandbox_id}.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(self.root / f"{sandbox_id}.json")
+
+    def _read_meta(self, sandbox_id: str) -> dict[str, Any]:
+        if not _ID.fullmatch(sandbox_id):
+            raise NotFound(f"no local sandbox {sandbox_id!r}", provider=self.name)
+        try:
+            meta: dict[str, Any] = json.loads((self.root / f"{sandbox_id}.json").read_text())
+        except FileNotFoundError:
+            raise NotFound(
+                f"no local sandbox {sandbox_id!r}", provider=self.name, sandbox_id=sandbox_id
+            ) from None
+        return meta
+
+    async def connect(self, sandbox_id: str) -> LocalSandbox:
+        meta = await asyncio.to_thread(self._read_meta, sandbox_id)
+        return LocalSandbox(self, sandbox_id, meta)
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        return await asyncio.to_thread(self._list, dict(labels or {}))
+
+    def _list(self, labels: dict[str, str]) -> list[SandboxInfo]:
+        found = []
+        for meta_path in sorted(self.root.glob("[!.]*.json")) if self.root.exists() else []:
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError):
+                continue
+            if all(meta["labels"].get(k) == v for k, v in labels.items()):
+                found.append(SandboxInfo(meta["id"], meta["labels"], "running", meta["created_at"]))
+        return found
+
+    async def kill(self, sandbox_id: str) -> bool:
+        try:
+            sandbox = await self.connect(sandbox_id)
+        except NotFound:
+            return False
+        await sandbox.kill()
+        return True
+
+
+def _resolve_isolation(isolation: str, name: str) -> bool:
+    global _warned_no_bwrap
+    if isolation == "none":
+        return False
+    if bwrap_available():
+        return True
+    if isolation == "bwrap":
+        raise ConfigError(f"entry {name!r}: isolation 'bwrap' requested but bwrap is not on PATH")
+    if not _warned_no_bwrap:
+        _warned_no_bwrap = True
+        log.warning(
+            "sandbox_router.local.no_bwrap",
+            detail="bubblewrap (bwrap) not on PATH: local sandboxes run without namespace "
+            "isolation, with rlimits and a private directory only",
+        )
+    return False
+
+
+class LocalProcess:
+    """A command started in a local sandbox, for callers that stream its output."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, max_output: int) -> None:
+        self.proc = proc
+        self.max_output = max_output
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (bwrap and everything below it)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    async def communicate(
+        self, stdin: bytes | None, timeout: float | None
+    ) -> tuple[bytes, bytes, int, bool]:
+        """Feed stdin, collect capped output; kill the group at ``timeout``."""
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                if stdin:
+                    self.proc.stdin.write(stdin)
+                    await self.proc.stdin.drain()
+                self.proc.stdin.close()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        readers = asyncio.gather(
+            _read_capped(self.proc.stdout, self.max_output),
+            _read_capped(self.proc.stderr, self.max_output),
+        )
+        timed_out = False
+        try:
+            out, err = await asyncio.wait_for(asyncio.shield(readers), timeout)
+        except TimeoutError:
+            timed_out = True
+            self.kill()
+            out, err = await readers
+        code = await self.proc.wait()
+        self.kill()  # reap anything the command left running in its group
+        return out, err, code, timed_out
+
+
+async def _read_capped(stream: asyncio.StreamReader, limit: int) -> bytes:
+    buf = bytearray()
+    dropped = 0
+    while chunk := await stream.read(65536):
+        room = limit - len(buf)
+        buf += chunk[: max(room, 0)]
+        dropped += max(len(chunk) - max(room, 0), 0)
+    if dropped:
+        buf += f"\n[sandbox-router: {dropped} bytes of output dropped]".encode()
+    return bytes(buf)
+
+
+class LocalSandbox(Sandbox):
+    """A private directory and the commands run in it."""
+
+    def __init__(self, provider: LocalProvider, sandbox_id: str, meta: dict[str, Any]) -> None:
+        self._provider = provider
+        self.id = sandbox_id
+        self.provider = provider.name
+        self.meta = meta
+        self.dir = provider.root / sandbox_id
+
+    @property
+    def native(self) -> Path:
+        return self.dir
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.meta["labels"])
+
+    def _check_alive(self) -> None:
+        if not self.dir.is_dir():
+            raise NotFound(
+                f"local sandbox {self.id} was killed", provider=self.provider, sandbox_id=self.id
+            )
+
+    def resolve(self, path: str) -> Path:
+        """Map a sandbox path (relative, or under /home/sandbox) to the host path."""
+        if "\x00" in path:
+            raise SandboxPathError(
+                "path contains a NUL byte", provider=self.provider, sandbox_id=self.id
+            )
+        p = path
+        if p == HOME or p.startswith(HOME + "/"):
+            p = p[len(HOME) :].lstrip("/") or "."
+        elif os.path.isabs(p) and not p.startswith(str(self.dir)):
+            raise SandboxPathError(
+                f"path {path!r} is outside the sandbox (use a relative path or {HOME}/...)",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        root = self.dir.resolve()
+        target = (root / p).resolve()
+        if target != root and not target.is_relative_to(root):
+            raise SandboxPathError(
+                f"path {path!r} escapes the sandbox directory",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        return target
+
+    def _argv(self, argv: Sequence[str], cwd: str | None) -> tuple[list[str], str]:
+        workdir = self.resolve(cwd) if cwd else self.dir
+        if not self._provider.use_bwrap:
+            return list(argv), str(workdir)
+        inner_cwd = HOME + "/" + str(workdir.relative_to(self.dir.resolve())).lstrip(".")
+        cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+        for d in _system_dirs():
+            cmd += ["--ro-bind", d, d]
+        cmd += [
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--bind", str(self.dir), HOME, "--chdir", inner_cwd.rstrip("/") or HOME,
+            "--hostname", "sandbox", "--",
+        ]  # fmt: skip
+        return cmd + list(argv), str(self.dir)
+
+    def _env(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        home = HOME if self._provider.use_bwrap else str(self.dir)
+        base = {
+            "PATH": _PATH + ":" + os.path.dirname(sys.executable),
+            "HOME": home,
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+        }
+        return {**base, **self.meta.get("env", {}), **(env or {})}
+
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LocalProcess:
+        """Start a command and return it running (stdin, stdout, stderr piped)."""
+        self._check_alive()
+        argv = ["/bin/bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        full, workdir = self._argv(argv, cwd)
+        opts = self._provider.opts
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *full,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=workdir,
+                env=self._env(env),
+                start_new_session=True,
+                preexec_fn=_limits(opts),
+            )
+        except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+            raise SandboxError(
+                f"cannot start {argv[0]!r}: {exc}", provider=self.provider, sandbox_id=self.id
+            ) from exc
+        return LocalProcess(proc, opts.max_output_bytes)
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
+        started = time.monotonic()
+        proc = await self.start(cmd, env=env, cwd=cwd)
+        out, err, code, timed_out = await proc.communicate(stdin, timeout)
+        return CommandResult(
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            exit_code=code,
+            duration=time.monotonic() - started,
+            timed_out=timed_out,
+        )
+
+    async def run_code(
+        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+    ) -> CodeResult:
+        interpreters = {"python": [self._provider.opts.python, "-"], "bash": ["/bin/bash", "-s"]}
+        if language not in interpreters:
+            raise SandboxError(
+                f"run_code: language {language!r} is not supported "
+                f"(expected one of {sorted(interpreters)})",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        res = await self.run(interpreters[language], timeout=timeout, stdin=code.encode())
+        error = None
+        if res.timed_out:
+            error = f"timed out after {timeout}s"
+        elif res.exit_code != 0:
+            lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+            error = lines[-1] if lines else f"exit code {res.exit_code}"
+        return CodeResult(
+            res.stdout, res.stderr, res.exit_code, res.duration, res.timed_out, (), error
+        )
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        self._check_alive()
+        target = self.resolve(path)
+        payload = data.encode() if isinstance(data, str) else data
+
+        def write() -> None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(payload)
+
+        await asyncio.to_thread(self._fs, write, path)
+
+    async def read_file(self, path: str) -> bytes:
+        self._check_alive()
+        target = self.resolve(path)
+        return await asyncio.to_thread(self._fs, target.read_bytes, path)
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        self._check_alive()
+        target = self.resolve(path)
+        root = self.dir.resolve()
+
+        def listing() -> list[FileInfo]:
+            return [
+                FileInfo(
+                    name=p.name,
+                    path=str(Path(HOME) / p.relative_to(root)),
+                    is_dir=p.is_dir(),
+                    size=p.stat().st_size if p.is_file() else 0,
+                )
+                for p in sorted(target.iterdir())
+            ]
+
+        return await asyncio.to_thread(self._fs, listing, path)
+
+    def _fs(self, op: Any, path: str) -> Any:
+        try:
+            return op()
+        except FileNotFoundError as exc:
+            raise SandboxError(
+                f"no such file or directory: {path!r}", provider=self.provider, sandbox_id=self.id
+            ) from exc
+        except OSError as exc:
+            raise SandboxError(
+                f"{path!r}: {exc.strerror}", provider=self.provider, sandbox_id=self.id
+            ) from exc
+
+    async def kill(self) -> None:
+        def remove() -> None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                (self._provider.root / f"{self.id}.json").unlink()
+
+        await asyncio.to_thread(remove)
+
+    @property
+    def alive(self) -> bool:
+        return self.dir.is_dir()
+
+
+def _system_dirs() -> list[str]:
+    dirs = [d for d in _SYSTEM_DIRS if os.path.exists(d)]
+    prefix = sys.base_prefix
+    if not any(prefix == d or prefix.startswith(d + "/") for d in dirs):
+        dirs.append(prefix)
+    return dirs
+
+
+def _limits(opts: LocalOptions) -> Any:
+    """A preexec_fn applying the rlimits in the child before exec."""
+    limits = [
+        (resource.RLIMIT_CPU, opts.cpu_seconds),
+        (resource.RLIMIT_AS, opts.memory_mb * 1024 * 1024),
+        (resource.RLIMIT_FSIZE, opts.file_size_mb * 1024 * 1024),
+        (resource.RLIMIT_NPROC, opts.max_processes),
+    ]
+
+    def apply() -> None:
+        for which, value in limits:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(which, (value, value))
+
+    return apply
