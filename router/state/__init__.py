@@ -1,0 +1,56 @@
+"""State stores, chosen by the URL scheme of ``state_url``.
+
+``redis://``, ``rediss://``, ``redis+sentinel://`` and ``redis+cluster://``
+select `RedisStore` (a fleet of replicas); ``sqlite:///path`` selects
+`SQLiteStore` (one host, the embedded default); ``memory://`` an in-process
+store for tests. An unknown scheme is a ConfigError naming the schemes.
+"""
+
+from __future__ import annotations
+
+from providers.errors import ConfigError
+from router.state.base import EntryRef, Reservation, Settlement, Snapshot, StateStore
+
+__all__ = [
+    "SCHEMES",
+    "EntryRef",
+    "Reservation",
+    "Settlement",
+    "Snapshot",
+    "StateStore",
+    "open_store",
+]
+
+SCHEMES = {
+    "redis": "redis",
+    "rediss": "redis",
+    "redis+sentinel": "redis",
+    "rediss+sentinel": "redis",
+    "redis+cluster": "redis",
+    "rediss+cluster": "redis",
+    "unix": "redis",
+    "sqlite": "sqlite",
+    "memory": "memory",
+}
+
+
+def open_store(url: str, prefix: str) -> StateStore:
+    """The store for ``url``, namespaced by ``prefix``."""
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    kind = SCHEMES.get(scheme)
+    if kind == "redis":
+        from router.state.redis import RedisStore
+
+        return RedisStore(url, prefix)
+    if kind == "sqlite":
+        from router.state.sqlite import SQLiteStore
+
+        return SQLiteStore(url, prefix)
+    if kind == "memory":
+        from router.state.memory import MemoryStore
+
+        return MemoryStore(url, prefix)
+    raise ConfigError(
+        f"state_url: unsupported scheme {scheme or url!r}; expected one of "
+        + ", ".join(f"{s}://" for s in sorted(SCHEMES))
+    )

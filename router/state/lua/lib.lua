@@ -1,0 +1,159 @@
+-- Shared by every script: the entry-health rules of policies/breaker.py and
+-- the lease ledger of policies/quota.py, kept line for line in step with
+-- them (tests/state/test_lua_matches_policies.py checks the two agree).
+-- `until` is a Lua keyword, hence `until_` in tables and JSON.
+
+local function load_health(key)
+  local raw = redis.call('GET', key)
+  local s = {}
+  if raw then s = cjson.decode(raw) end
+  s.circuit = s.circuit or 'closed'
+  s.failures = s.failures or 0
+  s.openings = s.openings or 0
+  s.open_until = s.open_until or 0
+  s.probe_until = s.probe_until or 0
+  if type(s.events) ~= 'table' then s.events = {} end
+  s.block = s.block or ''
+  s.block_until = s.block_until or 0
+  s.block_detail = s.block_detail or ''
+  s.fingerprint = s.fingerprint or ''
+  return s
+end
+
+local function save_health(key, s)
+  redis.call('SET', key, cjson.encode(s))
+end
+
+local function clear_block(s)
+  s.block = ''
+  s.block_until = 0
+  s.block_detail = ''
+  s.fingerprint = ''
+end
+
+local function admit(s, cfg, now, fingerprint)
+  if s.block ~= '' then
+    if s.block == 'misconfigured' then
+      if s.fingerprint == fingerprint then
+        return {allowed = false, reason = 'misconfigured', until_ = 0}
+      end
+      clear_block(s)
+    elseif now < s.block_until then
+      return {allowed = false, reason = s.block, until_ = s.block_until}
+    else
+      clear_block(s)
+    end
+  end
+  if s.circuit == 'open' then
+    if now < s.open_until then
+      return {allowed = false, reason = 'open', until_ = s.open_until}
+    end
+    s.circuit = 'half_open'
+    s.probe_until = now + cfg.probe_timeout
+    return {allowed = true, probe = true, from = 'open', to = 'half_open'}
+  end
+  if s.circuit == 'half_open' then
+    if now < s.probe_until then
+      return {allowed = false, reason = 'half_open', until_ = s.probe_until}
+    end
+    s.probe_until = now + cfg.probe_timeout
+    return {allowed = true, probe = true}
+  end
+  return {allowed = true, probe = false}
+end
+
+local function tripped(s, cfg)
+  if s.failures >= cfg.failure_threshold then return true end
+  local calls, failed = #s.events, 0
+  for _, e in ipairs(s.events) do
+    if e[2] ~= 0 then failed = failed + 1 end
+  end
+  return calls >= cfg.min_calls and failed / calls >= cfg.failure_rate
+end
+
+local function open_circuit(s, cfg, now)
+  s.openings = s.openings + 1
+  local cooldown = math.min(cfg.cooldown_base * s.openings, cfg.cooldown_max)
+  s.circuit = 'open'
+  s.open_until = math.max(s.open_until, now + cooldown)
+  s.probe_until = 0
+  s.failures = 0
+  s.events = {}
+end
+
+local function block(s, reason, until_, detail)
+  if s.block == 'misconfigured' then return end
+  if s.block == reason then
+    until_ = math.max(until_, s.block_until)
+  elseif s.block ~= '' and s.block_until > until_ then
+    return
+  end
+  s.block = reason
+  s.block_until = until_
+  s.block_detail = detail
+end
+
+local function record(s, cfg, outcome, now, fingerprint, detail, until_)
+  local before = s.circuit
+  local cutoff = now - cfg.window_seconds
+  local recent = {}
+  for _, e in ipairs(s.events) do
+    if e[1] > cutoff then table.insert(recent, e) end
+  end
+  local events = {}
+  for i = math.max(1, #recent - cfg.window_max + 1), #recent do
+    table.insert(events, recent[i])
+  end
+  s.events = events
+  if outcome == 'success' then
+    table.insert(s.events, {now, 0})
+    s.failures = 0
+    if s.circuit == 'half_open' then
+      s.circuit = 'closed'
+      s.openings = 0
+      s.probe_until = 0
+    end
+  elseif outcome == 'transient' then
+    table.insert(s.events, {now, 1})
+    s.failures = s.failures + 1
+    if s.circuit == 'half_open' then
+      open_circuit(s, cfg, now)
+    elseif s.circuit == 'closed' and tripped(s, cfg) then
+      open_circuit(s, cfg, now)
+    end
+  else
+    if s.circuit == 'half_open' then s.probe_until = 0 end
+    if outcome == 'auth' then
+      s.block = 'misconfigured'
+      s.block_until = 0
+      s.block_detail = detail
+      s.fingerprint = fingerprint
+    elseif outcome == 'quota' then
+      block(s, 'exhausted', until_ > 0 and until_ or now + cfg.quota_default, detail)
+    elseif outcome == 'rate_limited' then
+      block(s, 'rate_limited', until_ > 0 and until_ or now + cfg.rate_limit_default, detail)
+    elseif outcome == 'capacity' then
+      block(s, 'capacity', now + cfg.capacity_cooldown, detail)
+    end
+  end
+  if s.circuit ~= before then return {before, s.circuit} end
+  return false
+end
+
+-- Drop expired leases, charging each its seconds up to its last heartbeat.
+local function purge(usage_key, leases_key, meta_key, now)
+  local expired = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
+  for i = 1, #expired, 2 do
+    local lid, expires = expired[i], tonumber(expired[i + 1])
+    local raw = redis.call('HGET', meta_key, lid)
+    if raw then
+      local m = cjson.decode(raw)
+      if m.live == 1 then
+        local seconds = math.max(0, (expires - m.ttl) - m.started)
+        redis.call('HINCRBYFLOAT', usage_key, 'sandbox_seconds', seconds)
+      end
+      redis.call('HDEL', meta_key, lid)
+    end
+    redis.call('ZREM', leases_key, lid)
+  end
+end

@@ -1,0 +1,34 @@
+-- Admit through the entry's breaker, then reserve one session and one slot.
+-- KEYS: usage, leases, lease meta, health
+-- ARGV: now, lease_id, entry, hold, limit sessions, limit seconds,
+--       limit concurrent ('' = unlimited), fingerprint, breaker config, usage ttl
+local now, lid, entry, hold = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
+local cfg = cjson.decode(ARGV[9])
+local s = load_health(KEYS[4])
+local a = admit(s, cfg, now, ARGV[8])
+if not a.allowed then
+  save_health(KEYS[4], s)
+  return cjson.encode({granted = false, reason = a.reason, until_ = a.until_, detail = s.block_detail})
+end
+purge(KEYS[1], KEYS[2], KEYS[3], now)
+local used = {
+  tonumber(redis.call('HGET', KEYS[1], 'sessions') or '0'),
+  tonumber(redis.call('HGET', KEYS[1], 'sandbox_seconds') or '0'),
+  redis.call('ZCARD', KEYS[2]),
+}
+local units = {'sessions', 'sandbox_seconds', 'concurrent'}
+for i = 1, 3 do
+  local limit = ARGV[4 + i]
+  if limit ~= '' and used[i] >= tonumber(limit) then
+    if a.probe then s.probe_until = 0 end
+    save_health(KEYS[4], s)
+    return cjson.encode({granted = false, reason = 'quota', unit = units[i],
+                         used = used[i], limit = tonumber(limit)})
+  end
+end
+redis.call('HINCRBY', KEYS[1], 'sessions', 1)
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[10]))
+redis.call('ZADD', KEYS[2], now + hold, lid)
+redis.call('HSET', KEYS[3], lid, cjson.encode({entry = entry, started = now, ttl = hold, live = 0}))
+save_health(KEYS[4], s)
+return cjson.encode({granted = true, probe = a.probe, from = a.from or '', to = a.to or ''})

@@ -1,0 +1,283 @@
+"""The fleet store: Redis (``redis://``, ``rediss://``, ``redis+sentinel://``,
+``redis+cluster://``).
+
+Every decision is one Lua script run with EVALSHA (redis-py reloads it on
+NOSCRIPT); the scripts live beside this module in ``lua/`` and share
+``lib.lua``. The happy path of an acquire is two round trips (``reserve``,
+then ``settle``), a release is one.
+
+Keys of one pool share the hash tag ``{<prefix>:<pool>}`` (usage per window,
+the lease set, lease metadata, and the health of every entry drawing on the
+pool), so each script touches one slot and runs on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
+
+from policies.breaker import BreakerConfig, BreakerState, Outcome
+from policies.quota import UNITS
+from providers.errors import ConfigError, StateUnavailable
+from router.state.base import (
+    EntryRef,
+    EntryStatus,
+    PoolStatus,
+    Reservation,
+    Settlement,
+    Snapshot,
+    StateStore,
+)
+
+__all__ = ["RedisStore"]
+
+_TRANSPORT_ERRORS = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.BusyLoadingError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    OSError,
+)
+_USAGE_TTL = 62 * 24 * 3600  # a window's usage outlives it by a month, for status
+_DEFAULT_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+
+
+def _script(name: str) -> str:
+    lua = resources.files("router.state") / "lua"
+    return (lua / "lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def _client(url: str) -> Any:
+    parts = urlsplit(url)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    timeouts = {k: float(query.get(k, v)) for k, v in _DEFAULT_TIMEOUTS.items()}
+    if parts.scheme in ("redis", "rediss", "unix"):
+        extra: dict[str, Any] = {k: v for k, v in timeouts.items() if k not in query}
+        return Redis.from_url(url, **extra)
+    if parts.scheme in ("redis+cluster", "rediss+cluster"):
+        base = url.replace("+cluster", "", 1)
+        extra = {k: v for k, v in timeouts.items() if k not in query}
+        return RedisCluster.from_url(base, **extra)
+    if parts.scheme in ("redis+sentinel", "rediss+sentinel"):
+        hosts = []
+        for hostport in parts.netloc.rpartition("@")[2].split(","):
+            host, _, port = hostport.partition(":")
+            hosts.append((host, int(port or 26379)))
+        path = [p for p in parts.path.split("/") if p]
+        if not path:
+            raise ConfigError(
+                f"state_url {_redact(url)}: expected redis+sentinel://host:port[,host:port]"
+                "/service_name[/db]"
+            )
+        db = int(path[1]) if len(path) > 1 else 0
+        password = unquote(parts.password) if parts.password else None
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+            hosts,
+            sentinel_kwargs={"password": password, **timeouts},
+            password=password,
+            ssl=parts.scheme.startswith("rediss"),
+            db=db,
+            **timeouts,
+        )
+        return sentinel.master_for(path[0])
+    raise ConfigError(f"state_url {_redact(url)}: unsupported Redis scheme {parts.scheme!r}")
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(parts.password, "***", 1)
+    return url
+
+
+class RedisStore(StateStore):
+    """State in Redis, shared by every replica pointed at it."""
+
+    def __init__(self, url: str, prefix: str = "sandbox-router") -> None:
+        self.url = _redact(url)
+        self.prefix = prefix
+        self._redis = _client(url)
+        self._scripts = {
+            name: self._redis.register_script(_script(name))
+            for name in ("reserve", "settle", "release", "heartbeat", "record")
+        }
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client (for the CLI and tests)."""
+        return self._redis
+
+    def _tag(self, pool: str) -> str:
+        return f"{{{self.prefix}:{pool}}}"
+
+    def _keys(self, ref: EntryRef, now: float) -> list[str]:
+        tag = self._tag(ref.pool)
+        return [
+            f"{tag}:usage:{ref.window.key(now)}",
+            f"{tag}:leases",
+            f"{tag}:lease",
+            f"{tag}:entry:{ref.entry}",
+        ]
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self._scripts[name](keys=keys, args=args)
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+
+    async def reserve(
+        self, ref: EntryRef, cfg: BreakerConfig, lease_id: str, now: float, hold: float
+    ) -> Reservation:
+        limits = ["" if ref.limits.get(u) is None else repr(ref.limits.get(u)) for u in UNITS]
+        raw = await self._call(
+            "reserve",
+            self._keys(ref, now),
+            [now, lease_id, ref.entry, hold, *limits, ref.fingerprint, _cfg(cfg), _USAGE_TTL],
+        )
+        r = json.loads(raw)
+        if r["granted"]:
+            transition = (r["from"], r["to"]) if r["from"] else None
+            return Reservation(True, probe=bool(r["probe"]), transition=transition)
+        if r["reason"] == "quota":
+            return Reservation(
+                False,
+                reason="quota",
+                unit=r["unit"],
+                used=float(r["used"]),
+                limit=float(r["limit"]),
+                until=ref.window.reset_at(now).timestamp(),
+            )
+        return Reservation(
+            False, reason=r["reason"], until=float(r["until_"]), detail=r.get("detail", "")
+        )
+
+    async def settle(
+        self,
+        ref: EntryRef,
+        cfg: BreakerConfig,
+        lease_id: str,
+        now: float,
+        *,
+        outcome: Outcome,
+        ttl: float = 0.0,
+        detail: str = "",
+        until: float | None = None,
+    ) -> Settlement:
+        raw = await self._call(
+            "settle",
+            self._keys(ref, now),
+            [now, lease_id, outcome.value, ttl, detail, until or 0, ref.fingerprint, _cfg(cfg)],
+        )
+        r = json.loads(raw)
+        return Settlement(bool(r["applied"]), (r["from"], r["to"]) if r["from"] else None)
+
+    async def release(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
+        raw = await self._call("release", self._keys(ref, now), [now, lease_id, _USAGE_TTL])
+        seconds = json.loads(raw)["seconds"]
+        return None if seconds is False else float(seconds)
+
+    async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
+        keys = self._keys(ref, now)
+        return bool(await self._call("heartbeat", keys[1:3], [now, lease_id, ttl]))
+
+    async def record(
+        self,
+        ref: EntryRef,
+        cfg: BreakerConfig,
+        outcome: Outcome,
+        now: float,
+        *,
+        detail: str = "",
+        until: float | None = None,
+    ) -> tuple[str, str] | None:
+        raw = await self._call(
+            "record",
+            self._keys(ref, now)[3:],
+            [outcome.value, now, ref.fingerprint, detail, until or 0, _cfg(cfg)],
+        )
+        r = json.loads(raw)
+        return (r["from"], r["to"]) if r["from"] else None
+
+    async def snapshot(self, refs: list[EntryRef], now: float) -> Snapshot:
+        pools = {ref.pool: ref for ref in refs}
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for ref in pools.values():
+                usage, leases, _, _ = self._keys(ref, now)
+                pipe.hmget(usage, ["sessions", "sandbox_seconds"])
+                pipe.zrangebyscore(leases, f"({now}", "+inf")
+            for ref in refs:
+                pipe.get(self._keys(ref, now)[3])
+            results = await pipe.execute()
+            live_ids: list[list[bytes]] = results[1 : 2 * len(pools) : 2]
+            meta_pipe = self._redis.pipeline(transaction=False)
+            for ref, ids in zip(pools.values(), live_ids, strict=True):
+                if ids:
+                    meta_pipe.hmget(self._keys(ref, now)[2], ids)
+            metas = iter(await meta_pipe.execute())
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+        snap = Snapshot()
+        live_by_entry: dict[str, int] = {}
+        for i, ref in enumerate(pools.values()):
+            sessions, seconds = results[2 * i]
+            ids = live_ids[i]
+            for raw in next(metas) if ids else []:
+                if raw:
+                    entry = json.loads(raw)["entry"]
+                    live_by_entry[entry] = live_by_entry.get(entry, 0) + 1
+            snap.pools[ref.pool] = PoolStatus(
+                ref.pool,
+                ref.window.key(now),
+                {
+                    "sessions": float(sessions or 0),
+                    "sandbox_seconds": float(seconds or 0),
+                    "concurrent": float(len(ids)),
+                },
+                {u: ref.limits.get(u) for u in UNITS},
+            )
+        for j, ref in enumerate(refs):
+            raw = results[2 * len(pools) + j]
+            health = BreakerState.from_dict(json.loads(raw) if raw else None)
+            snap.entries[ref.entry] = EntryStatus(
+                ref.entry, health, live_by_entry.get(ref.entry, 0)
+            )
+        return snap
+
+    async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
+        if unit not in ("sessions", "sandbox_seconds"):
+            raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
+        try:
+            amount = int(value) if unit == "sessions" else float(value)
+            await self._redis.hset(self._keys(ref, now)[0], unit, amount)
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+
+    async def ping(self) -> None:
+        try:
+            await self._redis.ping()
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+
+    async def persistence(self) -> dict[str, Any]:
+        """Redis' persistence settings (the router warns when there are none)."""
+        info: dict[str, Any] = await self._redis.info("persistence")
+        return info
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+@functools.lru_cache(maxsize=32)
+def _cfg(cfg: BreakerConfig) -> str:
+    return json.dumps(dataclasses.asdict(cfg))

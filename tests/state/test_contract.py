@@ -1,0 +1,189 @@
+"""One contract for every state store: the same decisions on Redis, SQLite, memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.breaker import BreakerConfig, Outcome
+from policies.quota import Limits, MonthlyWindow
+from router.state import EntryRef, StateStore
+
+NOW = 1_790_000_000.0  # 2026-09-21, mid-window
+CFG = BreakerConfig(failure_threshold=3, cooldown_base=10, cooldown_max=25, probe_timeout=5)
+
+
+def ref(entry: str = "a", pool: str = "p", **limits: float) -> EntryRef:
+    return EntryRef(entry, pool, Limits(**limits), MonthlyWindow(), fingerprint="fp1")  # type: ignore[arg-type]
+
+
+async def test_sessions_limit_is_all_or_nothing(store: StateStore) -> None:
+    r = ref(sessions=2)
+    assert (await store.reserve(r, CFG, "l1", NOW, 30)).granted
+    assert (await store.reserve(r, CFG, "l2", NOW, 30)).granted
+    denied = await store.reserve(r, CFG, "l3", NOW, 30)
+    assert not denied.granted
+    assert (denied.reason, denied.unit, denied.used, denied.limit) == ("quota", "sessions", 2, 2)
+    assert denied.until == MonthlyWindow().reset_at(NOW).timestamp()
+
+
+async def test_refund_gives_back_the_session_and_the_slot(store: StateStore) -> None:
+    r = ref(sessions=1, concurrent=1)
+    assert (await store.reserve(r, CFG, "l1", NOW, 30)).granted
+    settled = await store.settle(r, CFG, "l1", NOW + 1, outcome=Outcome.TRANSIENT)
+    assert settled.applied
+    assert not (await store.settle(r, CFG, "l1", NOW + 1, outcome=Outcome.TRANSIENT)).applied
+    snap = await store.snapshot([r], NOW + 1)
+    assert snap.pools["p"].used == {"sessions": 0, "sandbox_seconds": 0, "concurrent": 0}
+    assert (await store.reserve(r, CFG, "l2", NOW + 2, 30)).granted
+
+
+async def test_concurrency_slot_freed_by_release_and_seconds_metered(store: StateStore) -> None:
+    r = ref(concurrent=1)
+    assert (await store.reserve(r, CFG, "l1", NOW, 30)).granted
+    assert (await store.settle(r, CFG, "l1", NOW + 2, outcome=Outcome.SUCCESS, ttl=60)).applied
+    assert (await store.reserve(r, CFG, "l2", NOW + 3, 30)).unit == "concurrent"
+    assert await store.release(r, "l1", NOW + 12) == pytest.approx(10)
+    assert await store.release(r, "l1", NOW + 13) is None
+    snap = await store.snapshot([r], NOW + 13)
+    assert snap.pools["p"].used["sandbox_seconds"] == pytest.approx(10)
+    assert snap.pools["p"].used["sessions"] == 1
+    assert (await store.reserve(r, CFG, "l2", NOW + 14, 30)).granted
+
+
+async def test_expired_lease_frees_its_slot_and_is_charged_to_last_heartbeat(
+    store: StateStore,
+) -> None:
+    r = ref(concurrent=1)
+    await store.reserve(r, CFG, "l1", NOW, 30)
+    await store.settle(r, CFG, "l1", NOW, outcome=Outcome.SUCCESS, ttl=20)
+    assert await store.heartbeat(r, "l1", NOW + 10, 20)  # alive until NOW+30
+    assert not (await store.reserve(r, CFG, "l2", NOW + 29, 30)).granted
+    assert (await store.reserve(r, CFG, "l2", NOW + 31, 30)).granted
+    assert not await store.heartbeat(r, "l1", NOW + 31, 20)
+    snap = await store.snapshot([r], NOW + 31)
+    assert snap.pools["p"].used["sandbox_seconds"] == pytest.approx(10)
+    assert snap.pools["p"].used["concurrent"] == 1
+
+
+async def test_seconds_limit_admits_until_used_up(store: StateStore) -> None:
+    r = ref(sandbox_seconds=5)
+    await store.reserve(r, CFG, "l1", NOW, 30)
+    await store.settle(r, CFG, "l1", NOW, outcome=Outcome.SUCCESS, ttl=60)
+    assert (await store.reserve(r, CFG, "l2", NOW + 1, 30)).granted
+    await store.release(r, "l1", NOW + 6)
+    denied = await store.reserve(r, CFG, "l3", NOW + 7, 30)
+    assert denied.unit == "sandbox_seconds"
+
+
+async def test_pool_is_shared_by_entries(store: StateStore) -> None:
+    a, b = ref("a", "shared", sessions=2), ref("b", "shared", sessions=2)
+    assert (await store.reserve(a, CFG, "l1", NOW, 30)).granted
+    assert (await store.reserve(b, CFG, "l2", NOW, 30)).granted
+    assert (await store.reserve(a, CFG, "l3", NOW, 30)).unit == "sessions"
+    snap = await store.snapshot([a, b], NOW)
+    assert snap.entries["a"].live_leases == 1 and snap.entries["b"].live_leases == 1
+
+
+async def test_new_window_starts_from_zero(store: StateStore) -> None:
+    r = ref(sessions=1)
+    await store.reserve(r, CFG, "l1", NOW, 30)
+    await store.settle(r, CFG, "l1", NOW, outcome=Outcome.SUCCESS, ttl=30)
+    await store.release(r, "l1", NOW + 5)
+    assert not (await store.reserve(r, CFG, "l2", NOW + 6, 30)).granted
+    next_window = MonthlyWindow().reset_at(NOW).timestamp() + 1
+    assert (await store.reserve(r, CFG, "l3", next_window, 30)).granted
+
+
+async def test_breaker_opens_then_admits_one_probe_then_closes(store: StateStore) -> None:
+    r = ref()
+    for i in range(3):
+        assert (await store.reserve(r, CFG, f"l{i}", NOW + i, 30)).granted
+        s = await store.settle(r, CFG, f"l{i}", NOW + i, outcome=Outcome.TRANSIENT)
+    assert s.transition == ("closed", "open")
+    denied = await store.reserve(r, CFG, "x", NOW + 5, 30)
+    assert (denied.granted, denied.reason, denied.until) == (False, "open", NOW + 2 + 10)
+    probe = await store.reserve(r, CFG, "p1", NOW + 13, 30)
+    assert probe.granted and probe.probe and probe.transition == ("open", "half_open")
+    second = await store.reserve(r, CFG, "p2", NOW + 13, 30)
+    assert (second.granted, second.reason) == (False, "half_open")
+    closed = await store.settle(r, CFG, "p1", NOW + 14, outcome=Outcome.SUCCESS, ttl=30)
+    assert closed.transition == ("half_open", "closed")
+    assert (await store.reserve(r, CFG, "p3", NOW + 14, 30)).granted
+
+
+async def test_failed_probe_reopens_with_longer_capped_cooldown(store: StateStore) -> None:
+    r = ref()
+    for i in range(3):
+        await store.reserve(r, CFG, f"l{i}", NOW, 30)
+        await store.settle(r, CFG, f"l{i}", NOW, outcome=Outcome.TRANSIENT)
+    t = NOW + 10
+    for opening, cooldown in ((2, 20), (3, 25), (4, 25)):
+        assert (await store.reserve(r, CFG, f"p{opening}", t, 30)).probe
+        s = await store.settle(r, CFG, f"p{opening}", t, outcome=Outcome.TRANSIENT)
+        assert s.transition == ("half_open", "open")
+        snap = await store.snapshot([r], t)
+        assert snap.entries["a"].breaker.openings == opening
+        assert snap.entries["a"].breaker.open_until == pytest.approx(t + cooldown)
+        t += cooldown
+
+
+async def test_auth_blocks_until_config_changes(store: StateStore) -> None:
+    r = ref()
+    await store.reserve(r, CFG, "l1", NOW, 30)
+    await store.settle(r, CFG, "l1", NOW, outcome=Outcome.AUTH, detail="401 bad key")
+    denied = await store.reserve(r, CFG, "l2", NOW + 10_000, 30)
+    assert (denied.reason, denied.detail) == ("misconfigured", "401 bad key")
+    changed = EntryRef("a", "p", r.limits, r.window, fingerprint="fp2")
+    assert (await store.reserve(changed, CFG, "l3", NOW + 10_001, 30)).granted
+
+
+@pytest.mark.parametrize(
+    ("outcome", "until", "blocked_until"),
+    [
+        (Outcome.QUOTA, NOW + 500, NOW + 500),
+        (Outcome.RATE_LIMITED, NOW + 7, NOW + 7),
+        (Outcome.RATE_LIMITED, None, NOW + CFG.rate_limit_default),
+        (Outcome.CAPACITY, None, NOW + CFG.capacity_cooldown),
+    ],
+)
+async def test_provider_answers_block_until(
+    store: StateStore, outcome: Outcome, until: float | None, blocked_until: float
+) -> None:
+    r = ref()
+    await store.reserve(r, CFG, "l1", NOW, 30)
+    await store.settle(r, CFG, "l1", NOW, outcome=outcome, until=until)
+    denied = await store.reserve(r, CFG, "l2", NOW + 1, 30)
+    assert (denied.granted, denied.until) == (False, pytest.approx(blocked_until))
+    assert (await store.reserve(r, CFG, "l3", blocked_until, 30)).granted
+
+
+async def test_capacity_block_lifts_when_a_lease_is_released(store: StateStore) -> None:
+    r = ref()
+    await store.reserve(r, CFG, "live", NOW, 30)
+    await store.settle(r, CFG, "live", NOW, outcome=Outcome.SUCCESS, ttl=60)
+    await store.reserve(r, CFG, "l2", NOW, 30)
+    await store.settle(r, CFG, "l2", NOW, outcome=Outcome.CAPACITY)
+    assert (await store.reserve(r, CFG, "l3", NOW + 1, 30)).reason == "capacity"
+    await store.release(r, "live", NOW + 2)
+    assert (await store.reserve(r, CFG, "l4", NOW + 2, 30)).granted
+
+
+async def test_quota_denial_does_not_consume_the_probe(store: StateStore) -> None:
+    r = ref(sessions=3)
+    for i in range(3):
+        await store.reserve(r, CFG, f"l{i}", NOW, 30)
+        await store.settle(r, CFG, f"l{i}", NOW, outcome=Outcome.TRANSIENT)
+    await store.set_usage(r, "sessions", 3, NOW)
+    assert (await store.reserve(r, CFG, "p1", NOW + 11, 30)).reason == "quota"
+    await store.set_usage(r, "sessions", 0, NOW + 11)
+    assert (await store.reserve(r, CFG, "p2", NOW + 11, 30)).probe
+
+
+async def test_record_outside_acquire(store: StateStore) -> None:
+    r = ref()
+    transitions = [await store.record(r, CFG, Outcome.TRANSIENT, NOW + i) for i in range(3)]
+    assert transitions == [None, None, ("closed", "open")]
+
+
+async def test_ping(store: StateStore) -> None:
+    await store.ping()
