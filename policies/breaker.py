@@ -25,7 +25,7 @@ runs the same rules in ``router/state/lua/entry.lua``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 __all__ = [
@@ -44,7 +44,7 @@ RATE_LIMITED = "rate_limited"
 CAPACITY = "capacity"
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """What one provider call told us about the entry's health."""
 
     SUCCESS = "success"

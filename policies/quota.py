@@ -19,6 +19,7 @@ The Redis store runs the same rules as Lua scripts (``router/state/lua``);
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -219,13 +220,12 @@ def release(state: PoolState, lease_id: str, now: float) -> float | None:
     return seconds
 
 
-def remaining_fraction(state: PoolState, limits: Limits) -> float:
+def remaining_fraction(used: Mapping[str, float], limits: Limits) -> float:
     """The smallest fraction left over the limited units (1.0 when unlimited)."""
-    fractions = [
-        max(0.0, 1.0 - state.used(unit) / limit)
-        for unit in UNITS
-        if (limit := limits.get(unit)) is not None and limit > 0
-    ]
-    if any(limits.get(u) == 0 for u in UNITS):
-        return 0.0
-    return min(fractions, default=1.0)
+    fraction = 1.0
+    for unit in UNITS:
+        limit = limits.get(unit)
+        if limit is not None:
+            left = 1.0 - used.get(unit, 0.0) / limit if limit > 0 else 0.0
+            fraction = min(fraction, max(0.0, left))
+    return fraction

@@ -8,11 +8,12 @@ acquire's overall deadline (the router checks that before sleeping).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import tenacity
 
-__all__ = ["RetryPolicy"]
+__all__ = ["RetryPolicy", "StopAtDeadline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,5 +38,17 @@ class RetryPolicy:
         """Full jitter: uniform in [0, min(maximum, initial * 2**n)]."""
         return tenacity.wait_random_exponential(multiplier=self.initial, max=self.maximum)
 
-    def stop(self) -> tenacity.stop.stop_base:
-        return tenacity.stop_after_attempt(self.attempts)
+    def stop(self, deadline: float, clock: Callable[[], float]) -> tenacity.stop.stop_base:
+        """Stop after ``attempts``, or when the next wait would pass ``deadline``."""
+        return tenacity.stop_after_attempt(self.attempts) | StopAtDeadline(deadline, clock)
+
+
+class StopAtDeadline(tenacity.stop.stop_base):
+    """Stop when sleeping the upcoming backoff would reach the deadline."""
+
+    def __init__(self, deadline: float, clock: Callable[[], float]) -> None:
+        self.deadline = deadline
+        self.clock = clock
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.clock() + (retry_state.upcoming_sleep or 0.0) >= self.deadline

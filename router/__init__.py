@@ -1,0 +1,63 @@
+"""sandbox-router: a live code-execution sandbox from the best available provider.
+
+    from router import Router
+
+    with Router.from_env().acquire() as lease:
+        print(lease.sandbox.run("python3 -c 'print(1 + 1)'").stdout)
+
+The error classes are drawn as one tree in ``providers.errors``.
+"""
+
+from providers.base import CodeResult, CommandResult, FileInfo, SandboxSpec
+from providers.errors import (
+    AuthError,
+    CapacityExceeded,
+    ConfigError,
+    LeaseError,
+    NoProviderAvailable,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+    SandboxError,
+    SandboxPathError,
+    SandboxRouterError,
+    StateUnavailable,
+    Unavailable,
+)
+from router.config import RouterConfig, load_config
+from router.core import EntryView, Router, RouterStatus
+from router.events import Event, Hook
+from router.lease import AsyncLease, Lease
+from router.logs import configure_logging
+
+__all__ = [
+    "AsyncLease",
+    "AuthError",
+    "CapacityExceeded",
+    "CodeResult",
+    "CommandResult",
+    "ConfigError",
+    "EntryView",
+    "Event",
+    "FileInfo",
+    "Hook",
+    "Lease",
+    "LeaseError",
+    "NoProviderAvailable",
+    "NotFound",
+    "ProviderError",
+    "QuotaExceeded",
+    "RateLimited",
+    "Router",
+    "RouterConfig",
+    "RouterStatus",
+    "SandboxError",
+    "SandboxPathError",
+    "SandboxRouterError",
+    "SandboxSpec",
+    "StateUnavailable",
+    "Unavailable",
+    "configure_logging",
+    "load_config",
+]

@@ -1,0 +1,398 @@
+"""The router's configuration: a YAML chain file, or the environment.
+
+Validation errors name the file, the field path and what was expected
+(``chain.yaml: chain[1].quota.sessions: must be >= 0, got -5``). Unknown
+keys are rejected, at every level, including each provider's ``options``
+(validated by the adapter's own ``Options`` model). String values may use
+``${VAR}`` or ``${VAR:-default}``; secrets are ``SecretStr`` and never show
+in a repr, a log line or an error.
+
+Without a file, `from_env` builds the default chain daytona -> runloop ->
+modal -> e2b -> local from the environment (see its docstring).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from policies.breaker import BreakerConfig
+from policies.quota import Limits, MonthlyWindow
+from policies.retry import RetryPolicy
+from providers import PROVIDERS, provider_class
+from providers.base import ProviderOptions
+from providers.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CHAIN",
+    "BreakerSettings",
+    "EntryConfig",
+    "QuotaConfig",
+    "RetrySettings",
+    "RouterConfig",
+    "default_state_url",
+    "load_config",
+]
+
+DEFAULT_CHAIN = ("daytona", "runloop", "modal", "e2b")
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_SAFE_PERSISTENT_DIR = "sandbox-router"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QuotaConfig(_Strict):
+    """A pool's monthly limits; an absent unit is unlimited."""
+
+    sessions: Annotated[int, Field(ge=0)] | None = None
+    sandbox_seconds: Annotated[float, Field(ge=0)] | None = None
+    concurrent: Annotated[int, Field(ge=0)] | None = None
+    timezone: str | None = None
+    reset_day: Annotated[int, Field(ge=1, le=31)] | None = None
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_zone(value)
+        return value
+
+    def limits(self) -> Limits:
+        return Limits(self.sessions, self.sandbox_seconds, self.concurrent)
+
+
+class RetrySettings(_Strict):
+    attempts: Annotated[int, Field(ge=1, le=20)] = 3
+    initial: Annotated[float, Field(gt=0, le=60)] = 0.2
+    maximum: Annotated[float, Field(gt=0, le=300)] = 5.0
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(self.attempts, self.initial, self.maximum)
+
+
+class BreakerSettings(_Strict):
+    failure_threshold: Annotated[int, Field(ge=1)] = 5
+    failure_rate: Annotated[float, Field(gt=0, le=1)] = 0.5
+    window_seconds: Annotated[float, Field(gt=0)] = 60.0
+    min_calls: Annotated[int, Field(ge=1)] = 10
+    cooldown_base: Annotated[float, Field(gt=0)] = 30.0
+    cooldown_max: Annotated[float, Field(gt=0)] = 600.0
+    probe_timeout: Annotated[float, Field(gt=0)] | None = None
+    capacity_cooldown: Annotated[float, Field(ge=0)] = 10.0
+    rate_limit_default: Annotated[float, Field(ge=0)] = 5.0
+
+    def policy(self, probe_timeout: float) -> BreakerConfig:
+        return BreakerConfig(
+            failure_threshold=self.failure_threshold,
+            failure_rate=self.failure_rate,
+            window_seconds=self.window_seconds,
+            min_calls=self.min_calls,
+            cooldown_base=self.cooldown_base,
+            cooldown_max=self.cooldown_max,
+            probe_timeout=self.probe_timeout or probe_timeout,
+            capacity_cooldown=self.capacity_cooldown,
+            rate_limit_default=self.rate_limit_default,
+        )
+
+
+class EntryConfig(_Strict):
+    """One chain entry: a provider account (and template) with its pool."""
+
+    name: Annotated[str, Field(pattern=_NAME)]
+    provider: str
+    quota_pool: Annotated[str, Field(pattern=_NAME)] | None = None
+    quota: QuotaConfig | None = None
+    template: str | None = None
+    capabilities: list[str] | None = None
+    enabled: bool = True
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("provider")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in PROVIDERS:
+            raise ValueError(f"unknown provider {value!r}; expected one of {sorted(PROVIDERS)}")
+        return value
+
+    @property
+    def pool(self) -> str:
+        return self.quota_pool or self.name
+
+    def provider_options(self) -> ProviderOptions:
+        return provider_class(self.provider).Options.model_validate(self.options)
+
+    def fingerprint(self) -> str:
+        """A digest of everything that configures the entry (secrets included,
+        only hashed): a ``misconfigured`` verdict lasts until it changes."""
+        raw = json.dumps(
+            {"provider": self.provider, "template": self.template, "options": self.options},
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+class LogSettings(_Strict):
+    format: Literal["auto", "json", "console"] = "auto"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class RouterConfig(_Strict):
+    """The whole router configuration (one YAML file).
+
+    Attributes:
+        state_url: where quotas, leases and health live (``redis://...``,
+            ``sqlite:///path``); default: the SQLite file under the user's
+            state directory.
+        key_prefix: namespace of every key/row (several routers, one Redis).
+        on_state_error: ``fail_closed`` refuses to create sandboxes the
+            ledger cannot count; ``fail_open`` serves from a per-replica
+            share of each limit (``fail_open_share``) until the store is back.
+        strategy: ``ordered`` (chain order) or ``balanced`` (largest remaining
+            quota fraction first).
+        acquire_timeout: one deadline for a whole acquire, failovers included.
+        create_timeout: the cap of one create attempt.
+        lease_ttl: a lease not heartbeated for this long expires (crashed app).
+        session_idle_ttl: how long a released session sandbox stays bound.
+    """
+
+    version: Literal[1] = 1
+    state_url: SecretStr | None = None
+    key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "sandbox-router"
+    on_state_error: Literal["fail_closed", "fail_open"] = "fail_closed"
+    fail_open_share: Annotated[float, Field(gt=0, le=1)] = 0.25
+    strategy: Literal["ordered", "balanced"] = "ordered"
+    timezone: str = "UTC"
+    reset_day: Annotated[int, Field(ge=1, le=31)] = 1
+    acquire_timeout: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    create_timeout: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    lease_ttl: Annotated[float, Field(ge=5, le=7 * 24 * 3600)] = 300.0
+    session_idle_ttl: Annotated[float, Field(ge=0, le=7 * 24 * 3600)] = 900.0
+    retry: RetrySettings = RetrySettings()
+    breaker: BreakerSettings = BreakerSettings()
+    pools: dict[Annotated[str, Field(pattern=_NAME)], QuotaConfig] = Field(default_factory=dict)
+    chain: Annotated[list[EntryConfig], Field(min_length=1)]
+    log: LogSettings = LogSettings()
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        _check_zone(value)
+        return value
+
+    @model_validator(mode="after")
+    def _entries(self) -> RouterConfig:
+        seen: set[str] = set()
+        inline_pools: dict[str, str] = {}
+        for i, entry in enumerate(self.chain):
+            where = f"chain[{i}]"
+            if entry.name in seen:
+                raise ValueError(f"{where}.name: duplicate entry name {entry.name!r}")
+            seen.add(entry.name)
+            if entry.quota is not None and entry.quota_pool is not None:
+                raise ValueError(
+                    f"{where}: give either quota (a pool of its own) or quota_pool "
+                    f"(a pool under `pools`), not both"
+                )
+            if entry.quota_pool is not None and entry.quota_pool not in self.pools:
+                raise ValueError(
+                    f"{where}.quota_pool: pool {entry.quota_pool!r} is not defined under "
+                    f"`pools` (defined: {sorted(self.pools) or 'none'})"
+                )
+            if entry.quota is not None:
+                if entry.name in self.pools or entry.name in inline_pools:
+                    raise ValueError(
+                        f"{where}.quota: pool {entry.name!r} is already defined; use quota_pool"
+                    )
+                inline_pools[entry.name] = where
+            try:
+                entry.provider_options()
+            except ValidationError as exc:
+                raise ValueError(_format_errors(exc, f"{where}.options")) from None
+        return self
+
+    def pool_quota(self, entry: EntryConfig) -> QuotaConfig:
+        if entry.quota is not None:
+            return entry.quota
+        return self.pools.get(entry.pool, QuotaConfig())
+
+    def window(self, entry: EntryConfig) -> MonthlyWindow:
+        q = self.pool_quota(entry)
+        return MonthlyWindow(q.timezone or self.timezone, q.reset_day or self.reset_day)
+
+    def resolved_state_url(self) -> str:
+        return self.state_url.get_secret_value() if self.state_url else default_state_url()
+
+    def breaker_policy(self) -> BreakerConfig:
+        return self.breaker.policy(probe_timeout=self.acquire_timeout)
+
+
+def _check_zone(value: str) -> None:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown timezone {value!r} (expected an IANA name like UTC)") from None
+
+
+def default_state_url() -> str:
+    """The embedded SQLite store under the user's state directory."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return f"sqlite:///{Path(base) / _SAFE_PERSISTENT_DIR / 'state.db'}"
+
+
+def _format_errors(exc: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for err in exc.errors():
+        path = prefix
+        for part in err["loc"]:
+            if isinstance(part, int):
+                path += f"[{part}]"
+            elif part not in ("function-after", "constrained-str"):
+                path += f".{part}" if path else str(part)
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif err["type"] == "missing":
+            message = "required field is missing"
+        elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
+            message += f" (got {_shown(err['input'], path)})"
+        lines.append(f"{path}: {message}" if path else message)
+    return "\n".join(lines)
+
+
+def _shown(value: Any, path: str) -> str:
+    if any(word in path.lower() for word in ("key", "secret", "token", "password")):
+        return "<redacted>"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader (no Python tags) that also rejects duplicate mapping keys."""
+
+
+def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def interpolate(value: Any, env: Mapping[str, str], path: str = "") -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a YAML tree."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env, f"{path}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{path}: environment variable {name} is not set (write ${{{name}:-}} "
+            "to make it optional)"
+        )
+
+    result = _ENV_REF.sub(substitute, value)
+    return None if result == "" and _ENV_REF.fullmatch(value) else result
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> RouterConfig:
+    """Validate a config from a YAML file path or an already-parsed mapping.
+
+    Raises:
+        ConfigError: naming the file, the field path and what was expected.
+    """
+    env = os.environ if env is None else env
+    if isinstance(source, Mapping):
+        where, raw = "<config>", dict(source)
+    else:
+        where = str(source)
+        try:
+            text = Path(source).read_text()
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read config: {exc.strerror}") from exc
+        try:
+            raw = yaml.load(text, Loader=_UniqueKeyLoader)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{where}: invalid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                f"{where}: expected a mapping at the top level, got {type(raw).__name__}"
+            )
+    try:
+        data = interpolate(raw, env)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    try:
+        return RouterConfig.model_validate(data)
+    except ValidationError as exc:
+        details = _format_errors(exc).replace("\n", f"\n{where}: ")
+        raise ConfigError(f"{where}: {details}") from None
+
+
+def from_env(env: Mapping[str, str] | None = None) -> RouterConfig:
+    """The config `Router.from_env` uses.
+
+    ``SANDBOX_ROUTER_CONFIG`` names a YAML file; without it the default chain
+    daytona -> runloop -> modal -> e2b -> local is built: each cloud entry
+    is configured when its key is in the environment (DAYTONA_API_KEY,
+    RUNLOOP_API_KEY, MODAL_TOKEN_ID + MODAL_TOKEN_SECRET, E2B_API_KEY),
+    ``QUOTA_<PROVIDER>_MONTHLY`` caps its sessions per month, and
+    ``REDIS_URL`` selects Redis (else the embedded SQLite store).
+    """
+    env = os.environ if env is None else env
+    if path := env.get("SANDBOX_ROUTER_CONFIG"):
+        return load_config(path, env)
+    chain: list[dict[str, Any]] = []
+    for name in (*DEFAULT_CHAIN, "local"):
+        entry: dict[str, Any] = {"name": name, "provider": name}
+        monthly = env.get(f"QUOTA_{name.upper()}_MONTHLY")
+        if monthly:
+            try:
+                entry["quota"] = {"sessions": int(monthly)}
+            except ValueError:
+                raise ConfigError(
+                    f"QUOTA_{name.upper()}_MONTHLY: expected a whole number, got {monthly!r}"
+                ) from None
+        chain.append(entry)
+    data: dict[str, Any] = {"chain": chain}
+    if env.get("REDIS_URL"):
+        data["state_url"] = env["REDIS_URL"]
+    return load_config(data, env)

@@ -1,0 +1,650 @@
+"""The Router: walk the chain, reserve, create with retries, fail over.
+
+One async implementation (`Router._acquire`) serves both APIs: ``acquire``
+runs it on the router's engine loop and waits, ``aacquire`` awaits it there
+(see ``router.engine``). The decisions themselves are the pure policies:
+ordering, the breaker (applied atomically by the state store), the error
+verdicts and the tenacity backoff.
+
+An acquire, for each entry in order::
+
+    skip if unconfigured / lacks a required capability
+    reserve  (one atomic store call: breaker admission + every quota unit)
+    create   (bounded by min(create_timeout, what is left of the deadline))
+    settle   (commit the lease, or refund and record the failure)
+    on a transient error: back off (full jitter) and try the same entry again;
+    on anything else, or when attempts run out: fail over to the next entry.
+
+Nothing is lost on the way: a failed create refunds its reservation; a
+sandbox created but not committed (the store failed, the caller cancelled)
+is killed before the error propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import tenacity
+
+from policies import order
+from policies.breaker import Outcome
+from policies.ordering import Candidate
+from policies.outcome import classify
+from policies.quota import UNITS, Limits, remaining_fraction
+from providers import provider_class
+from providers.base import (
+    LABEL_ENTRY,
+    LABEL_LEASE,
+    LABEL_ROUTER,
+    Provider,
+    Sandbox,
+    SandboxSpec,
+)
+from providers.errors import (
+    NoProviderAvailable,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+    StateUnavailable,
+    Unavailable,
+)
+from router import config as config_mod
+from router.config import EntryConfig, RouterConfig
+from router.engine import Engine
+from router.events import Hook, emit, log_hook
+from router.lease import AsyncLease, Held, Lease
+from router.state import EntryRef, Reservation, StateStore, open_store
+from router.state.memory import MemoryStore
+
+__all__ = ["EntryView", "Router", "RouterStatus"]
+
+_RESERVE_GRACE = 30.0  # a reservation outlives its create by this much before it expires
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    cfg: EntryConfig
+    provider: Provider
+    ref: EntryRef
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+
+@dataclass(frozen=True, slots=True)
+class EntryView:
+    """One entry in `Router.status`.
+
+    Attributes:
+        state: ``closed``, ``open``, ``half_open``, or a block:
+            ``misconfigured``, ``exhausted``, ``rate_limited``, ``capacity``;
+            ``unconfigured`` when credentials are missing.
+        until: when an open breaker or a block ends (None when it does not).
+        used / limits: per unit, for the entry's pool.
+        reset_at: when the pool's window resets.
+    """
+
+    name: str
+    provider: str
+    pool: str
+    configured: bool
+    unconfigured_reason: str | None
+    state: str
+    until: datetime | None
+    detail: str
+    used: dict[str, float]
+    limits: dict[str, float | None]
+    reset_at: datetime
+    live_leases: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStatus:
+    entries: list[EntryView]
+    state_url: str
+    state_ok: bool
+    state_error: str | None
+    on_state_error: str
+
+
+class _Denied(Exception):
+    def __init__(self, reservation: Reservation) -> None:
+        super().__init__(reservation.reason)
+        self.reservation = reservation
+
+
+class Router:
+    """Hands out live sandboxes from the first entry of the chain that can serve.
+
+    Build it with `Router.from_env` or `Router.from_config`; the constructor
+    is for tests and embedding (``providers`` overrides the adapters built
+    from the config, by entry name; ``clock`` and ``sleep`` replace time).
+    """
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        providers: Mapping[str, Provider] | None = None,
+        store: StateStore | None = None,
+        hooks: Sequence[Hook] = (log_hook,),
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.config = config
+        self.hooks = list(hooks)
+        self._clock = clock
+        self._sleep = sleep
+        self._breaker = config.breaker_policy()
+        self._retry = config.retry.policy()
+        self._engine = Engine()
+        self._store = store or open_store(config.resolved_state_url(), config.key_prefix)
+        self._fallback = MemoryStore("memory://fail-open", config.key_prefix)
+        self._state_error: str | None = None
+        overrides = dict(providers or {})
+        self._entries: dict[str, _Entry] = {}
+        for entry in config.chain:
+            if not entry.enabled:
+                continue
+            provider = overrides.pop(entry.name, None) or provider_class(entry.provider)(
+                entry.name, entry.provider_options()
+            )
+            ref = EntryRef(
+                entry.name,
+                entry.pool,
+                config.pool_quota(entry).limits(),
+                config.window(entry),
+                entry.fingerprint(),
+            )
+            self._entries[entry.name] = _Entry(entry, provider, ref)
+        if overrides:
+            raise ValueError(f"providers given for entries not in the chain: {sorted(overrides)}")
+
+    # -- construction ----------------------------------------------------------
+    @classmethod
+    def from_config(cls, source: str | Path | Mapping[str, Any], **kwargs: Any) -> Router:
+        """A router from a YAML file path or a config mapping (validated)."""
+        return cls(config_mod.load_config(source), **kwargs)
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Router:
+        """A router from ``SANDBOX_ROUTER_CONFIG`` or the default chain (see README)."""
+        return cls(config_mod.from_env(), **kwargs)
+
+    @property
+    def store(self) -> StateStore:
+        return self._store
+
+    @property
+    def entries(self) -> list[str]:
+        return list(self._entries)
+
+    def provider(self, entry: str) -> Provider:
+        return self._entries[entry].provider
+
+    # -- public API --------------------------------------------------------------
+    def acquire(
+        self,
+        spec: SandboxSpec | None = None,
+        *,
+        requires: Iterable[str] = (),
+        labels: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Lease:
+        """A live sandbox from the first entry that can serve.
+
+        Args:
+            spec: what to create (template, env, resources...).
+            requires: capabilities the entry must declare, e.g. ``("gpu",)``.
+            labels: extra labels put on the sandbox.
+            timeout: the overall deadline in seconds (default ``acquire_timeout``).
+
+        Raises:
+            NoProviderAvailable: every entry was skipped or failed; the message
+                lists each entry and why.
+            StateUnavailable: the state store is down and ``on_state_error``
+                is ``fail_closed``.
+            SandboxError: the provider refused the spec itself (not retried).
+        """
+        held = self._engine.run(self._acquire(spec, requires, labels, timeout))
+        return Lease(held, self._engine, self._release)
+
+    async def aacquire(
+        self,
+        spec: SandboxSpec | None = None,
+        *,
+        requires: Iterable[str] = (),
+        labels: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> AsyncLease:
+        """The async twin of `acquire` (same logic, same arguments)."""
+        held = await self._engine.arun(self._acquire(spec, requires, labels, timeout))
+        return AsyncLease(held, self._engine, self._release)
+
+    def status(self) -> RouterStatus:
+        """Per entry: configured, breaker state, quota used/limit, reset, live leases."""
+        return self._engine.run(self._status())
+
+    async def astatus(self) -> RouterStatus:
+        return await self._engine.arun(self._status())
+
+    def set_usage(self, pool: str, unit: str, value: float) -> None:
+        """Overwrite a pool's used amount this window (``sandbox-router quota set``)."""
+        self._engine.run(self._set_usage(pool, unit, value))
+
+    def close(self) -> None:
+        """Release SDK clients and store connections, stop the engine loop."""
+        with contextlib.suppress(RuntimeError):
+            self._engine.run(self._aclose())
+        self._engine.close()
+
+    async def aclose(self) -> None:
+        await self._engine.arun(self._aclose())
+        self._engine.close()
+
+    def __enter__(self) -> Router:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Router entries={list(self._entries)} store={self._store!r}>"
+
+    # -- the one implementation ------------------------------------------------
+    async def _acquire(
+        self,
+        spec: SandboxSpec | None,
+        requires: Iterable[str],
+        labels: Mapping[str, str] | None,
+        timeout: float | None,
+    ) -> Held:
+        started = self._clock()
+        deadline = started + (timeout if timeout is not None else self.config.acquire_timeout)
+        spec = spec or SandboxSpec()
+        names, reasons = order(await self._candidates(), self.config.strategy, requires)
+        failed: list[str] = []
+        for i, name in enumerate(names):
+            entry = self._entries[name]
+            try:
+                held = await self._try_entry(entry, spec, labels, deadline)
+            except _Denied as denied:
+                reasons[name] = self._describe(denied.reservation)
+                continue
+            except ProviderError as exc:
+                verdict = classify(exc)
+                if not verdict.fail_over:
+                    raise
+                reasons[name] = f"{verdict.reason}: {exc}"
+                failed.append(name)
+                emit(
+                    self.hooks,
+                    "failover",
+                    from_entry=name,
+                    to_entry=names[i + 1] if i + 1 < len(names) else "none",
+                    reason=verdict.reason,
+                )
+                if self._clock() >= deadline:
+                    reasons.update(
+                        {n: "not tried: acquire deadline passed" for n in names[i + 1 :]}
+                    )
+                    break
+                continue
+            held.failovers = failed
+            emit(
+                self.hooks,
+                "acquired",
+                entry=name,
+                lease_id=held.lease_id,
+                sandbox_id=held.sandbox.id,
+                attempts=held.attempts,
+                failovers=len(failed),
+                latency=self._clock() - started,
+            )
+            return held
+        ordered = {e: reasons[e] for e in self._entries if e in reasons}
+        emit(self.hooks, "acquire_failed", reasons=ordered, latency=self._clock() - started)
+        raise NoProviderAvailable(ordered)
+
+    async def _candidates(self) -> list[Candidate]:
+        fractions: dict[str, float] = {}
+        if self.config.strategy == "balanced":
+            refs = [e.ref for e in self._entries.values()]
+            snap = await self._store_call("snapshot", lambda s: s.snapshot(refs, self._clock()))
+            for e in self._entries.values():
+                fractions[e.name] = remaining_fraction(snap.pools[e.ref.pool].used, e.ref.limits)
+        return [
+            Candidate(
+                e.name,
+                e.provider.unconfigured_reason(),
+                frozenset(e.cfg.capabilities or e.provider.capabilities),
+                fractions.get(e.name, 1.0),
+            )
+            for e in self._entries.values()
+        ]
+
+    async def _try_entry(
+        self,
+        entry: _Entry,
+        spec: SandboxSpec,
+        labels: Mapping[str, str] | None,
+        deadline: float,
+    ) -> Held:
+        retrying = tenacity.AsyncRetrying(
+            stop=self._retry.stop(deadline, self._clock),
+            wait=self._retry.wait(),
+            retry=tenacity.retry_if_exception(lambda e: classify(e).retry_same),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        attempt_no = 0
+        async for attempt in retrying:
+            with attempt:
+                attempt_no += 1
+                return await self._attempt(entry, spec, labels, deadline, attempt_no)
+        raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
+
+    async def _attempt(
+        self,
+        entry: _Entry,
+        spec: SandboxSpec,
+        labels: Mapping[str, str] | None,
+        deadline: float,
+        attempt: int,
+    ) -> Held:
+        lease_id = "l-" + secrets.token_hex(8)
+        budget = max(0.0, min(self.config.create_timeout, deadline - self._clock()))
+        store, ref = await self._reserve(entry, lease_id, budget + _RESERVE_GRACE)
+        if entry.provider.kind != "local" or entry.cfg.template:
+            spec = replace(spec, template=spec.template or entry.cfg.template)
+        spec = spec.with_labels(
+            {**(labels or {}), LABEL_ROUTER: self.config.key_prefix, LABEL_ENTRY: entry.name,
+             LABEL_LEASE: lease_id}
+        )  # fmt: skip
+        created_at = self._clock()
+        try:
+            sandbox = await asyncio.wait_for(
+                entry.provider.create(spec, timeout=budget), timeout=budget + 5.0
+            )
+        except BaseException as exc:
+            await self._settle_failure(store, entry, ref, lease_id, exc, attempt, created_at)
+            if isinstance(exc, TimeoutError):
+                raise Unavailable(
+                    f"create timed out after {budget:.1f}s", provider=entry.name
+                ) from exc
+            if isinstance(exc, ProviderError):
+                exc.attempt = attempt
+                exc.provider = exc.provider or entry.name
+            raise
+        emit(self.hooks, "created", entry=entry.name, latency=self._clock() - created_at)
+        try:
+            settled = await store.settle(
+                ref, self._breaker, lease_id, self._clock(), outcome=Outcome.SUCCESS,
+                ttl=self.config.lease_ttl,
+            )  # fmt: skip
+        except BaseException:
+            await self._kill_quietly(entry, sandbox)
+            raise
+        if settled.transition:
+            self._emit_transition(entry.name, settled.transition)
+        if not settled.applied:
+            await self._kill_quietly(entry, sandbox)
+            raise Unavailable(
+                f"reservation {lease_id} expired before the create finished", provider=entry.name
+            )
+        held = Held(
+            lease_id,
+            entry.name,
+            entry.provider.kind,
+            sandbox,
+            self._clock(),
+            attempt,
+            store_kind="shared" if store is self._store else "fallback",
+        )
+        held.heartbeat = asyncio.create_task(self._heartbeat(held))
+        return held
+
+    async def _reserve(
+        self, entry: _Entry, lease_id: str, hold: float
+    ) -> tuple[StateStore, EntryRef]:
+        now = self._clock()
+        try:
+            reservation = await self._store.reserve(entry.ref, self._breaker, lease_id, now, hold)
+            store, ref = self._store, entry.ref
+            self._state_error = None
+        except StateUnavailable as exc:
+            self._on_state_error("reserve", exc)
+            ref = self._fallback_ref(entry.ref)
+            store = self._fallback
+            reservation = await store.reserve(ref, self._breaker, lease_id, now, hold)
+        if reservation.transition:
+            self._emit_transition(entry.name, reservation.transition)
+        if not reservation.granted:
+            raise _Denied(reservation)
+        return store, ref
+
+    def _fallback_ref(self, ref: EntryRef) -> EntryRef:
+        share = self.config.fail_open_share
+
+        def part(limit: float | None) -> int | None:
+            return None if limit is None else int(limit * share)
+
+        limits = Limits(
+            part(ref.limits.sessions),
+            part(ref.limits.sandbox_seconds),
+            part(ref.limits.concurrent),
+        )
+        return replace(ref, limits=limits)
+
+    def _on_state_error(self, operation: str, exc: StateUnavailable) -> None:
+        self._state_error = str(exc)
+        emit(
+            self.hooks,
+            "state_error",
+            operation=operation,
+            error=str(exc),
+            mode=self.config.on_state_error,
+        )
+        if self.config.on_state_error == "fail_closed":
+            raise exc
+
+    async def _settle_failure(
+        self,
+        store: StateStore,
+        entry: _Entry,
+        ref: EntryRef,
+        lease_id: str,
+        exc: BaseException,
+        attempt: int,
+        started: float,
+    ) -> None:
+        verdict = classify(exc)
+        outcome = Outcome.NEUTRAL if isinstance(exc, asyncio.CancelledError) else verdict.outcome
+        until = None
+        if isinstance(exc, QuotaExceeded) and exc.reset_at is not None:
+            until = exc.reset_at.timestamp()
+        elif isinstance(exc, RateLimited) and exc.retry_after is not None:
+            until = self._clock() + exc.retry_after
+        try:
+            settled = await asyncio.shield(
+                store.settle(
+                    ref,
+                    self._breaker,
+                    lease_id,
+                    self._clock(),
+                    outcome=outcome,
+                    detail=str(exc)[:200],
+                    until=until,
+                )  # fmt: skip
+            )
+        except StateUnavailable as state_exc:
+            # The reservation expires by itself (its hold); nothing is leaked.
+            emit(self.hooks, "state_error", operation="refund", error=str(state_exc),
+                 mode=self.config.on_state_error)  # fmt: skip
+            return
+        if settled.applied:
+            emit(self.hooks, "refund", entry=entry.name, lease_id=lease_id, reason=verdict.reason)
+        if settled.transition:
+            self._emit_transition(entry.name, settled.transition)
+        if not isinstance(exc, asyncio.CancelledError):
+            emit(
+                self.hooks,
+                "create_failed",
+                entry=entry.name,
+                reason=verdict.reason,
+                error=str(exc)[:300],
+                attempt=attempt,
+                latency=self._clock() - started,
+            )
+
+    def _emit_transition(self, entry: str, transition: tuple[str, str]) -> None:
+        emit(self.hooks, "breaker", entry=entry, from_state=transition[0], to_state=transition[1])
+
+    async def _kill_quietly(self, entry: _Entry, sandbox: Sandbox) -> None:
+        try:
+            await asyncio.shield(sandbox.kill())
+        except Exception as exc:
+            emit(self.hooks, "kill_failed", entry=entry.name, sandbox_id=sandbox.id, error=str(exc))
+
+    async def _heartbeat(self, held: Held) -> None:
+        entry = self._entries[held.entry]
+        ttl = self.config.lease_ttl
+        store = self._store if held.store_kind == "shared" else self._fallback
+        ref = entry.ref if store is self._store else self._fallback_ref(entry.ref)
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                alive = await store.heartbeat(ref, held.lease_id, self._clock(), ttl)
+            except StateUnavailable as exc:
+                emit(self.hooks, "state_error", operation="heartbeat", error=str(exc),
+                     mode=self.config.on_state_error)  # fmt: skip
+                continue
+            if not alive:
+                emit(self.hooks, "lease_lost", entry=held.entry, lease_id=held.lease_id)
+                return
+            with contextlib.suppress(ProviderError):
+                await held.sandbox.keepalive(ttl * 2)
+
+    async def _release(self, held: Held) -> None:
+        if held.released:
+            return
+        held.released = True
+        if held.heartbeat is not None:
+            held.heartbeat.cancel()
+        entry = self._entries[held.entry]
+        await self._kill_quietly(entry, held.sandbox)
+        store = self._store if held.store_kind == "shared" else self._fallback
+        ref = entry.ref if store is self._store else self._fallback_ref(entry.ref)
+        try:
+            seconds = await store.release(ref, held.lease_id, self._clock())
+        except StateUnavailable as exc:
+            emit(self.hooks, "state_error", operation="release", error=str(exc),
+                 mode=self.config.on_state_error)  # fmt: skip
+            return
+        emit(self.hooks, "released", entry=held.entry, lease_id=held.lease_id, seconds=seconds)
+
+    async def _store_call(
+        self, operation: str, call: Callable[[StateStore], Awaitable[Any]]
+    ) -> Any:
+        try:
+            return await call(self._store)
+        except StateUnavailable as exc:
+            self._on_state_error(operation, exc)
+            return await call(self._fallback)
+
+    async def _status(self) -> RouterStatus:
+        now = self._clock()
+        refs = [e.ref for e in self._entries.values()]
+        try:
+            snap = await self._store.snapshot(refs, now)
+            state_ok, error = True, None
+        except StateUnavailable as exc:
+            snap = await self._fallback.snapshot([self._fallback_ref(r) for r in refs], now)
+            state_ok, error = False, str(exc)
+        views = []
+        for e in self._entries.values():
+            pool = snap.pools[e.ref.pool]
+            health = snap.entries[e.name].breaker
+            reason = e.provider.unconfigured_reason()
+            if reason is not None:
+                state, until = "unconfigured", None
+            elif health.block:
+                state = health.block
+                until = _dt(health.block_until) if health.block_until else None
+            else:
+                state = health.circuit
+                until = _dt(health.open_until) if health.circuit == "open" else None
+            views.append(
+                EntryView(
+                    name=e.name,
+                    provider=e.provider.kind,
+                    pool=e.ref.pool,
+                    configured=reason is None,
+                    unconfigured_reason=reason,
+                    state=state,
+                    until=until,
+                    detail=health.block_detail,
+                    used=dict(pool.used),
+                    limits={u: e.ref.limits.get(u) for u in UNITS},
+                    reset_at=e.ref.window.reset_at(now),
+                    live_leases=snap.entries[e.name].live_leases,
+                )
+            )
+        return RouterStatus(
+            views,
+            self._store.url,
+            state_ok,
+            error or self._state_error,
+            self.config.on_state_error,
+        )
+
+    async def _set_usage(self, pool: str, unit: str, value: float) -> None:
+        refs = [e.ref for e in self._entries.values() if e.ref.pool == pool]
+        if not refs:
+            pools = sorted({e.ref.pool for e in self._entries.values()})
+            raise ValueError(f"no pool {pool!r} in this config (pools: {', '.join(pools)})")
+        await self._store.set_usage(refs[0], unit, value, self._clock())
+        emit(self.hooks, "quota_changed", pool=pool, unit=unit, value=value)
+
+    async def _aclose(self) -> None:
+        for entry in self._entries.values():
+            with contextlib.suppress(Exception):
+                await entry.provider.aclose()
+        await self._store.close()
+
+    def _describe(self, r: Reservation) -> str:
+        if r.reason == "quota":
+            return (
+                f"quota exhausted: {r.unit} {_num(r.used)}/{_num(r.limit)} "
+                f"until {_dt(r.until).isoformat()}"
+            )
+        if r.reason == "open":
+            return f"breaker open for {max(0.0, r.until - self._clock()):.0f}s"
+        if r.reason == "half_open":
+            return "breaker half-open: a probe is in flight"
+        if r.reason == "misconfigured":
+            return f"misconfigured (credentials refused: {r.detail}); fix the config"
+        if r.reason == "exhausted":
+            return f"provider quota exhausted until {_dt(r.until).isoformat()}"
+        if r.reason == "rate_limited":
+            return f"rate limited for {max(0.0, r.until - self._clock()):.0f}s"
+        if r.reason == "capacity":
+            return "provider concurrency cap reached"
+        return r.reason
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"

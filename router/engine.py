@@ -1,0 +1,86 @@
+"""The event loop every provider and store call runs on.
+
+The routing logic is written once, async. Each Router owns one loop on a
+background thread; the sync API submits coroutines to it and waits, the
+async API submits and awaits the future. So both APIs share one
+implementation, and SDK clients and Redis connections (which belong to the
+loop that made them) always live on the same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["Engine"]
+
+T = TypeVar("T")
+
+
+class Engine:
+    """A private event loop on a daemon thread, started on first use."""
+
+    def __init__(self, name: str = "sandbox-router") -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the thread did not come along
+                self._loop, self._thread, self._pid = None, None, os.getpid()
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=run, name=self._name, daemon=True)
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def in_engine_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run on the engine loop and wait (the sync API)."""
+        if self.in_engine_thread():
+            coro.close()
+            raise RuntimeError(
+                "sandbox-router: a sync Router method was called from inside the router's own "
+                "event loop (e.g. a hook); use the async API there"
+            )
+        future = self.submit(coro)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run on the engine loop and await it (the async API); cancellation propagates."""
+        return await asyncio.wrap_future(self.submit(coro))
+
+    def close(self) -> None:
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is not None and thread is not None and thread is not threading.current_thread():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            loop.close()

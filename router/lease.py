@@ -1,0 +1,240 @@
+"""Leases: what `Router.acquire` returns, in a sync and an async flavour.
+
+A lease holds one live sandbox and its slot in the fleet's ledger. Leaving
+the ``with`` / ``async with`` block (or calling ``release``) kills the
+sandbox, meters its seconds and frees the slot; until then a heartbeat on
+the router's loop keeps the lease (and the provider's sandbox) alive.
+Both flavours delegate to the same async handle on the router's loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from providers.base import CodeResult, CommandResult, FileInfo, Sandbox
+from providers.errors import LeaseError
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from router.engine import Engine
+
+__all__ = ["AsyncLease", "AsyncSandboxHandle", "Held", "Lease", "SyncSandbox"]
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Held:
+    """The router's record of one granted lease (shared by both flavours)."""
+
+    lease_id: str
+    entry: str
+    provider: str
+    sandbox: Sandbox
+    acquired_at: float
+    attempts: int
+    failovers: list[str] = field(default_factory=list)
+    released: bool = False
+    heartbeat: asyncio.Task[None] | None = None
+    store_kind: str = "shared"
+
+
+class SyncSandbox:
+    """The sandbox handle for sync code: each call runs on the router's loop."""
+
+    def __init__(self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None]) -> None:
+        self._sandbox = sandbox
+        self._engine = engine
+        self._alive = alive
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            self._alive()
+        except LeaseError:
+            coro.close()
+            raise
+        return self._engine.run(coro)
+
+    @property
+    def id(self) -> str:
+        return self._sandbox.id
+
+    @property
+    def native(self) -> Any:
+        return self._sandbox.native
+
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        return self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        self._run(self._sandbox.write_file(path, data))
+
+    def read_file(self, path: str) -> bytes:
+        return self._run(self._sandbox.read_file(path))
+
+    def list_files(self, path: str = ".") -> list[FileInfo]:
+        return self._run(self._sandbox.list_files(path))
+
+    def run_code(
+        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+    ) -> CodeResult:
+        return self._run(self._sandbox.run_code(code, language, timeout=timeout))
+
+    def __repr__(self) -> str:
+        return f"<SyncSandbox {self._sandbox!r}>"
+
+
+class AsyncSandboxHandle:
+    """The sandbox handle for async code: each call is awaited on the router's loop."""
+
+    def __init__(self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None]) -> None:
+        self._sandbox = sandbox
+        self._engine = engine
+        self._alive = alive
+
+    async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            self._alive()
+        except LeaseError:
+            coro.close()
+            raise
+        return await self._engine.arun(coro)
+
+    @property
+    def id(self) -> str:
+        return self._sandbox.id
+
+    @property
+    def native(self) -> Any:
+        return self._sandbox.native
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        return await self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        await self._run(self._sandbox.write_file(path, data))
+
+    async def read_file(self, path: str) -> bytes:
+        return await self._run(self._sandbox.read_file(path))
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        return await self._run(self._sandbox.list_files(path))
+
+    async def run_code(
+        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+    ) -> CodeResult:
+        return await self._run(self._sandbox.run_code(code, language, timeout=timeout))
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandboxHandle {self._sandbox!r}>"
+
+
+class _LeaseBase:
+    def __init__(
+        self, held: Held, engine: Engine, release: Callable[[Held], Coroutine[Any, Any, None]]
+    ) -> None:
+        self._held = held
+        self._engine = engine
+        self._release_fn = release
+
+    @property
+    def id(self) -> str:
+        return self._held.lease_id
+
+    @property
+    def entry(self) -> str:
+        """The chain entry that served this lease."""
+        return self._held.entry
+
+    @property
+    def provider(self) -> str:
+        return self._held.provider
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._held.sandbox.id
+
+    @property
+    def attempts(self) -> int:
+        return self._held.attempts
+
+    @property
+    def failovers(self) -> list[str]:
+        """Entries tried and failed before this one, in order."""
+        return list(self._held.failovers)
+
+    @property
+    def released(self) -> bool:
+        return self._held.released
+
+    def _check(self) -> None:
+        if self._held.released:
+            raise LeaseError(f"lease {self.id} on {self.entry} was already released")
+
+    def __repr__(self) -> str:
+        state = "released" if self._held.released else "live"
+        return f"<{type(self).__name__} {self.id} entry={self.entry} sandbox={self.sandbox_id} {state}>"
+
+
+class Lease(_LeaseBase):
+    """A live sandbox for sync code; ``with router.acquire() as lease:``."""
+
+    @property
+    def sandbox(self) -> SyncSandbox:
+        return SyncSandbox(self._held.sandbox, self._engine, self._check)
+
+    def release(self) -> None:
+        """Kill the sandbox, meter its time, free the slot (idempotent)."""
+        self._engine.run(self._release_fn(self._held))
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class AsyncLease(_LeaseBase):
+    """A live sandbox for async code; ``async with await router.aacquire() as lease:``."""
+
+    @property
+    def sandbox(self) -> AsyncSandboxHandle:
+        return AsyncSandboxHandle(self._held.sandbox, self._engine, self._check)
+
+    async def release(self) -> None:
+        """Kill the sandbox, meter its time, free the slot (idempotent)."""
+        await self._engine.arun(self._release_fn(self._held))
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.release()

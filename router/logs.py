@@ -1,0 +1,58 @@
+"""structlog setup: JSON lines when not on a TTY, pretty console on one.
+
+`configure_logging` is called by the CLI and may be called by apps; the
+library itself never reconfigures logging on import. A redaction processor
+masks any field whose name looks like a secret, as a last line of defence
+(no code path puts a secret into an event in the first place).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Literal
+
+import structlog
+
+__all__ = ["configure_logging", "redact_secrets"]
+
+_SECRET_NAME = re.compile(r"(api_?key|token|secret|password|authorization)", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]+@")
+
+
+def redact_secrets(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    for key, value in list(event_dict.items()):
+        if _SECRET_NAME.search(key):
+            event_dict[key] = "***"
+        elif isinstance(value, str) and "@" in value:
+            event_dict[key] = _URL_PASSWORD.sub(r"\g<scheme>\g<user>:***@", value)
+    return event_dict
+
+
+def configure_logging(
+    fmt: Literal["auto", "json", "console"] = "auto", level: str = "info"
+) -> None:
+    """Route structlog through stdlib logging on stderr, JSON or pretty."""
+    pretty = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer() if pretty else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact_secrets,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
