@@ -77,8 +77,11 @@ class NoProviderAvailable(SandboxRouterError):
     def __init__(self, reasons: dict[str, str]) -> None:
         self.reasons = dict(reasons)
         lines = "\n".join(f"  - {name}: {why}" for name, why in self.reasons.items())
-        super().__init__(f"no sandbox provider available:\n{lines}" if lines else
-                         "no sandbox provider available: the chain is empty")
+        super().__init__(
+            f"no sandbox provider available:\n{lines}"
+            if lines
+            else "no sandbox provider available: the chain is empty"
+        )
 
 
 class ProviderError(SandboxRouterError):

@@ -367,9 +367,13 @@ class Router:
         if entry.provider.kind != "local" or entry.cfg.template:
             spec = replace(spec, template=spec.template or entry.cfg.template)
         spec = spec.with_labels(
-            {**(labels or {}), LABEL_ROUTER: self.config.key_prefix, LABEL_ENTRY: entry.name,
-             LABEL_LEASE: lease_id}
-        )  # fmt: skip
+            {
+                **(labels or {}),
+                LABEL_ROUTER: self.config.key_prefix,
+                LABEL_ENTRY: entry.name,
+                LABEL_LEASE: lease_id,
+            }
+        )
         created_at = self._clock()
         try:
             sandbox = await asyncio.wait_for(
@@ -388,9 +392,13 @@ class Router:
         emit(self.hooks, "created", entry=entry.name, latency=self._clock() - created_at)
         try:
             settled = await store.settle(
-                ref, self._breaker, lease_id, self._clock(), outcome=Outcome.SUCCESS,
+                ref,
+                self._breaker,
+                lease_id,
+                self._clock(),
+                outcome=Outcome.SUCCESS,
                 ttl=self.config.lease_ttl,
-            )  # fmt: skip
+            )
         except BaseException:
             await self._kill_quietly(entry, sandbox)
             raise
@@ -484,12 +492,17 @@ class Router:
                     outcome=outcome,
                     detail=str(exc)[:200],
                     until=until,
-                )  # fmt: skip
+                )
             )
         except StateUnavailable as state_exc:
             # The reservation expires by itself (its hold); nothing is leaked.
-            emit(self.hooks, "state_error", operation="refund", error=str(state_exc),
-                 mode=self.config.on_state_error)  # fmt: skip
+            emit(
+                self.hooks,
+                "state_error",
+                operation="refund",
+                error=str(state_exc),
+                mode=self.config.on_state_error,
+            )
             return
         if settled.applied:
             emit(self.hooks, "refund", entry=entry.name, lease_id=lease_id, reason=verdict.reason)
@@ -525,8 +538,13 @@ class Router:
             try:
                 alive = await store.heartbeat(ref, held.lease_id, self._clock(), ttl)
             except StateUnavailable as exc:
-                emit(self.hooks, "state_error", operation="heartbeat", error=str(exc),
-                     mode=self.config.on_state_error)  # fmt: skip
+                emit(
+                    self.hooks,
+                    "state_error",
+                    operation="heartbeat",
+                    error=str(exc),
+                    mode=self.config.on_state_error,
+                )
                 continue
             if not alive:
                 emit(self.hooks, "lease_lost", entry=held.entry, lease_id=held.lease_id)
@@ -547,8 +565,13 @@ class Router:
         try:
             seconds = await store.release(ref, held.lease_id, self._clock())
         except StateUnavailable as exc:
-            emit(self.hooks, "state_error", operation="release", error=str(exc),
-                 mode=self.config.on_state_error)  # fmt: skip
+            emit(
+                self.hooks,
+                "state_error",
+                operation="release",
+                error=str(exc),
+                mode=self.config.on_state_error,
+            )
             return
         emit(self.hooks, "released", entry=held.entry, lease_id=held.lease_id, seconds=seconds)
 

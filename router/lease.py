@@ -191,7 +191,8 @@ class _LeaseBase:
 
     def __repr__(self) -> str:
         state = "released" if self._held.released else "live"
-        return f"<{type(self).__name__} {self.id} entry={self.entry} sandbox={self.sandbox_id} {state}>"
+        name = type(self).__name__
+        return f"<{name} {self.id} entry={self.entry} sandbox={self.sandbox_id} {state}>"
 
 
 class Lease(_LeaseBase):
