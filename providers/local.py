@@ -16,7 +16,9 @@ cloud sandbox runs real commands too.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
+import functools
 import json
 import os
 import re
@@ -53,7 +55,6 @@ HOME = "/home/sandbox"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-_warned_no_bwrap = False
 
 
 def bwrap_available() -> bool:
@@ -146,7 +147,7 @@ class LocalProvider(Provider):
     async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
         return await asyncio.to_thread(self._list, dict(labels or {}))
 
-    def _list(self, labels: dict[str, str]) -> list[SandboxInfo]:
+    def _list(self, labels: dict[str, str]) -> builtins.list[SandboxInfo]:
         found = []
         for meta_path in sorted(self.root.glob("[!.]*.json")) if self.root.exists() else []:
             try:
@@ -167,21 +168,24 @@ class LocalProvider(Provider):
 
 
 def _resolve_isolation(isolation: str, name: str) -> bool:
-    global _warned_no_bwrap
     if isolation == "none":
         return False
     if bwrap_available():
         return True
     if isolation == "bwrap":
         raise ConfigError(f"entry {name!r}: isolation 'bwrap' requested but bwrap is not on PATH")
-    if not _warned_no_bwrap:
-        _warned_no_bwrap = True
-        log.warning(
-            "sandbox_router.local.no_bwrap",
-            detail="bubblewrap (bwrap) not on PATH: local sandboxes run without namespace "
-            "isolation, with rlimits and a private directory only",
-        )
+    _warn_no_bwrap()
     return False
+
+
+@functools.cache
+def _warn_no_bwrap() -> None:
+    """Said once per process: every sandbox would otherwise repeat it."""
+    log.warning(
+        "sandbox_router.local.no_bwrap",
+        detail="bubblewrap (bwrap) not on PATH: local sandboxes run without namespace "
+        "isolation, with rlimits and a private directory only",
+    )
 
 
 class LocalProcess:
@@ -211,7 +215,8 @@ class LocalProcess:
                     self.proc.stdin.write(stdin)
                     await self.proc.stdin.drain()
                 self.proc.stdin.close()
-        assert self.proc.stdout is not None and self.proc.stderr is not None
+        assert self.proc.stdout is not None
+        assert self.proc.stderr is not None
         readers = asyncio.gather(
             _read_capped(self.proc.stdout, self.max_output),
             _read_capped(self.proc.stderr, self.max_output),
