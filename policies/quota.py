@@ -5,8 +5,8 @@ names it. Three units are counted:
 
 * ``sessions``: sandboxes created in the current window (reserved before the
   create, refunded when it fails);
-* ``sandbox_seconds``: lease time, metered when a lease is released (or
-  when an expired lease is purged, up to its last heartbeat);
+* ``sandbox_seconds``: lease time, metered when a lease is released (or,
+  for a crashed app's lease, when it expires: up to its expiry);
 * ``concurrent``: live leases, including ones whose create is in flight.
 
 A grant is all-or-nothing across the units. ``sandbox_seconds`` is known
@@ -116,10 +116,6 @@ class LeaseSlot:
     ttl: float
     live: bool = False
 
-    @property
-    def last_alive(self) -> float:
-        return self.expires - self.ttl
-
 
 @dataclass(slots=True)
 class PoolState:
@@ -150,12 +146,16 @@ class Grant:
 
 
 def purge_expired(state: PoolState, now: float) -> list[str]:
-    """Drop expired leases, charging each its seconds up to its last heartbeat."""
+    """Drop expired leases, charging each its seconds until it expired.
+
+    The app that held it is gone (crashed), so its sandbox may have run until
+    then: charging the whole lease errs on the side of never overspending.
+    """
     expired = [lid for lid, slot in state.leases.items() if slot.expires <= now]
     for lid in expired:
         slot = state.leases.pop(lid)
         if slot.live:
-            state.sandbox_seconds += max(0.0, slot.last_alive - slot.started)
+            state.sandbox_seconds += max(0.0, slot.expires - slot.started)
     return expired
 
 

@@ -280,7 +280,7 @@ class Router:
             except _Denied as denied:
                 reasons[name] = self._describe(denied.reservation)
                 continue
-            except ProviderError as exc:
+            except Exception as exc:  # noqa: BLE001 - classified; unmapped errors fail over
                 verdict = classify(exc)
                 if not verdict.fail_over:
                     raise
@@ -377,7 +377,7 @@ class Router:
         created_at = self._clock()
         try:
             sandbox = await asyncio.wait_for(
-                entry.provider.create(spec, timeout=budget), timeout=budget + 5.0
+                entry.provider.create(spec, timeout=budget), timeout=budget + 1.0
             )
         except BaseException as exc:
             await self._settle_failure(store, entry, ref, lease_id, exc, attempt, created_at)

@@ -140,7 +140,7 @@ local function record(s, cfg, outcome, now, fingerprint, detail, until_)
   return false
 end
 
--- Drop expired leases, charging each its seconds up to its last heartbeat.
+-- Drop expired leases, charging each its seconds until it expired.
 local function purge(usage_key, leases_key, meta_key, now)
   local expired = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
   for i = 1, #expired, 2 do
@@ -149,7 +149,7 @@ local function purge(usage_key, leases_key, meta_key, now)
     if raw then
       local m = cjson.decode(raw)
       if m.live == 1 then
-        local seconds = math.max(0, (expires - m.ttl) - m.started)
+        local seconds = math.max(0, expires - m.started)
         redis.call('HINCRBYFLOAT', usage_key, 'sandbox_seconds', seconds)
       end
       redis.call('HDEL', meta_key, lid)
