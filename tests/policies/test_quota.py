@@ -1,0 +1,183 @@
+"""The quota window and ledger rules (pure), exhaustively and as a state machine."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from policies import quota
+from policies.quota import Grant, Limits, MonthlyWindow, PoolState, QuotaDenial
+
+
+def ts(*args: int, tz: str = "UTC") -> float:
+    from zoneinfo import ZoneInfo
+
+    return datetime(*args, tzinfo=ZoneInfo(tz)).timestamp()  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("window", "now", "start", "end"),
+    [
+        (MonthlyWindow(), ts(2026, 11, 23, 12), "2026-11-01", "2026-12-01"),
+        (MonthlyWindow(), ts(2026, 12, 31, 23, 59), "2026-12-01", "2027-01-01"),
+        (MonthlyWindow(reset_day=15), ts(2026, 11, 14, 23), "2026-10-15", "2026-11-15"),
+        (MonthlyWindow(reset_day=15), ts(2026, 11, 15), "2026-11-15", "2026-12-15"),
+        (MonthlyWindow(reset_day=31), ts(2026, 2, 28, 1), "2026-02-28", "2026-03-31"),
+        (MonthlyWindow(reset_day=31), ts(2028, 2, 28, 1), "2028-01-31", "2028-02-29"),
+        (MonthlyWindow(reset_day=30), ts(2026, 3, 1), "2026-02-28", "2026-03-30"),
+        (MonthlyWindow(reset_day=1), ts(2027, 1, 1), "2027-01-01", "2027-02-01"),
+    ],
+)
+def test_window_bounds(window: MonthlyWindow, now: float, start: str, end: str) -> None:
+    lo, hi = window.bounds(now)
+    assert (lo.date().isoformat(), hi.date().isoformat()) == (start, end)
+    assert window.key(now) == start
+    assert window.reset_at(now) == hi
+
+
+def test_window_follows_the_configured_timezone() -> None:
+    berlin = MonthlyWindow("Europe/Berlin")
+    # 23:30 UTC on 31 Oct is already 1 Nov in Berlin (UTC+1 after DST ends)
+    now = datetime(2026, 10, 31, 23, 30, tzinfo=UTC).timestamp()
+    assert berlin.key(now) == "2026-11-01"
+    assert MonthlyWindow("UTC").key(now) == "2026-10-01"
+    assert berlin.reset_at(now) == datetime(2026, 11, 30, 23, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("day", [0, 32, -1])
+def test_window_rejects_bad_reset_day(day: int) -> None:
+    with pytest.raises(ValueError, match="reset_day"):
+        MonthlyWindow(reset_day=day)
+
+
+def test_window_rejects_unknown_zone() -> None:
+    with pytest.raises(Exception, match="Mars"):
+        MonthlyWindow("Mars/Olympus")
+
+
+@pytest.mark.parametrize(
+    ("used", "limits", "fraction"),
+    [
+        ({}, Limits(), 1.0),
+        ({"sessions": 5}, Limits(sessions=10), 0.5),
+        ({"sessions": 5, "concurrent": 3}, Limits(sessions=10, concurrent=4), 0.25),
+        ({"sessions": 12}, Limits(sessions=10), 0.0),
+        ({}, Limits(concurrent=0), 0.0),
+    ],
+)
+def test_remaining_fraction(used: dict[str, float], limits: Limits, fraction: float) -> None:
+    assert quota.remaining_fraction(used, limits) == pytest.approx(fraction)
+
+
+def test_each_unit_denies_at_its_limit() -> None:
+    for unit, limits in [
+        ("sessions", Limits(sessions=1)),
+        ("concurrent", Limits(concurrent=1)),
+    ]:
+        state = PoolState("w")
+        assert isinstance(quota.reserve(state, limits, "a", "e", 0, 10), Grant)
+        denial = quota.reserve(state, limits, "b", "e", 0, 10)
+        assert denial == QuotaDenial(unit, 1, 1)
+    state = PoolState("w", sandbox_seconds=5)
+    assert quota.reserve(state, Limits(sandbox_seconds=5), "a", "e", 0, 10) == QuotaDenial(
+        "sandbox_seconds", 5, 5
+    )
+
+
+def test_refund_of_a_live_lease_is_refused() -> None:
+    state = PoolState("w")
+    quota.reserve(state, Limits(), "a", "e", 0, 10)
+    quota.commit(state, "a", 1, 60)
+    assert not quota.refund(state, "a")
+    assert state.sessions == 1
+    assert "a" in state.leases
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    """Random reserve/commit/refund/release/heartbeat/time sequences.
+
+    Invariants: a grant never takes a unit past its limit, sessions count
+    exactly the reservations not refunded, seconds only grow, and every lease
+    is either tracked by the ledger or accounted for.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limits = Limits(sessions=8, sandbox_seconds=400, concurrent=3)
+        self.state = PoolState("w")
+        self.now = 1000.0
+        self.next_id = 0
+        self.reserved: set[str] = set()
+        self.live: set[str] = set()
+        self.granted = 0
+        self.refunded = 0
+        self.seconds = 0.0
+
+    @rule(hold=st.floats(1, 100))
+    def reserve(self, hold: float) -> None:
+        lid = f"l{self.next_id}"
+        self.next_id += 1
+        before = len([s for s in self.state.leases.values() if s.expires > self.now])
+        verdict = quota.reserve(self.state, self.limits, lid, "e", self.now, hold)
+        if isinstance(verdict, Grant):
+            self.granted += 1
+            self.reserved.add(lid)
+            assert before < 3
+        else:
+            assert verdict.used >= verdict.limit
+
+    @precondition(lambda self: self.reserved)
+    @rule(data=st.data(), ttl=st.floats(1, 100))
+    def commit(self, data: st.DataObject, ttl: float) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.reserved)))
+        if quota.commit(self.state, lid, self.now, ttl):
+            self.reserved.discard(lid)
+            self.live.add(lid)
+
+    @precondition(lambda self: self.reserved)
+    @rule(data=st.data())
+    def refund(self, data: st.DataObject) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.reserved)))
+        if quota.refund(self.state, lid):
+            self.refunded += 1
+        self.reserved.discard(lid)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.live)))
+        seconds = quota.release(self.state, lid, self.now)
+        assert seconds is None or seconds >= 0
+        self.live.discard(lid)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), ttl=st.floats(1, 100))
+    def heartbeat(self, data: st.DataObject, ttl: float) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.live)))
+        slot = self.state.leases.get(lid)
+        alive = quota.heartbeat(self.state, lid, self.now, ttl)
+        assert alive == (slot is not None and slot.expires > self.now)
+
+    @rule(dt=st.floats(0, 120))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+
+    @invariant()
+    def sessions_count_unrefunded_grants(self) -> None:
+        assert self.state.sessions == self.granted - self.refunded
+        assert self.state.sessions <= 8
+
+    @invariant()
+    def seconds_only_grow(self) -> None:
+        assert self.state.sandbox_seconds >= self.seconds - 1e-9
+        self.seconds = self.state.sandbox_seconds
+
+    @invariant()
+    def slots_never_exceed_the_limit(self) -> None:
+        assert len(self.state.leases) <= 3
+
+
+TestLedger = LedgerMachine.TestCase
