@@ -1,0 +1,86 @@
+"""16 processes race for the last units of one pool: exactly the limit is granted."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from providers.errors import NoProviderAvailable
+from router import Router
+
+pytestmark = pytest.mark.slow
+PROCESSES = 16
+
+
+def _config(state_url: str, prefix: str, root: str, quota: dict[str, int]) -> dict[str, object]:
+    return {
+        "state_url": state_url,
+        "key_prefix": prefix,
+        "chain": [
+            {"name": "local", "provider": "local", "quota": quota,
+             "options": {"root": root, "isolation": "none"}},
+        ],
+    }  # fmt: skip
+
+
+def _worker(config: dict[str, object], start_at: float, hold: bool, done: Any) -> int:
+    from router.logs import configure_logging
+
+    configure_logging("json", "error")
+    router = Router.from_config(config, hooks=[])
+    granted = 0
+    held = []
+    time.sleep(max(0.0, start_at - time.time()))
+    while True:
+        try:
+            lease = router.acquire()
+        except NoProviderAvailable:
+            break
+        granted += 1
+        if hold:
+            held.append(lease)
+        else:
+            lease.release()
+    done.wait(60)  # nobody releases a slot before every process has been refused
+    for lease in held:
+        lease.release()
+    router.close()
+    return granted
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def state_url(request: pytest.FixtureRequest, redis_url: str, tmp_path: Path) -> str:
+    return redis_url if request.param == "redis" else f"sqlite:///{tmp_path}/race.db"
+
+
+def _race(config: dict[str, object], hold: bool) -> list[int]:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
+        done = manager.Barrier(PROCESSES)
+        start_at = time.time() + 4.0  # every process is imported and waiting by then
+        return pool.starmap(_worker, [(config, start_at, hold, done)] * PROCESSES)
+
+
+def test_exactly_the_sessions_left_are_granted(
+    state_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    config = _config(state_url, key_prefix, str(tmp_path / "sb"), {"sessions": 100})
+    granted = _race(config, hold=False)
+    assert sum(granted) == 100
+    with Router.from_config(config, hooks=[]) as router:
+        assert router.status().entries[0].used["sessions"] == 100
+
+
+def test_exactly_the_concurrency_slots_are_granted(
+    state_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    config = _config(state_url, key_prefix, str(tmp_path / "sb"), {"concurrent": 10})
+    granted = _race(config, hold=True)
+    assert sum(granted) == 10
+    with Router.from_config(config, hooks=[]) as router:
+        view = router.status().entries[0]
+        assert (view.used["sessions"], view.used["concurrent"]) == (10, 0)
