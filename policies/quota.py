@@ -35,6 +35,7 @@ __all__ = [
     "check",
     "commit",
     "heartbeat",
+    "projected_exhaustion",
     "purge_expired",
     "refund",
     "release",
@@ -229,3 +230,19 @@ def remaining_fraction(used: Mapping[str, float], limits: Limits) -> float:
             left = 1.0 - used.get(unit, 0.0) / limit if limit > 0 else 0.0
             fraction = min(fraction, max(0.0, left))
     return fraction
+
+
+def projected_exhaustion(
+    used: float, limit: float | None, start: float, now: float
+) -> float | None:
+    """When ``used`` reaches ``limit`` at the window's average rate so far (a timestamp).
+
+    None when the unit is unlimited or nothing was used yet; ``now`` when it
+    is already exhausted.
+    """
+    if limit is None or used <= 0 or now <= start:
+        return None
+    if used >= limit:
+        return now
+    rate = used / (now - start)
+    return now + (limit - used) / rate

@@ -38,7 +38,7 @@ from policies import order
 from policies.breaker import Outcome
 from policies.ordering import Candidate
 from policies.outcome import classify
-from policies.quota import UNITS, Limits, remaining_fraction
+from policies.quota import UNITS, Limits, projected_exhaustion, remaining_fraction
 from providers import provider_class
 from providers.base import (
     LABEL_ENTRY,
@@ -91,6 +91,8 @@ class EntryView:
         until: when an open breaker or a block ends (None when it does not).
         used / limits: per unit, for the entry's pool.
         reset_at: when the pool's window resets.
+        exhausted_at: when each limited unit runs out at this window's
+            average rate so far (only units with usage).
     """
 
     name: str
@@ -105,6 +107,7 @@ class EntryView:
     limits: dict[str, float | None]
     reset_at: datetime
     live_leases: int
+    exhausted_at: dict[str, datetime]
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +283,7 @@ class Router:
             except _Denied as denied:
                 reasons[name] = self._describe(denied.reservation)
                 continue
-            except Exception as exc:  # noqa: BLE001 - classified; unmapped errors fail over
+            except Exception as exc:
                 verdict = classify(exc)
                 if not verdict.fail_over:
                     raise
@@ -620,6 +623,7 @@ class Router:
                     limits={u: e.ref.limits.get(u) for u in UNITS},
                     reset_at=e.ref.window.reset_at(now),
                     live_leases=snap.entries[e.name].live_leases,
+                    exhausted_at=_projections(pool.used, e.ref, now),
                 )
             )
         return RouterStatus(
@@ -663,6 +667,16 @@ class Router:
         if r.reason == "capacity":
             return "provider concurrency cap reached"
         return r.reason
+
+
+def _projections(used: Mapping[str, float], ref: EntryRef, now: float) -> dict[str, datetime]:
+    start = ref.window.bounds(now)[0].timestamp()
+    out = {}
+    for unit in ("sessions", "sandbox_seconds"):
+        when = projected_exhaustion(used[unit], ref.limits.get(unit), start, now)
+        if when is not None:
+            out[unit] = _dt(when)
+    return out
 
 
 def _dt(ts: float) -> datetime:

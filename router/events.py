@@ -35,7 +35,15 @@ __all__ = ["Event", "Hook", "emit", "log_hook"]
 _log = structlog.get_logger("sandbox_router")
 
 _WARN = frozenset(
-    {"failover", "refund", "state_error", "lease_lost", "kill_failed", "acquire_failed"}
+    {
+        "failover",
+        "refund",
+        "state_error",
+        "lease_lost",
+        "kill_failed",
+        "acquire_failed",
+        "quota_changed",
+    }
 )
 
 

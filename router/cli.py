@@ -1,0 +1,266 @@
+"""The ``sandbox-router`` command.
+
+    sandbox-router exec [--config FILE] -- CMD...   acquire, run, print, release
+    sandbox-router status [--config FILE] [--json]  health and quota per entry
+    sandbox-router config check FILE                validate a chain file
+    sandbox-router quota show|set|reset POOL [UNIT VALUE]
+    sandbox-router emulate daytona|runloop|modal|e2b|all [--port N]
+
+Without ``--config`` the router comes from the environment (see
+`router.config.from_env`). Logs go to stderr (JSON unless on a TTY); the
+command's own output goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from providers.errors import ConfigError, NoProviderAvailable, SandboxRouterError
+from router import config as config_mod
+from router.core import EntryView, Router, RouterStatus
+from router.logs import configure_logging
+
+__all__ = ["main"]
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _router(args: argparse.Namespace) -> Router:
+    cfg = config_mod.load_config(args.config) if args.config else config_mod.from_env()
+    configure_logging(cfg.log.format, "info" if args.verbose else "warning")
+    return Router(cfg)
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        err.print("[red]exec: give a command after --, e.g. sandbox-router exec -- echo hi[/red]")
+        return 2
+    with _router(args) as router:
+        with router.acquire(requires=args.requires, timeout=args.timeout) as lease:
+            err.print(f"[dim]sandbox {lease.sandbox_id} on {lease.entry}[/dim]")
+            shell = command[0] if len(command) == 1 else None
+            result = lease.sandbox.run(shell or command, timeout=args.command_timeout)
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        if result.timed_out:
+            err.print(f"[red]timed out after {args.command_timeout}s[/red]")
+            return 124
+        return result.exit_code
+
+
+def _when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M UTC") if value else "-"
+
+
+def _usage(view: EntryView, unit: str) -> str:
+    used, limit = view.used[unit], view.limits[unit]
+    shown = f"{used:.0f}" if unit != "sandbox_seconds" else f"{used / 3600:.1f}h"
+    if limit is None:
+        return f"{shown} / -"
+    cap = f"{limit:.0f}" if unit != "sandbox_seconds" else f"{limit / 3600:.1f}h"
+    return f"{shown} / {cap}"
+
+
+def _status_json(status: RouterStatus) -> dict[str, Any]:
+    return {
+        "state_url": status.state_url,
+        "state_ok": status.state_ok,
+        "state_error": status.state_error,
+        "on_state_error": status.on_state_error,
+        "entries": [
+            {
+                "name": v.name,
+                "provider": v.provider,
+                "pool": v.pool,
+                "configured": v.configured,
+                "unconfigured_reason": v.unconfigured_reason,
+                "state": v.state,
+                "until": v.until.isoformat() if v.until else None,
+                "detail": v.detail,
+                "used": v.used,
+                "limits": v.limits,
+                "reset_at": v.reset_at.isoformat(),
+                "exhausted_at": {u: t.isoformat() for u, t in v.exhausted_at.items()},
+                "live_leases": v.live_leases,
+            }
+            for v in status.entries
+        ],
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _router(args) as router:
+        status = router.status()
+    if args.json:
+        out.print_json(json.dumps(_status_json(status)))
+        return 0
+    table = Table(title=f"sandbox-router: {status.state_url}")
+    for column in ("entry", "provider", "state", "sessions", "sandbox time", "concurrent",
+                   "resets", "exhausted at this rate"):  # fmt: skip
+        table.add_column(column)
+    for v in status.entries:
+        state = v.state if not v.until else f"{v.state} until {_when(v.until)}"
+        if not v.configured:
+            state = f"[yellow]unconfigured[/yellow]: {escape(v.unconfigured_reason or '')}"
+        elif v.state not in ("closed",):
+            state = f"[red]{state}[/red]"
+        else:
+            state = f"[green]{state}[/green]"
+        projected = ", ".join(f"{u}: {_when(t)}" for u, t in v.exhausted_at.items()
+                              if t < v.reset_at) or "-"  # fmt: skip
+        table.add_row(
+            v.name, v.provider, state, _usage(v, "sessions"), _usage(v, "sandbox_seconds"),
+            f"{v.live_leases} / {v.limits['concurrent'] or '-'}", _when(v.reset_at), projected,
+        )  # fmt: skip
+    out.print(table)
+    if not status.state_ok:
+        err.print(f"[red]state store unavailable ({status.on_state_error}): "
+                  f"{escape(status.state_error or '')}[/red]")  # fmt: skip
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = config_mod.load_config(args.file)
+    table = Table(title=f"{args.file}: OK")
+    for column in ("entry", "provider", "pool", "sessions", "sandbox_seconds", "concurrent"):
+        table.add_column(column)
+    for entry in cfg.chain:
+        q = cfg.pool_quota(entry)
+        table.add_row(
+            entry.name, entry.provider, entry.pool,
+            *(str(v) if v is not None else "-" for v in (q.sessions, q.sandbox_seconds,
+                                                          q.concurrent)),
+        )  # fmt: skip
+    out.print(table)
+    return 0
+
+
+def cmd_quota(args: argparse.Namespace) -> int:
+    with _router(args) as router:
+        if args.action == "show":
+            status = router.status()
+            pools: dict[str, dict[str, Any]] = {}
+            for v in status.entries:
+                if args.pool in (None, v.pool):
+                    pools[v.pool] = {"used": v.used, "limits": v.limits,
+                                     "reset_at": v.reset_at.isoformat()}  # fmt: skip
+            if args.pool and not pools:
+                err.print(f"[red]no pool {args.pool!r} in this config[/red]")
+                return 2
+            out.print_json(json.dumps(pools))
+            return 0
+        if args.pool is None:
+            err.print(f"[red]quota {args.action}: name the pool[/red]")
+            return 2
+        if args.action == "set":
+            if args.unit is None or args.value is None:
+                err.print("[red]quota set POOL UNIT VALUE (unit: sessions|sandbox_seconds)[/red]")
+                return 2
+            router.set_usage(args.pool, args.unit, args.value)
+        else:
+            for unit in [args.unit] if args.unit else ["sessions", "sandbox_seconds"]:
+                router.set_usage(args.pool, unit, 0)
+        out.print(f"pool {args.pool}: {args.action} done")
+        return 0
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    from emulators import EMULATORS, emulator_class
+
+    configure_logging("auto", "info" if args.verbose else "warning")
+    names = sorted(EMULATORS) if args.name == "all" else [args.name]
+    if args.port and len(names) > 1:
+        err.print("[red]--port applies to one emulator; with `all` the ports are picked[/red]")
+        return 2
+    running = []
+    for name in names:
+        emu = emulator_class(name)(port=args.port or 0, control_port=args.control_port or 0)
+        emu.start()
+        running.append(emu)
+        out.print(f"[bold]{name}[/bold] emulator on {emu.url} (control API {emu.control_url})")
+        for key, value in emu.sdk_env().items():
+            out.print(f"  export {key}={value}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for emu in running:
+            emu.stop()
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sandbox-router", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log routing events")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--config", help="chain YAML (default: $SANDBOX_ROUTER_CONFIG or env)")
+        return p
+
+    p = with_config(sub.add_parser("exec", help="run a command in a routed sandbox"))
+    p.add_argument("--requires", action="append", default=[], help="a required capability")
+    p.add_argument("--timeout", type=float, help="acquire deadline in seconds")
+    p.add_argument("--command-timeout", type=float, default=300.0, help="command timeout")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    p.set_defaults(func=cmd_exec)
+
+    p = with_config(sub.add_parser("status", help="health and quota per entry"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("config", help="config tools")
+    config_sub = p.add_subparsers(dest="config_cmd", required=True)
+    check = config_sub.add_parser("check", help="validate a chain file")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_config_check)
+
+    p = with_config(sub.add_parser("quota", help="show or correct the quota ledger"))
+    p.add_argument("action", choices=["show", "set", "reset"])
+    p.add_argument("pool", nargs="?")
+    p.add_argument("unit", nargs="?", choices=["sessions", "sandbox_seconds"])
+    p.add_argument("value", nargs="?", type=float)
+    p.set_defaults(func=cmd_quota)
+
+    p = sub.add_parser("emulate", help="run provider emulators on loopback")
+    p.add_argument("name", choices=["daytona", "runloop", "modal", "e2b", "all"])
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--control-port", type=int, default=0)
+    p.set_defaults(func=cmd_emulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        err.print(f"[red]config error:[/red] {escape(str(exc))}", highlight=False)
+        return 2
+    except NoProviderAvailable as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]", highlight=False)
+        return 3
+    except SandboxRouterError as exc:
+        err.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/red]", highlight=False)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

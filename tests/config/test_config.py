@@ -1,0 +1,143 @@
+"""Config validation: clear errors that name the file, the field and what was expected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from providers.errors import ConfigError
+from router.config import from_env, load_config
+
+LOCAL = {"name": "local", "provider": "local"}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "chain.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("chain: []", "chain: List should have at least 1 item"),
+        ("chain:\n  - {name: a, provider: local, quota: {sessions: -5}}",
+         "chain[0].quota.sessions: Input should be greater than or equal to 0 (got -5)"),
+        ("chain:\n  - {name: a, provider: local, quota: {sesions: 5}}",
+         "chain[0].quota.sesions: unknown key"),
+        ("chain:\n  - {name: a, provider: nope}", "chain[0].provider: unknown provider 'nope'"),
+        ("chain:\n  - {name: a, provider: local}\n  - {name: a, provider: local}",
+         "chain[1].name: duplicate entry name 'a'"),
+        ("chain:\n  - {name: a, provider: local, quota_pool: acct}",
+         "chain[0].quota_pool: pool 'acct' is not defined under `pools`"),
+        ("chain:\n  - {name: a, provider: local, options: {isolation: maybe}}",
+         "chain[0].options.isolation: Input should be 'auto', 'bwrap' or 'none'"),
+        ("chain:\n  - {name: a, provider: local, options: {colour: red}}",
+         "chain[0].options.colour: unknown key"),
+        ("timezone: Mars/Base\nchain:\n  - {name: a, provider: local}",
+         "timezone: unknown timezone 'Mars/Base'"),
+        ("reset_day: 40\nchain:\n  - {name: a, provider: local}",
+         "reset_day: Input should be less than or equal to 31 (got 40)"),
+        ("lease_ttl: ten\nchain:\n  - {name: a, provider: local}",
+         "lease_ttl: Input should be a valid number"),
+        ("chain:\n  - {name: a, provider: local, quota: {sessions: 1e400}}",
+         "chain[0].quota.sessions"),
+        ("chain: !!python/object/apply:os.system ['true']", "invalid YAML"),
+        ("chain:\n  - {name: a, provider: local}\nchain: []", "duplicate key 'chain'"),
+        ("- just\n- a list", "expected a mapping at the top level, got list"),
+        ("chain:\n  - {name: a, provider: local, options: {root: '${NOPE_NOT_SET}'}}",
+         "chain[0].options.root: environment variable NOPE_NOT_SET is not set"),
+        ("bogus: 1\nchain:\n  - {name: a, provider: local}", "bogus: unknown key"),
+    ],
+)  # fmt: skip
+def test_bad_configs_name_file_field_and_expectation(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(path) in str(info.value)
+    assert message in str(info.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope.yaml: cannot read config"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_env_interpolation_and_defaults(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "state_url: ${STATE:-memory://}\nkey_prefix: ${PREFIX}\n"
+        "chain:\n  - {name: a, provider: local, options: {root: '${ROOT}/x'}}",
+    )
+    cfg = load_config(path, env={"PREFIX": "team-a", "ROOT": "/srv"})
+    assert cfg.key_prefix == "team-a"
+    assert cfg.resolved_state_url() == "memory://"
+    assert cfg.chain[0].options == {"root": "/srv/x"}
+
+
+def test_secrets_never_show_in_repr_or_errors(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "state_url: redis://:hunter2@localhost:6379/0\n"
+        "chain:\n  - {name: a, provider: local, quota: {sessions: 3}}",
+    )
+    cfg = load_config(path, env={})
+    assert "hunter2" not in repr(cfg)
+    assert "hunter2" not in str(cfg.model_dump())
+    bad = write(tmp_path, "chain:\n  - {name: a, provider: local, options: {api_key: sk-live-1}}")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad, env={})
+    assert "sk-live-1" not in str(info.value)
+    assert "chain[0].options.api_key: unknown key" in str(info.value)
+
+
+def test_pools_are_shared_and_windows_configurable() -> None:
+    cfg = load_config(
+        {
+            "timezone": "Europe/Berlin",
+            "pools": {"acct": {"sessions": 10, "reset_day": 15}},
+            "chain": [
+                {"name": "a", "provider": "local", "quota_pool": "acct"},
+                {"name": "b", "provider": "local", "quota_pool": "acct"},
+                {"name": "c", "provider": "local", "quota": {"concurrent": 2}},
+            ],
+        },
+        env={},
+    )
+    a, b, c = cfg.chain
+    assert a.pool == b.pool == "acct"
+    assert cfg.pool_quota(b).sessions == 10
+    assert cfg.window(a).reset_day == 15
+    assert cfg.window(a).timezone == "Europe/Berlin"
+    assert (c.pool, cfg.pool_quota(c).concurrent) == ("c", 2)
+
+
+def test_inline_quota_and_pool_together_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="either quota .* or quota_pool"):
+        load_config(
+            {"pools": {"p": {}}, "chain": [{**LOCAL, "quota": {}, "quota_pool": "p"}]}, env={}
+        )
+
+
+def test_fingerprint_changes_with_config_not_with_quota() -> None:
+    one = load_config({"chain": [{**LOCAL, "options": {"cpu_seconds": 5}}]}, env={}).chain[0]
+    two = load_config({"chain": [{**LOCAL, "options": {"cpu_seconds": 6}}]}, env={}).chain[0]
+    same = load_config(
+        {"chain": [{**LOCAL, "options": {"cpu_seconds": 5}, "quota": {"sessions": 1}}]}, env={}
+    ).chain[0]
+    assert one.fingerprint() != two.fingerprint()
+    assert one.fingerprint() == same.fingerprint()
+
+
+def test_from_env_reads_the_config_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "chain:\n  - {name: only, provider: local}")
+    cfg = from_env({"SANDBOX_ROUTER_CONFIG": str(path)})
+    assert [e.name for e in cfg.chain] == ["only"]
+
+
+def test_from_env_rejects_a_bad_quota_variable() -> None:
+    with pytest.raises(ConfigError, match="QUOTA_E2B_MONTHLY: expected a whole number"):
+        from_env({"QUOTA_E2B_MONTHLY": "lots"})

@@ -1,0 +1,148 @@
+"""The local provider: real processes in a private directory, limits, bubblewrap."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from providers.base import SandboxSpec
+from providers.errors import NotFound, SandboxError, SandboxPathError
+from providers.local import LocalOptions, LocalProvider, LocalSandbox
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed")
+
+
+@pytest.fixture(params=["bwrap", "none"])
+def provider(request: pytest.FixtureRequest, tmp_path: Path) -> LocalProvider:
+    if request.param == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bwrap not installed")
+    opts = LocalOptions(root=tmp_path / "sb", isolation=request.param, file_size_mb=1,
+                        max_output_bytes=100_000)  # fmt: skip
+    return LocalProvider("local", opts)
+
+
+@pytest.fixture
+async def sandbox(provider: LocalProvider) -> AsyncIterator[LocalSandbox]:
+    sb = await provider.create(SandboxSpec(labels={"team": "a"}, env={"GREETING": "hi"}))
+    yield sb
+    await sb.kill()
+
+
+async def test_run_returns_streams_exit_code_and_duration(sandbox: LocalSandbox) -> None:
+    r = await sandbox.run("echo $GREETING; echo oops >&2; exit 7")
+    assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == ("hi\n", "oops\n", 7, False)
+    assert 0 < r.duration < 10
+    assert not r.ok
+
+
+async def test_argv_env_and_cwd(sandbox: LocalSandbox) -> None:
+    await sandbox.write_file("sub/marker", "x")
+    r = await sandbox.run(["/bin/sh", "-c", "echo $A; ls"], env={"A": "1"}, cwd="sub")
+    assert r.stdout == "1\nmarker\n"
+
+
+async def test_host_environment_is_scrubbed(
+    sandbox: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOST_SECRET_TOKEN", "s3cret")
+    r = await sandbox.run("env")
+    assert "s3cret" not in r.stdout
+    assert "HOME=" in r.stdout
+
+
+async def test_timeout_kills_the_whole_process_group(sandbox: LocalSandbox) -> None:
+    r = await sandbox.run("(sleep 30; echo late > late.txt) & echo started; sleep 30", timeout=0.5)
+    assert r.timed_out
+    assert r.stdout == "started\n"
+    assert r.duration < 5
+    check = await sandbox.run("sleep 1; ls")
+    assert "late.txt" not in check.stdout
+
+
+async def test_files_round_trip_binary_and_list(sandbox: LocalSandbox) -> None:
+    blob = bytes(range(256)) * 10
+    await sandbox.write_file("data/blob.bin", blob)
+    assert await sandbox.read_file("data/blob.bin") == blob
+    assert await sandbox.read_file("/home/sandbox/data/blob.bin") == blob
+    [info] = await sandbox.list_files("data")
+    assert (info.name, info.size, info.is_dir) == ("blob.bin", 2560, False)
+    r = await sandbox.run("wc -c < data/blob.bin")
+    assert r.stdout.strip() == "2560"
+
+
+@pytest.mark.parametrize("path", ["../outside", "/etc/passwd", "a/../../x", "/home/sandbox/../x"])
+async def test_paths_escaping_the_sandbox_are_refused(sandbox: LocalSandbox, path: str) -> None:
+    with pytest.raises(SandboxPathError, match="sandbox"):
+        await sandbox.write_file(path, b"x")
+
+
+async def test_symlink_escape_is_refused(sandbox: LocalSandbox) -> None:
+    os.symlink("/etc", sandbox.dir / "etc-link")
+    with pytest.raises(SandboxPathError, match="escapes"):
+        await sandbox.read_file("etc-link/passwd")
+
+
+async def test_missing_file_is_a_sandbox_error(sandbox: LocalSandbox) -> None:
+    with pytest.raises(SandboxError, match="no such file"):
+        await sandbox.read_file("nope.txt")
+
+
+async def test_run_code_python_bash_and_errors(sandbox: LocalSandbox) -> None:
+    ok = await sandbox.run_code("print(sum(range(10)))")
+    assert (ok.stdout, ok.error) == ("45\n", None)
+    bad = await sandbox.run_code("raise ValueError('no')")
+    assert bad.error == "ValueError: no"
+    sh = await sandbox.run_code("echo $((6 * 7))", language="bash")
+    assert sh.stdout == "42\n"
+    with pytest.raises(SandboxError, match="language 'cobol' is not supported"):
+        await sandbox.run_code("x", language="cobol")
+
+
+async def test_non_utf8_and_enormous_output_are_safe(sandbox: LocalSandbox) -> None:
+    r = await sandbox.run(r"printf 'ok\377\n'")
+    assert r.stdout == "ok\ufffd\n"
+    big = await sandbox.run("head -c 5000000 /dev/zero | tr '\\0' a")
+    assert len(big.stdout) < 200_000
+    assert "bytes of output dropped" in big.stdout
+
+
+async def test_file_size_limit_applies(sandbox: LocalSandbox) -> None:
+    r = await sandbox.run("head -c 3000000 /dev/zero > big; echo $?")
+    assert r.stdout.strip() != "0"
+
+
+async def test_list_connect_and_kill(provider: LocalProvider, sandbox: LocalSandbox) -> None:
+    assert [s.id for s in await provider.list({"team": "a"})] == [sandbox.id]
+    assert await provider.list({"team": "b"}) == []
+    again = await provider.connect(sandbox.id)
+    assert (await again.run("echo $GREETING")).stdout == "hi\n"
+    assert await provider.kill(sandbox.id)
+    assert not sandbox.dir.exists()
+    assert not await provider.kill(sandbox.id)
+    with pytest.raises(NotFound):
+        await provider.connect(sandbox.id)
+    with pytest.raises(NotFound):
+        await sandbox.run("true")
+
+
+@needs_bwrap
+async def test_bwrap_isolates_network_pids_and_system_dirs(tmp_path: Path) -> None:
+    provider = LocalProvider("local", LocalOptions(root=tmp_path, isolation="bwrap"))
+    sb = await provider.create(SandboxSpec())
+    try:
+        r = await sb.run(
+            "cat /proc/net/dev | grep -c ':' ; ls /proc | grep -cE '^[0-9]+$'; "
+            "touch /usr/evil 2>/dev/null && echo writable || echo readonly; "
+            "touch ~/mine && echo home-ok; pwd; hostname; ls /work 2>&1 | head -1"
+        )
+        lines = r.stdout.splitlines()
+        assert lines[0] == "1"  # only the loopback device of a fresh net namespace
+        assert int(lines[1]) <= 5  # a fresh pid namespace sees only its own processes
+        assert lines[2:6] == ["readonly", "home-ok", "/home/sandbox", "sandbox"]
+        assert "No such file" in lines[6]  # the host's project tree is not visible
+    finally:
+        await sb.kill()

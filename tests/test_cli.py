@@ -1,0 +1,83 @@
+"""The sandbox-router command, run as a user would (in-process and as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from router.cli import main
+
+
+@pytest.fixture
+def chain(tmp_path: Path) -> Path:
+    path = tmp_path / "chain.yaml"
+    path.write_text(
+        f"state_url: sqlite:///{tmp_path}/state.db\n"
+        "chain:\n"
+        "  - name: local\n"
+        "    provider: local\n"
+        f"    options: {{root: {tmp_path}/sb}}\n"
+        "    quota: {sessions: 5, concurrent: 2}\n"
+    )
+    return path
+
+
+def test_exec_prints_output_and_returns_the_exit_code(
+    chain: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["exec", "--config", str(chain), "--", "echo out; echo err >&2; exit 3"])
+    captured = capfd.readouterr()
+    assert code == 3
+    assert captured.out == "out\n"
+    assert "err" in captured.err
+
+
+def test_exec_argv_form(chain: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert main(["exec", "--config", str(chain), "--", "python3", "-c", "print(6*7)"]) == 0
+    assert capfd.readouterr().out == "42\n"
+
+
+def test_status_json_and_quota_admin(chain: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["exec", "--config", str(chain), "--", "true"])
+    capsys.readouterr()
+    assert main(["status", "--config", str(chain), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    [entry] = status["entries"]
+    assert entry["used"]["sessions"] == 1
+    assert (entry["state"], entry["limits"]["sessions"]) == ("closed", 5)
+    assert main(["quota", "set", "local", "sessions", "5", "--config", str(chain)]) == 0
+    assert main(["exec", "--config", str(chain), "--", "true"]) == 3  # no provider left
+    assert "quota exhausted: sessions 5/5" in capsys.readouterr().err
+    assert main(["quota", "reset", "local", "--config", str(chain)]) == 0
+    capsys.readouterr()
+    assert main(["quota", "show", "local", "--config", str(chain)]) == 0
+    assert json.loads(capsys.readouterr().out)["local"]["used"]["sessions"] == 0
+
+
+def test_status_table(chain: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--config", str(chain)]) == 0
+    assert "local" in capsys.readouterr().out
+
+
+def test_config_check(chain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "check", str(chain)]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("chain:\n  - {name: x, provider: local, quota: {concurrent: -1}}\n")
+    assert main(["config", "check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "chain[0].quota.concurrent" in err
+    assert str(bad) in err.replace("\n", "")
+
+
+def test_console_script_is_installed(chain: Path) -> None:
+    exe = Path(sys.executable).parent / "sandbox-router"
+    result = subprocess.run(
+        [str(exe), "exec", "--config", str(chain), "--", "echo", "installed"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (0, "installed\n")
