@@ -27,7 +27,9 @@ def provider_class(kind: str) -> type[Provider]:
     try:
         target = PROVIDERS[kind]
     except KeyError:
-        raise ValueError(f"unknown provider {kind!r}; expected one of {sorted(PROVIDERS)}") from None
+        raise ValueError(
+            f"unknown provider {kind!r}; expected one of {sorted(PROVIDERS)}"
+        ) from None
     module, _, attr = target.partition(":")
     cls: type[Provider] = getattr(importlib.import_module(module), attr)
     return cls
