@@ -39,8 +39,10 @@ def test_policies_do_no_io_and_import_no_sdk() -> None:
     import ast
     from pathlib import Path
 
-    forbidden = {"redis", "sqlite3", "socket", "httpx", "aiohttp", "asyncio", "subprocess",
-                 "daytona", "modal", "e2b", "e2b_code_interpreter", "runloop_api_client", "router"}  # fmt: skip
+    forbidden = {
+        "redis", "sqlite3", "socket", "httpx", "aiohttp", "asyncio", "subprocess", "router",
+        "daytona", "modal", "e2b", "e2b_code_interpreter", "runloop_api_client",
+    }  # fmt: skip
     for path in Path("policies").glob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):

@@ -116,7 +116,7 @@ def test_pools_are_shared_and_windows_configurable() -> None:
 
 
 def test_inline_quota_and_pool_together_is_an_error() -> None:
-    with pytest.raises(ConfigError, match="either quota .* or quota_pool"):
+    with pytest.raises(ConfigError, match=r"either quota .* or quota_pool"):
         load_config(
             {"pools": {"p": {}}, "chain": [{**LOCAL, "quota": {}, "quota_pool": "p"}]}, env={}
         )

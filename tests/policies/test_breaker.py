@@ -66,7 +66,8 @@ def test_half_open_admits_exactly_one_probe() -> None:
     second = admit(s, CFG, 10, "")
     assert (second.allowed, second.reason, second.until) == (False, "half_open", 15)
     third = admit(s, CFG, 15, "")  # the probe was lost (timed out): another may go
-    assert third.allowed and third.probe
+    assert third.allowed
+    assert third.probe
 
 
 def test_probe_success_closes_failure_reopens_longer_up_to_the_cap() -> None:
