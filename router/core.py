@@ -283,6 +283,8 @@ class Router:
             except _Denied as denied:
                 reasons[name] = self._describe(denied.reservation)
                 continue
+            except StateUnavailable:
+                raise
             except Exception as exc:
                 verdict = classify(exc)
                 if not verdict.fail_over:
