@@ -227,6 +227,8 @@ def apply_release(tx: Ledger, ref: EntryRef, lease_id: str, now: float) -> float
     pool = tx.load_pool(ref.pool, ref.window.key(now))
     seconds = quota.release(pool, lease_id, now)
     tx.save_pool(ref.pool, pool)
+    if seconds is None:
+        return None
     health = tx.load_entry(ref.entry)
     if health.block == breaker.CAPACITY:
         breaker.clear_capacity(health)

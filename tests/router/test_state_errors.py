@@ -38,7 +38,7 @@ def build(tmp_path: Path, mode: str, events: list[Event]) -> tuple[Router, Scrip
 def test_fail_closed_raises_and_creates_nothing(tmp_path: Path) -> None:
     events: list[Event] = []
     router, provider = build(tmp_path, "fail_closed", events)
-    with router, pytest.raises(StateUnavailable, match="state store redis://127.0.0.1"):
+    with router, pytest.raises(StateUnavailable, match=r"state store redis://127\.0\.0\.1"):
         router.acquire()
     assert provider.creates == 0
     assert [e.fields["mode"] for e in events if e.name == "state_error"] == ["fail_closed"]

@@ -76,7 +76,7 @@ def normal(value: Any) -> Any:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(st.lists(ops, max_size=30))
 def test_redis_lua_agrees_with_the_pure_policies(redis_url: str, sequence: list[Any]) -> None:
