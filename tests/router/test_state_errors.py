@@ -76,7 +76,7 @@ def test_heartbeat_keeps_a_lease_alive_past_its_ttl(
                     "options": {"root": str(tmp_path)},
                 }
             ],
-        },  # fmt: skip
+        },
         hooks=[],
     )
     with router, router.acquire() as lease:
