@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import hypothesis  # noqa: F401 - imported early: a late import at session end trips CPython 3.11
 import pytest
 
 
