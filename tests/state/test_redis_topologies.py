@@ -68,7 +68,7 @@ class Processes:
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
         )
         if port:
             wait_port(port)
@@ -89,15 +89,43 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
 def tls_url(procs: Processes, tmp_path: Path) -> str:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
-    procs.redis("--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert),
-                "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
-                "--tls-auth-clients", "no", port=port)  # fmt: skip
+    procs.redis(
+        "--port",
+        "0",
+        "--tls-port",
+        str(port),
+        "--tls-cert-file",
+        str(cert),
+        "--tls-key-file",
+        str(key),
+        "--tls-ca-cert-file",
+        str(cert),
+        "--tls-auth-clients",
+        "no",
+        port=port,
+    )
     return f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}&ssl_cert_reqs=required"
 
 
@@ -113,7 +141,7 @@ def sentinel_url(procs: Processes, tmp_path: Path) -> str:
             ["redis-server", str(conf), "--sentinel"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     )
     wait_port(sentinel)
     return f"redis+sentinel://127.0.0.1:{sentinel}/main/0"
@@ -145,18 +173,31 @@ def cluster_url(procs: Processes, tmp_path: Path) -> str:
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
         )
         wait_port(port)
     subprocess.run(
-        ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
-         "--cluster-replicas", "0", "--cluster-yes"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+        [
+            "redis-cli",
+            "--cluster",
+            "create",
+            *(f"127.0.0.1:{p}" for p in ports),
+            "--cluster-replicas",
+            "0",
+            "--cluster-yes",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        info = subprocess.run(["redis-cli", "-p", str(ports[0]), "cluster", "info"],
-                              capture_output=True, text=True, check=False).stdout  # fmt: skip
+        info = subprocess.run(
+            ["redis-cli", "-p", str(ports[0]), "cluster", "info"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
         if "cluster_state:ok" in info:
             break
         time.sleep(0.2)
@@ -190,9 +231,15 @@ def test_router_acquires_through_sentinel(procs: Processes, tmp_path: Path) -> N
     url = sentinel_url(procs, tmp_path)
     config = {
         "state_url": url,
-        "chain": [{"name": "local", "provider": "local", "quota": {"sessions": 1},
-                   "options": {"root": str(tmp_path / "sb")}}],
-    }  # fmt: skip
+        "chain": [
+            {
+                "name": "local",
+                "provider": "local",
+                "quota": {"sessions": 1},
+                "options": {"root": str(tmp_path / "sb")},
+            }
+        ],
+    }
     with Router.from_config(config, hooks=[]) as router:
         with router.acquire() as lease:
             assert lease.sandbox.run("echo via-sentinel").stdout == "via-sentinel\n"
