@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 UNITS = ("sessions", "sandbox_seconds", "concurrent")
+RECONNECT_UNITS = ("sandbox_seconds", "concurrent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,8 @@ class LeaseSlot:
     expires: float
     ttl: float
     live: bool = False
+    counted: bool = True  # took a session unit (False: reconnect to a session's sandbox)
+    sandbox_id: str = ""
 
 
 @dataclass(slots=True)
@@ -160,9 +163,9 @@ def purge_expired(state: PoolState, now: float) -> list[str]:
     return expired
 
 
-def check(state: PoolState, limits: Limits) -> QuotaDenial | None:
-    """The first unit with nothing left, or None when a grant fits."""
-    for unit in UNITS:
+def check(state: PoolState, limits: Limits, units: tuple[str, ...] = UNITS) -> QuotaDenial | None:
+    """The first of ``units`` with nothing left, or None when a grant fits."""
+    for unit in units:
         limit = limits.get(unit)
         if limit is not None and state.used(unit) >= limit:
             return QuotaDenial(unit, state.used(unit), limit)
@@ -170,24 +173,36 @@ def check(state: PoolState, limits: Limits) -> QuotaDenial | None:
 
 
 def reserve(
-    state: PoolState, limits: Limits, lease_id: str, entry: str, now: float, hold: float
+    state: PoolState,
+    limits: Limits,
+    lease_id: str,
+    entry: str,
+    now: float,
+    hold: float,
+    new_session: bool = True,
 ) -> Grant | QuotaDenial:
-    """Reserve one session and one slot for ``hold`` seconds, or say which unit is out."""
+    """Reserve one session and one slot for ``hold`` seconds, or say which unit is out.
+
+    ``new_session=False`` (reconnecting to a sticky session's sandbox) takes a
+    slot but no session: nothing new is created.
+    """
     purge_expired(state, now)
-    denial = check(state, limits)
+    denial = check(state, limits, UNITS if new_session else RECONNECT_UNITS)
     if denial is not None:
         return denial
-    state.sessions += 1
-    state.leases[lease_id] = LeaseSlot(entry, now, now + hold, hold)
+    if new_session:
+        state.sessions += 1
+    state.leases[lease_id] = LeaseSlot(entry, now, now + hold, hold, counted=new_session)
     return Grant(lease_id)
 
 
-def commit(state: PoolState, lease_id: str, now: float, ttl: float) -> bool:
+def commit(state: PoolState, lease_id: str, now: float, ttl: float, sandbox_id: str = "") -> bool:
     """Turn a reservation into a live lease with ``ttl``; False if it was lost."""
     slot = state.leases.get(lease_id)
     if slot is None:
         return False
     slot.live, slot.started, slot.expires, slot.ttl = True, now, now + ttl, ttl
+    slot.sandbox_id = sandbox_id
     return True
 
 
@@ -198,7 +213,8 @@ def refund(state: PoolState, lease_id: str) -> bool:
         if slot is not None:
             state.leases[lease_id] = slot
         return False
-    state.sessions = max(0, state.sessions - 1)
+    if slot.counted:
+        state.sessions = max(0, state.sessions - 1)
     return True
 
 

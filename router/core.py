@@ -153,6 +153,7 @@ class Router:
         self._store = store or open_store(config.resolved_state_url(), config.key_prefix)
         self._fallback = MemoryStore("memory://fail-open", config.key_prefix)
         self._state_error: str | None = None
+        self._heartbeats: set[asyncio.Task[None]] = set()
         overrides = dict(providers or {})
         self._entries: dict[str, _Entry] = {}
         for entry in config.chain:
@@ -424,6 +425,8 @@ class Router:
             store_kind="shared" if store is self._store else "fallback",
         )
         held.heartbeat = asyncio.create_task(self._heartbeat(held))
+        self._heartbeats.add(held.heartbeat)
+        held.heartbeat.add_done_callback(self._heartbeats.discard)
         return held
 
     async def _reserve(
@@ -645,6 +648,8 @@ class Router:
         emit(self.hooks, "quota_changed", pool=pool, unit=unit, value=value)
 
     async def _aclose(self) -> None:
+        for task in list(self._heartbeats):
+            task.cancel()
         for entry in self._entries.values():
             with contextlib.suppress(Exception):
                 await entry.provider.aclose()

@@ -19,6 +19,7 @@ from policies.quota import Limits, MonthlyWindow, PoolState
 
 __all__ = [
     "EntryRef",
+    "SessionBinding",
     "EntryStatus",
     "PoolStatus",
     "Reservation",
@@ -84,6 +85,15 @@ class EntryStatus:
     live_leases: int
 
 
+@dataclass(frozen=True, slots=True)
+class SessionBinding:
+    """A sticky session's sandbox: where it lives and until when it is kept."""
+
+    entry: str
+    sandbox_id: str
+    expires: float
+
+
 @dataclass(slots=True)
 class Snapshot:
     """The fleet's state as one read: for status, the CLI and metrics."""
@@ -100,9 +110,20 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     async def reserve(
-        self, ref: EntryRef, cfg: BreakerConfig, lease_id: str, now: float, hold: float
+        self,
+        ref: EntryRef,
+        cfg: BreakerConfig,
+        lease_id: str,
+        now: float,
+        hold: float,
+        *,
+        new_session: bool = True,
     ) -> Reservation:
-        """Admit through the breaker and reserve a session and a slot."""
+        """Admit through the breaker and reserve a session and a slot.
+
+        ``new_session=False`` reserves only a slot (reconnecting to a sticky
+        session's existing sandbox creates nothing).
+        """
 
     @abc.abstractmethod
     async def settle(
@@ -116,6 +137,7 @@ class StateStore(abc.ABC):
         ttl: float = 0.0,
         detail: str = "",
         until: float | None = None,
+        sandbox_id: str = "",
     ) -> Settlement:
         """Commit (outcome SUCCESS: the lease goes live for ``ttl``) or refund."""
 
@@ -149,6 +171,35 @@ class StateStore(abc.ABC):
         """Overwrite a pool's used amount in the current window (operators)."""
 
     @abc.abstractmethod
+    async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
+        """Ids of the pool's unexpired leases (reserved or live)."""
+
+    @abc.abstractmethod
+    async def bind_session(
+        self, session: str, entry: str, sandbox_id: str, expires: float, now: float
+    ) -> None:
+        """Bind (or re-bind) a sticky session to a sandbox until ``expires``."""
+
+    @abc.abstractmethod
+    async def session(self, session: str, now: float) -> SessionBinding | None:
+        """The session's live binding, or None."""
+
+    @abc.abstractmethod
+    async def unbind_session(self, session: str) -> None: ...
+
+    @abc.abstractmethod
+    async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
+        """(entry, sandbox_id) of every live session binding (the janitor keeps them)."""
+
+    @abc.abstractmethod
+    async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
+        """Take a fleet-wide lock for ``ttl`` seconds; False when someone holds it."""
+
+    @abc.abstractmethod
+    async def unlock(self, name: str, token: str) -> None:
+        """Release the lock if ``token`` still holds it."""
+
+    @abc.abstractmethod
     async def ping(self) -> None:
         """Raise StateUnavailable when the store cannot be reached."""
 
@@ -169,7 +220,13 @@ class Ledger(Protocol):
 
 
 def apply_reserve(
-    tx: Ledger, ref: EntryRef, cfg: BreakerConfig, lease_id: str, now: float, hold: float
+    tx: Ledger,
+    ref: EntryRef,
+    cfg: BreakerConfig,
+    lease_id: str,
+    now: float,
+    hold: float,
+    new_session: bool = True,
 ) -> Reservation:
     health = tx.load_entry(ref.entry)
     admission = breaker.admit(health, cfg, now, ref.fingerprint)
@@ -179,7 +236,7 @@ def apply_reserve(
             False, reason=admission.reason, until=admission.until, detail=health.block_detail
         )
     pool = tx.load_pool(ref.pool, ref.window.key(now))
-    verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold)
+    verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold, new_session)
     if isinstance(verdict, quota.QuotaDenial):
         if admission.probe:
             health.probe_until = 0.0
@@ -208,10 +265,11 @@ def apply_settle(
     ttl: float,
     detail: str,
     until: float | None,
+    sandbox_id: str = "",
 ) -> Settlement:
     pool = tx.load_pool(ref.pool, ref.window.key(now))
     if outcome is Outcome.SUCCESS:
-        applied = quota.commit(pool, lease_id, now, ttl)
+        applied = quota.commit(pool, lease_id, now, ttl, sandbox_id)
     else:
         applied = quota.refund(pool, lease_id)
     tx.save_pool(ref.pool, pool)
@@ -280,6 +338,11 @@ def apply_snapshot(tx: Ledger, refs: list[EntryRef], now: float) -> Snapshot:
             ref.entry, tx.load_entry(ref.entry), live[ref.pool].get(ref.entry, 0)
         )
     return snap
+
+
+def apply_lease_ids(tx: Ledger, ref: EntryRef, now: float) -> set[str]:
+    pool = tx.load_pool(ref.pool, ref.window.key(now))
+    return {lid for lid, slot in pool.leases.items() if slot.expires > now}
 
 
 def apply_set_usage(tx: Ledger, ref: EntryRef, unit: str, value: float, now: float) -> None:

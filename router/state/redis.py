@@ -30,6 +30,7 @@ from policies.quota import UNITS
 from providers.errors import ConfigError, StateUnavailable
 from router.state.base import (
     EntryRef,
+    SessionBinding,
     EntryStatus,
     PoolStatus,
     Reservation,
@@ -52,9 +53,13 @@ _USAGE_TTL = 62 * 24 * 3600  # a window's usage outlives it by a month, for stat
 _DEFAULT_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 
 
+_WITH_LIB = frozenset({"reserve", "settle", "release", "heartbeat", "record"})
+
+
 def _script(name: str) -> str:
     lua = resources.files("router.state") / "lua"
-    return (lua / "lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+    text = (lua / f"{name}.lua").read_text()
+    return (lua / "lib.lua").read_text() + "\n" + text if name in _WITH_LIB else text
 
 
 def _client(url: str) -> Any:
@@ -109,7 +114,7 @@ class RedisStore(StateStore):
         self._redis = _client(url)
         self._scripts = {
             name: self._redis.register_script(_script(name))
-            for name in ("reserve", "settle", "release", "heartbeat", "record")
+            for name in (*_WITH_LIB, "session_prune", "unlock")
         }
 
     @property
@@ -136,13 +141,30 @@ class RedisStore(StateStore):
             raise StateUnavailable(f"state store {self.url}: {exc}") from exc
 
     async def reserve(
-        self, ref: EntryRef, cfg: BreakerConfig, lease_id: str, now: float, hold: float
+        self,
+        ref: EntryRef,
+        cfg: BreakerConfig,
+        lease_id: str,
+        now: float,
+        hold: float,
+        *,
+        new_session: bool = True,
     ) -> Reservation:
         limits = ["" if ref.limits.get(u) is None else repr(ref.limits.get(u)) for u in UNITS]
         raw = await self._call(
             "reserve",
             self._keys(ref, now),
-            [now, lease_id, ref.entry, hold, *limits, ref.fingerprint, _cfg(cfg), _USAGE_TTL],
+            [
+                now,
+                lease_id,
+                ref.entry,
+                hold,
+                *limits,
+                ref.fingerprint,
+                _cfg(cfg),
+                _USAGE_TTL,
+                "1" if new_session else "0",
+            ],
         )
         r = json.loads(raw)
         if r["granted"]:
@@ -172,11 +194,22 @@ class RedisStore(StateStore):
         ttl: float = 0.0,
         detail: str = "",
         until: float | None = None,
+        sandbox_id: str = "",
     ) -> Settlement:
         raw = await self._call(
             "settle",
             self._keys(ref, now),
-            [now, lease_id, outcome.value, ttl, detail, until or 0, ref.fingerprint, _cfg(cfg)],
+            [
+                now,
+                lease_id,
+                outcome.value,
+                ttl,
+                detail,
+                until or 0,
+                ref.fingerprint,
+                _cfg(cfg),
+                sandbox_id,
+            ],
         )
         r = json.loads(raw)
         return Settlement(bool(r["applied"]), (r["from"], r["to"]) if r["from"] else None)
@@ -262,6 +295,75 @@ class RedisStore(StateStore):
             await self._redis.hset(self._keys(ref, now)[0], unit, amount)
         except _TRANSPORT_ERRORS as exc:
             raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+
+    async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
+        leases = self._keys(ref, now)[1]
+        try:
+            ids = await self._redis.zrangebyscore(leases, f"({now}", "+inf")
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+        return {i.decode() for i in ids}
+
+    def _session_keys(self) -> tuple[str, str]:
+        tag = f"{{{self.prefix}:sessions}}"
+        return f"{tag}:expiry", f"{tag}:binding"
+
+    async def bind_session(
+        self, session: str, entry: str, sandbox_id: str, expires: float, now: float
+    ) -> None:
+        index, bindings = self._session_keys()
+        value = json.dumps({"entry": entry, "sandbox_id": sandbox_id})
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                await pipe.hset(bindings, session, value).zadd(index, {session: expires}).execute()
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+
+    async def session(self, session: str, now: float) -> SessionBinding | None:
+        index, bindings = self._session_keys()
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                raw, expires = await pipe.hget(bindings, session).zscore(index, session).execute()
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+        if raw is None or expires is None or expires <= now:
+            return None
+        data = json.loads(raw)
+        return SessionBinding(data["entry"], data["sandbox_id"], float(expires))
+
+    async def unbind_session(self, session: str) -> None:
+        index, bindings = self._session_keys()
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                await pipe.hdel(bindings, session).zrem(index, session).execute()
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+
+    async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
+        index, bindings = self._session_keys()
+        await self._call("session_prune", [index, bindings], [now])
+        try:
+            values = await self._redis.hvals(bindings)
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+        found = set()
+        for raw in values:
+            data = json.loads(raw)
+            found.add((data["entry"], data["sandbox_id"]))
+        return found
+
+    def _lock_key(self, name: str) -> str:
+        return f"{{{self.prefix}:locks}}:{name}"
+
+    async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
+        try:
+            taken = await self._redis.set(self._lock_key(name), token, nx=True, px=int(ttl * 1000))
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+        return bool(taken)
+
+    async def unlock(self, name: str, token: str) -> None:
+        await self._call("unlock", [self._lock_key(name)], [token])
 
     async def ping(self) -> None:
         try:

@@ -14,13 +14,21 @@ import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import LeaseSlot, PoolState
 from providers.errors import ConfigError, StateUnavailable
 from router.state import base
-from router.state.base import EntryRef, Ledger, Reservation, Settlement, Snapshot, StateStore
+from router.state.base import (
+    EntryRef,
+    Ledger,
+    Reservation,
+    SessionBinding,
+    Settlement,
+    Snapshot,
+    StateStore,
+)
 
 __all__ = ["SQLiteStore"]
 
@@ -34,7 +42,14 @@ CREATE TABLE IF NOT EXISTS usage (
 CREATE TABLE IF NOT EXISTS leases (
     ns TEXT NOT NULL, pool TEXT NOT NULL, lease_id TEXT NOT NULL, entry TEXT NOT NULL,
     started REAL NOT NULL, expires REAL NOT NULL, ttl REAL NOT NULL, live INTEGER NOT NULL,
+    counted INTEGER NOT NULL, sandbox_id TEXT NOT NULL,
     PRIMARY KEY (ns, pool, lease_id));
+CREATE TABLE IF NOT EXISTS sessions (
+    ns TEXT NOT NULL, name TEXT NOT NULL, entry TEXT NOT NULL, sandbox_id TEXT NOT NULL,
+    expires REAL NOT NULL, PRIMARY KEY (ns, name));
+CREATE TABLE IF NOT EXISTS locks (
+    ns TEXT NOT NULL, name TEXT NOT NULL, token TEXT NOT NULL, expires REAL NOT NULL,
+    PRIMARY KEY (ns, name));
 CREATE TABLE IF NOT EXISTS entries (
     ns TEXT NOT NULL, entry TEXT NOT NULL, state TEXT NOT NULL,
     PRIMARY KEY (ns, entry));
@@ -54,11 +69,14 @@ class _Tx:
             (self.ns, pool, window),
         ).fetchone()
         state = PoolState(window, *(row or (0, 0.0)))
-        for lid, entry, started, expires, ttl, live in self.conn.execute(
-            "SELECT lease_id, entry, started, expires, ttl, live FROM leases WHERE ns=? AND pool=?",
+        for lid, entry, started, expires, ttl, live, counted, sandbox_id in self.conn.execute(
+            "SELECT lease_id, entry, started, expires, ttl, live, counted, sandbox_id "
+            "FROM leases WHERE ns=? AND pool=?",
             (self.ns, pool),
         ):
-            state.leases[lid] = LeaseSlot(entry, started, expires, ttl, bool(live))
+            state.leases[lid] = LeaseSlot(
+                entry, started, expires, ttl, bool(live), bool(counted), sandbox_id
+            )
         return state
 
     def save_pool(self, pool: str, state: PoolState) -> None:
@@ -70,9 +88,20 @@ class _Tx:
         )
         self.conn.execute("DELETE FROM leases WHERE ns=? AND pool=?", (self.ns, pool))
         self.conn.executemany(
-            "INSERT INTO leases VALUES (?,?,?,?,?,?,?,?)",
+            "INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?)",
             [
-                (self.ns, pool, lid, s.entry, s.started, s.expires, s.ttl, int(s.live))
+                (
+                    self.ns,
+                    pool,
+                    lid,
+                    s.entry,
+                    s.started,
+                    s.expires,
+                    s.ttl,
+                    int(s.live),
+                    int(s.counted),
+                    s.sandbox_id,
+                )
                 for lid, s in state.leases.items()
             ],
         )
@@ -139,9 +168,18 @@ class SQLiteStore(StateStore):
         return await loop.run_in_executor(self._executor, self._transaction, fn)
 
     async def reserve(
-        self, ref: EntryRef, cfg: BreakerConfig, lease_id: str, now: float, hold: float
+        self,
+        ref: EntryRef,
+        cfg: BreakerConfig,
+        lease_id: str,
+        now: float,
+        hold: float,
+        *,
+        new_session: bool = True,
     ) -> Reservation:
-        return await self._run(lambda tx: base.apply_reserve(tx, ref, cfg, lease_id, now, hold))
+        return await self._run(
+            lambda tx: base.apply_reserve(tx, ref, cfg, lease_id, now, hold, new_session)
+        )
 
     async def settle(
         self,
@@ -154,9 +192,12 @@ class SQLiteStore(StateStore):
         ttl: float = 0.0,
         detail: str = "",
         until: float | None = None,
+        sandbox_id: str = "",
     ) -> Settlement:
         return await self._run(
-            lambda tx: base.apply_settle(tx, ref, cfg, lease_id, now, outcome, ttl, detail, until)
+            lambda tx: base.apply_settle(
+                tx, ref, cfg, lease_id, now, outcome, ttl, detail, until, sandbox_id
+            )
         )
 
     async def release(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
@@ -184,6 +225,52 @@ class SQLiteStore(StateStore):
 
     async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
         await self._run(lambda tx: base.apply_set_usage(tx, ref, unit, value, now))
+
+    async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
+        return await self._run(lambda tx: base.apply_lease_ids(tx, ref, now))
+
+    async def _sql(self, sql: str, args: tuple[object, ...]) -> list[tuple[Any, ...]]:
+        def run(tx: Ledger) -> list[tuple[Any, ...]]:
+            assert isinstance(tx, _Tx)
+            return tx.conn.execute(sql, (tx.ns, *args)).fetchall()
+
+        return await self._run(run)
+
+    async def bind_session(
+        self, session: str, entry: str, sandbox_id: str, expires: float, now: float
+    ) -> None:
+        await self._sql(
+            "INSERT INTO sessions VALUES (?,?,?,?,?) ON CONFLICT (ns, name) DO UPDATE SET "
+            "entry=excluded.entry, sandbox_id=excluded.sandbox_id, expires=excluded.expires",
+            (session, entry, sandbox_id, expires),
+        )
+
+    async def session(self, session: str, now: float) -> SessionBinding | None:
+        rows = await self._sql(
+            "SELECT entry, sandbox_id, expires FROM sessions WHERE ns=? AND name=? AND expires>?",
+            (session, now),
+        )
+        return SessionBinding(*rows[0]) if rows else None
+
+    async def unbind_session(self, session: str) -> None:
+        await self._sql("DELETE FROM sessions WHERE ns=? AND name=?", (session,))
+
+    async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
+        await self._sql("DELETE FROM sessions WHERE ns=? AND expires<=?", (now,))
+        rows = await self._sql("SELECT entry, sandbox_id FROM sessions WHERE ns=?", ())
+        return {(entry, sandbox_id) for entry, sandbox_id in rows}
+
+    async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
+        rows = await self._sql(
+            "INSERT INTO locks VALUES (?,?,?,?) ON CONFLICT (ns, name) DO UPDATE SET "
+            "token=excluded.token, expires=excluded.expires WHERE locks.expires<=? "
+            "RETURNING token",
+            (name, token, now + ttl, now),
+        )
+        return bool(rows)
+
+    async def unlock(self, name: str, token: str) -> None:
+        await self._sql("DELETE FROM locks WHERE ns=? AND name=? AND token=?", (name, token))
 
     async def ping(self) -> None:
         await self._run(lambda tx: None)

@@ -7,6 +7,7 @@ and the same decisions are checked through it, including a full acquire.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
+        return port
+
+
+def cluster_port() -> int:
+    """A free port whose cluster-bus twin (port + 10000) is free too."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 40000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
         return port
 
 
@@ -148,7 +163,7 @@ def sentinel_url(procs: Processes, tmp_path: Path) -> str:
 
 
 def cluster_url(procs: Processes, tmp_path: Path) -> str:
-    ports = [free_port() for _ in range(3)]
+    ports = [cluster_port() for _ in range(3)]
     for port in ports:
         node = tmp_path / str(port)
         node.mkdir()

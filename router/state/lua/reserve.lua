@@ -1,7 +1,8 @@
 -- Admit through the entry's breaker, then reserve one session and one slot.
 -- KEYS: usage, leases, lease meta, health
 -- ARGV: now, lease_id, entry, hold, limit sessions, limit seconds,
---       limit concurrent ('' = unlimited), fingerprint, breaker config, usage ttl
+--       limit concurrent ('' = unlimited), fingerprint, breaker config, usage ttl,
+--       new session ('1'; '0' reconnects to a session's sandbox: a slot, no session)
 local now, lid, entry, hold = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
 local cfg = cjson.decode(ARGV[9])
 local s = load_health(KEYS[4])
@@ -17,7 +18,10 @@ local used = {
   redis.call('ZCARD', KEYS[2]),
 }
 local units = {'sessions', 'sandbox_seconds', 'concurrent'}
-for i = 1, 3 do
+local counted = ARGV[11] == '1'
+local first = 1
+if not counted then first = 2 end
+for i = first, 3 do
   local limit = ARGV[4 + i]
   if limit ~= '' and used[i] >= tonumber(limit) then
     if a.probe then s.probe_until = 0 end
@@ -26,9 +30,12 @@ for i = 1, 3 do
                          used = used[i], limit = tonumber(limit)})
   end
 end
-redis.call('HINCRBY', KEYS[1], 'sessions', 1)
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[10]))
+if counted then
+  redis.call('HINCRBY', KEYS[1], 'sessions', 1)
+  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[10]))
+end
 redis.call('ZADD', KEYS[2], now + hold, lid)
-redis.call('HSET', KEYS[3], lid, cjson.encode({entry = entry, started = now, ttl = hold, live = 0}))
+redis.call('HSET', KEYS[3], lid, cjson.encode({entry = entry, started = now, ttl = hold, live = 0,
+                                              counted = counted and 1 or 0, sandbox = ''}))
 save_health(KEYS[4], s)
 return cjson.encode({granted = true, probe = a.probe, from = a.from or '', to = a.to or ''})

@@ -1,21 +1,22 @@
 -- Commit a reservation (outcome 'success': the lease goes live for ttl) or
 -- refund it, and record the outcome on the entry's breaker.
 -- KEYS: usage, leases, lease meta, health
--- ARGV: now, lease_id, outcome, ttl, detail, until (0 = none), fingerprint, breaker config
+-- ARGV: now, lease_id, outcome, ttl, detail, until (0 = none), fingerprint, breaker config,
+--       sandbox id (on success)
 local now, lid, outcome, ttl = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
 local applied = false
 local raw = redis.call('HGET', KEYS[3], lid)
 if raw then
   local m = cjson.decode(raw)
   if outcome == 'success' then
-    m.live, m.started, m.ttl = 1, now, ttl
+    m.live, m.started, m.ttl, m.sandbox = 1, now, ttl, ARGV[9]
     redis.call('HSET', KEYS[3], lid, cjson.encode(m))
     redis.call('ZADD', KEYS[2], now + ttl, lid)
     applied = true
   elseif m.live == 0 then
     redis.call('HDEL', KEYS[3], lid)
     redis.call('ZREM', KEYS[2], lid)
-    if redis.call('HINCRBY', KEYS[1], 'sessions', -1) < 0 then
+    if m.counted ~= 0 and redis.call('HINCRBY', KEYS[1], 'sessions', -1) < 0 then
       redis.call('HSET', KEYS[1], 'sessions', 0)
     end
     applied = true
