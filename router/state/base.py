@@ -19,10 +19,10 @@ from policies.quota import Limits, MonthlyWindow, PoolState
 
 __all__ = [
     "EntryRef",
-    "SessionBinding",
     "EntryStatus",
     "PoolStatus",
     "Reservation",
+    "SessionBinding",
     "Settlement",
     "Snapshot",
     "StateStore",

@@ -30,10 +30,10 @@ from policies.quota import UNITS
 from providers.errors import ConfigError, StateUnavailable
 from router.state.base import (
     EntryRef,
-    SessionBinding,
     EntryStatus,
     PoolStatus,
     Reservation,
+    SessionBinding,
     Settlement,
     Snapshot,
     StateStore,
