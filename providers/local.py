@@ -142,7 +142,9 @@ class LocalProvider(Provider):
 
     async def connect(self, sandbox_id: str) -> LocalSandbox:
         meta = await asyncio.to_thread(self._read_meta, sandbox_id)
-        return LocalSandbox(self, sandbox_id, meta)
+        sandbox = LocalSandbox(self, sandbox_id, meta)
+        sandbox._check_alive()
+        return sandbox
 
     async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
         return await asyncio.to_thread(self._list, dict(labels or {}))

@@ -26,7 +26,7 @@ from providers.errors import (
     Unavailable,
 )
 from router.config import RouterConfig, load_config
-from router.core import EntryView, Router, RouterStatus
+from router.core import EntryView, ReapReport, Router, RouterStatus
 from router.events import Event, Hook
 from router.lease import AsyncLease, Lease
 from router.logs import configure_logging
@@ -49,6 +49,7 @@ __all__ = [
     "ProviderError",
     "QuotaExceeded",
     "RateLimited",
+    "ReapReport",
     "Router",
     "RouterConfig",
     "RouterStatus",

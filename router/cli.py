@@ -4,6 +4,7 @@
     sandbox-router status [--config FILE] [--json]  health and quota per entry
     sandbox-router config check FILE                validate a chain file
     sandbox-router quota show|set|reset POOL [UNIT VALUE]
+    sandbox-router janitor [--config FILE]           kill orphaned sandboxes
     sandbox-router emulate daytona|runloop|modal|e2b|all [--port N]
 
 Without ``--config`` the router comes from the environment (see
@@ -177,6 +178,21 @@ def cmd_quota(args: argparse.Namespace) -> int:
         return 0
 
 
+def cmd_janitor(args: argparse.Namespace) -> int:
+    with _router(args) as router:
+        report = router.reap()
+    if args.json:
+        out.print_json(json.dumps({"killed": report.killed, "kept": report.kept,
+                                   "skipped": report.skipped}))  # fmt: skip
+        return 0
+    for entry, sandbox_id in report.killed:
+        out.print(f"killed {sandbox_id} on {entry}")
+    for entry, why in report.skipped.items():
+        out.print(f"[dim]skipped {entry}: {escape(why)}[/dim]")
+    out.print(f"{len(report.killed)} orphan(s) killed, {report.kept} leased or bound kept")
+    return 0
+
+
 def cmd_emulate(args: argparse.Namespace) -> int:
     from emulators import EMULATORS, emulator_class
 
@@ -237,6 +253,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("unit", nargs="?", choices=["sessions", "sandbox_seconds"])
     p.add_argument("value", nargs="?", type=float)
     p.set_defaults(func=cmd_quota)
+
+    p = with_config(sub.add_parser("janitor", help="kill this router's orphaned sandboxes"))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_janitor)
 
     p = sub.add_parser("emulate", help="run provider emulators on loopback")
     p.add_argument("name", choices=["daytona", "runloop", "modal", "e2b", "all"])

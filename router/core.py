@@ -27,7 +27,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from providers.base import (
     LABEL_ENTRY,
     LABEL_LEASE,
     LABEL_ROUTER,
+    LABEL_SESSION,
     Provider,
     Sandbox,
     SandboxSpec,
@@ -64,9 +65,10 @@ from router.lease import AsyncLease, Held, Lease
 from router.state import EntryRef, Reservation, StateStore, open_store
 from router.state.memory import MemoryStore
 
-__all__ = ["EntryView", "Router", "RouterStatus"]
+__all__ = ["EntryView", "ReapReport", "Router", "RouterStatus"]
 
 _RESERVE_GRACE = 30.0  # a reservation outlives its create by this much before it expires
+_JANITOR_LOCK_TTL = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,13 @@ class _Entry:
     @property
     def name(self) -> str:
         return self.cfg.name
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """The config's override, else what the provider declares."""
+        if self.cfg.capabilities is not None:
+            return frozenset(self.cfg.capabilities)
+        return self.provider.capabilities
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +126,15 @@ class RouterStatus:
     state_ok: bool
     state_error: str | None
     on_state_error: str
+
+
+@dataclass(slots=True)
+class ReapReport:
+    """What `Router.reap` did: sandboxes killed, kept (leased or bound), entries skipped."""
+
+    killed: list[tuple[str, str]] = field(default_factory=list)
+    kept: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 class _Denied(Exception):
@@ -202,6 +220,7 @@ class Router:
         *,
         requires: Iterable[str] = (),
         labels: Mapping[str, str] | None = None,
+        session: str | None = None,
         timeout: float | None = None,
     ) -> Lease:
         """A live sandbox from the first entry that can serve.
@@ -210,6 +229,10 @@ class Router:
             spec: what to create (template, env, resources...).
             requires: capabilities the entry must declare, e.g. ``("gpu",)``.
             labels: extra labels put on the sandbox.
+            session: a sticky session key: the same key gets the same live
+                sandbox back (any replica, same entry) until the session's
+                idle TTL passes or `close_session` is called; if that sandbox
+                is gone a new one is bound and ``lease.resumed`` is False.
             timeout: the overall deadline in seconds (default ``acquire_timeout``).
 
         Raises:
@@ -219,7 +242,7 @@ class Router:
                 is ``fail_closed``.
             SandboxError: the provider refused the spec itself (not retried).
         """
-        held = self._engine.run(self._acquire(spec, requires, labels, timeout))
+        held = self._engine.run(self._acquire(spec, requires, labels, session, timeout))
         return Lease(held, self._engine, self._release)
 
     async def aacquire(
@@ -228,10 +251,11 @@ class Router:
         *,
         requires: Iterable[str] = (),
         labels: Mapping[str, str] | None = None,
+        session: str | None = None,
         timeout: float | None = None,
     ) -> AsyncLease:
         """The async twin of `acquire` (same logic, same arguments)."""
-        held = await self._engine.arun(self._acquire(spec, requires, labels, timeout))
+        held = await self._engine.arun(self._acquire(spec, requires, labels, session, timeout))
         return AsyncLease(held, self._engine, self._release)
 
     def status(self) -> RouterStatus:
@@ -240,6 +264,26 @@ class Router:
 
     async def astatus(self) -> RouterStatus:
         return await self._engine.arun(self._status())
+
+    def close_session(self, session: str) -> bool:
+        """Kill a sticky session's sandbox and forget it; False when it had none."""
+        return self._engine.run(self._close_session(session))
+
+    async def aclose_session(self, session: str) -> bool:
+        return await self._engine.arun(self._close_session(session))
+
+    def reap(self) -> ReapReport:
+        """Kill this router's sandboxes that no live lease or session holds.
+
+        Lists each configured entry's sandboxes carrying this router's labels
+        (never anyone else's) under a fleet-wide lock per entry, so several
+        replicas may run it at once. Apps schedule it; ``sandbox-router
+        janitor`` runs it once.
+        """
+        return self._engine.run(self._reap())
+
+    async def areap(self) -> ReapReport:
+        return await self._engine.arun(self._reap())
 
     def set_usage(self, pool: str, unit: str, value: float) -> None:
         """Overwrite a pool's used amount this window (``sandbox-router quota set``)."""
@@ -270,11 +314,29 @@ class Router:
         spec: SandboxSpec | None,
         requires: Iterable[str],
         labels: Mapping[str, str] | None,
+        session: str | None,
         timeout: float | None,
     ) -> Held:
         started = self._clock()
         deadline = started + (timeout if timeout is not None else self.config.acquire_timeout)
         spec = spec or SandboxSpec()
+        requires = tuple(requires)
+        if session is not None:
+            resumed = await self._resume(session, requires, deadline)
+            if resumed is not None:
+                emit(
+                    self.hooks,
+                    "acquired",
+                    entry=resumed.entry,
+                    lease_id=resumed.lease_id,
+                    sandbox_id=resumed.sandbox.id,
+                    attempts=1,
+                    failovers=0,
+                    resumed=True,
+                    latency=self._clock() - started,
+                )
+                return resumed
+            labels = {**(labels or {}), LABEL_SESSION: session}
         names, reasons = order(await self._candidates(), self.config.strategy, requires)
         failed: list[str] = []
         for i, name in enumerate(names):
@@ -306,6 +368,9 @@ class Router:
                     break
                 continue
             held.failovers = failed
+            if session is not None:
+                held.session = session
+                await self._bind(held, self.config.lease_ttl)
             emit(
                 self.hooks,
                 "acquired",
@@ -332,7 +397,7 @@ class Router:
             Candidate(
                 e.name,
                 e.provider.unconfigured_reason(),
-                frozenset(e.cfg.capabilities or e.provider.capabilities),
+                e.capabilities,
                 fractions.get(e.name, 1.0),
             )
             for e in self._entries.values()
@@ -404,6 +469,7 @@ class Router:
                 self._clock(),
                 outcome=Outcome.SUCCESS,
                 ttl=self.config.lease_ttl,
+                sandbox_id=sandbox.id,
             )
         except BaseException:
             await self._kill_quietly(entry, sandbox)
@@ -430,18 +496,22 @@ class Router:
         return held
 
     async def _reserve(
-        self, entry: _Entry, lease_id: str, hold: float
+        self, entry: _Entry, lease_id: str, hold: float, *, new_session: bool = True
     ) -> tuple[StateStore, EntryRef]:
         now = self._clock()
         try:
-            reservation = await self._store.reserve(entry.ref, self._breaker, lease_id, now, hold)
+            reservation = await self._store.reserve(
+                entry.ref, self._breaker, lease_id, now, hold, new_session=new_session
+            )
             store, ref = self._store, entry.ref
             self._state_error = None
         except StateUnavailable as exc:
             self._on_state_error("reserve", exc)
             ref = self._fallback_ref(entry.ref)
             store = self._fallback
-            reservation = await store.reserve(ref, self._breaker, lease_id, now, hold)
+            reservation = await store.reserve(
+                ref, self._breaker, lease_id, now, hold, new_session=new_session
+            )
         if reservation.transition:
             self._emit_transition(entry.name, reservation.transition)
         if not reservation.granted:
@@ -557,8 +627,157 @@ class Router:
             if not alive:
                 emit(self.hooks, "lease_lost", entry=held.entry, lease_id=held.lease_id)
                 return
+            if held.session is not None:
+                with contextlib.suppress(StateUnavailable):
+                    await self._bind(held, ttl)
             with contextlib.suppress(ProviderError):
                 await held.sandbox.keepalive(ttl * 2)
+
+    async def _bind(self, held: Held, ttl: float) -> None:
+        assert held.session is not None
+        now = self._clock()
+        await self._store.bind_session(held.session, held.entry, held.sandbox.id, now + ttl, now)
+
+    async def _resume(
+        self, session: str, requires: tuple[str, ...], deadline: float
+    ) -> Held | None:
+        """Reconnect to the session's bound sandbox, or None (and say why) to create anew."""
+        try:
+            binding = await self._store.session(session, self._clock())
+        except StateUnavailable as exc:
+            self._on_state_error("session", exc)
+            return None
+        if binding is None:
+            return None
+        entry = self._entries.get(binding.entry)
+        why = None
+        if entry is None:
+            why = f"entry {binding.entry!r} is no longer in the chain"
+        elif entry.provider.unconfigured_reason() is not None:
+            why = f"entry {binding.entry!r} is not configured"
+        elif not set(requires) <= entry.capabilities:
+            why = f"entry {binding.entry!r} lacks {', '.join(requires)}"
+        if entry is None or why is not None:
+            emit(self.hooks, "session_lost", session=session, entry=binding.entry, reason=why)
+            return None
+        lease_id = "l-" + secrets.token_hex(8)
+        budget = max(0.0, min(self.config.create_timeout, deadline - self._clock()))
+        try:
+            store, ref = await self._reserve(
+                entry, lease_id, budget + _RESERVE_GRACE, new_session=False
+            )
+        except _Denied as denied:
+            emit(
+                self.hooks,
+                "session_lost",
+                session=session,
+                entry=entry.name,
+                reason=self._describe(denied.reservation),
+            )
+            return None
+        started = self._clock()
+        try:
+            sandbox = await asyncio.wait_for(entry.provider.connect(binding.sandbox_id), budget)
+        except Exception as exc:
+            await self._settle_failure(store, entry, ref, lease_id, exc, 1, started)
+            emit(
+                self.hooks,
+                "session_lost",
+                session=session,
+                entry=entry.name,
+                sandbox_id=binding.sandbox_id,
+                reason=f"{classify(exc).reason}: {exc}",
+            )
+            return None
+        settled = await store.settle(
+            ref,
+            self._breaker,
+            lease_id,
+            self._clock(),
+            outcome=Outcome.SUCCESS,
+            ttl=self.config.lease_ttl,
+            sandbox_id=sandbox.id,
+        )
+        if not settled.applied:
+            return None
+        held = Held(
+            lease_id,
+            entry.name,
+            entry.provider.kind,
+            sandbox,
+            self._clock(),
+            1,
+            store_kind="shared" if store is self._store else "fallback",
+            session=session,
+            resumed=True,
+        )
+        await self._bind(held, self.config.lease_ttl)
+        held.heartbeat = asyncio.create_task(self._heartbeat(held))
+        self._heartbeats.add(held.heartbeat)
+        held.heartbeat.add_done_callback(self._heartbeats.discard)
+        return held
+
+    async def _close_session(self, session: str) -> bool:
+        binding = await self._store.session(session, self._clock())
+        if binding is None:
+            return False
+        entry = self._entries.get(binding.entry)
+        if entry is not None:
+            try:
+                await entry.provider.kill(binding.sandbox_id)
+            except ProviderError as exc:
+                emit(
+                    self.hooks,
+                    "kill_failed",
+                    entry=entry.name,
+                    sandbox_id=binding.sandbox_id,
+                    error=str(exc),
+                )
+        await self._store.unbind_session(session)
+        emit(
+            self.hooks,
+            "session_closed",
+            session=session,
+            entry=binding.entry,
+            sandbox_id=binding.sandbox_id,
+        )
+        return True
+
+    async def _reap(self) -> ReapReport:
+        report = ReapReport()
+        now = self._clock()
+        bound = await self._store.bound_sandboxes(now)
+        for entry in self._entries.values():
+            reason = entry.provider.unconfigured_reason()
+            if reason is not None:
+                report.skipped[entry.name] = f"not configured: {reason}"
+                continue
+            token = secrets.token_hex(8)
+            lock = f"janitor:{entry.name}"
+            if not await self._store.lock(lock, token, _JANITOR_LOCK_TTL, now):
+                report.skipped[entry.name] = "another replica is reaping it"
+                continue
+            try:
+                ours = {LABEL_ROUTER: self.config.key_prefix, LABEL_ENTRY: entry.name}
+                found = await entry.provider.list(ours)
+                live = await self._store.lease_ids(entry.ref, self._clock())
+                for info in found:
+                    if info.labels.get(LABEL_LEASE) in live or (entry.name, info.id) in bound:
+                        report.kept += 1
+                    elif await entry.provider.kill(info.id):
+                        report.killed.append((entry.name, info.id))
+                        emit(
+                            self.hooks,
+                            "reaped",
+                            entry=entry.name,
+                            sandbox_id=info.id,
+                            lease_id=info.labels.get(LABEL_LEASE, ""),
+                        )
+            except ProviderError as exc:
+                report.skipped[entry.name] = f"{classify(exc).reason}: {exc}"
+            finally:
+                await self._store.unlock(lock, token)
+        return report
 
     async def _release(self, held: Held) -> None:
         if held.released:
@@ -567,7 +786,17 @@ class Router:
         if held.heartbeat is not None:
             held.heartbeat.cancel()
         entry = self._entries[held.entry]
-        await self._kill_quietly(entry, held.sandbox)
+        idle = self.config.session_idle_ttl
+        if held.session is not None and idle > 0:
+            try:
+                await self._bind(held, idle)
+            except StateUnavailable:
+                await self._kill_quietly(entry, held.sandbox)
+            else:
+                with contextlib.suppress(ProviderError):
+                    await held.sandbox.keepalive(idle)
+        else:
+            await self._kill_quietly(entry, held.sandbox)
         store = self._store if held.store_kind == "shared" else self._fallback
         ref = entry.ref if store is self._store else self._fallback_ref(entry.ref)
         try:

@@ -41,6 +41,8 @@ class Held:
     released: bool = False
     heartbeat: asyncio.Task[None] | None = None
     store_kind: str = "shared"
+    session: str | None = None
+    resumed: bool = False
 
 
 class SyncSandbox:
@@ -180,6 +182,15 @@ class _LeaseBase:
     def failovers(self) -> list[str]:
         """Entries tried and failed before this one, in order."""
         return list(self._held.failovers)
+
+    @property
+    def session(self) -> str | None:
+        return self._held.session
+
+    @property
+    def resumed(self) -> bool:
+        """True when a sticky session got its existing sandbox back."""
+        return self._held.resumed
 
     @property
     def released(self) -> bool:

@@ -2,8 +2,10 @@
 
 Its sandboxes are real local sandboxes; each ``create`` first consumes the
 next item of its script: an exception to raise, ``"hang"`` to never answer
-(until the router's deadline cancels it), a `threading.Event` to wait for
-(set from the test's thread), or ``None`` to succeed.
+(until the router's deadline cancels it), ``"late"`` to create the sandbox
+and then never answer (a create that finished on the provider's side after
+our deadline), a `threading.Event` to wait for (set from the test's
+thread), or ``None`` to succeed.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ class ScriptedProvider(Provider):
         self.creates += 1
         step = self.script.pop(0) if self.script else None
         if step == "hang":
+            await asyncio.Event().wait()
+        elif step == "late":
+            sandbox = await self.local.create(spec)
+            self.created.append(sandbox.id)
             await asyncio.Event().wait()
         elif isinstance(step, threading.Event):
             await asyncio.to_thread(step.wait)

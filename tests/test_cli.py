@@ -58,6 +58,11 @@ def test_status_json_and_quota_admin(chain: Path, capsys: pytest.CaptureFixture[
     assert json.loads(capsys.readouterr().out)["local"]["used"]["sessions"] == 0
 
 
+def test_janitor(chain: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["janitor", "--config", str(chain), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"killed": [], "kept": 0, "skipped": {}}
+
+
 def test_status_table(chain: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--config", str(chain)]) == 0
     assert "local" in capsys.readouterr().out
