@@ -447,9 +447,8 @@ class Router:
         )
         created_at = self._clock()
         try:
-            sandbox = await asyncio.wait_for(
-                entry.provider.create(spec, timeout=budget), timeout=budget + 1.0
-            )
+            async with asyncio.timeout(budget + 1.0):
+                sandbox = await entry.provider.create(spec, timeout=budget)
         except BaseException as exc:
             await self._settle_failure(store, entry, ref, lease_id, exc, attempt, created_at)
             if isinstance(exc, TimeoutError):

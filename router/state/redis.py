@@ -21,12 +21,12 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
-from policies.quota import UNITS
+from policies.quota import UNITS, MonthlyWindow
 from providers.errors import ConfigError, StateUnavailable
 from router.state.base import (
     EntryRef,
@@ -51,6 +51,8 @@ _TRANSPORT_ERRORS = (
 )
 _USAGE_TTL = 62 * 24 * 3600  # a window's usage outlives it by a month, for status
 _DEFAULT_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+_POOL_SIZE = 64  # per router; ?max_connections=N in the URL overrides it
+_POOL_WAIT = 10.0
 
 
 _WITH_LIB = frozenset({"reserve", "settle", "release", "heartbeat", "record"})
@@ -67,8 +69,12 @@ def _client(url: str) -> Any:
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     timeouts = {k: float(query.get(k, v)) for k, v in _DEFAULT_TIMEOUTS.items()}
     if parts.scheme in ("redis", "rediss", "unix"):
+        # A burst of concurrent acquires waits for a pooled connection instead
+        # of failing with "Too many connections" (redis-py's default pool).
         extra: dict[str, Any] = {k: v for k, v in timeouts.items() if k not in query}
-        return Redis.from_url(url, **extra)
+        extra.setdefault("max_connections", _POOL_SIZE)
+        pool = BlockingConnectionPool.from_url(url, timeout=_POOL_WAIT, **extra)
+        return Redis(connection_pool=pool)
     if parts.scheme in ("redis+cluster", "rediss+cluster"):
         base = url.replace("+cluster", "", 1)
         extra = {k: v for k, v in timeouts.items() if k not in query}
@@ -112,6 +118,7 @@ class RedisStore(StateStore):
         self.url = _redact(url)
         self.prefix = prefix
         self._redis = _client(url)
+        self._windows: dict[MonthlyWindow, tuple[float, float, str]] = {}
         self._scripts = {
             name: self._redis.register_script(_script(name))
             for name in (*_WITH_LIB, "session_prune", "unlock")
@@ -125,10 +132,19 @@ class RedisStore(StateStore):
     def _tag(self, pool: str) -> str:
         return f"{{{self.prefix}:{pool}}}"
 
+    def _window_key(self, window: MonthlyWindow, now: float) -> str:
+        """The window's key, recomputed only when ``now`` leaves the cached window."""
+        cached = self._windows.get(window)
+        if cached is None or not cached[0] <= now < cached[1]:
+            start, end = window.bounds(now)
+            cached = (start.timestamp(), end.timestamp(), start.strftime("%Y-%m-%d"))
+            self._windows[window] = cached
+        return cached[2]
+
     def _keys(self, ref: EntryRef, now: float) -> list[str]:
         tag = self._tag(ref.pool)
         return [
-            f"{tag}:usage:{ref.window.key(now)}",
+            f"{tag}:usage:{self._window_key(ref.window, now)}",
             f"{tag}:leases",
             f"{tag}:lease",
             f"{tag}:entry:{ref.entry}",

@@ -1,0 +1,73 @@
+"""``python -m benchmarks [--quick]``: run every benchmark, print one JSON summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+from benchmarks import overhead, race, scaling, throughput
+from benchmarks.common import private_redis
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    args = parser.parse_args(argv)
+    q = args.quick
+    result: dict[str, Any] = {"machine": machine(), "quick": q}
+    started = time.perf_counter()
+    with private_redis() as redis_url, TemporaryDirectory(prefix="bench-") as tmp:
+        root = Path(tmp)
+        sqlite_url = f"sqlite:///{root}/state.db"
+        result["overhead"] = {
+            "redis": overhead.local_overhead(redis_url, root / "o1", 50 if q else 500),
+            "sqlite": overhead.local_overhead(sqlite_url, root / "o2", 50 if q else 300),
+        }
+        result["round_trips"] = overhead.round_trips(redis_url, root / "rt", 20 if q else 200)
+        result["throughput"] = {
+            store: [
+                throughput.cycles_per_second(url, root / f"tp-{store}", workers, 1 if q else 5)
+                for workers in (1, 8)
+            ]
+            for store, url in (("redis", redis_url), ("sqlite", sqlite_url))
+        }
+        result["race"] = {
+            store: race.race(url, root / f"race-{store}", 16, 100, 1 if q else 3)
+            for store, url in (("redis", redis_url), ("sqlite", sqlite_url))
+        }
+        result["scaling"] = {
+            "chain_length": scaling.chain_length(
+                redis_url, root / "len", [1, 2, 4, 8, 16], 30 if q else 200
+            ),
+            "live_leases": scaling.live_leases(
+                redis_url,
+                root / "live",
+                [10, 1000, 10_000] if q else [10, 1000, 10_000, 100_000],
+                30 if q else 200,
+            ),
+        }
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
