@@ -54,7 +54,8 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "yes" if self.persist else "no", "--dir", str(self.workdir)],
+             "--appendonly", "yes" if self.persist else "no", "--appendfsync", "always",
+             "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -68,6 +69,11 @@ class RedisServer:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def restart(self) -> None:
+        """Kill -9 and start again on the same port and directory (AOF replays)."""
+        self.stop()
+        self.start()
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -172,6 +172,7 @@ class Router:
         self._fallback = MemoryStore("memory://fail-open", config.key_prefix)
         self._state_error: str | None = None
         self._heartbeats: set[asyncio.Task[None]] = set()
+        self._checked_store = False
         overrides = dict(providers or {})
         self._entries: dict[str, _Entry] = {}
         for entry in config.chain:
@@ -321,6 +322,8 @@ class Router:
         deadline = started + (timeout if timeout is not None else self.config.acquire_timeout)
         spec = spec or SandboxSpec()
         requires = tuple(requires)
+        if not self._checked_store:
+            await self._check_store()
         if session is not None:
             resumed = await self._resume(session, requires, deadline)
             if resumed is not None:
@@ -715,6 +718,16 @@ class Router:
         self._heartbeats.add(held.heartbeat)
         held.heartbeat.add_done_callback(self._heartbeats.discard)
         return held
+
+    async def _check_store(self) -> None:
+        """Warn once per router about a store that would lose the ledger (no persistence)."""
+        self._checked_store = True
+        try:
+            problems = await self._store.warnings()
+        except StateUnavailable:
+            return  # the acquire that follows reports it, by on_state_error
+        for problem in problems:
+            emit(self.hooks, "state_warning", url=self._store.url, problem=problem)
 
     async def _close_session(self, session: str) -> bool:
         binding = await self._store.session(session, self._clock())

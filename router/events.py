@@ -19,6 +19,10 @@ Events and their fields:
 * ``lease_lost``: entry, lease_id
 * ``kill_failed``: entry, sandbox_id, error
 * ``state_error``: operation, error, mode (fail_closed / fail_open)
+* ``state_warning``: url, problem (e.g. Redis without persistence)
+* ``session_lost``: session, entry, reason (the bound sandbox is gone: a new one is bound)
+* ``session_closed``: session, entry, sandbox_id
+* ``reaped``: entry, sandbox_id, lease_id (the janitor killed an orphan)
 * ``quota_changed``: pool, unit, value
 """
 
@@ -43,6 +47,9 @@ _WARN = frozenset(
         "kill_failed",
         "acquire_failed",
         "quota_changed",
+        "state_warning",
+        "session_lost",
+        "reaped",
     }
 )
 

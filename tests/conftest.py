@@ -14,10 +14,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import hypothesis  # noqa: F401 - imported early: a late import at session end trips CPython 3.11
+import hypothesis.internal.conjecture.optimiser
+import hypothesis.internal.conjecture.shrinker  # noqa: F401
 import pytest
 
 from emulators.redis_server import RedisServer
+
+# pytest assertion-rewrites hypothesis (it ships a pytest plugin); when hypothesis
+# imports these lazily in the middle of a failing example, CPython 3.11.7 can
+# raise "AST constructor recursion depth mismatch" and hide the real failure.
 
 
 @pytest.fixture(scope="session")

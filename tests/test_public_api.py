@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import re
+from pathlib import Path
 
 import pytest
 
@@ -35,37 +37,31 @@ def test_every_error_derives_from_the_one_root() -> None:
         assert name in errors.__doc__, f"{name} is missing from the tree in the docstring"
 
 
-def test_policies_do_no_io_and_import_no_sdk() -> None:
-    import ast
-    from pathlib import Path
+def imported_roots(path: Path) -> set[str]:
+    """Top-level packages a module imports (a line scan: ast.parse is avoided on purpose,
+    CPython 3.11.7 can fail it late in a long session)."""
+    roots = set()
+    for line in path.read_text().splitlines():
+        match = IMPORT.match(line)
+        if match:
+            roots.add(match.group(1))
+    return roots
 
+
+IMPORT = re.compile(r"^\s*(?:from|import)\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def test_policies_do_no_io_and_import_no_sdk() -> None:
     forbidden = {
         "redis", "sqlite3", "socket", "httpx", "aiohttp", "asyncio", "subprocess", "router",
         "daytona", "modal", "e2b", "e2b_code_interpreter", "runloop_api_client",
     }  # fmt: skip
     for path in Path("policies").glob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name.split(".")[0] for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module.split(".")[0]]
-            assert not forbidden & set(names), f"{path} imports {forbidden & set(names)}"
+        assert not forbidden & imported_roots(path), path
 
 
 def test_no_vendor_sdk_import_outside_providers() -> None:
-    import ast
-    from pathlib import Path
-
     sdks = {"daytona", "modal", "e2b", "e2b_code_interpreter", "runloop_api_client"}
     for package in ("router", "policies"):
         for path in Path(package).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    roots = {a.name.split(".")[0] for a in node.names}
-                elif isinstance(node, ast.ImportFrom) and node.module:
-                    roots = {node.module.split(".")[0]}
-                else:
-                    continue
-                assert not roots & sdks, f"{path} imports {roots & sdks}"
+            assert not sdks & imported_roots(path), path

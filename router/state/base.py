@@ -203,6 +203,10 @@ class StateStore(abc.ABC):
     async def ping(self) -> None:
         """Raise StateUnavailable when the store cannot be reached."""
 
+    async def warnings(self) -> list[str]:
+        """Operational problems worth a warning at start (e.g. no persistence)."""
+        return []
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
@@ -228,6 +232,9 @@ def apply_reserve(
     hold: float,
     new_session: bool = True,
 ) -> Reservation:
+    pool = tx.load_pool(ref.pool, ref.window.key(now))
+    if lease_id in pool.leases:  # a retried call whose reply was lost: already granted
+        return Reservation(True)
     health = tx.load_entry(ref.entry)
     admission = breaker.admit(health, cfg, now, ref.fingerprint)
     if not admission.allowed:
@@ -235,7 +242,6 @@ def apply_reserve(
         return Reservation(
             False, reason=admission.reason, until=admission.until, detail=health.block_detail
         )
-    pool = tx.load_pool(ref.pool, ref.window.key(now))
     verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold, new_session)
     if isinstance(verdict, quota.QuotaDenial):
         if admission.probe:

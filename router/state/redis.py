@@ -22,6 +22,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
@@ -73,6 +75,7 @@ def _client(url: str) -> Any:
         # of failing with "Too many connections" (redis-py's default pool).
         extra: dict[str, Any] = {k: v for k, v in timeouts.items() if k not in query}
         extra.setdefault("max_connections", _POOL_SIZE)
+        extra["retry"] = _reconnect()
         pool = BlockingConnectionPool.from_url(url, timeout=_POOL_WAIT, **extra)
         return Redis(connection_pool=pool)
     if parts.scheme in ("redis+cluster", "rediss+cluster"):
@@ -98,10 +101,20 @@ def _client(url: str) -> Any:
             password=password,
             ssl=parts.scheme.startswith("rediss"),
             db=db,
+            retry=_reconnect(),
             **timeouts,
         )
         return sentinel.master_for(path[0])
     raise ConfigError(f"state_url {_redact(url)}: unsupported Redis scheme {parts.scheme!r}")
+
+
+def _reconnect() -> Retry:
+    """Reconnect after a dropped connection (a Redis restart, a failover).
+
+    A command may then run twice; every script is idempotent for that (a
+    reserve replays its grant, a settle or release applies once).
+    """
+    return Retry(ExponentialBackoff(cap=0.25, base=0.02), retries=2)
 
 
 def _redact(url: str) -> str:
@@ -387,10 +400,21 @@ class RedisStore(StateStore):
         except _TRANSPORT_ERRORS as exc:
             raise StateUnavailable(f"state store {self.url}: {exc}") from exc
 
-    async def persistence(self) -> dict[str, Any]:
-        """Redis' persistence settings (the router warns when there are none)."""
-        info: dict[str, Any] = await self._redis.info("persistence")
-        return info
+    async def warnings(self) -> list[str]:
+        try:
+            info: dict[str, Any] = await self._redis.info("persistence")
+            save = await self._redis.config_get("save")
+        except redis_errors.ResponseError:  # CONFIG disabled (managed Redis): cannot tell
+            return []
+        except _TRANSPORT_ERRORS as exc:
+            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+        snapshots = bool(save.get("save") or save.get(b"save"))
+        if not info.get("aof_enabled") and not snapshots:
+            return [
+                f"Redis at {self.url} persists nothing (no AOF, no RDB snapshots): a restart "
+                "forgets every quota count and lease; enable appendonly yes"
+            ]
+        return []
 
     async def close(self) -> None:
         await self._redis.aclose()

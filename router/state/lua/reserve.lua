@@ -4,6 +4,10 @@
 --       limit concurrent ('' = unlimited), fingerprint, breaker config, usage ttl,
 --       new session ('1'; '0' reconnects to a session's sandbox: a slot, no session)
 local now, lid, entry, hold = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
+-- A retried call (the reply was lost on a dropped connection) must not count twice.
+if redis.call('HEXISTS', KEYS[3], lid) == 1 then
+  return cjson.encode({granted = true, probe = false, from = '', to = ''})
+end
 local cfg = cjson.decode(ARGV[9])
 local s = load_health(KEYS[4])
 local a = admit(s, cfg, now, ARGV[8])

@@ -1,0 +1,144 @@
+"""Redis killed and restarted under the router, and an app killed holding leases."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulators.redis_server import RedisServer
+from providers.errors import NoProviderAvailable, StateUnavailable
+from router import Event, Router
+from tests.scripted import ScriptedProvider
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    (tmp_path / "redis").mkdir()
+    with RedisServer(tmp_path / "redis", persist=True) as server:
+        yield server
+
+
+def router(url: str, tmp_path: Path, events: list[Event], **settings: Any) -> Router:
+    return Router.from_config(
+        {
+            "state_url": url + "?socket_timeout=1&socket_connect_timeout=1",
+            "key_prefix": "faults",
+            "chain": [
+                {
+                    "name": "only",
+                    "provider": "local",
+                    "quota": {"sessions": 6},
+                    "options": {"root": str(tmp_path / "sb")},
+                }
+            ],
+            **settings,
+        },
+        providers={"only": ScriptedProvider("only", tmp_path)},
+        hooks=[events.append],
+    )
+
+
+def drain(r: Router) -> tuple[int, NoProviderAvailable]:
+    """Acquire and release until refused: how many were served, and the refusal."""
+    served = 0
+    while True:
+        try:
+            r.acquire().release()
+        except NoProviderAvailable as refusal:
+            return served, refusal
+        served += 1
+
+
+def test_redis_killed_mid_run_fail_closed(aof_redis: RedisServer, tmp_path: Path) -> None:
+    events: list[Event] = []
+    with router(aof_redis.url, tmp_path, events) as r:
+        r.acquire().release()
+        provider = r.provider("only")
+        assert isinstance(provider, ScriptedProvider)
+        aof_redis.stop()
+        with pytest.raises(StateUnavailable, match="state store"):
+            r.acquire()
+        assert provider.creates == 1  # nothing created without the ledger
+        assert not r.status().state_ok
+    assert any(e.name == "state_error" and e.fields["mode"] == "fail_closed" for e in events)
+
+
+def test_redis_killed_mid_run_fail_open(aof_redis: RedisServer, tmp_path: Path) -> None:
+    events: list[Event] = []
+    with router(aof_redis.url, tmp_path, events, on_state_error="fail_open",
+                fail_open_share=0.5) as r:  # fmt: skip
+        r.acquire().release()
+        aof_redis.stop()
+        served, refusal = drain(r)
+        assert served == 3  # a conservative half of the pool, per replica
+        assert "sessions 3/3" in str(refusal)
+        status = r.status()
+        assert not status.state_ok
+        assert status.state_error
+    assert any(e.name == "state_error" and e.fields["mode"] == "fail_open" for e in events)
+
+
+def test_counts_survive_a_redis_restart_with_aof(aof_redis: RedisServer, tmp_path: Path) -> None:
+    events: list[Event] = []
+    with router(aof_redis.url, tmp_path, events) as r:
+        for _ in range(4):
+            r.acquire().release()
+        aof_redis.restart()
+        granted, _ = drain(r)
+        assert granted == 2  # 4 before + 2 after = the limit of 6: nothing overspent
+        assert r.status().entries[0].used["sessions"] == 6
+    assert not [e for e in events if e.name == "state_warning"]
+
+
+def test_router_warns_when_redis_persists_nothing(redis_url: str, tmp_path: Path) -> None:
+    events: list[Event] = []
+    with router(redis_url, tmp_path, events) as r:
+        r.acquire().release()
+    [warning] = [e.fields for e in events if e.name == "state_warning"]
+    assert "persists nothing" in str(warning["problem"])
+
+
+def _crashing_worker(config: dict[str, Any], ready: Any) -> None:
+    r = Router.from_config(config, hooks=[])
+    leases = [r.acquire() for _ in range(3)]
+    ready.set()
+    time.sleep(600)  # killed long before
+    del leases
+
+
+def test_app_killed_holding_leases_leaks_nothing(redis_url: str, tmp_path: Path) -> None:
+    config = {
+        "state_url": redis_url,
+        "key_prefix": f"crash-{os.getpid()}",
+        "lease_ttl": 5,
+        "chain": [{"name": "local", "provider": "local", "quota": {"concurrent": 3},
+                   "options": {"root": str(tmp_path / "sb")}}],
+    }  # fmt: skip
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    worker = ctx.Process(target=_crashing_worker, args=(config, ready))
+    worker.start()
+    assert ready.wait(60)
+    os.kill(worker.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    worker.join()
+    with Router.from_config(config, hooks=[]) as survivor:
+        assert survivor.status().entries[0].live_leases == 3
+        with pytest.raises(NoProviderAvailable, match="concurrent 3/3"):
+            survivor.acquire()
+        assert survivor.reap().killed == []  # their leases are still live: not orphans yet
+        time.sleep(5.5)  # the TTL passes without heartbeats
+        assert survivor.status().entries[0].live_leases == 0
+        report = survivor.reap()
+        assert len(report.killed) == 3
+        assert list((tmp_path / "sb").glob("local-*")) == []
+        with survivor.acquire() as lease:
+            assert lease.entry == "local"
