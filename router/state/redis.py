@@ -22,10 +22,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import UNITS, MonthlyWindow
