@@ -792,11 +792,16 @@ class Router:
         return report
 
     async def _release(self, held: Held) -> None:
+        """Dispose of the sandbox and free the slot, concurrently (they are independent)."""
         if held.released:
             return
         held.released = True
         if held.heartbeat is not None:
             held.heartbeat.cancel()
+        await asyncio.gather(self._dispose(held), self._free_slot(held))
+
+    async def _dispose(self, held: Held) -> None:
+        """Kill the sandbox, or keep a session's for its idle TTL."""
         entry = self._entries[held.entry]
         idle = self.config.session_idle_ttl
         if held.session is not None and idle > 0:
@@ -809,6 +814,9 @@ class Router:
                     await held.sandbox.keepalive(idle)
         else:
             await self._kill_quietly(entry, held.sandbox)
+
+    async def _free_slot(self, held: Held) -> None:
+        entry = self._entries[held.entry]
         store = self._store if held.store_kind == "shared" else self._fallback
         ref = entry.ref if store is self._store else self._fallback_ref(entry.ref)
         try:
