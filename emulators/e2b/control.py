@@ -1,0 +1,258 @@
+"""E2B's control plane: the REST API that creates, finds, extends and kills sandboxes.
+
+Routes (JSON, key in ``X-API-KEY``, errors as ``{"code", "message"}``):
+
+* ``POST /v2/sandboxes``: create; 201 with the sandbox id and envd token.
+* ``GET /v2/sandboxes``: list the key's sandboxes, filtered by
+  ``metadata`` (an url-encoded ``k=v&...`` string) and ``state``, paged with
+  ``limit`` / ``nextToken`` and the ``x-next-token`` response header.
+* ``GET|DELETE /sandboxes/{id}``, ``POST /sandboxes/{id}/timeout``,
+  ``POST /v2/sandboxes/{id}/connect``.
+
+A sandbox belongs to the key that created it (the key stands for a team):
+other keys get 404 for it, as on the real service. Account limits come from
+the harness: the concurrency cap answers E2B's own 429 message, a spent
+monthly quota answers 403 (the team is blocked).
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import string
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, unquote
+
+from aiohttp import web
+
+from emulators.e2b.sandboxes import E2BSandbox
+from emulators.harness import QuotaViolation
+from providers.base import SandboxSpec
+
+if TYPE_CHECKING:
+    from emulators.e2b import E2BEmulator
+
+__all__ = ["CONCURRENCY_MESSAGE", "DEFAULT_TIMEOUT", "ControlPlane", "api_error", "new_sandbox_id"]
+
+# The API's default sandbox timeout when a create names none, in seconds.
+DEFAULT_TIMEOUT = 15
+MAX_TIMEOUT = 24 * 3600
+CONCURRENCY_MESSAGE = (
+    "you have reached the maximum number of concurrent E2B sandboxes ({limit}). "
+    "If you need more, please visit 'https://e2b.dev/docs/billing'"
+)
+QUOTA_MESSAGE = "team is blocked: the monthly sandbox quota ({limit}) of this account is spent"
+_CLIENT_ID = "6532622b"
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_sandbox_id() -> str:
+    return "i" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(19))
+
+
+def api_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    """The control plane's error body."""
+    return web.json_response({"code": status, "message": message}, status=status, headers=headers)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _string_map(value: Any, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise web.HTTPBadRequest(
+            text=f'{{"code": 400, "message": "{field} must map strings to strings"}}',
+            content_type="application/json",
+        )
+    return dict(value)
+
+
+class ControlPlane:
+    """The REST handlers, over the emulator's core."""
+
+    def __init__(self, emulator: E2BEmulator) -> None:
+        self.emulator = emulator
+        self.core = emulator.core
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v2/sandboxes", self.create),
+            web.get("/v2/sandboxes", self.list),
+            web.get("/sandboxes/{sandbox_id}", self.get),
+            web.delete("/sandboxes/{sandbox_id}", self.kill),
+            web.post("/sandboxes/{sandbox_id}/timeout", self.set_timeout),
+            web.post("/v2/sandboxes/{sandbox_id}/connect", self.connect),
+        ]
+
+    # -- helpers -----------------------------------------------------------
+    def _key(self, request: web.Request) -> str:
+        key = request.headers.get("X-API-KEY")
+        if key is None or not self.core.key_ok(key):
+            raise web.HTTPUnauthorized(
+                text='{"code": 401, "message": "Invalid API key, please visit '
+                'https://e2b.dev/docs/api-key for more information."}',
+                content_type="application/json",
+            )
+        return key
+
+    def _owned(self, request: web.Request) -> E2BSandbox:
+        key = self._key(request)
+        sandbox_id = request.match_info["sandbox_id"]
+        sandbox = self.core.alive_sandbox(sandbox_id)
+        if sandbox is None or sandbox.api_key != key:
+            raise web.HTTPNotFound(
+                text=f'{{"code": 404, "message": "sandbox \\"{sandbox_id}\\" not found"}}',
+                content_type="application/json",
+            )
+        return sandbox
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise web.HTTPBadRequest(
+                text='{"code": 400, "message": "request body must be a JSON object"}',
+                content_type="application/json",
+            )
+        return body
+
+    def _expires_at(self, sandbox: E2BSandbox) -> float:
+        record = self.core.records[sandbox.id]
+        return record.expires_at or time.time()
+
+    def _created(self, sandbox: E2BSandbox) -> dict[str, Any]:
+        return {
+            "templateID": sandbox.template,
+            "sandboxID": sandbox.id,
+            "alias": sandbox.template,
+            "clientID": _CLIENT_ID,
+            "envdVersion": self.emulator.envd_version,
+            "envdAccessToken": sandbox.token,
+            "domain": None,
+        }
+
+    def _listed(self, sandbox: E2BSandbox) -> dict[str, Any]:
+        return {
+            "templateID": sandbox.template,
+            "alias": sandbox.template,
+            "sandboxID": sandbox.id,
+            "clientID": _CLIENT_ID,
+            "startedAt": _iso(sandbox.started_at),
+            "endAt": _iso(self._expires_at(sandbox)),
+            "cpuCount": sandbox.cpu_count,
+            "memoryMB": sandbox.memory_mb,
+            "diskSizeMB": 10240,
+            "state": "running",
+            "envdVersion": self.emulator.envd_version,
+            "metadata": dict(self.core.records[sandbox.id].labels),
+        }
+
+    # -- handlers ----------------------------------------------------------
+    async def create(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        body = await self._body(request)
+        template = body.get("templateID")
+        if not isinstance(template, str) or not template:
+            return api_error(400, "templateID is required")
+        templates = self.emulator.templates
+        if templates is not None and template not in templates:
+            return api_error(404, f"template '{template}' not found")
+        timeout = body.get("timeout", DEFAULT_TIMEOUT)
+        if not isinstance(timeout, int) or not 0 < timeout <= MAX_TIMEOUT:
+            return api_error(400, f"timeout must be between 1 and {MAX_TIMEOUT} seconds")
+        metadata = _string_map(body.get("metadata"), "metadata")
+        env = _string_map(body.get("envVars"), "envVars")
+        sandbox_id = new_sandbox_id()
+        try:
+            local = await self.core.create(
+                key,
+                SandboxSpec(template=template, env=env, labels=metadata),
+                lifetime=timeout,
+                sandbox_id=sandbox_id,
+            )
+        except QuotaViolation as violation:
+            if violation.kind == "concurrent":
+                return api_error(429, CONCURRENCY_MESSAGE.format(limit=violation.limit))
+            return api_error(403, QUOTA_MESSAGE.format(limit=violation.limit))
+        sandbox = E2BSandbox(
+            id=sandbox_id,
+            template=template,
+            api_key=key,
+            token=secrets.token_urlsafe(24),
+            local=local,
+        )
+        self.core.e2b[sandbox_id] = sandbox
+        return web.json_response(self._created(sandbox), status=201)
+
+    async def list(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        query = request.query
+        wanted = {unquote(k): unquote(v) for k, v in parse_qsl(query.get("metadata", ""))}
+        states = set(query.get("state", "running,paused").split(","))
+        try:
+            limit = int(query.get("limit", "100"))
+            offset = (
+                int(base64.urlsafe_b64decode(query["nextToken"])) if "nextToken" in query else 0
+            )
+        except ValueError:
+            return api_error(400, "invalid limit or nextToken")
+        if not 0 < limit <= 1000:
+            return api_error(400, "limit must be between 1 and 1000")
+        matching = sorted(
+            (
+                s
+                for s in self.core.e2b.values()
+                if s.api_key == key
+                and self.core.alive_sandbox(s.id) is not None
+                and "running" in states
+                and all(self.core.records[s.id].labels.get(k) == v for k, v in wanted.items())
+            ),
+            key=lambda s: (s.started_at, s.id),
+        )
+        page = matching[offset : offset + limit]
+        headers = {}
+        if offset + limit < len(matching):
+            headers["x-next-token"] = base64.urlsafe_b64encode(
+                str(offset + limit).encode()
+            ).decode()
+        return web.json_response([self._listed(s) for s in page], headers=headers)
+
+    async def get(self, request: web.Request) -> web.Response:
+        sandbox = self._owned(request)
+        detail = {
+            **self._listed(sandbox),
+            "envdAccessToken": sandbox.token,
+            "domain": None,
+        }
+        return web.json_response(detail)
+
+    async def kill(self, request: web.Request) -> web.Response:
+        sandbox = self._owned(request)
+        await self.core.kill(sandbox.id)
+        return web.Response(status=204)
+
+    async def set_timeout(self, request: web.Request) -> web.Response:
+        sandbox = self._owned(request)
+        timeout = (await self._body(request)).get("timeout")
+        if not isinstance(timeout, int) or not 0 < timeout <= MAX_TIMEOUT:
+            return api_error(400, f"timeout must be between 1 and {MAX_TIMEOUT} seconds")
+        self.core.set_lifetime(sandbox.id, timeout)
+        return web.Response(status=204)
+
+    async def connect(self, request: web.Request) -> web.Response:
+        sandbox = self._owned(request)
+        timeout = (await self._body(request)).get("timeout")
+        if isinstance(timeout, int) and time.time() + timeout > self._expires_at(sandbox):
+            self.core.set_lifetime(sandbox.id, timeout)
+        return web.json_response(self._created(sandbox))

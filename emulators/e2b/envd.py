@@ -1,0 +1,344 @@
+"""envd, the agent inside every E2B sandbox: processes, filesystem, file transfer.
+
+With ``sandbox_url`` set, the SDK sends every sandbox request to one URL and
+names the sandbox in the ``E2b-Sandbox-Id`` header and its envd token in
+``X-Access-Token``. A sandbox that is gone answers what E2B's proxy answers,
+a 502 whose message says it "was not found" (the SDK turns that into
+``SandboxNotRunningException``).
+
+* ``/process.Process/*`` (Connect): ``Start`` streams start{pid},
+  data{stdout|stderr} (base64) and end{exitCode}; ``SendSignal``, ``List``,
+  ``SendInput``, ``CloseStdin``. A command runs as the SDK sends it
+  (``/bin/bash -l -c CMD``) in the local sandbox; the call's deadline, a
+  signal or the client going away kills its process group.
+* ``/filesystem.Filesystem/*`` (Connect): ``Stat``, ``ListDir``, ``MakeDir``,
+  ``Remove``, ``Move``.
+* ``GET /files?path=`` downloads, ``POST /files`` uploads (multipart field
+  ``file`` or an ``application/octet-stream`` body), ``GET /health``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import stat
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from emulators.e2b.connect import (
+    Message,
+    RpcError,
+    Send,
+    StreamHandler,
+    UnaryHandler,
+    serve_stream,
+    serve_unary,
+)
+from emulators.e2b.sandboxes import E2BSandbox, PathRefused, RunningProcess
+from providers.errors import SandboxError
+
+if TYPE_CHECKING:
+    from emulators.e2b import E2BEmulator
+
+__all__ = ["Envd"]
+
+_SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM, 9: signal.SIGKILL}
+_SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
+_CHUNK = 32 * 1024
+
+
+_HTTP: dict[int, type[web.HTTPException]] = {
+    400: web.HTTPBadRequest,
+    401: web.HTTPUnauthorized,
+    404: web.HTTPNotFound,
+    502: web.HTTPBadGateway,
+}
+
+
+def _json_error(status: int, message: str) -> web.HTTPException:
+    """envd's (and E2B's proxy's) plain JSON error, raised from a handler."""
+    body = json.dumps({"code": status, "message": message})
+    return _HTTP[status](text=body, content_type="application/json")
+
+
+def _end_event(code: int) -> Message:
+    if code >= 0:
+        return {"exitCode": code, "exited": True, "status": f"exit status {code}"}
+    sig = signal.Signals(-code)
+    return {
+        "exitCode": -1,
+        "exited": False,
+        "status": f"signal: {_SIGNAL_WORDS.get(sig, sig.name)}",
+    }
+
+
+def _entry(sandbox: E2BSandbox, host: Path) -> Message:
+    info = host.lstat()
+    target = host
+    entry: Message = {"name": host.name, "path": sandbox.e2b_path(host)}
+    if stat.S_ISLNK(info.st_mode):
+        entry["isSymlink"] = True
+        entry["symlinkTarget"] = os.readlink(host)
+        with contextlib.suppress(OSError):
+            info = target.stat()
+    is_dir = stat.S_ISDIR(info.st_mode)
+    entry.update(
+        type="FILE_TYPE_DIRECTORY" if is_dir else "FILE_TYPE_FILE",
+        size=str(info.st_size),
+        mode=stat.S_IMODE(info.st_mode),
+        permissions=stat.filemode(info.st_mode),
+        owner="user",
+        group="user",
+        modifiedTime=datetime.fromtimestamp(info.st_mtime, UTC).isoformat().replace("+00:00", "Z"),
+    )
+    return entry
+
+
+class Envd:
+    """envd's services for every sandbox of the emulator."""
+
+    def __init__(self, emulator: E2BEmulator) -> None:
+        self.core = emulator.core
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/health", self.health),
+            web.get("/files", self.download),
+            web.post("/files", self.upload),
+            web.post(r"/{service:(process\.Process|filesystem\.Filesystem)}/{method}", self.rpc),
+        ]
+
+    def sandbox(self, request: web.Request) -> E2BSandbox:
+        """The sandbox a request is for, with its access token checked."""
+        sandbox_id = request.headers.get("E2b-Sandbox-Id")
+        if not sandbox_id:
+            raise _json_error(400, "missing E2b-Sandbox-Id header")
+        sandbox = self.core.alive_sandbox(sandbox_id)
+        if sandbox is None:
+            raise _json_error(502, f"The sandbox {sandbox_id} was not found")
+        if request.headers.get("X-Access-Token") != sandbox.token:
+            raise _json_error(401, "unauthorized access, please provide a valid access token")
+        return sandbox
+
+    # -- HTTP API ----------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        self.sandbox(request)
+        return web.Response(status=204)
+
+    async def download(self, request: web.Request) -> web.Response:
+        sandbox = self.sandbox(request)
+        path = request.query.get("path", "")
+        host = self._host(sandbox, path)
+        if not host.exists():
+            raise _json_error(404, f"path '{path}' does not exist")
+        if host.is_dir():
+            raise _json_error(400, f"path '{path}' is a directory")
+        data = await asyncio.to_thread(host.read_bytes)
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    async def upload(self, request: web.Request) -> web.Response:
+        sandbox = self.sandbox(request)
+        path = request.query.get("path")
+        written: list[Message] = []
+        if request.content_type == "multipart/form-data":
+            reader = await request.multipart()
+            while (part := await reader.next()) is not None:
+                if getattr(part, "name", None) != "file":
+                    continue
+                target = path or getattr(part, "filename", None)
+                if not target:
+                    raise _json_error(400, "a file part names no path")
+                data = await part.read()  # type: ignore[union-attr]
+                written.append(await self._write(sandbox, target, bytes(data)))
+        else:
+            if not path:
+                raise _json_error(400, "missing path")
+            written.append(await self._write(sandbox, path, await request.read()))
+        return web.json_response(written)
+
+    def _host(self, sandbox: E2BSandbox, path: str) -> Path:
+        try:
+            return sandbox.host_path(path)
+        except PathRefused as exc:
+            raise _json_error(400, str(exc)) from None
+
+    async def _write(self, sandbox: E2BSandbox, path: str, data: bytes) -> Message:
+        host = self._host(sandbox, path)
+        if host.is_dir():
+            raise _json_error(400, f"path '{path}' is a directory")
+
+        def write() -> None:
+            host.parent.mkdir(parents=True, exist_ok=True)
+            host.write_bytes(data)
+
+        await asyncio.to_thread(write)
+        return {"name": host.name, "type": "file", "path": sandbox.e2b_path(host)}
+
+    # -- Connect RPC -------------------------------------------------------
+    async def rpc(self, request: web.Request) -> web.StreamResponse:
+        sandbox = self.sandbox(request)
+        name = f"{request.match_info['service']}/{request.match_info['method']}"
+        streams: dict[str, StreamHandler] = {
+            "process.Process/Start": lambda m, send: self.start(sandbox, m, send),
+        }
+        unaries: dict[str, UnaryHandler] = {
+            "process.Process/SendSignal": lambda m: self.send_signal(sandbox, m),
+            "process.Process/List": lambda m: self.list_processes(sandbox, m),
+            "process.Process/SendInput": lambda m: self.send_input(sandbox, m),
+            "process.Process/CloseStdin": lambda m: self.close_stdin(sandbox, m),
+            "filesystem.Filesystem/Stat": lambda m: self.fs(sandbox, m, self._stat),
+            "filesystem.Filesystem/ListDir": lambda m: self.fs(sandbox, m, self._list_dir),
+            "filesystem.Filesystem/MakeDir": lambda m: self.fs(sandbox, m, self._make_dir),
+            "filesystem.Filesystem/Remove": lambda m: self.fs(sandbox, m, self._remove),
+            "filesystem.Filesystem/Move": lambda m: self.fs(sandbox, m, self._move),
+        }
+        if name in streams:
+            return await serve_stream(request, streams[name])
+        if name in unaries:
+            return await serve_unary(request, unaries[name])
+        return web.json_response(
+            {"code": "unimplemented", "message": f"{name} is not emulated"}, status=501
+        )
+
+    async def start(self, sandbox: E2BSandbox, message: Message, send: Send) -> None:
+        config = message.get("process") or {}
+        argv = [config.get("cmd") or "/bin/bash", *config.get("args", [])]
+        try:
+            cwd = sandbox.local_cwd(config.get("cwd"))
+            local = await sandbox.local.start(argv, env=config.get("envs") or {}, cwd=cwd)
+        except (PathRefused, SandboxError) as exc:
+            raise RpcError("invalid_argument", str(exc)) from None
+        process = RunningProcess(sandbox.next_pid(), local, config, message.get("tag"))
+        sandbox.processes[process.pid] = process
+        queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
+
+        async def pump(name: str, stream: asyncio.StreamReader | None) -> None:
+            while stream is not None and (chunk := await stream.read(_CHUNK)):
+                await queue.put((name, chunk))
+            await queue.put(None)
+
+        pumps = [
+            asyncio.create_task(pump("stdout", local.proc.stdout)),
+            asyncio.create_task(pump("stderr", local.proc.stderr)),
+        ]
+        try:
+            if not message.get("stdin") and local.proc.stdin is not None:
+                local.proc.stdin.close()
+            await send({"event": {"start": {"pid": process.pid}}})
+            open_streams = len(pumps)
+            while open_streams:
+                item = await queue.get()
+                if item is None:
+                    open_streams -= 1
+                    continue
+                data = base64.b64encode(item[1]).decode()
+                await send({"event": {"data": {item[0]: data}}})
+            code = await local.proc.wait()
+            await send({"event": {"end": _end_event(code)}})
+        finally:
+            for task in pumps:
+                task.cancel()
+            local.kill()
+            sandbox.processes.pop(process.pid, None)
+
+    def _process(self, sandbox: E2BSandbox, message: Message) -> RunningProcess:
+        selector = message.get("process") or {}
+        for process in sandbox.processes.values():
+            if process.pid == selector.get("pid") or (
+                process.tag is not None and process.tag == selector.get("tag")
+            ):
+                return process
+        raise RpcError("not_found", f"process {selector} not found")
+
+    async def send_signal(self, sandbox: E2BSandbox, message: Message) -> Message:
+        process = self._process(sandbox, message)
+        process.local.kill(_SIGNALS.get(message.get("signal"), signal.SIGKILL))
+        return {}
+
+    async def list_processes(self, sandbox: E2BSandbox, message: Message) -> Message:
+        return {
+            "processes": [
+                {"config": p.config, "pid": p.pid, **({"tag": p.tag} if p.tag else {})}
+                for p in sandbox.processes.values()
+            ]
+        }
+
+    async def send_input(self, sandbox: E2BSandbox, message: Message) -> Message:
+        process = self._process(sandbox, message)
+        stdin = process.local.proc.stdin
+        data = (message.get("input") or {}).get("stdin")
+        if stdin is None or stdin.is_closing():
+            raise RpcError("failed_precondition", "the process's stdin is closed")
+        if data:
+            stdin.write(base64.b64decode(data))
+            await stdin.drain()
+        return {}
+
+    async def close_stdin(self, sandbox: E2BSandbox, message: Message) -> Message:
+        stdin = self._process(sandbox, message).local.proc.stdin
+        if stdin is not None:
+            stdin.close()
+        return {}
+
+    async def fs(self, sandbox: E2BSandbox, message: Message, op: Any) -> Message:
+        """Run one filesystem operation off the loop, mapping OS errors to RPC codes."""
+        try:
+            result: Message = await asyncio.to_thread(op, sandbox, message)
+        except PathRefused as exc:
+            raise RpcError("invalid_argument", str(exc)) from None
+        except FileNotFoundError:
+            raise RpcError("not_found", f"no such file or directory: {message}") from None
+        except FileExistsError:
+            raise RpcError("already_exists", f"already exists: {message}") from None
+        except NotADirectoryError:
+            raise RpcError("invalid_argument", f"not a directory: {message}") from None
+        except OSError as exc:
+            raise RpcError("internal", f"{exc.strerror}: {message}") from None
+        return result
+
+    def _stat(self, sandbox: E2BSandbox, message: Message) -> Message:
+        return {"entry": _entry(sandbox, sandbox.host_path(message.get("path")))}
+
+    def _list_dir(self, sandbox: E2BSandbox, message: Message) -> Message:
+        root = sandbox.host_path(message.get("path"))
+        if not root.is_dir():
+            raise NotADirectoryError(root)
+        depth = max(int(message.get("depth") or 1), 1)
+        entries: list[Message] = []
+
+        def walk(directory: Path, level: int) -> None:
+            for child in sorted(directory.iterdir()):
+                entries.append(_entry(sandbox, child))
+                if level < depth and child.is_dir() and not child.is_symlink():
+                    walk(child, level + 1)
+
+        walk(root, 1)
+        return {"entries": entries}
+
+    def _make_dir(self, sandbox: E2BSandbox, message: Message) -> Message:
+        host = sandbox.host_path(message.get("path"))
+        host.mkdir(parents=True)
+        return {"entry": _entry(sandbox, host)}
+
+    def _remove(self, sandbox: E2BSandbox, message: Message) -> Message:
+        host = sandbox.host_path(message.get("path"))
+        if host.is_dir() and not host.is_symlink():
+            shutil.rmtree(host)
+        else:
+            host.unlink()
+        return {}
+
+    def _move(self, sandbox: E2BSandbox, message: Message) -> Message:
+        source = sandbox.host_path(message.get("source"))
+        destination = sandbox.host_path(message.get("destination"))
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        source.rename(destination)
+        return {"entry": _entry(sandbox, destination)}

@@ -1,0 +1,114 @@
+"""The emulated E2B sandboxes: who owns them, their envd token, processes and kernel.
+
+An E2B sandbox is a `providers.local.LocalSandbox` (real commands, real
+files) plus what E2B adds around it: the API key that created it, the
+access token envd checks, the template, the processes started through envd
+and the code interpreter's kernel. Paths are E2B's: the user's home is
+``/home/user`` and relative paths start there; the emulator maps that home
+onto the local sandbox directory and refuses paths elsewhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from emulators.harness import EmulatorCore
+from providers.errors import SandboxPathError
+from providers.local import LocalProcess, LocalSandbox
+
+if TYPE_CHECKING:
+    from emulators.e2b.interpreter import Kernel
+
+__all__ = ["E2B_HOME", "E2BCore", "E2BSandbox", "PathRefused", "RunningProcess"]
+
+E2B_HOME = "/home/user"
+
+
+class PathRefused(Exception):
+    """A path outside the part of the sandbox the emulator models."""
+
+
+@dataclass
+class RunningProcess:
+    """A command started through envd's process service."""
+
+    pid: int
+    local: LocalProcess
+    config: dict[str, Any]
+    tag: str | None = None
+
+
+@dataclass
+class E2BSandbox:
+    """One emulated E2B sandbox."""
+
+    id: str
+    template: str
+    api_key: str
+    token: str
+    local: LocalSandbox
+    started_at: float = field(default_factory=time.time)
+    cpu_count: int = 2
+    memory_mb: int = 512
+    processes: dict[int, RunningProcess] = field(default_factory=dict)
+    kernel: Kernel | None = None
+    _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
+
+    def next_pid(self) -> int:
+        return next(self._pids)
+
+    def host_path(self, path: str | None) -> Path:
+        """The host path of an E2B path (absolute under /home/user, or relative to it)."""
+        path = path or E2B_HOME
+        if path == E2B_HOME or path.startswith(E2B_HOME + "/"):
+            path = path[len(E2B_HOME) :].lstrip("/") or "."
+        elif os.path.isabs(path):
+            raise PathRefused(
+                f"path {path!r} is outside {E2B_HOME}, the only directory the emulator models"
+            )
+        try:
+            return self.local.resolve(path)
+        except SandboxPathError as exc:
+            raise PathRefused(exc.message) from None
+
+    def local_cwd(self, path: str | None) -> str | None:
+        """``path`` relative to the local sandbox directory (for `LocalSandbox.start`)."""
+        if not path:
+            return None
+        return str(self.host_path(path).relative_to(self.local.dir.resolve()))
+
+    def e2b_path(self, host: Path) -> str:
+        rel = host.relative_to(self.local.dir.resolve())
+        return E2B_HOME if str(rel) == "." else f"{E2B_HOME}/{rel}"
+
+    def shutdown(self) -> None:
+        """Kill every process and the kernel (the sandbox is being destroyed)."""
+        for process in list(self.processes.values()):
+            process.local.kill()
+        self.processes.clear()
+        if self.kernel is not None:
+            self.kernel.kill()
+            self.kernel = None
+
+
+class E2BCore(EmulatorCore):
+    """`EmulatorCore` that also stops a sandbox's processes when it is killed or expires."""
+
+    def __init__(self, name: str, root: Path, *, isolation: str = "auto") -> None:
+        super().__init__(name, root, isolation=isolation)
+        self.e2b: dict[str, E2BSandbox] = {}
+
+    async def kill(self, sandbox_id: str, ended_by: str = "kill") -> bool:
+        sandbox = self.e2b.get(sandbox_id)
+        if sandbox is not None and self.get(sandbox_id) is not None:
+            sandbox.shutdown()
+        return await super().kill(sandbox_id, ended_by)
+
+    def alive_sandbox(self, sandbox_id: str) -> E2BSandbox | None:
+        """The sandbox if it exists and has neither been killed nor expired."""
+        return self.e2b.get(sandbox_id) if self.get(sandbox_id) is not None else None

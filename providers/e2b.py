@@ -1,0 +1,479 @@
+"""The ``e2b`` provider: sandboxes on E2B through ``e2b-code-interpreter``'s AsyncSandbox.
+
+Each chain entry is one E2B account (one API key: ``api_key``, else
+``E2B_API_KEY``); its SDK params are bound once in an ``E2B`` client,
+created on first use. The SDK's own retries are off (``retries=0``) and,
+unless ``E2B_CONNECTION_RETRIES`` is already set, so are its connect
+retries (that knob is read once, when the SDK is imported): the router owns
+retries and a dead endpoint must fail over at once.
+
+Every SDK exception goes through `_to_error`, the one mapping to
+``providers.errors``. Notable there: E2B answers 429 both for rate limits
+and for its cap on concurrent sandboxes (told apart by the message); with
+retries off the SDK drops the response's ``Retry-After``, so
+`RateLimited.retry_after` is only set when the message states a delay; raw
+``httpx`` transport errors and ``connectrpc`` errors leak through the SDK on
+a slow or dead endpoint and are `Unavailable`. A command that exits non-zero
+(the SDK raises ``CommandExitException``) or runs out of its own timeout is a
+`CommandResult`, not an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import math
+import os
+import re
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import structlog
+from pydantic import SecretStr
+
+from providers.base import (
+    CodeResult,
+    CommandResult,
+    FileInfo,
+    Provider,
+    ProviderOptions,
+    Sandbox,
+    SandboxInfo,
+    SandboxSpec,
+)
+from providers.errors import (
+    AuthError,
+    CapacityExceeded,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+    SandboxError,
+    Unavailable,
+)
+
+if TYPE_CHECKING:
+    from e2b_code_interpreter import AsyncSandbox
+
+__all__ = ["API_KEY_ENV", "E2BOptions", "E2BProvider", "E2BSandbox"]
+
+log = structlog.get_logger("sandbox_router.e2b")
+
+API_KEY_ENV = "E2B_API_KEY"
+_CONNECTION_RETRIES_ENV = "E2B_CONNECTION_RETRIES"
+_CONCURRENCY_CAP = "maximum number of concurrent"
+_QUOTA_WORDS = ("blocked", "quota", "credit", "billing limit")
+_STATUS_PREFIX = re.compile(r"^(\d{3})\b")
+_RETRY_AFTER = re.compile(r"retry[- ]after[:= ]*(\d+(?:\.\d+)?)", re.IGNORECASE)
+_RESULT_FORMATS = (
+    "text",
+    "html",
+    "markdown",
+    "svg",
+    "png",
+    "jpeg",
+    "pdf",
+    "latex",
+    "json",
+    "javascript",
+    "data",
+)
+
+
+def _sdk() -> Any:
+    """Import ``e2b_code_interpreter`` (lazily: the adapter imports without it)."""
+    os.environ.setdefault(_CONNECTION_RETRIES_ENV, "0")
+    import e2b_code_interpreter
+
+    return e2b_code_interpreter
+
+
+class E2BOptions(ProviderOptions):
+    """Options of an ``e2b`` chain entry.
+
+    Attributes:
+        api_key: the account's API key; ``E2B_API_KEY`` when unset.
+        api_url: the control plane's URL (default ``https://api.<domain>``,
+            or ``E2B_API_URL``); for emulators and self-hosted E2B.
+        sandbox_url: one URL for every sandbox's envd (default per sandbox,
+            or ``E2B_SANDBOX_URL``); for emulators.
+        domain: the E2B domain (default ``e2b.app``, or ``E2B_DOMAIN``).
+        template: the default template (the SDK's ``code-interpreter-v1``
+            when unset); a spec's ``template`` wins.
+        lifetime: the sandbox timeout in seconds when the spec names none;
+            lease heartbeats extend it (`E2BSandbox.keepalive`).
+        request_timeout: seconds for each API request.
+    """
+
+    api_key: SecretStr | None = None
+    api_url: str | None = None
+    sandbox_url: str | None = None
+    domain: str | None = None
+    template: str | None = None
+    lifetime: float = 300.0
+    request_timeout: float = 30.0
+
+
+class E2BProvider(Provider):
+    """One E2B account.
+
+    Args:
+        name: the chain entry's name.
+        options: `E2BOptions`.
+    """
+
+    kind: ClassVar[str] = "e2b"
+    Options: ClassVar[type[ProviderOptions]] = E2BOptions
+    capabilities = frozenset({"run_code", "files"})
+
+    def __init__(self, name: str = "e2b", options: ProviderOptions | None = None) -> None:
+        super().__init__(name, options)
+        self._client: Any = None
+
+    @property
+    def opts(self) -> E2BOptions:
+        assert isinstance(self.options, E2BOptions)
+        return self.options
+
+    def _api_key(self) -> str | None:
+        if self.opts.api_key is not None:
+            return self.opts.api_key.get_secret_value() or None
+        return os.environ.get(API_KEY_ENV) or None
+
+    def unconfigured_reason(self) -> str | None:
+        if self._api_key() is None:
+            return f"no API key: set {API_KEY_ENV} or the entry's api_key option"
+        return None
+
+    def _sandboxes(self) -> type[AsyncSandbox]:
+        """The SDK's AsyncSandbox class bound to this entry's account."""
+        if self._client is None:
+            api_key = self._api_key()
+            if api_key is None:
+                raise AuthError(str(self.unconfigured_reason()), provider=self.name)
+            params: dict[str, Any] = {
+                "api_key": api_key,
+                "request_timeout": self.opts.request_timeout,
+                "retries": 0,
+            }
+            for option in ("api_url", "sandbox_url", "domain"):
+                if getattr(self.opts, option) is not None:
+                    params[option] = getattr(self.opts, option)
+            self._client = _sdk().E2B(**params)
+        sandboxes: type[AsyncSandbox] = self._client.AsyncSandbox
+        return sandboxes
+
+    async def create(self, spec: SandboxSpec, *, timeout: float) -> E2BSandbox:
+        sandboxes = self._sandboxes()
+        lifetime = spec.lifetime or self.opts.lifetime
+        try:
+            async with asyncio.timeout(timeout):
+                native = await sandboxes.create(
+                    template=spec.template or self.opts.template,
+                    timeout=max(1, math.ceil(lifetime)),
+                    metadata=dict(spec.labels),
+                    envs=dict(spec.env),
+                    request_timeout=min(timeout, self.opts.request_timeout),
+                )
+        except Exception as exc:
+            raise _to_error(exc, self.name) from exc
+        log.debug("sandbox_router.e2b.created", entry=self.name, sandbox_id=native.sandbox_id)
+        return E2BSandbox(native, self.name, workdir=spec.workdir)
+
+    async def connect(self, sandbox_id: str) -> E2BSandbox:
+        sandboxes = self._sandboxes()
+        try:
+            native = await sandboxes.connect(sandbox_id)
+        except Exception as exc:
+            raise _to_error(exc, self.name, sandbox_id) from exc
+        return E2BSandbox(native, self.name)
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
+        sandboxes = self._sandboxes()
+        query = _sdk().SandboxQuery(metadata=dict(labels)) if labels else None
+        found: builtins.list[SandboxInfo] = []
+        try:
+            pages = sandboxes.list(query=query)
+            while pages.has_next:
+                found.extend(
+                    SandboxInfo(
+                        id=info.sandbox_id,
+                        labels=dict(info.metadata),
+                        state=str(getattr(info.state, "value", info.state)),
+                        created_at=info.started_at.timestamp(),
+                    )
+                    for info in await pages.next_items()
+                )
+        except Exception as exc:
+            raise _to_error(exc, self.name) from exc
+        return found
+
+    async def kill(self, sandbox_id: str) -> bool:
+        sandboxes = self._sandboxes()
+        try:
+            killed: bool = await sandboxes.kill(sandbox_id)
+        except Exception as exc:
+            raise _to_error(exc, self.name, sandbox_id) from exc
+        log.debug("sandbox_router.e2b.killed", entry=self.name, sandbox_id=sandbox_id)
+        return killed
+
+    async def aclose(self) -> None:
+        self._client = None
+
+
+class E2BSandbox(Sandbox):
+    """A live E2B sandbox; ``native`` is the SDK's ``AsyncSandbox``."""
+
+    def __init__(self, native: AsyncSandbox, provider: str, *, workdir: str | None = None) -> None:
+        self._native = native
+        self.id = native.sandbox_id
+        self.provider = provider
+        self._workdir = workdir
+
+    @property
+    def native(self) -> AsyncSandbox:
+        return self._native
+
+    def _error(self, exc: BaseException) -> ProviderError:
+        return _to_error(exc, self.provider, self.id, in_sandbox=True)
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        from e2b import CommandExitException, TimeoutException
+
+        command = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        started = time.monotonic()
+        try:
+            handle = await self._native.commands.run(
+                command,
+                background=True,
+                envs=dict(env) if env else None,
+                cwd=cwd or self._workdir,
+                timeout=timeout or 0,
+            )
+        except Exception as exc:
+            raise self._error(exc) from exc
+        try:
+            done = await handle.wait()
+        except CommandExitException as exc:
+            return CommandResult(exc.stdout, exc.stderr, exc.exit_code, time.monotonic() - started)
+        except TimeoutException as exc:
+            elapsed = time.monotonic() - started
+            if type(exc) is not TimeoutException or not timeout or elapsed < timeout:
+                raise self._error(exc) from exc
+            with contextlib.suppress(Exception):  # best effort: envd kills it at the deadline too
+                await handle.kill()
+            return CommandResult(
+                handle.stdout or "", handle.stderr or "", -1, elapsed, timed_out=True
+            )
+        except Exception as exc:
+            raise self._error(exc) from exc
+        return CommandResult(done.stdout, done.stderr, done.exit_code, time.monotonic() - started)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        try:
+            await self._native.files.write(path, data)
+        except Exception as exc:
+            raise self._error(exc) from exc
+
+    async def read_file(self, path: str) -> bytes:
+        try:
+            return bytes(await self._native.files.read(path, format="bytes"))
+        except Exception as exc:
+            raise self._error(exc) from exc
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        from e2b import FileType
+
+        try:
+            entries = await self._native.files.list(path)
+        except Exception as exc:
+            raise self._error(exc) from exc
+        return [
+            FileInfo(name=e.name, path=e.path, is_dir=e.type == FileType.DIR, size=e.size)
+            for e in entries
+        ]
+
+    async def run_code(
+        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+    ) -> CodeResult:
+        from e2b import TimeoutException
+
+        started = time.monotonic()
+        try:
+            execution = await self._native.run_code(code, language=language, timeout=timeout or 0)
+        except TimeoutException as exc:
+            elapsed = time.monotonic() - started
+            if type(exc) is not TimeoutException or not timeout or elapsed < timeout:
+                raise self._error(exc) from exc
+            return CodeResult(
+                "", "", -1, elapsed, True, (), f"execution timed out after {timeout}s"
+            )
+        except Exception as exc:
+            raise self._error(exc) from exc
+        error = execution.error
+        return CodeResult(
+            stdout="".join(execution.logs.stdout),
+            stderr="".join(execution.logs.stderr),
+            exit_code=1 if error else 0,
+            duration=time.monotonic() - started,
+            results=tuple(_result(r) for r in execution.results),
+            error=f"{error.name}: {error.value}" if error else None,
+        )
+
+    async def kill(self) -> None:
+        try:
+            await self._native.kill()
+        except Exception as exc:
+            err = self._error(exc)
+            if not isinstance(err, NotFound):
+                raise err from exc
+
+    async def keepalive(self, seconds: float) -> None:
+        """Extend the sandbox's E2B timeout to ``seconds`` from now."""
+        try:
+            await self._native.set_timeout(max(1, math.ceil(seconds)))
+        except Exception as exc:
+            raise self._error(exc) from exc
+
+
+def _result(result: Any) -> dict[str, Any]:
+    """A code interpreter result as plain data: its formats and whether it is the main one."""
+    data = {f: getattr(result, f) for f in _RESULT_FORMATS if getattr(result, f, None) is not None}
+    data["is_main_result"] = bool(getattr(result, "is_main_result", False))
+    return data
+
+
+def _status_of(exc: BaseException) -> int | None:
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status
+    match = _STATUS_PREFIX.match(str(exc))
+    return int(match.group(1)) if match else None
+
+
+def _to_error(
+    exc: BaseException,
+    provider: str,
+    sandbox_id: str | None = None,
+    *,
+    in_sandbox: bool = False,
+) -> ProviderError:
+    """The one mapping of E2B SDK (and leaked transport) exceptions to router errors.
+
+    Args:
+        exc: what the SDK raised.
+        provider: the chain entry's name.
+        sandbox_id: the sandbox concerned, when there is one.
+        in_sandbox: the call was an operation inside a live sandbox (a
+            command, a file, code), where a client error is the caller's
+            (`SandboxError`) rather than the account's.
+    """
+    import httpx
+    import pyqwest
+    from connectrpc.errors import ConnectError
+    from e2b import exceptions as e2b
+
+    message = str(exc) or type(exc).__name__
+    status = _status_of(exc)
+    where: dict[str, Any] = {"provider": provider, "sandbox_id": sandbox_id}
+
+    if isinstance(exc, e2b.AuthenticationException):
+        return AuthError(message, status=401, **where)
+    if isinstance(exc, e2b.ServiceBusyException):
+        return Unavailable(message, status=503, **where)
+    if isinstance(exc, e2b.RateLimitException) or status == 429:
+        if _CONCURRENCY_CAP in message.lower():
+            return CapacityExceeded(message, status=429, **where)
+        retry = _RETRY_AFTER.search(message)
+        limited = RateLimited(
+            message,
+            retry_after=float(retry.group(1)) if retry else None,
+            provider=provider,
+            status=429,
+        )
+        limited.sandbox_id = sandbox_id
+        return limited
+    if isinstance(exc, e2b.SandboxNotFoundException | e2b.SandboxNotRunningException):
+        return NotFound(message, status=status or 404, **where)
+    if isinstance(exc, e2b.TimeoutException):
+        return Unavailable(message, status=status, **where)
+    if isinstance(exc, e2b.NotFoundException):
+        if in_sandbox:
+            return SandboxError(message, status=404, **where)
+        return NotFound(message, status=404, **where)
+    if isinstance(exc, e2b.InvalidArgumentException | e2b.NotEnoughSpaceException) and in_sandbox:
+        return SandboxError(message, status=status, **where)
+    if isinstance(exc, ConnectError):
+        return _connect_error(exc, message, where, in_sandbox=in_sandbox)
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return Unavailable("E2B did not answer in time", **where)
+    if isinstance(
+        exc,
+        httpx.TransportError
+        | pyqwest.ReadError
+        | pyqwest.WriteError
+        | pyqwest.RemoteProtocolError
+        | OSError,
+    ):
+        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+    if isinstance(exc, e2b.SandboxException) and status is not None:
+        return _by_status(status, message, where, in_sandbox=in_sandbox)
+    if isinstance(exc, e2b.SandboxException) and in_sandbox:
+        return SandboxError(message, **where)
+    return ProviderError(f"{type(exc).__name__}: {message}", status=status, **where)
+
+
+def _by_status(
+    status: int, message: str, where: dict[str, Any], *, in_sandbox: bool
+) -> ProviderError:
+    if status >= 500:
+        return Unavailable(message, status=status, **where)
+    if status == 401:
+        return AuthError(message, status=status, **where)
+    if status == 403:
+        if any(word in message.lower() for word in _QUOTA_WORDS):
+            quota = QuotaExceeded(message, provider=where["provider"], status=status)
+            quota.sandbox_id = where["sandbox_id"]
+            return quota
+        if not in_sandbox:
+            return AuthError(message, status=status, **where)
+    if status == 404 and not in_sandbox:
+        return NotFound(message, status=status, **where)
+    if in_sandbox:
+        return SandboxError(message, status=status, **where)
+    return ProviderError(message, status=status, **where)
+
+
+def _connect_error(
+    exc: Any, message: str, where: dict[str, Any], *, in_sandbox: bool
+) -> ProviderError:
+    """An envd RPC error the SDK passed through unmapped (a dropped connection)."""
+    from connectrpc.code import Code
+
+    transient = {
+        Code.UNAVAILABLE,
+        Code.UNKNOWN,
+        Code.INTERNAL,
+        Code.DEADLINE_EXCEEDED,
+        Code.CANCELED,
+        Code.DATA_LOSS,
+    }
+    if exc.code in transient:
+        return Unavailable(message, **where)
+    if exc.code is Code.UNAUTHENTICATED:
+        return AuthError(message, status=401, **where)
+    if exc.code is Code.RESOURCE_EXHAUSTED:
+        return RateLimited(message, provider=where["provider"], status=429)
+    if in_sandbox:
+        return SandboxError(message, **where)
+    return ProviderError(message, **where)

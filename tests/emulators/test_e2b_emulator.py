@@ -1,0 +1,249 @@
+"""Contract tests: the real e2b SDKs (async and sync) against the E2B emulator.
+
+If E2B's wire protocol moves under a new SDK version, these fail first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    FileNotFoundException,
+    InvalidArgumentException,
+    RateLimitException,
+    SandboxException,
+    SandboxNotFoundException,
+    SandboxQuery,
+    ServiceBusyException,
+    TimeoutException,
+)
+from e2b_code_interpreter import AsyncSandbox, Sandbox
+
+from emulators.e2b import TEST_API_KEY, E2BEmulator
+from emulators.harness import Emulator
+
+
+async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
+    """Wait for ``condition`` (the emulator works on its own thread)."""
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def emu(e2b_emulator: Emulator) -> Iterator[E2BEmulator]:
+    assert isinstance(e2b_emulator, E2BEmulator)
+    yield e2b_emulator
+    assert e2b_emulator.alive() == [], "a test left a sandbox alive"
+
+
+async def test_create_run_and_exit_codes(emu: E2BEmulator) -> None:
+    sbx = await AsyncSandbox.create(
+        metadata={"team": "a"}, envs={"GLOBAL": "g"}, timeout=60, **emu.sdk_kwargs()
+    )
+    try:
+        result = await sbx.commands.run(
+            "echo out $GLOBAL $LOCAL; echo err >&2", envs={"LOCAL": "l"}
+        )
+        assert (result.stdout, result.stderr, result.exit_code) == ("out g l\n", "err\n", 0)
+        with pytest.raises(CommandExitException) as failed:
+            await sbx.commands.run("echo partial; exit 7")
+        assert (failed.value.exit_code, failed.value.stdout) == (7, "partial\n")
+        await sbx.files.make_dir("work/sub")
+        where = await sbx.commands.run("pwd", cwd="/home/user/work/sub")
+        assert where.stdout.strip().endswith("/work/sub")
+        record = emu.records()[0]
+        assert (record.id, record.labels) == (sbx.sandbox_id, {"team": "a"})
+    finally:
+        assert await sbx.kill()
+    assert await AsyncSandbox.kill(sbx.sandbox_id, **emu.sdk_kwargs()) is False
+
+
+async def test_command_timeout_kills_the_process(emu: E2BEmulator) -> None:
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutException):
+            await sbx.commands.run("echo begun; sleep 30", timeout=0.5)
+        assert time.monotonic() - started < 3
+        await until(lambda: not emu.core.e2b[sbx.sandbox_id].processes)
+        assert emu.core.e2b[sbx.sandbox_id].processes == {}
+    finally:
+        await sbx.kill()
+
+
+async def test_background_command_signal_and_stdin(emu: E2BEmulator) -> None:
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        reader = await sbx.commands.run("head -c 5", background=True, stdin=True)
+        await sbx.commands.send_stdin(reader.pid, "hello world")
+        assert (await reader.wait()).stdout == "hello"
+        sleeper = await sbx.commands.run("sleep 30", background=True)
+        assert [p.pid for p in await sbx.commands.list()] == [sleeper.pid]
+        assert await sleeper.kill()
+        with pytest.raises(CommandExitException):
+            await sleeper.wait()
+        assert await sbx.commands.kill(sleeper.pid) is False
+    finally:
+        await sbx.kill()
+
+
+async def test_files_round_trip_binary(emu: E2BEmulator) -> None:
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        payload = bytes(range(256)) * 64
+        info = await sbx.files.write("/home/user/data/blob.bin", payload)
+        assert info.path == "/home/user/data/blob.bin"
+        assert bytes(await sbx.files.read("data/blob.bin", format="bytes")) == payload
+        await sbx.files.write("data/note.txt", "héllo")
+        assert await sbx.files.read("data/note.txt") == "héllo"
+        entries = {e.name: e for e in await sbx.files.list("/home/user/data")}
+        assert sorted(entries) == ["blob.bin", "note.txt"]
+        assert entries["blob.bin"].size == len(payload)
+        assert await sbx.files.exists("data/note.txt")
+        await sbx.files.rename("data/note.txt", "data/moved.txt")
+        await sbx.files.remove("data/blob.bin")
+        assert [e.name for e in await sbx.files.list("data")] == ["moved.txt"]
+        assert (await sbx.commands.run("cat data/moved.txt")).stdout == "héllo"
+        with pytest.raises(FileNotFoundException):
+            await sbx.files.read("data/missing")
+        with pytest.raises(InvalidArgumentException):
+            await sbx.files.write("/etc/outside", b"x")
+    finally:
+        await sbx.kill()
+
+
+async def test_list_by_metadata_is_paged(emu: E2BEmulator) -> None:
+    kw = emu.sdk_kwargs()
+    wanted = [await AsyncSandbox.create(metadata={"pool": "x y/z"}, **kw) for _ in range(3)]
+    other = await AsyncSandbox.create(metadata={"pool": "other"}, **kw)
+    try:
+        pages = AsyncSandbox.list(query=SandboxQuery(metadata={"pool": "x y/z"}), limit=2, **kw)
+        seen = []
+        while pages.has_next:
+            seen.append([s.sandbox_id for s in await pages.next_items()])
+        assert [len(page) for page in seen] == [2, 1]
+        assert sorted(id_ for page in seen for id_ in page) == sorted(s.sandbox_id for s in wanted)
+        other_key = AsyncSandbox.list(**emu.sdk_kwargs(api_key="e2b_someone_else"))
+        assert await other_key.next_items() == []
+    finally:
+        for sbx in [*wanted, other]:
+            await sbx.kill()
+
+
+async def test_connect_info_timeout_and_kill(emu: E2BEmulator) -> None:
+    kw = emu.sdk_kwargs()
+    sbx = await AsyncSandbox.create(timeout=30, **kw)
+    same = await AsyncSandbox.connect(sbx.sandbox_id, **kw)
+    assert (await same.commands.run("echo via connect")).stdout == "via connect\n"
+    before = (await sbx.get_info()).end_at
+    await sbx.set_timeout(600)
+    assert ((await sbx.get_info()).end_at - before).total_seconds() > 500
+    assert await sbx.is_running()
+    assert await same.kill()
+    assert not await sbx.is_running()
+    with pytest.raises(SandboxNotFoundException):
+        await AsyncSandbox.connect(sbx.sandbox_id, **kw)
+    with pytest.raises(SandboxNotFoundException):
+        await sbx.get_info()
+    with pytest.raises(TimeoutException, match="was not found"):
+        await sbx.commands.run("true")
+
+
+async def test_sandbox_expires_after_its_timeout(emu: E2BEmulator) -> None:
+    sbx = await AsyncSandbox.create(timeout=1, **emu.sdk_kwargs())
+    await sbx.commands.run("sleep 30", background=True)
+    await until(lambda: not emu.alive())
+    assert [r.ended_by for r in emu.records()] == ["expired"]
+    assert emu.core.e2b[sbx.sandbox_id].processes == {}
+    assert not await sbx.is_running()
+
+
+async def test_run_code_keeps_state(emu: E2BEmulator) -> None:
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        code = "import os\nx = 20\nprint('hi', os.environ['V'])"
+        first = await sbx.run_code(code, envs={"V": "1"})
+        assert (first.logs.stdout, first.results, first.error) == (["hi 1\n"], [], None)
+        second = await sbx.run_code("x * 2 + 2")
+        assert second.text == "42"
+        assert second.results[0].is_main_result
+        failed = await sbx.run_code("print('before'); 1 / 0")
+        assert failed.error is not None
+        assert (failed.error.name, failed.error.value) == ("ZeroDivisionError", "division by zero")
+        assert failed.logs.stdout == ["before\n"]
+        shell = await sbx.run_code("echo from bash; exit 3", language="bash")
+        assert shell.logs.stdout == ["from bash\n"]
+        assert shell.error is not None
+        with pytest.raises(TimeoutException):
+            await sbx.run_code("import time; time.sleep(30)", timeout=0.5)
+        assert (await sbx.run_code("'kernel' + ' restarted'")).text == "'kernel restarted'"
+    finally:
+        await sbx.kill()
+
+
+def test_sync_sdk(emu: E2BEmulator) -> None:
+    sbx = Sandbox.create(metadata={"api": "sync"}, **emu.sdk_kwargs())
+    try:
+        assert sbx.commands.run("echo sync").stdout == "sync\n"
+        with pytest.raises(CommandExitException):
+            sbx.commands.run("exit 2")
+        sbx.files.write("bin", b"\x00\x01\xfe\xff")
+        assert bytes(sbx.files.read("bin", format="bytes")) == b"\x00\x01\xfe\xff"
+        assert sbx.run_code("6 * 7").text == "42"
+        listed = Sandbox.list(query=SandboxQuery(metadata={"api": "sync"}), **emu.sdk_kwargs())
+        assert [s.sandbox_id for s in listed.next_items()] == [sbx.sandbox_id]
+        assert Sandbox.connect(sbx.sandbox_id, **emu.sdk_kwargs()).is_running()
+    finally:
+        assert sbx.kill()
+
+
+def test_errors_as_the_sdk_sees_them(emu: E2BEmulator) -> None:
+    kw = emu.sdk_kwargs()
+    emu.core.accepted_keys = {TEST_API_KEY}
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(**emu.sdk_kwargs(api_key="e2b_wrong"))
+    emu.inject("create", status=503)
+    with pytest.raises(ServiceBusyException):
+        Sandbox.create(**kw)
+    emu.inject("create", status=500)
+    with pytest.raises(SandboxException, match="500"):
+        Sandbox.create(**kw)
+    emu.set_quota(max_concurrent=1)
+    first = Sandbox.create(**kw)
+    try:
+        with pytest.raises(RateLimitException, match=r"concurrent E2B sandboxes \(1\)"):
+            Sandbox.create(**kw)
+    finally:
+        first.kill()
+    emu.set_quota(max_created=0, api_key=TEST_API_KEY)
+    with pytest.raises(SandboxException, match="team is blocked") as blocked:
+        Sandbox.create(**kw)
+    assert blocked.value.status_code == 403
+
+
+def test_status_faults_carry_retry_after_on_the_wire(emu: E2BEmulator) -> None:
+    emu.inject("list", status=429, retry_after=7, message="slow down")
+    response = httpx.get(f"{emu.url}/v2/sandboxes", headers={"X-API-KEY": TEST_API_KEY})
+    assert response.status_code == 429
+    assert response.headers["Retry-After"] == "7"
+    assert response.json() == {"code": 429, "message": "slow down"}
+    assert httpx.get(f"{emu.url}/v2/sandboxes").status_code == 401
+
+
+def test_emulator_listens_on_the_port_it_is_given() -> None:
+    with E2BEmulator() as probe:
+        port = probe.port
+    with E2BEmulator(port=port) as emu:
+        assert emu.url == f"http://127.0.0.1:{port}"
+        assert emu.sdk_env()["E2B_API_URL"] == emu.url == emu.sdk_env()["E2B_SANDBOX_URL"]
+        sbx = Sandbox.create(**emu.sdk_kwargs())
+        sbx.kill()
+        assert emu.alive() == []
