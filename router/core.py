@@ -533,8 +533,7 @@ class Router:
         )
         return replace(ref, limits=limits)
 
-    def _on_state_error(self, operation: str, exc: StateUnavailable) -> None:
-        self._state_error = str(exc)
+    def _report_state_error(self, operation: str, exc: StateUnavailable) -> None:
         emit(
             self.hooks,
             "state_error",
@@ -542,6 +541,11 @@ class Router:
             error=str(exc),
             mode=self.config.on_state_error,
         )
+
+    def _on_state_error(self, operation: str, exc: StateUnavailable) -> None:
+        """Record it; raise it under fail_closed (the caller falls back under fail_open)."""
+        self._state_error = str(exc)
+        self._report_state_error(operation, exc)
         if self.config.on_state_error == "fail_closed":
             raise exc
 
@@ -576,13 +580,7 @@ class Router:
             )
         except StateUnavailable as state_exc:
             # The reservation expires by itself (its hold); nothing is leaked.
-            emit(
-                self.hooks,
-                "state_error",
-                operation="refund",
-                error=str(state_exc),
-                mode=self.config.on_state_error,
-            )
+            self._report_state_error("refund", state_exc)
             return
         if settled.applied:
             emit(self.hooks, "refund", entry=entry.name, lease_id=lease_id, reason=verdict.reason)
@@ -618,13 +616,7 @@ class Router:
             try:
                 alive = await store.heartbeat(ref, held.lease_id, self._clock(), ttl)
             except StateUnavailable as exc:
-                emit(
-                    self.hooks,
-                    "state_error",
-                    operation="heartbeat",
-                    error=str(exc),
-                    mode=self.config.on_state_error,
-                )
+                self._report_state_error("heartbeat", exc)
                 continue
             if not alive:
                 emit(self.hooks, "lease_lost", entry=held.entry, lease_id=held.lease_id)
@@ -822,13 +814,7 @@ class Router:
         try:
             seconds = await store.release(ref, held.lease_id, self._clock())
         except StateUnavailable as exc:
-            emit(
-                self.hooks,
-                "state_error",
-                operation="release",
-                error=str(exc),
-                mode=self.config.on_state_error,
-            )
+            self._report_state_error("release", exc)
             return
         emit(self.hooks, "released", entry=held.entry, lease_id=held.lease_id, seconds=seconds)
 

@@ -13,9 +13,11 @@ pool), so each script touches one slot and runs on Redis Cluster.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -163,11 +165,17 @@ class RedisStore(StateStore):
             f"{tag}:entry:{ref.entry}",
         ]
 
-    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    @contextlib.contextmanager
+    def _reachable(self) -> Iterator[None]:
+        """Turn a transport failure into StateUnavailable naming this store."""
         try:
-            return await self._scripts[name](keys=keys, args=args)
+            yield
         except _TRANSPORT_ERRORS as exc:
             raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        with self._reachable():
+            return await self._scripts[name](keys=keys, args=args)
 
     async def reserve(
         self,
@@ -272,7 +280,7 @@ class RedisStore(StateStore):
 
     async def snapshot(self, refs: list[EntryRef], now: float) -> Snapshot:
         pools = {ref.pool: ref for ref in refs}
-        try:
+        with self._reachable():
             pipe = self._redis.pipeline(transaction=False)
             for ref in pools.values():
                 usage, leases, _, _ = self._keys(ref, now)
@@ -287,8 +295,6 @@ class RedisStore(StateStore):
                 if ids:
                     meta_pipe.hmget(self._keys(ref, now)[2], ids)
             metas = iter(await meta_pipe.execute())
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
         snap = Snapshot()
         live_by_entry: dict[str, int] = {}
         for i, ref in enumerate(pools.values()):
@@ -319,18 +325,14 @@ class RedisStore(StateStore):
     async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
         if unit not in ("sessions", "sandbox_seconds"):
             raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
-        try:
+        with self._reachable():
             amount = int(value) if unit == "sessions" else float(value)
             await self._redis.hset(self._keys(ref, now)[0], unit, amount)
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
 
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
         leases = self._keys(ref, now)[1]
-        try:
+        with self._reachable():
             ids = await self._redis.zrangebyscore(leases, f"({now}", "+inf")
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
         return {i.decode() for i in ids}
 
     def _session_keys(self) -> tuple[str, str]:
@@ -342,19 +344,15 @@ class RedisStore(StateStore):
     ) -> None:
         index, bindings = self._session_keys()
         value = json.dumps({"entry": entry, "sandbox_id": sandbox_id})
-        try:
+        with self._reachable():
             async with self._redis.pipeline(transaction=True) as pipe:
                 await pipe.hset(bindings, session, value).zadd(index, {session: expires}).execute()
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
 
     async def session(self, session: str, now: float) -> SessionBinding | None:
         index, bindings = self._session_keys()
-        try:
+        with self._reachable():
             async with self._redis.pipeline(transaction=True) as pipe:
                 raw, expires = await pipe.hget(bindings, session).zscore(index, session).execute()
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
         if raw is None or expires is None or expires <= now:
             return None
         data = json.loads(raw)
@@ -362,19 +360,15 @@ class RedisStore(StateStore):
 
     async def unbind_session(self, session: str) -> None:
         index, bindings = self._session_keys()
-        try:
+        with self._reachable():
             async with self._redis.pipeline(transaction=True) as pipe:
                 await pipe.hdel(bindings, session).zrem(index, session).execute()
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
 
     async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
         index, bindings = self._session_keys()
         await self._call("session_prune", [index, bindings], [now])
-        try:
+        with self._reachable():
             values = await self._redis.hvals(bindings)
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
         found = set()
         for raw in values:
             data = json.loads(raw)
@@ -385,29 +379,24 @@ class RedisStore(StateStore):
         return f"{{{self.prefix}:locks}}:{name}"
 
     async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
-        try:
+        with self._reachable():
             taken = await self._redis.set(self._lock_key(name), token, nx=True, px=int(ttl * 1000))
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
         return bool(taken)
 
     async def unlock(self, name: str, token: str) -> None:
         await self._call("unlock", [self._lock_key(name)], [token])
 
     async def ping(self) -> None:
-        try:
+        with self._reachable():
             await self._redis.ping()
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
 
     async def warnings(self) -> list[str]:
         try:
-            info: dict[str, Any] = await self._redis.info("persistence")
-            save = await self._redis.config_get("save")
+            with self._reachable():
+                info: dict[str, Any] = await self._redis.info("persistence")
+                save = await self._redis.config_get("save")
         except redis_errors.ResponseError:  # CONFIG disabled (managed Redis): cannot tell
             return []
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
         snapshots = bool(save.get("save") or save.get(b"save"))
         if not info.get("aof_enabled") and not snapshots:
             return [
