@@ -1,0 +1,373 @@
+"""The e2b adapter over the real SDK, against the E2B emulator: lifecycle and error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+import structlog
+from pydantic import SecretStr
+
+from emulators.e2b import TEST_API_KEY, E2BEmulator
+from emulators.harness import Emulator, free_port
+from providers import provider_class
+from providers.base import SandboxSpec
+from providers.e2b import E2BOptions, E2BProvider, E2BSandbox
+from providers.errors import (
+    AuthError,
+    CapacityExceeded,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+    SandboxError,
+    Unavailable,
+)
+
+
+@pytest.fixture
+def emu(e2b_emulator: Emulator) -> Iterator[E2BEmulator]:
+    assert isinstance(e2b_emulator, E2BEmulator)
+    yield e2b_emulator
+    assert e2b_emulator.alive() == [], "a test left a sandbox alive"
+
+
+def options(emu: E2BEmulator, **kw: Any) -> E2BOptions:
+    settings: dict[str, Any] = {
+        "api_key": TEST_API_KEY,
+        "api_url": emu.url,
+        "sandbox_url": emu.url,
+        "request_timeout": 5,
+        **kw,
+    }
+    return E2BOptions(**settings)
+
+
+@pytest.fixture
+async def provider(emu: E2BEmulator) -> AsyncIterator[E2BProvider]:
+    adapter = E2BProvider("e2b-a", options(emu))
+    yield adapter
+    for info in await adapter.list():
+        await adapter.kill(info.id)
+    await adapter.aclose()
+
+
+@pytest.fixture
+async def sandbox(provider: E2BProvider) -> AsyncIterator[E2BSandbox]:
+    created = await provider.create(SandboxSpec(env={"GLOBAL": "g"}), timeout=5)
+    yield created
+    await created.kill()
+
+
+async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+
+
+def test_registered_and_configured_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert provider_class("e2b") is E2BProvider
+    monkeypatch.delenv("E2B_API_KEY", raising=False)
+    bare = E2BProvider("e2b-x")
+    assert not bare.configured()
+    assert "E2B_API_KEY" in str(bare.unconfigured_reason())
+    monkeypatch.setenv("E2B_API_KEY", "e2b_from_env")
+    assert bare.configured()
+    assert E2BProvider("e2b-y", E2BOptions(api_key=SecretStr("e2b_k"))).configured()
+    with pytest.raises(ValueError, match="extra"):
+        E2BOptions(api_key="k", unknown=1)  # type: ignore[call-arg]
+
+
+async def test_lifecycle(emu: E2BEmulator, provider: E2BProvider) -> None:
+    spec = SandboxSpec(
+        labels={"sandbox_router": "1", "sandbox_router_entry": "e2b-a"},
+        env={"GLOBAL": "g"},
+        lifetime=120,
+        workdir="/home/user",
+    )
+    sbx = await provider.create(spec, timeout=5)
+    assert (emu.records()[0].id, emu.records()[0].labels) == (sbx.id, dict(spec.labels))
+    assert sbx.native.sandbox_id == sbx.id
+
+    ran = await sbx.run("echo $GLOBAL $LOCAL; echo oops >&2; exit 3", env={"LOCAL": "l"})
+    assert (ran.stdout, ran.stderr, ran.exit_code, ran.ok) == ("g l\n", "oops\n", 3, False)
+    assert (await sbx.run(["printf", "%s|", "a b", "c"])).stdout == "a b|c|"
+    await sbx.run("mkdir -p sub/dir")
+    assert (await sbx.run("pwd", cwd="sub/dir")).stdout.strip().endswith("/sub/dir")
+
+    payload = bytes(range(256)) * 16
+    await sbx.write_file("data/blob.bin", payload)
+    await sbx.write_file("/home/user/data/note.txt", "text")
+    assert await sbx.read_file("data/blob.bin") == payload
+    listed = {f.name: f for f in await sbx.list_files("data")}
+    assert sorted(listed) == ["blob.bin", "note.txt"]
+    assert (listed["blob.bin"].size, listed["blob.bin"].is_dir) == (len(payload), False)
+    assert listed["note.txt"].path == "/home/user/data/note.txt"
+    assert [f.is_dir for f in await sbx.list_files(".") if f.name == "data"] == [True]
+
+    code = await sbx.run_code("import os\nprint(os.environ['GLOBAL'])\n21 * 2")
+    assert (code.stdout, code.error, code.exit_code) == ("g\n", None, 0)
+    assert code.results == ({"text": "42", "is_main_result": True},)
+    broken = await sbx.run_code("undefined_name")
+    assert broken.exit_code == 1
+    assert broken.error == "NameError: name 'undefined_name' is not defined"
+
+    assert [s.id for s in await provider.list({"sandbox_router_entry": "e2b-a"})] == [sbx.id]
+    assert await provider.list({"sandbox_router_entry": "other"}) == []
+    again = await provider.connect(sbx.id)
+    assert (await again.run("cat data/note.txt")).stdout == "text"
+
+    before = emu.core.records[sbx.id].expires_at
+    await again.keepalive(900)
+    after = emu.core.records[sbx.id].expires_at
+    assert before is not None
+    assert after is not None
+    assert after - before > 700
+
+    await sbx.kill()
+    await sbx.kill()
+    assert await provider.kill(sbx.id) is False
+    assert [r.ended_by for r in emu.records()] == ["kill"]
+
+
+async def test_command_timeout_is_a_result(emu: E2BEmulator, sandbox: E2BSandbox) -> None:
+    started = time.monotonic()
+    result = await sandbox.run("echo begun; sleep 30", timeout=0.5)
+    assert result.timed_out
+    assert not result.ok
+    assert time.monotonic() - started < 3
+    await until(lambda: not emu.core.e2b[sandbox.id].processes)
+    assert emu.core.e2b[sandbox.id].processes == {}
+    slow = await sandbox.run_code("import time; time.sleep(30)", timeout=0.5)
+    assert slow.timed_out
+    assert slow.error is not None
+
+
+async def test_sandbox_errors_are_the_callers(sandbox: E2BSandbox) -> None:
+    with pytest.raises(SandboxError) as missing:
+        await sandbox.read_file("no/such/file")
+    assert missing.value.sandbox_id == sandbox.id
+    assert missing.value.status == 404
+    with pytest.raises(SandboxError):
+        await sandbox.write_file("/etc/passwd", b"x")
+    with pytest.raises(SandboxError):
+        await sandbox.list_files("no/such/dir")
+
+
+async def test_gone_sandbox_is_not_found(emu: E2BEmulator, provider: E2BProvider) -> None:
+    sbx = await provider.create(SandboxSpec(lifetime=1), timeout=5)
+    await until(lambda: not emu.alive())
+    assert [r.ended_by for r in emu.records()] == ["expired"]
+    with pytest.raises(NotFound) as gone:
+        await sbx.run("true")
+    assert gone.value.sandbox_id == sbx.id
+    with pytest.raises(NotFound):
+        await sbx.keepalive(60)
+    with pytest.raises(NotFound):
+        await provider.connect(sbx.id)
+    await sbx.kill()
+
+
+CONCURRENCY = "you have reached the maximum number of concurrent E2B sandboxes (20)"
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "status"),
+    [
+        ({"status": 401}, AuthError, 401),
+        ({"status": 429, "retry_after": 9}, RateLimited, 429),
+        ({"status": 429, "message": CONCURRENCY}, CapacityExceeded, 429),
+        ({"status": 403, "message": "team is blocked: out of credits"}, QuotaExceeded, 403),
+        ({"status": 403, "message": "access to template denied"}, AuthError, 403),
+        ({"status": 503}, Unavailable, 503),
+        ({"status": 500}, Unavailable, 500),
+        ({"status": 502}, Unavailable, 502),
+        ({"status": 404, "message": "template 'x' not found"}, NotFound, 404),
+        ({"status": 409, "message": "conflicting request"}, ProviderError, 409),
+        ({"drop": True}, Unavailable, None),
+        ({"hang": True}, Unavailable, None),
+        ({"delay": 3}, Unavailable, None),
+    ],
+)
+async def test_create_faults_map_to_router_errors(
+    emu: E2BEmulator,
+    provider: E2BProvider,
+    fault: dict[str, Any],
+    error: type[ProviderError],
+    status: int | None,
+) -> None:
+    emu.inject("create", **fault)
+    started = time.monotonic()
+    with pytest.raises(error) as raised:
+        await provider.create(SandboxSpec(), timeout=1)
+    assert type(raised.value) is error
+    assert time.monotonic() - started < 2.5
+    assert (raised.value.provider, raised.value.status) == ("e2b-a", status)
+    if fault.get("message"):
+        assert fault["message"] in raised.value.message
+    assert TEST_API_KEY not in str(raised.value)
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    await sbx.kill()
+
+
+async def test_slow_create_within_the_timeout_succeeds(
+    emu: E2BEmulator, provider: E2BProvider
+) -> None:
+    emu.inject("create", delay=0.3)
+    sbx = await provider.create(SandboxSpec(), timeout=3)
+    await sbx.kill()
+
+
+async def test_5xx_burst_then_recovery(emu: E2BEmulator, provider: E2BProvider) -> None:
+    emu.inject("create", status=503, times=3)
+    for _ in range(3):
+        with pytest.raises(Unavailable):
+            await provider.create(SandboxSpec(), timeout=2)
+    sbx = await provider.create(SandboxSpec(), timeout=2)
+    await sbx.kill()
+    assert emu.core.faults.hits["create"] == 3
+
+
+async def test_account_limits(emu: E2BEmulator, provider: E2BProvider) -> None:
+    emu.set_quota(max_concurrent=1, api_key=TEST_API_KEY)
+    first = await provider.create(SandboxSpec(), timeout=2)
+    with pytest.raises(CapacityExceeded, match=r"concurrent E2B sandboxes \(1\)"):
+        await provider.create(SandboxSpec(), timeout=2)
+    await first.kill()
+    emu.set_quota(max_created=1, api_key=TEST_API_KEY)
+    second = await provider.create(SandboxSpec(), timeout=2)
+    await second.kill()
+    with pytest.raises(QuotaExceeded, match="team is blocked") as spent:
+        await provider.create(SandboxSpec(), timeout=2)
+    assert spent.value.status == 403
+
+
+async def test_refused_key(emu: E2BEmulator) -> None:
+    emu.core.accepted_keys = {TEST_API_KEY}
+    stranger = E2BProvider("e2b-b", options(emu, api_key="e2b_unknown_key"))
+    with pytest.raises(AuthError) as refused:
+        await stranger.create(SandboxSpec(), timeout=2)
+    assert refused.value.status == 401
+    with pytest.raises(AuthError):
+        await stranger.list()
+
+
+@pytest.mark.parametrize(
+    ("op", "fault", "call", "error"),
+    [
+        ("exec", {"hang": True}, "run", Unavailable),
+        ("exec", {"drop": True}, "run", Unavailable),
+        ("exec", {"status": 502, "message": "upstream connect error"}, "run", Unavailable),
+        ("exec", {"status": 429}, "run", RateLimited),
+        ("files", {"status": 503}, "read", Unavailable),
+        ("files", {"drop": True}, "list", Unavailable),
+        ("run_code", {"status": 500}, "code", Unavailable),
+        ("timeout", {"status": 500}, "keepalive", Unavailable),
+        ("list", {"status": 429, "retry_after": 3}, "list", RateLimited),
+        ("connect", {"status": 503}, "connect", Unavailable),
+        ("kill", {"status": 500}, "kill", Unavailable),
+    ],
+)
+async def test_operation_faults_map_to_router_errors(
+    emu: E2BEmulator,
+    provider: E2BProvider,
+    op: str,
+    fault: dict[str, Any],
+    call: str,
+    error: type[ProviderError],
+) -> None:
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    provider_calls: dict[str, Callable[[], Any]] = {
+        "run": lambda: sbx.run("echo hi", timeout=1),
+        "read": lambda: sbx.read_file("x"),
+        "list": lambda: provider.list() if op == "list" else sbx.list_files("."),
+        "code": lambda: sbx.run_code("1"),
+        "keepalive": lambda: sbx.keepalive(60),
+        "connect": lambda: provider.connect(sbx.id),
+        "kill": lambda: provider.kill(sbx.id),
+    }
+    emu.inject(op, **fault)
+    try:
+        with pytest.raises(error) as raised:
+            await provider_calls[call]()
+        assert type(raised.value) is error
+        assert raised.value.provider == "e2b-a"
+    finally:
+        emu.clear_faults()
+        await sbx.kill()
+
+
+async def test_dead_endpoint_is_unavailable() -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    dead = E2BProvider("e2b-dead", E2BOptions(api_key=TEST_API_KEY, api_url=url, sandbox_url=url))
+    with pytest.raises(Unavailable) as refused:
+        await dead.create(SandboxSpec(), timeout=5)
+    assert "ConnectError" in refused.value.message
+
+
+def test_no_sdk_import_and_no_sdk_connection_retries() -> None:
+    """Importing the adapter imports no SDK; using it turns the SDK's connect retries off."""
+    script = textwrap.dedent(
+        """
+        import asyncio, sys, time
+        from emulators.harness import free_port
+        from providers.base import SandboxSpec
+        from providers.e2b import E2BOptions, E2BProvider
+        from providers.errors import Unavailable
+        assert not [m for m in sys.modules if m.split(".")[0] in ("e2b", "e2b_code_interpreter")]
+        url = f"http://127.0.0.1:{free_port()}"
+        dead = E2BProvider("dead", E2BOptions(api_key="k", api_url=url, sandbox_url=url))
+        async def attempt():
+            started = time.monotonic()
+            try:
+                await dead.create(SandboxSpec(), timeout=10)
+            except Unavailable:
+                return time.monotonic() - started
+        async def twice():
+            await attempt()  # the first one imports the SDK
+            return await attempt()
+        print(round(asyncio.run(twice()), 3))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert float(done.stdout.strip()) < 0.5, done.stdout + done.stderr  # 3 retries take ~2.8 s
+
+
+async def test_secrets_never_leak(
+    emu: E2BEmulator, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = "e2b_secret_" + "7" * 30
+    emu.core.accepted_keys = {secret}
+    opts = options(emu, api_key=secret)
+    adapter = E2BProvider("e2b-secret", opts)
+    caplog.set_level(logging.DEBUG)
+    seen: list[str] = [repr(opts), str(opts), opts.model_dump_json(), repr(adapter)]
+    with structlog.testing.capture_logs() as events:
+        sbx = await adapter.create(SandboxSpec(labels={"k": "v"}), timeout=5)
+        await sbx.run("echo hi")
+        await sbx.kill()
+        emu.core.accepted_keys = {"e2b_another"}
+        with pytest.raises(AuthError) as refused:
+            await adapter.create(SandboxSpec(), timeout=5)
+        emu.inject("create", status=500, message="boom")
+        emu.core.accepted_keys = None
+        with pytest.raises(Unavailable) as failed:
+            await adapter.create(SandboxSpec(), timeout=5)
+    assert events, "the adapter logs its lifecycle events"
+    for err in (refused.value, failed.value):
+        seen += [str(err), repr(err), str(err.__cause__), repr(err.__cause__)]
+    seen += [repr(e) for e in events] + [caplog.text] + list(capsys.readouterr())
+    assert [text for text in seen if secret in text] == []
