@@ -63,6 +63,7 @@ from router.engine import Engine
 from router.events import Hook, emit, log_hook
 from router.lease import AsyncLease, Held, Lease
 from router.state import EntryRef, Reservation, StateStore, open_store
+from router.state.base import SessionBinding
 from router.state.memory import MemoryStore
 
 __all__ = ["EntryView", "ReapReport", "Router", "RouterStatus"]
@@ -172,6 +173,7 @@ class Router:
         self._fallback = MemoryStore("memory://fail-open", config.key_prefix)
         self._state_error: str | None = None
         self._heartbeats: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
         self._checked_store = False
         overrides = dict(providers or {})
         self._entries: dict[str, _Entry] = {}
@@ -653,6 +655,7 @@ class Router:
             why = f"entry {binding.entry!r} lacks {', '.join(requires)}"
         if entry is None or why is not None:
             emit(self.hooks, "session_lost", session=session, entry=binding.entry, reason=why)
+            self._discard(binding)
             return None
         lease_id = "l-" + secrets.token_hex(8)
         budget = max(0.0, min(self.config.create_timeout, deadline - self._clock()))
@@ -668,6 +671,7 @@ class Router:
                 entry=entry.name,
                 reason=self._describe(denied.reservation),
             )
+            self._discard(binding)
             return None
         started = self._clock()
         try:
@@ -682,6 +686,7 @@ class Router:
                 sandbox_id=binding.sandbox_id,
                 reason=f"{classify(exc).reason}: {exc}",
             )
+            self._discard(binding)
             return None
         settled = await store.settle(
             ref,
@@ -720,6 +725,26 @@ class Router:
             return  # the acquire that follows reports it, by on_state_error
         for problem in problems:
             emit(self.hooks, "state_warning", url=self._store.url, problem=problem)
+
+    def _discard(self, binding: SessionBinding) -> None:
+        """Kill a session's old sandbox in the background: the session moves to a new one.
+
+        Best effort: when its provider is down the janitor reaps it later.
+        """
+        entry = self._entries.get(binding.entry)
+        if entry is None:
+            return
+
+        async def kill() -> None:
+            try:
+                await entry.provider.kill(binding.sandbox_id)
+            except Exception as exc:  # any failure: the janitor reaps it
+                emit(self.hooks, "kill_failed", entry=entry.name,
+                     sandbox_id=binding.sandbox_id, error=str(exc))  # fmt: skip
+
+        task = asyncio.create_task(kill())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _close_session(self, session: str) -> bool:
         binding = await self._store.session(session, self._clock())
@@ -885,6 +910,8 @@ class Router:
     async def _aclose(self) -> None:
         for task in list(self._heartbeats):
             task.cancel()
+        if self._background:
+            await asyncio.wait(self._background, timeout=10)
         for entry in self._entries.values():
             with contextlib.suppress(Exception):
                 await entry.provider.aclose()
