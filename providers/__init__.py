@@ -8,10 +8,11 @@ installation without, say, the ``modal`` extra never imports modal.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from providers.base import Provider
 
-__all__ = ["PROVIDERS", "provider_class"]
+__all__ = ["PROVIDERS", "SDKS", "missing_sdk", "provider_class"]
 
 PROVIDERS: dict[str, str] = {
     "local": "providers.local:LocalProvider",
@@ -20,6 +21,25 @@ PROVIDERS: dict[str, str] = {
     "modal": "providers.modal:ModalProvider",
     "e2b": "providers.e2b:E2BProvider",
 }
+
+
+# The vendor SDK each adapter needs, and the extra that installs it.
+SDKS: dict[str, tuple[str, str]] = {
+    "daytona": ("daytona", "daytona"),
+    "runloop": ("runloop_api_client", "runloop"),
+    "modal": ("modal", "modal"),
+    "e2b": ("e2b_code_interpreter", "e2b"),
+}
+
+
+def missing_sdk(kind: str) -> str | None:
+    """Why an entry of ``kind`` cannot run here (its SDK is not installed), or None."""
+    if kind not in SDKS:
+        return None
+    module, extra = SDKS[kind]
+    if importlib.util.find_spec(module) is None:
+        return f"the {module} SDK is not installed (pip install 'sandbox-router[{extra}]')"
+    return None
 
 
 def provider_class(kind: str) -> type[Provider]:

@@ -5,6 +5,7 @@
     sandbox-router config check FILE                validate a chain file
     sandbox-router quota show|set|reset POOL [UNIT VALUE]
     sandbox-router janitor [--config FILE]           kill orphaned sandboxes
+    sandbox-router demo [--json] [--redis URL]      a scripted day on the emulators
     sandbox-router emulate daytona|runloop|modal|e2b|all [--port N]
 
 Without ``--config`` the router comes from the environment (see
@@ -34,7 +35,8 @@ from router.logs import configure_logging
 
 __all__ = ["main"]
 
-out = Console()
+# Tables stay readable when piped (rich would otherwise assume 80 columns).
+out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True)
 
 
@@ -110,12 +112,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     table = Table(title=f"sandbox-router: {status.state_url}")
     for column in ("entry", "provider", "state", "sessions", "sandbox time", "concurrent",
-                   "resets", "exhausted at this rate"):  # fmt: skip
+                   "resets", "runs out at this rate"):  # fmt: skip
         table.add_column(column)
+    notes = []
     for v in status.entries:
         state = v.state if not v.until else f"{v.state} until {_when(v.until)}"
         if not v.configured:
-            state = f"[yellow]unconfigured[/yellow]: {escape(v.unconfigured_reason or '')}"
+            state = "[yellow]unconfigured[/yellow]"
+            notes.append(f"{v.name}: {v.unconfigured_reason}")
         elif v.state not in ("closed",):
             state = f"[red]{state}[/red]"
         else:
@@ -127,6 +131,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{v.live_leases} / {v.limits['concurrent'] or '-'}", _when(v.reset_at), projected,
         )  # fmt: skip
     out.print(table)
+    for note in notes:
+        out.print(escape(note), highlight=False)
     if not status.state_ok:
         err.print(f"[red]state store unavailable ({status.on_state_error}): "
                   f"{escape(status.state_error or '')}[/red]")  # fmt: skip
@@ -193,6 +199,18 @@ def cmd_janitor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from router.demo import run_demo, summary_table
+
+    configure_logging("auto", "warning")
+    summary = run_demo(redis_url=args.redis, live=not args.json, metrics_port=args.metrics_port)
+    if args.json:
+        out.print_json(json.dumps(summary.to_json()))
+    else:
+        out.print(summary_table(summary))
+    return 0 if summary.failed == 0 else 1
+
+
 def cmd_emulate(args: argparse.Namespace) -> int:
     from emulators import EMULATORS, emulator_class
 
@@ -257,6 +275,12 @@ def _parser() -> argparse.ArgumentParser:
     p = with_config(sub.add_parser("janitor", help="kill this router's orphaned sandboxes"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_janitor)
+
+    p = sub.add_parser("demo", help="a scripted day of traffic on the emulators")
+    p.add_argument("--redis", help="use this Redis instead of the embedded SQLite store")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("emulate", help="run provider emulators on loopback")
     p.add_argument("name", choices=["daytona", "runloop", "modal", "e2b", "all"])

@@ -382,6 +382,10 @@ def from_env(env: Mapping[str, str] | None = None) -> RouterConfig:
         return load_config(path, env)
     chain: list[dict[str, Any]] = []
     for name in (*DEFAULT_CHAIN, "local"):
+        try:
+            provider_class(name)
+        except (ImportError, AttributeError):  # an adapter missing from this build
+            continue
         entry: dict[str, Any] = {"name": name, "provider": name}
         monthly = env.get(f"QUOTA_{name.upper()}_MONTHLY")
         if monthly:

@@ -39,7 +39,7 @@ from policies.breaker import Outcome
 from policies.ordering import Candidate
 from policies.outcome import classify
 from policies.quota import UNITS, Limits, projected_exhaustion, remaining_fraction
-from providers import provider_class
+from providers import missing_sdk, provider_class
 from providers.base import (
     LABEL_ENTRY,
     LABEL_LEASE,
@@ -401,7 +401,7 @@ class Router:
         return [
             Candidate(
                 e.name,
-                e.provider.unconfigured_reason(),
+                missing_sdk(e.cfg.provider) or e.provider.unconfigured_reason(),
                 e.capabilities,
                 fractions.get(e.name, 1.0),
             )
