@@ -203,7 +203,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from router.demo import run_demo, summary_table
 
     configure_logging("auto", "warning")
-    summary = run_demo(redis_url=args.redis, live=not args.json, metrics_port=args.metrics_port)
+    summary = run_demo(redis_url=args.redis, live=not args.json)
     if args.json:
         out.print_json(json.dumps(summary.to_json()))
     else:
@@ -279,7 +279,6 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="a scripted day of traffic on the emulators")
     p.add_argument("--redis", help="use this Redis instead of the embedded SQLite store")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("emulate", help="run provider emulators on loopback")
