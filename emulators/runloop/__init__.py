@@ -1,0 +1,139 @@
+"""A Runloop emulator: the unmodified ``runloop-api-client`` SDK runs against it.
+
+One loopback HTTP server plays Runloop's devbox API (`emulators.runloop.api`):
+the low-level ``Runloop`` / ``AsyncRunloop`` clients and the object SDKs
+(``RunloopSDK`` / ``AsyncRunloopSDK``) create devboxes, long-poll their
+status, run commands, move files and shut them down. Devboxes are real
+local sandboxes (`emulators.runloop.devboxes`) that boot in
+``boot_seconds`` and end after their keep-alive or idle time, as on Runloop.
+`sdk_env` gives the SDK's variables for it.
+
+Faults come from the shared harness, per operation: ``create`` (both create
+routes), ``list``, ``get``, ``wait`` (the devbox status long-poll),
+``kill`` (shutdown), ``keepalive``, ``exec`` (execute, execute_async and
+everything under ``executions/``) and ``files``; plus ``boot``, taken when a
+devbox starts booting: a status fault makes it end in ``failure``, a delay
+slows the boot, a hang keeps it ``provisioning``. A status fault answers
+Runloop's error body ``{"status", "message"}``, with ``Retry-After`` when
+the fault has one.
+
+    with RunloopEmulator() as emu:
+        client = Runloop(**emu.sdk_kwargs())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiohttp import web
+
+from emulators.harness import Emulator, FaultSpec, http_fault_middleware
+from emulators.runloop.api import DevboxApi, api_error
+from emulators.runloop.devboxes import RunloopCore
+
+__all__ = ["TEST_API_KEY", "RunloopEmulator"]
+
+TEST_API_KEY = "ak_" + "3f9c" * 8
+
+_DEFAULT_MESSAGES = {
+    401: "Unauthorized: the API key is missing, invalid or revoked",
+    403: "Forbidden: this API key may not perform this action",
+    404: "Not found",
+    408: "Request timed out",
+    429: "Too many requests: rate limit exceeded, slow down",
+    500: "Internal server error",
+    502: "Bad gateway",
+    503: "Service unavailable: no capacity to place a devbox right now",
+    504: "Gateway timeout",
+}
+
+_SUB_OPS = {
+    "wait_for_status": "wait",
+    "shutdown": "kill",
+    "keep_alive": "keepalive",
+    "execute": "exec",
+    "execute_async": "exec",
+    "write_file_contents": "files",
+    "read_file_contents": "files",
+    "upload_file": "files",
+    "download_file": "files",
+}
+
+
+def _op_for(request: web.Request) -> str | None:
+    parts = request.path.strip("/").split("/")
+    if parts[:2] != ["v1", "devboxes"]:
+        return None
+    rest = parts[2:]
+    if not rest:
+        return {"POST": "create", "GET": "list"}.get(request.method)
+    if rest == ["create_and_await_running"]:
+        return "create"
+    if len(rest) == 1:
+        return "get" if request.method == "GET" else None
+    if rest[1] == "executions":
+        return "exec"
+    return _SUB_OPS.get(rest[1]) if len(rest) == 2 else None
+
+
+def _key_for(request: web.Request) -> str | None:
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    return key if scheme.lower() == "bearer" else None
+
+
+def _fault_response(fault: FaultSpec) -> web.StreamResponse:
+    status = fault.status or 500
+    headers = {"Retry-After": f"{fault.retry_after:g}"} if fault.retry_after else None
+    return api_error(status, fault.message or _DEFAULT_MESSAGES.get(status, "Error"), headers)
+
+
+class RunloopEmulator(Emulator):
+    """Runloop's devbox API on one loopback port.
+
+    Args:
+        blueprints: blueprint names and ids a create may use; None accepts any
+            (an unknown one answers 404 when a set is given).
+        snapshots: snapshot ids a create may use, likewise.
+        boot_seconds: how long a devbox takes from ``provisioning`` to ``running``.
+        **kwargs: `emulators.harness.Emulator` arguments (``port``, ``root``...).
+    """
+
+    name = "runloop"
+
+    def __init__(
+        self,
+        *,
+        blueprints: Iterable[str] | None = None,
+        snapshots: Iterable[str] | None = None,
+        boot_seconds: float = 0.1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.core: RunloopCore = RunloopCore(
+            self.name, self.core.local.root, isolation=self.core.local.opts.isolation
+        )
+        self.blueprints = set(blueprints) if blueprints is not None else None
+        self.snapshots = set(snapshots) if snapshots is not None else None
+        self.boot_seconds = boot_seconds
+
+    def sdk_env(self) -> dict[str, str]:
+        return {"RUNLOOP_BASE_URL": self.url, "RUNLOOP_API_KEY": TEST_API_KEY}
+
+    def sdk_kwargs(self, api_key: str = TEST_API_KEY) -> dict[str, Any]:
+        """Keyword arguments pointing an SDK client here, SDK retries off."""
+        return {"bearer_token": api_key, "base_url": self.url, "max_retries": 0}
+
+    async def serve(self) -> Callable[[], Awaitable[None]]:
+        app = web.Application(
+            middlewares=[
+                http_fault_middleware(self.core, _op_for, _key_for, _fault_response),
+                DevboxApi.errors,
+            ],
+            client_max_size=256 * 1024 * 1024,
+        )
+        app.add_routes(DevboxApi(self).routes())
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        await web.TCPSite(runner, self.host, self.port).start()
+        return runner.cleanup

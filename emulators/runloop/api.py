@@ -1,0 +1,561 @@
+"""Runloop's REST API for devboxes: the handlers the SDK talks to.
+
+Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
+``{"status", "message"}``), all under ``/v1/devboxes``:
+
+* ``POST /v1/devboxes`` creates a devbox (``provisioning`` at first);
+  ``POST /v1/devboxes/create_and_await_running`` also holds until it boots.
+  A create repeated with the same ``x-request-id`` (an SDK retry) answers
+  the devbox the first one made.
+* ``GET /v1/devboxes`` lists the key's devboxes, newest first, paged with
+  ``limit`` / ``starting_after`` (``has_more``, ``total_count``), filtered
+  by ``status``; ``GET /v1/devboxes/{id}``; ``POST .../wait_for_status``
+  long-polls (at most 30 s) and answers 408 when the hold passes.
+* ``POST .../execute`` (waits ``optimistic_timeout`` seconds, at most 25,
+  for the command; a repeated ``command_id`` answers the same execution) and
+  ``.../execute_async``; ``GET|POST .../executions/{eid}`` (retrieve,
+  ``wait_for_status`` up to 25 s then 408, ``kill``) and the SSE streams
+  ``stream_stdout_updates`` / ``stream_stderr_updates``. Output in a view is
+  the last ``last_n`` lines (100 by default) with ``*_truncated`` set when
+  lines were dropped; the streams give all of it.
+* ``POST .../write_file_contents``, ``read_file_contents`` (plain text),
+  ``upload_file`` (multipart ``path`` + ``file``), ``download_file`` (bytes).
+* ``POST .../keep_alive`` resets the idle timer; ``POST .../shutdown``.
+
+A devbox belongs to the key that created it: other keys get 404. Commands
+and files on a devbox that is shut down answer 404, on one still booting
+400. Account limits come from the harness: the concurrency cap answers 429,
+a spent quota of created devboxes 403, both with a message naming the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import functools
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from emulators.harness import QuotaViolation, apply_delay_or_hang
+from emulators.runloop.devboxes import (
+    DEFAULT_KEEP_ALIVE,
+    TERMINAL,
+    Devbox,
+    Execution,
+    PathRefused,
+    new_id,
+)
+from providers.base import SandboxSpec
+from providers.errors import SandboxError
+
+if TYPE_CHECKING:
+    from emulators.runloop import RunloopEmulator
+
+__all__ = ["CONCURRENCY_MESSAGE", "QUOTA_MESSAGE", "DevboxApi", "api_error"]
+
+CONCURRENCY_MESSAGE = (
+    "Too many concurrent devboxes: this account may run at most {limit} devboxes at once. "
+    "Shut down a running devbox or contact support to raise the limit."
+)
+QUOTA_MESSAGE = (
+    "Usage limit exceeded: this account's quota of {limit} devboxes is spent. "
+    "Upgrade your plan or wait for the quota to reset."
+)
+STATUS_HOLD_MAX = 30.0
+EXEC_HOLD_MAX = 25.0
+MAX_KEEP_ALIVE = 172800
+DEFAULT_LAST_N = 100
+_DEVBOX_STATUSES = frozenset(
+    {
+        "scheduled",
+        "queued",
+        "provisioning",
+        "initializing",
+        "running",
+        "suspending",
+        "suspended",
+        "resuming",
+        "failure",
+        "shutdown",
+    }
+)
+_EXEC_STATUSES = frozenset({"queued", "running", "completed"})
+_SIZES = frozenset({"X_SMALL", "SMALL", "MEDIUM", "LARGE", "X_LARGE", "XX_LARGE", "CUSTOM_SIZE"})
+
+
+def api_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    """The API's error body."""
+    return web.json_response({"status": status, "message": message}, status=status, headers=headers)
+
+
+class ApiError(Exception):
+    """Raised by a handler's helpers; answered as `api_error`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _string_map(value: Any, name: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ApiError(400, f"{name} must map strings to strings")
+    return dict(value)
+
+
+def _number(value: Any, name: str, default: float, maximum: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ApiError(400, f"{name} must be a non-negative number")
+    return min(float(value), maximum)
+
+
+def _tail(data: bytes, last_n: int) -> tuple[str, bool]:
+    lines = data.decode("utf-8", "replace").splitlines(keepends=True)
+    if len(lines) <= last_n:
+        return "".join(lines), False
+    return "".join(lines[-last_n:]) if last_n else "", True
+
+
+def _last_n(request: web.Request) -> int:
+    raw = request.query.get("last_n")
+    if raw is None:
+        return DEFAULT_LAST_N
+    if not raw.isdigit():
+        raise ApiError(400, "last_n must be a non-negative integer")
+    return int(raw)
+
+
+def _execution_view(execution: Execution, last_n: int = DEFAULT_LAST_N) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "devbox_id": execution.devbox_id,
+        "execution_id": execution.id,
+        "status": execution.status,
+        "exit_status": execution.exit_status,
+    }
+    if execution.exit_status is not None:
+        view["stdout"], view["stdout_truncated"] = _tail(bytes(execution.stdout), last_n)
+        view["stderr"], view["stderr_truncated"] = _tail(bytes(execution.stderr), last_n)
+    return view
+
+
+def _launch_parameters(raw: Any) -> tuple[dict[str, Any], int, int | None]:
+    """Validated launch parameters, the keep-alive and the idle shutdown time."""
+    params = dict(raw) if isinstance(raw, dict) else {}
+    if raw is not None and not isinstance(raw, dict):
+        raise ApiError(400, "launch_parameters must be an object")
+    keep_alive = params.get("keep_alive_time_seconds")
+    if keep_alive is None:
+        keep_alive = DEFAULT_KEEP_ALIVE
+    if isinstance(keep_alive, bool) or not isinstance(keep_alive, int):
+        raise ApiError(400, "keep_alive_time_seconds must be an integer")
+    if not 0 < keep_alive <= MAX_KEEP_ALIVE:
+        raise ApiError(400, f"keep_alive_time_seconds must be between 1 and {MAX_KEEP_ALIVE}")
+    lifecycle = params.get("lifecycle")
+    after_idle = params.get("after_idle") or (
+        lifecycle.get("after_idle") if isinstance(lifecycle, dict) else None
+    )
+    idle: int | None = None
+    if after_idle is not None:
+        idle = after_idle.get("idle_time_seconds") if isinstance(after_idle, dict) else None
+        if isinstance(idle, bool) or not isinstance(idle, int) or idle <= 0:
+            raise ApiError(400, "after_idle.idle_time_seconds must be a positive integer")
+        if after_idle.get("on_idle") != "shutdown":
+            raise ApiError(400, "the emulator models on_idle 'shutdown' only")
+    size = params.get("resource_size_request")
+    if size is not None and size not in _SIZES:
+        raise ApiError(400, f"resource_size_request must be one of {sorted(_SIZES)}")
+    return params, keep_alive, idle
+
+
+class DevboxApi:
+    """The handlers, over the emulator's core."""
+
+    def __init__(self, emulator: RunloopEmulator) -> None:
+        self.emulator = emulator
+        self.core = emulator.core
+
+    def routes(self) -> list[web.RouteDef]:
+        base = "/v1/devboxes/{devbox_id}"
+        execution = base + "/executions/{execution_id}"
+        return [
+            web.post("/v1/devboxes", self.create),
+            web.post("/v1/devboxes/create_and_await_running", self.create_and_await_running),
+            web.get("/v1/devboxes", self.list),
+            web.get(base, self.retrieve),
+            web.post(base + "/wait_for_status", self.wait_for_status),
+            web.post(base + "/shutdown", self.shutdown),
+            web.post(base + "/keep_alive", self.keep_alive),
+            web.post(base + "/execute", self.execute),
+            web.post(base + "/execute_async", self.execute_async),
+            web.get(execution, self.execution),
+            web.post(execution + "/wait_for_status", self.wait_for_execution),
+            web.post(execution + "/kill", self.kill_execution),
+            web.get(execution + "/stream_stdout_updates", self.stream_stdout),
+            web.get(execution + "/stream_stderr_updates", self.stream_stderr),
+            web.post(base + "/write_file_contents", self.write_file_contents),
+            web.post(base + "/read_file_contents", self.read_file_contents),
+            web.post(base + "/upload_file", self.upload_file),
+            web.post(base + "/download_file", self.download_file),
+        ]
+
+    @staticmethod
+    @web.middleware
+    async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+        """Answer `ApiError` raised anywhere in a handler as the API's error body."""
+        try:
+            response: web.StreamResponse = await handler(request)
+        except ApiError as exc:
+            return api_error(exc.status, exc.message)
+        return response
+
+    # -- helpers -----------------------------------------------------------
+    def key(self, request: web.Request) -> str:
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not self.core.key_ok(key):
+            raise ApiError(401, "Unauthorized: the API key is missing, invalid or revoked")
+        return key
+
+    def devbox(self, request: web.Request) -> Devbox:
+        devbox_id = request.match_info["devbox_id"]
+        devbox = self.core.owned(devbox_id, self.key(request))
+        if devbox is None:
+            raise ApiError(404, f"Devbox {devbox_id} not found")
+        return devbox
+
+    def running(self, request: web.Request) -> Devbox:
+        """The devbox of the request, which must be running (404 once it is gone)."""
+        devbox = self.devbox(request)
+        if devbox.status in TERMINAL:
+            raise ApiError(404, f"Devbox {devbox.id} is {devbox.status} and no longer available")
+        if devbox.status != "running":
+            raise ApiError(400, f"Devbox {devbox.id} is not running yet (status {devbox.status})")
+        self.core.touch(devbox)
+        return devbox
+
+    def execution_of(self, request: web.Request) -> tuple[Devbox, Execution]:
+        devbox = self.devbox(request)
+        execution_id = request.match_info["execution_id"]
+        execution = devbox.executions.get(execution_id)
+        if execution is None:
+            raise ApiError(404, f"Execution {execution_id} not found on devbox {devbox.id}")
+        return devbox, execution
+
+    @staticmethod
+    async def body(request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        return body
+
+    @staticmethod
+    def statuses(body: dict[str, Any], allowed: frozenset[str]) -> set[str]:
+        statuses = body.get("statuses")
+        if not isinstance(statuses, list) or not statuses or not set(statuses) <= allowed:
+            raise ApiError(400, f"statuses must be a non-empty list of {sorted(allowed)}")
+        return set(statuses)
+
+    def path(self, devbox: Devbox, path: Any, name: str) -> Any:
+        if not isinstance(path, str) or not path:
+            raise ApiError(400, f"{name} is required")
+        try:
+            return devbox.host_path(path)
+        except PathRefused as exc:
+            raise ApiError(400, str(exc)) from None
+
+    # -- devboxes ------------------------------------------------------------
+    async def _create(self, request: web.Request) -> Devbox:
+        key = self.key(request)
+        request_id = request.headers.get("x-request-id")
+        if request_id and (key, request_id) in self.core.created_by_request:
+            return self.core.devboxes[self.core.created_by_request[key, request_id]]
+        body = await self.body(request)
+        sources = [s for s in ("blueprint_id", "blueprint_name", "snapshot_id") if body.get(s)]
+        if len(sources) > 1:
+            raise ApiError(400, "only one of blueprint_id, blueprint_name and snapshot_id")
+        for source in sources:
+            known = self.emulator.snapshots if source == "snapshot_id" else self.emulator.blueprints
+            if known is not None and body[source] not in known:
+                kind = "Snapshot" if source == "snapshot_id" else "Blueprint"
+                raise ApiError(404, f"{kind} {body[source]} not found")
+        params, keep_alive, idle = _launch_parameters(body.get("launch_parameters"))
+        metadata = _string_map(body.get("metadata"), "metadata")
+        env = _string_map(body.get("environment_variables"), "environment_variables")
+        name = body.get("name")
+        devbox_id = new_id("dbx")
+        try:
+            local = await self.core.create(
+                key, SandboxSpec(env=env, labels=metadata), sandbox_id=devbox_id
+            )
+        except QuotaViolation as violation:
+            if violation.kind == "concurrent":
+                raise ApiError(429, CONCURRENCY_MESSAGE.format(limit=violation.limit)) from None
+            raise ApiError(403, QUOTA_MESSAGE.format(limit=violation.limit)) from None
+        devbox = Devbox(
+            id=devbox_id,
+            api_key=key,
+            local=local,
+            metadata=metadata,
+            launch_parameters=params,
+            keep_alive=keep_alive,
+            idle_seconds=idle,
+            source={s: body[s] for s in sources},
+            name=name if isinstance(name, str) else None,
+        )
+        self.core.add(devbox)
+        if request_id:
+            self.core.created_by_request[key, request_id] = devbox_id
+        devbox.boot = asyncio.create_task(self._boot(devbox))
+        return devbox
+
+    async def _boot(self, devbox: Devbox) -> None:
+        """Provision and initialize; a ``boot`` fault delays, hangs or fails it."""
+        fault = self.core.faults.take("boot", devbox.api_key)
+        if fault is not None:
+            await apply_delay_or_hang(fault)
+            if fault.status is not None or fault.drop:
+                await self.core.fail(devbox, "execution_failed")
+                return
+        await asyncio.sleep(self.emulator.boot_seconds / 2)
+        devbox.set_status("initializing")
+        await asyncio.sleep(self.emulator.boot_seconds / 2)
+        devbox.set_status("running")
+        self.core.touch(devbox)
+
+    async def create(self, request: web.Request) -> web.Response:
+        devbox = await self._create(request)
+        return web.json_response(devbox.view())
+
+    async def create_and_await_running(self, request: web.Request) -> web.Response:
+        devbox = await self._create(request)
+        await devbox.changes.wait_for(
+            lambda: devbox.status == "running" or devbox.status in TERMINAL, STATUS_HOLD_MAX
+        )
+        return web.json_response(devbox.view())
+
+    async def list(self, request: web.Request) -> web.Response:
+        key = self.key(request)
+        query = request.query
+        status = query.get("status")
+        if status is not None and status not in _DEVBOX_STATUSES:
+            raise ApiError(400, f"status must be one of {sorted(_DEVBOX_STATUSES)}")
+        try:
+            limit = int(query.get("limit", "20"))
+        except ValueError:
+            raise ApiError(400, "limit must be an integer") from None
+        if not 0 < limit <= 5000:
+            raise ApiError(400, "limit must be between 1 and 5000")
+        matching = sorted(
+            (
+                d
+                for d in self.core.devboxes.values()
+                if d.api_key == key and (status is None or d.status == status)
+            ),
+            key=lambda d: (-d.created_ms, d.id),
+        )
+        start = 0
+        after = query.get("starting_after")
+        if after:
+            ids = [d.id for d in matching]
+            start = ids.index(after) + 1 if after in ids else len(ids)
+        page = matching[start : start + limit]
+        answer: dict[str, Any] = {
+            "devboxes": [d.view() for d in page],
+            "has_more": start + limit < len(matching),
+        }
+        if query.get("include_total_count", "true") != "false":
+            answer["total_count"] = len(matching)
+        return web.json_response(answer)
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        return web.json_response(self.devbox(request).view())
+
+    async def wait_for_status(self, request: web.Request) -> web.Response:
+        devbox = self.devbox(request)
+        body = await self.body(request)
+        wanted = self.statuses(body, _DEVBOX_STATUSES)
+        hold = _number(
+            body.get("timeout_seconds"), "timeout_seconds", STATUS_HOLD_MAX, STATUS_HOLD_MAX
+        )
+        if not await devbox.changes.wait_for(lambda: devbox.status in wanted, hold):
+            raise ApiError(408, f"Devbox {devbox.id} did not reach {sorted(wanted)} in {hold:g}s")
+        return web.json_response(devbox.view())
+
+    async def shutdown(self, request: web.Request) -> web.Response:
+        devbox = self.devbox(request)
+        await self.core.kill(devbox.id)
+        return web.json_response(devbox.view())
+
+    async def keep_alive(self, request: web.Request) -> web.Response:
+        self.running(request)
+        return web.json_response({})
+
+    # -- executions ----------------------------------------------------------
+    async def _start(self, devbox: Devbox, body: dict[str, Any]) -> Execution:
+        command = body.get("command")
+        if not isinstance(command, str) or not command:
+            raise ApiError(400, "command is required")
+        command_id = body.get("command_id")
+        if isinstance(command_id, str) and command_id in devbox.by_command_id:
+            return devbox.executions[devbox.by_command_id[command_id]]
+        try:
+            process = await devbox.local.start(devbox.shell(command))
+        except SandboxError as exc:
+            raise ApiError(400, exc.message) from None
+        if process.proc.stdin is not None:
+            process.proc.stdin.close()
+        execution = Execution(
+            id=new_id("exn"),
+            devbox_id=devbox.id,
+            command_id=command_id if isinstance(command_id, str) else None,
+            process=process,
+        )
+        devbox.executions[execution.id] = execution
+        if execution.command_id:
+            devbox.by_command_id[execution.command_id] = execution.id
+        execution.task = asyncio.create_task(execution.collect(lambda: self.core.touch(devbox)))
+        return execution
+
+    async def execute(self, request: web.Request) -> web.Response:
+        devbox = self.running(request)
+        last_n = _last_n(request)
+        body = await self.body(request)
+        hold = _number(
+            body.get("optimistic_timeout"), "optimistic_timeout", EXEC_HOLD_MAX, EXEC_HOLD_MAX
+        )
+        execution = await self._start(devbox, body)
+        await execution.changes.wait_for(lambda: execution.exit_status is not None, hold)
+        return web.json_response(_execution_view(execution, last_n))
+
+    async def execute_async(self, request: web.Request) -> web.Response:
+        devbox = self.running(request)
+        body = await self.body(request)
+        if body.get("attach_stdin"):
+            raise ApiError(400, "the emulator does not model attach_stdin")
+        return web.json_response(_execution_view(await self._start(devbox, body)))
+
+    async def execution(self, request: web.Request) -> web.Response:
+        _, execution = self.execution_of(request)
+        return web.json_response(_execution_view(execution, _last_n(request)))
+
+    async def wait_for_execution(self, request: web.Request) -> web.Response:
+        _, execution = self.execution_of(request)
+        last_n = _last_n(request)
+        body = await self.body(request)
+        wanted = self.statuses(body, _EXEC_STATUSES)
+        hold = _number(body.get("timeout_seconds"), "timeout_seconds", EXEC_HOLD_MAX, EXEC_HOLD_MAX)
+        if not await execution.changes.wait_for(lambda: execution.status in wanted, hold):
+            raise ApiError(408, f"Execution {execution.id} did not reach {sorted(wanted)}")
+        return web.json_response(_execution_view(execution, last_n))
+
+    async def kill_execution(self, request: web.Request) -> web.Response:
+        devbox, execution = self.execution_of(request)
+        await self.body(request)
+        await execution.kill()
+        self.core.touch(devbox)
+        return web.json_response(_execution_view(execution))
+
+    async def stream_stdout(self, request: web.Request) -> web.StreamResponse:
+        return await self._stream(request, "stdout")
+
+    async def stream_stderr(self, request: web.Request) -> web.StreamResponse:
+        return await self._stream(request, "stderr")
+
+    async def _stream(self, request: web.Request, which: str) -> web.StreamResponse:
+        """Server-sent events, one ``{"output", "offset"}`` chunk per piece of output."""
+        _, execution = self.execution_of(request)
+        raw_offset = request.query.get("offset", "0")
+        if not raw_offset.isdigit():
+            raise ApiError(400, "offset must be a non-negative integer")
+        offset = int(raw_offset)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        while True:
+            buf: bytearray = getattr(execution, which)
+            done = execution.exit_status is not None
+            if len(buf) > offset:
+                chunk = bytes(buf[offset:])
+                event = {"output": decoder.decode(chunk, final=done), "offset": offset}
+                await response.write(f"data: {json.dumps(event)}\n\n".encode())
+                offset += len(chunk)
+            elif done:
+                break
+            else:
+                await execution.changes.wait_for(
+                    functools.partial(execution.progressed, which, offset), EXEC_HOLD_MAX
+                )
+        await response.write_eof()
+        return response
+
+    # -- files -----------------------------------------------------------------
+    async def write_file_contents(self, request: web.Request) -> web.Response:
+        devbox = self.running(request)
+        body = await self.body(request)
+        target = self.path(devbox, body.get("file_path"), "file_path")
+        contents = body.get("contents")
+        if not isinstance(contents, str):
+            raise ApiError(400, "contents must be a string")
+        await self._write(target, contents.encode())
+        return web.json_response(
+            {"devbox_id": devbox.id, "exit_status": 0, "stdout": "", "stderr": ""}
+        )
+
+    async def read_file_contents(self, request: web.Request) -> web.Response:
+        devbox = self.running(request)
+        body = await self.body(request)
+        target = self.path(devbox, body.get("file_path"), "file_path")
+        data = await self._read(target, body["file_path"])
+        return web.Response(text=data.decode("utf-8", "replace"), content_type="text/plain")
+
+    async def upload_file(self, request: web.Request) -> web.Response:
+        devbox = self.running(request)
+        if not request.content_type.startswith("multipart/"):
+            raise ApiError(400, "upload_file takes multipart/form-data with path and file")
+        form = await request.post()
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(400, "file is required")
+        target = self.path(devbox, form.get("path"), "path")
+        await self._write(target, upload.file.read())
+        return web.json_response({})
+
+    async def download_file(self, request: web.Request) -> web.Response:
+        devbox = self.running(request)
+        body = await self.body(request)
+        target = self.path(devbox, body.get("path"), "path")
+        data = await self._read(target, body["path"])
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    @staticmethod
+    async def _write(target: Any, data: bytes) -> None:
+        def write() -> None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+
+        try:
+            await asyncio.to_thread(write)
+        except OSError as exc:
+            raise ApiError(400, f"cannot write {target.name}: {exc.strerror}") from None
+
+    @staticmethod
+    async def _read(target: Any, path: str) -> bytes:
+        try:
+            data: bytes = await asyncio.to_thread(target.read_bytes)
+        except FileNotFoundError:
+            raise ApiError(400, f"No such file or directory: {path}") from None
+        except OSError as exc:
+            raise ApiError(400, f"cannot read {path}: {exc.strerror}") from None
+        return data

@@ -1,0 +1,673 @@
+"""The ``runloop`` provider: devboxes on Runloop through ``runloop-api-client``'s AsyncRunloop.
+
+Each chain entry is one Runloop account (one API key: ``api_key``, else
+``RUNLOOP_API_KEY``); its ``AsyncRunloop`` client is created on first use,
+with the SDK's retries off (``max_retries=0``: its default of 5 turns a
+dead endpoint into half a minute of silence, and the router owns retries).
+
+A create is two steps so a devbox is never lost: ``POST /v1/devboxes``
+returns the id at once, then ``await_running`` long-polls with a
+``PollingConfig`` bounded by the router's create timeout. When the devbox
+does not reach ``running`` in time (``PollingTimeout``), fails to boot or
+the wait breaks, the devbox is shut down before the error is raised.
+
+Runloop has no per-command timeout: `RunloopSandbox.run` starts the command
+with ``execute``, long-polls the execution until the caller's timeout and
+then kills it (``executions.kill``), returning ``timed_out=True``. Env and
+cwd, which the API does not take per command, become a shell prelude.
+Binary files go through ``upload_file`` / ``download_file``; the listing is
+``find`` run in the devbox, as the API has none.
+
+Every SDK exception goes through `_to_error`, the one mapping to
+``providers.errors``: 401 `AuthError`; 403 `QuotaExceeded` when the message
+speaks of a quota or limit, else `AuthError`; 429 `CapacityExceeded` for the
+concurrent-devbox cap, else `RateLimited` with ``Retry-After``; 404
+`NotFound`; 408, >= 500, connection errors, timeouts and ``PollingTimeout``
+`Unavailable`; other 4xx inside a devbox `SandboxError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import builtins
+import contextlib
+import math
+import os
+import re
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import structlog
+from pydantic import Field, SecretStr, model_validator
+
+from providers.base import (
+    CodeResult,
+    CommandResult,
+    FileInfo,
+    Provider,
+    ProviderOptions,
+    Sandbox,
+    SandboxInfo,
+    SandboxSpec,
+)
+from providers.errors import (
+    AuthError,
+    CapacityExceeded,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+    SandboxError,
+    Unavailable,
+)
+
+if TYPE_CHECKING:
+    from runloop_api_client import AsyncRunloop
+    from runloop_api_client.sdk import AsyncDevbox
+    from runloop_api_client.types import DevboxAsyncExecutionDetailView
+
+__all__ = ["API_KEY_ENV", "BASE_URL_ENV", "RunloopOptions", "RunloopProvider", "RunloopSandbox"]
+
+log = structlog.get_logger("sandbox_router.runloop")
+
+API_KEY_ENV = "RUNLOOP_API_KEY"
+BASE_URL_ENV = "RUNLOOP_BASE_URL"
+# Statuses of a devbox that still exists (listed one status at a time: the
+# account's shut-down devboxes are never paged through).
+LIVE_STATUSES = (
+    "queued",
+    "provisioning",
+    "initializing",
+    "running",
+    "suspending",
+    "suspended",
+    "resuming",
+)
+_GONE = frozenset({"shutdown", "failure"})
+_EXEC_HOLD_MAX = 25
+_QUOTA_WORDS = ("quota", "limit", "usage", "credit", "billing", "plan")
+_CONCURRENCY_WORDS = ("concurrent", "at once")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KILL_TIMEOUT = 10.0
+
+ResourceSize = Literal["X_SMALL", "SMALL", "MEDIUM", "LARGE", "X_LARGE", "XX_LARGE"]
+
+
+def _sdk() -> Any:
+    """Import ``runloop_api_client`` (lazily: the adapter imports without it)."""
+    import runloop_api_client
+
+    return runloop_api_client
+
+
+class RunloopOptions(ProviderOptions):
+    """Options of a ``runloop`` chain entry.
+
+    Attributes:
+        api_key: the account's API key; ``RUNLOOP_API_KEY`` when unset.
+        base_url: the API's URL (default ``https://api.runloop.ai``, or
+            ``RUNLOOP_BASE_URL``); for emulators.
+        blueprint_id, blueprint_name, snapshot_id: what devboxes start from
+            (at most one; Runloop's default image when none). A spec's
+            ``template`` wins: ``bpt_...`` is a blueprint id, ``snp_...`` a
+            snapshot id, anything else a blueprint name.
+        keep_alive_time_seconds: the devbox's maximum life when the spec
+            names no ``lifetime`` (Runloop's default is one hour).
+        idle_time_seconds: shut the devbox down after this long idle when
+            the spec names no ``idle_timeout``; lease heartbeats reset it.
+        resource_size: Runloop's size class when the spec names no cpu,
+            memory or disk.
+        request_timeout: seconds for each API request.
+        pool_shards: HTTP/2 connections the SDK opens per workload (API
+            calls, long-polls, transfers); None keeps the SDK's 8 / 16 / 2.
+            Each new one builds a TLS context, ~50 ms of CPU on the event loop.
+        python: the interpreter `RunloopSandbox.run_code` uses for python.
+    """
+
+    api_key: SecretStr | None = None
+    base_url: str | None = None
+    blueprint_id: str | None = None
+    blueprint_name: str | None = None
+    snapshot_id: str | None = None
+    keep_alive_time_seconds: int | None = None
+    idle_time_seconds: int | None = None
+    resource_size: ResourceSize | None = None
+    request_timeout: float = 30.0
+    pool_shards: int | None = Field(default=None, ge=1)
+    python: str = "python3"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RunloopOptions:
+        sources = [self.blueprint_id, self.blueprint_name, self.snapshot_id]
+        if sum(s is not None for s in sources) > 1:
+            raise ValueError("set at most one of blueprint_id, blueprint_name and snapshot_id")
+        return self
+
+
+class RunloopProvider(Provider):
+    """One Runloop account.
+
+    Args:
+        name: the chain entry's name.
+        options: `RunloopOptions`.
+    """
+
+    kind: ClassVar[str] = "runloop"
+    Options: ClassVar[type[ProviderOptions]] = RunloopOptions
+    capabilities = frozenset({"run_code", "files"})
+
+    def __init__(self, name: str = "runloop", options: ProviderOptions | None = None) -> None:
+        super().__init__(name, options)
+        self._client: AsyncRunloop | None = None
+        self._discards: set[asyncio.Task[None]] = set()
+
+    @property
+    def opts(self) -> RunloopOptions:
+        assert isinstance(self.options, RunloopOptions)
+        return self.options
+
+    def _api_key(self) -> str | None:
+        if self.opts.api_key is not None:
+            return self.opts.api_key.get_secret_value() or None
+        return os.environ.get(API_KEY_ENV) or None
+
+    def unconfigured_reason(self) -> str | None:
+        if self._api_key() is None:
+            return f"no API key: set {API_KEY_ENV} or the entry's api_key option"
+        return None
+
+    def _api(self) -> AsyncRunloop:
+        """The entry's SDK client, created on first use."""
+        if self._client is None:
+            api_key = self._api_key()
+            if api_key is None:
+                raise AuthError(str(self.unconfigured_reason()), provider=self.name)
+            shards = self.opts.pool_shards
+            pools = (
+                {}
+                if shards is None
+                else {f"{pool}_pool_shards": shards for pool in ("api", "background", "transfer")}
+            )
+            self._client = _sdk().AsyncRunloop(
+                bearer_token=api_key,
+                base_url=self.opts.base_url or os.environ.get(BASE_URL_ENV) or None,
+                timeout=self.opts.request_timeout,
+                max_retries=0,
+                **pools,
+            )
+        return self._client
+
+    def _create_params(self, spec: SandboxSpec) -> dict[str, Any]:
+        opts = self.opts
+        params: dict[str, Any] = {
+            "metadata": dict(spec.labels),
+            "environment_variables": dict(spec.env),
+        }
+        template = spec.template
+        if template is None:
+            for source in ("blueprint_id", "blueprint_name", "snapshot_id"):
+                if getattr(opts, source) is not None:
+                    params[source] = getattr(opts, source)
+        elif template.startswith("bpt_"):
+            params["blueprint_id"] = template
+        elif template.startswith("snp_"):
+            params["snapshot_id"] = template
+        else:
+            params["blueprint_name"] = template
+        launch: dict[str, Any] = {}
+        lifetime = spec.lifetime or opts.keep_alive_time_seconds
+        if lifetime:
+            launch["keep_alive_time_seconds"] = max(1, math.ceil(lifetime))
+        idle = spec.idle_timeout or opts.idle_time_seconds
+        if idle:
+            launch["after_idle"] = {
+                "idle_time_seconds": max(1, math.ceil(idle)),
+                "on_idle": "shutdown",
+            }
+        if spec.cpu or spec.memory_mb or spec.disk_gb:
+            launch["resource_size_request"] = "CUSTOM_SIZE"
+            if spec.cpu:
+                launch["custom_cpu_cores"] = spec.cpu
+            if spec.memory_mb:
+                gib = math.ceil(spec.memory_mb / 1024)
+                launch["custom_gb_memory"] = gib if gib == 1 else gib + gib % 2
+            if spec.disk_gb:
+                launch["custom_disk_size"] = spec.disk_gb
+        elif opts.resource_size is not None:
+            launch["resource_size_request"] = opts.resource_size
+        if launch:
+            params["launch_parameters"] = launch
+        return params
+
+    async def create(self, spec: SandboxSpec, *, timeout: float) -> RunloopSandbox:
+        from runloop_api_client.lib.polling import PollingConfig
+
+        api = self._api()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        devbox_id: str | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                view = await api.devboxes.create(
+                    **self._create_params(spec),
+                    timeout=min(timeout, self.opts.request_timeout),
+                )
+                devbox_id = view.id
+                if view.status != "running":
+                    left = max(deadline - loop.time(), 0.001)
+                    polling = PollingConfig(
+                        interval_seconds=1.0,
+                        max_attempts=math.ceil(left) + 1,
+                        timeout_seconds=left,
+                    )
+                    view = await api.devboxes.await_running(view.id, polling_config=polling)
+        except asyncio.CancelledError:
+            if devbox_id is not None:
+                self._discard_later(devbox_id)
+            raise
+        except Exception as exc:
+            if devbox_id is not None:
+                await self._discard(devbox_id)
+            raise _to_error(exc, self.name, devbox_id) from exc
+        log.debug("sandbox_router.runloop.created", entry=self.name, sandbox_id=view.id)
+        return self._sandbox(view.id, workdir=spec.workdir)
+
+    def _sandbox(self, devbox_id: str, *, workdir: str | None = None) -> RunloopSandbox:
+        return RunloopSandbox(
+            self._api(),
+            devbox_id,
+            self.name,
+            workdir=workdir,
+            python=self.opts.python,
+            request_timeout=self.opts.request_timeout,
+        )
+
+    async def _discard(self, devbox_id: str) -> None:
+        """Shut down a devbox whose create failed; a failure here is only logged."""
+        try:
+            async with asyncio.timeout(_KILL_TIMEOUT):
+                await self._api().devboxes.shutdown(devbox_id)
+        except Exception as exc:
+            log.warning(
+                "sandbox_router.runloop.discard_failed",
+                entry=self.name,
+                sandbox_id=devbox_id,
+                error=str(_to_error(exc, self.name, devbox_id)),
+            )
+        else:
+            log.debug("sandbox_router.runloop.discarded", entry=self.name, sandbox_id=devbox_id)
+
+    def _discard_later(self, devbox_id: str) -> None:
+        """Discard from a task of its own: the create itself was cancelled."""
+        task = asyncio.get_running_loop().create_task(self._discard(devbox_id))
+        self._discards.add(task)
+        task.add_done_callback(self._discards.discard)
+
+    async def connect(self, sandbox_id: str) -> RunloopSandbox:
+        try:
+            view = await self._api().devboxes.retrieve(sandbox_id)
+        except Exception as exc:
+            raise _to_error(exc, self.name, sandbox_id) from exc
+        if view.status in _GONE:
+            raise NotFound(
+                f"devbox {sandbox_id} is {view.status}", provider=self.name, sandbox_id=sandbox_id
+            )
+        return self._sandbox(view.id)
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
+        api = self._api()
+        wanted = dict(labels or {})
+
+        async def of_status(status: Any) -> builtins.list[SandboxInfo]:
+            return [
+                SandboxInfo(
+                    id=view.id,
+                    labels=dict(view.metadata),
+                    state=view.status,
+                    created_at=view.create_time_ms / 1000,
+                )
+                async for view in api.devboxes.list(status=status, limit=100)
+                if all(view.metadata.get(k) == v for k, v in wanted.items())
+            ]
+
+        try:
+            pages = await asyncio.gather(*(of_status(s) for s in LIVE_STATUSES))
+        except Exception as exc:
+            raise _to_error(exc, self.name) from exc
+        return sorted((i for page in pages for i in page), key=lambda i: i.created_at or 0.0)
+
+    async def kill(self, sandbox_id: str) -> bool:
+        api = self._api()
+        try:
+            view = await api.devboxes.retrieve(sandbox_id)
+            if view.status in _GONE:
+                return False
+            await api.devboxes.shutdown(sandbox_id)
+        except Exception as exc:
+            err = _to_error(exc, self.name, sandbox_id)
+            if isinstance(err, NotFound):
+                return False
+            raise err from exc
+        log.debug("sandbox_router.runloop.killed", entry=self.name, sandbox_id=sandbox_id)
+        return True
+
+    async def aclose(self) -> None:
+        if self._discards:
+            await asyncio.gather(*self._discards, return_exceptions=True)
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+
+class RunloopSandbox(Sandbox):
+    """A live Runloop devbox; ``native`` is the SDK's ``AsyncDevbox`` for it."""
+
+    def __init__(
+        self,
+        api: AsyncRunloop,
+        devbox_id: str,
+        provider: str,
+        *,
+        workdir: str | None = None,
+        python: str = "python3",
+        request_timeout: float = 30.0,
+    ) -> None:
+        self._api = api
+        self.id = devbox_id
+        self.provider = provider
+        self._workdir = workdir
+        self._python = python
+        self._request_timeout = request_timeout
+
+    @property
+    def native(self) -> AsyncDevbox:
+        from runloop_api_client.sdk import AsyncDevbox
+
+        return AsyncDevbox(self._api, self.id)
+
+    def _error(self, exc: BaseException) -> ProviderError:
+        return _to_error(exc, self.provider, self.id, in_sandbox=True)
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        command = self._command(cmd, env, cwd or self._workdir)
+        started = time.monotonic()
+        deadline = started + timeout if timeout else None
+        try:
+            view = await self._execute(command, deadline)
+            timed_out = view.status != "completed"
+            if timed_out:
+                view = await self._api.devboxes.executions.kill(
+                    view.execution_id, devbox_id=self.id, kill_process_group=True
+                )
+            stdout, stderr = await self._output(view)
+        except Exception as exc:
+            raise self._error(exc) from exc
+        exit_code = view.exit_status if view.exit_status is not None else -1
+        return CommandResult(
+            stdout, stderr, exit_code, time.monotonic() - started, timed_out=timed_out
+        )
+
+    async def _execute(
+        self, command: str, deadline: float | None
+    ) -> DevboxAsyncExecutionDetailView:
+        """Run ``command`` until it completes or ``deadline`` passes (then it is still running)."""
+        from runloop_api_client import APIStatusError
+
+        devboxes = self._api.devboxes
+        slack = self._request_timeout
+        hold = _EXEC_HOLD_MAX if deadline is None else min(_EXEC_HOLD_MAX, max(_left(deadline), 0))
+        view = await devboxes.execute(
+            self.id,
+            command=command,
+            optimistic_timeout=math.floor(hold),
+            timeout=hold + slack,
+        )
+        while view.status != "completed":
+            left = None if deadline is None else _left(deadline)
+            if left is not None and left <= 0:
+                break
+            hold = _EXEC_HOLD_MAX if left is None else min(_EXEC_HOLD_MAX, max(1, math.ceil(left)))
+            try:
+                async with asyncio.timeout(left):
+                    view = await devboxes.wait_for_command(
+                        view.execution_id,
+                        devbox_id=self.id,
+                        statuses=["completed"],
+                        timeout_seconds=hold,
+                        timeout=hold + slack,
+                    )
+            except TimeoutError:
+                break
+            except APIStatusError as exc:
+                if exc.status_code != 408:
+                    raise
+        return view
+
+    async def _output(self, view: DevboxAsyncExecutionDetailView) -> tuple[str, str]:
+        """All of stdout and stderr: views carry the last lines, streams the rest."""
+        if not (view.stdout_truncated or view.stderr_truncated):
+            return view.stdout or "", view.stderr or ""
+        from runloop_api_client.sdk.async_execution_result import AsyncExecutionResult
+
+        result = AsyncExecutionResult(self._api, self.id, view)
+        return await result.stdout(), await result.stderr()
+
+    def _command(
+        self, cmd: str | Sequence[str], env: Mapping[str, str] | None, cwd: str | None
+    ) -> str:
+        """The command with the env and cwd the API does not take per command, as a prelude."""
+        lines = []
+        for name, value in (env or {}).items():
+            if not _ENV_NAME.fullmatch(name):
+                raise SandboxError(
+                    f"invalid environment variable name {name!r}",
+                    provider=self.provider,
+                    sandbox_id=self.id,
+                )
+            lines.append(f"export {name}={shlex.quote(value)}")
+        if cwd:
+            lines.append(f"cd -- {shlex.quote(cwd)} || exit 1")
+        lines.append(cmd if isinstance(cmd, str) else shlex.join(cmd))
+        return "\n".join(lines)
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        devboxes = self._api.devboxes
+        try:
+            if isinstance(data, str):
+                await devboxes.write_file_contents(self.id, file_path=path, contents=data)
+            else:
+                await devboxes.upload_file(
+                    self.id, path=path, file=(os.path.basename(path) or "file", data)
+                )
+        except Exception as exc:
+            raise self._error(exc) from exc
+
+    async def read_file(self, path: str) -> bytes:
+        try:
+            response = await self._api.devboxes.download_file(self.id, path=path)
+            return await response.read()
+        except Exception as exc:
+            raise self._error(exc) from exc
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        listing = await self.run(
+            f"cd -- {shlex.quote(path)} && printf '%s\\0' \"$PWD\" && "
+            "find . -mindepth 1 -maxdepth 1 -printf '%y\\t%s\\t%P\\0'",
+            timeout=60.0,
+        )
+        if not listing.ok:
+            raise SandboxError(
+                f"cannot list {path!r}: {listing.stderr.strip() or listing.exit_code}",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        where, *entries = listing.stdout.split("\0")
+        found = []
+        for entry in entries:
+            if not entry:
+                continue
+            kind, size, name = entry.split("\t", 2)
+            found.append(
+                FileInfo(
+                    name=name,
+                    path=f"{where.rstrip('/')}/{name}",
+                    is_dir=kind == "d",
+                    size=int(size) if kind == "f" else 0,
+                )
+            )
+        return sorted(found, key=lambda f: f.name)
+
+    async def run_code(
+        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+    ) -> CodeResult:
+        interpreters = {"python": f"{shlex.quote(self._python)} -", "bash": "bash -s"}
+        if language not in interpreters:
+            raise SandboxError(
+                f"run_code: language {language!r} is not supported "
+                f"(expected one of {sorted(interpreters)})",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        encoded = base64.b64encode(code.encode()).decode()
+        res = await self.run(
+            f"printf %s {encoded} | base64 -d | {interpreters[language]}", timeout=timeout
+        )
+        error = None
+        if res.timed_out:
+            error = f"timed out after {timeout}s"
+        elif res.exit_code != 0:
+            lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+            error = lines[-1] if lines else f"exit code {res.exit_code}"
+        return CodeResult(
+            res.stdout, res.stderr, res.exit_code, res.duration, res.timed_out, (), error
+        )
+
+    async def kill(self) -> None:
+        try:
+            await self._api.devboxes.shutdown(self.id)
+        except Exception as exc:
+            err = self._error(exc)
+            if not isinstance(err, NotFound):
+                raise err from exc
+
+    async def keepalive(self, seconds: float) -> None:
+        """Reset the devbox's idle timer (Runloop cannot extend its keep-alive time)."""
+        try:
+            await self._api.devboxes.keep_alive(self.id)
+        except Exception as exc:
+            raise self._error(exc) from exc
+
+
+def _left(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
+def _message(exc: BaseException) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return str(exc) or type(exc).__name__
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """Seconds from ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP date)."""
+    response = getattr(exc, "response", None)
+    if response is None:
+        return None
+    headers = response.headers
+    with contextlib.suppress(TypeError, ValueError):
+        if headers.get("retry-after-ms") is not None:
+            return float(headers["retry-after-ms"]) / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    with contextlib.suppress(TypeError, ValueError):
+        when = parsedate_to_datetime(value)
+        return max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    return None
+
+
+def _to_error(
+    exc: BaseException,
+    provider: str,
+    sandbox_id: str | None = None,
+    *,
+    in_sandbox: bool = False,
+) -> ProviderError:
+    """The one mapping of Runloop SDK exceptions to router errors.
+
+    Args:
+        exc: what the SDK raised.
+        provider: the chain entry's name.
+        sandbox_id: the devbox concerned, when there is one.
+        in_sandbox: the call was an operation inside a live devbox (a
+            command or a file), where a client error is the caller's
+            (`SandboxError`) rather than the account's.
+    """
+    from runloop_api_client import APIConnectionError, APIStatusError, RunloopError
+    from runloop_api_client.lib.polling import PollingTimeout
+
+    message = _message(exc)
+    where: dict[str, Any] = {"provider": provider, "sandbox_id": sandbox_id}
+    if isinstance(exc, PollingTimeout):
+        return Unavailable(f"devbox did not reach running in time: {exc.args[0]}", **where)
+    if isinstance(exc, TimeoutError):
+        return Unavailable("Runloop did not answer in time", **where)
+    if isinstance(exc, APIConnectionError):
+        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+    if isinstance(exc, APIStatusError):
+        return _by_status(exc, exc.status_code, message, where, in_sandbox=in_sandbox)
+    if isinstance(exc, RunloopError) and "terminal state" in message:
+        return Unavailable(message, **where)
+    if isinstance(exc, ValueError) and in_sandbox:
+        return SandboxError(message, **where)
+    return ProviderError(f"{type(exc).__name__}: {message}", **where)
+
+
+def _by_status(
+    exc: BaseException, status: int, message: str, where: dict[str, Any], *, in_sandbox: bool
+) -> ProviderError:
+    lowered = message.lower()
+    if status == 401:
+        return AuthError(message, status=status, **where)
+    if status == 403:
+        if any(word in lowered for word in _QUOTA_WORDS):
+            retry = _retry_after(exc)
+            reset_at = datetime.now(UTC) + timedelta(seconds=retry) if retry else None
+            quota = QuotaExceeded(
+                message, reset_at=reset_at, provider=where["provider"], status=status
+            )
+            quota.sandbox_id = where["sandbox_id"]
+            return quota
+        return AuthError(message, status=status, **where)
+    if status == 429:
+        if any(word in lowered for word in _CONCURRENCY_WORDS):
+            return CapacityExceeded(message, status=status, **where)
+        limited = RateLimited(
+            message, retry_after=_retry_after(exc), provider=where["provider"], status=status
+        )
+        limited.sandbox_id = where["sandbox_id"]
+        return limited
+    if status == 404:
+        return NotFound(message, status=status, **where)
+    if status == 408 or status >= 500:
+        return Unavailable(message, status=status, **where)
+    if in_sandbox:
+        return SandboxError(message, status=status, **where)
+    return ProviderError(message, status=status, **where)
