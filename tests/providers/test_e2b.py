@@ -54,8 +54,6 @@ def options(emu: E2BEmulator, **kw: Any) -> E2BOptions:
 async def provider(emu: E2BEmulator) -> AsyncIterator[E2BProvider]:
     adapter = E2BProvider("e2b-a", options(emu))
     yield adapter
-    for info in await adapter.list():
-        await adapter.kill(info.id)
     await adapter.aclose()
 
 
