@@ -255,9 +255,10 @@ def _check_zone(value: str) -> None:
         raise ValueError(f"unknown timezone {value!r} (expected an IANA name like UTC)") from None
 
 
-def default_state_url() -> str:
+def default_state_url(env: Mapping[str, str] | None = None) -> str:
     """The embedded SQLite store under the user's state directory."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return f"sqlite:///{Path(base) / _SAFE_PERSISTENT_DIR / 'state.db'}"
 
 
@@ -396,7 +397,8 @@ def from_env(env: Mapping[str, str] | None = None) -> RouterConfig:
                     f"QUOTA_{name.upper()}_MONTHLY: expected a whole number, got {monthly!r}"
                 ) from None
         chain.append(entry)
-    data: dict[str, Any] = {"chain": chain}
-    if env.get("REDIS_URL"):
-        data["state_url"] = env["REDIS_URL"]
+    data: dict[str, Any] = {
+        "chain": chain,
+        "state_url": env.get("REDIS_URL") or default_state_url(env),
+    }
     return load_config(data, env)

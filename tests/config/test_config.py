@@ -141,3 +141,39 @@ def test_from_env_reads_the_config_file(tmp_path: Path) -> None:
 def test_from_env_rejects_a_bad_quota_variable() -> None:
     with pytest.raises(ConfigError, match="QUOTA_E2B_MONTHLY: expected a whole number"):
         from_env({"QUOTA_E2B_MONTHLY": "lots"})
+
+
+def test_from_env_builds_the_default_chain(tmp_path: Path) -> None:
+    from providers import PROVIDERS
+
+    env = {"XDG_STATE_HOME": str(tmp_path), "QUOTA_E2B_MONTHLY": "50"}
+    cfg = from_env(env)
+    names = [e.name for e in cfg.chain]
+    expected = [n for n in ("daytona", "runloop", "modal", "e2b") if n in PROVIDERS]
+    assert names[-1] == "local"
+    assert set(names[:-1]) <= set(expected)
+    assert names[:-1] == [n for n in expected if n in names]
+    assert cfg.resolved_state_url() == f"sqlite:///{tmp_path}/sandbox-router/state.db"
+    e2b = next((e for e in cfg.chain if e.name == "e2b"), None)
+    if e2b is not None:
+        assert cfg.pool_quota(e2b).sessions == 50
+    with_redis = from_env({**env, "REDIS_URL": "redis://cache:6379/2"})
+    assert with_redis.resolved_state_url() == "redis://cache:6379/2"
+
+
+def test_router_from_env_skips_providers_without_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from router import Router
+
+    for var in ("DAYTONA_API_KEY", "RUNLOOP_API_KEY", "MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET",
+                "E2B_API_KEY", "SANDBOX_ROUTER_CONFIG", "REDIS_URL"):  # fmt: skip
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    with Router.from_env(hooks=[]) as router:
+        with router.acquire() as lease:
+            assert lease.entry == "local"
+            assert lease.failovers == []  # the keyless entries were skipped, not tried
+        reasons = {v.name: v.unconfigured_reason for v in router.status().entries}
+    assert reasons.pop("local") is None
+    assert all(reasons.values())
