@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from emulators.harness import Emulator
 
-__all__ = ["EMULATORS", "emulator_class"]
+__all__ = ["EMULATORS", "available", "emulator_class"]
 
 EMULATORS: dict[str, str] = {
     "daytona": "emulators.daytona:DaytonaEmulator",
@@ -33,3 +33,18 @@ def emulator_class(name: str) -> type[Emulator]:
     module, _, attr = target.partition(":")
     cls: type[Emulator] = getattr(importlib.import_module(module), attr)
     return cls
+
+
+def available(names: list[str] | None = None) -> list[str]:
+    """The providers (of ``names``, default all) whose emulator and adapter both import."""
+    from providers import provider_class
+
+    found = []
+    for name in names if names is not None else list(EMULATORS):
+        try:
+            emulator_class(name)
+            provider_class(name)
+        except (ImportError, AttributeError, ValueError):
+            continue
+        found.append(name)
+    return found

@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DemoSummary", "run_demo"]
 
-QUOTAS = {"daytona": 40, "runloop": 30, "modal": 8, "e2b": 40}
-
 
 @dataclass
 class Phase:
@@ -88,20 +86,36 @@ def _recover(emus: dict[str, Emulator]) -> None:
         emu.clear_faults()
 
 
-def script(scale: int = 1) -> list[Phase]:
-    return [
-        Phase("morning: all healthy", 8 * scale),
-        Phase("daytona outage (503s)", 8 * scale, _outage("daytona")),
-        Phase("runloop 429 storm, modal's quota runs out", 14 * scale, _storm("runloop")),
-        Phase("recovery: daytona's breaker closes", 10 * scale, _recover, pause=2.5),
-    ]
+def roles(names: list[str]) -> dict[str, str]:
+    """Who goes down, who gets the 429 storm, whose quota runs out (in chain order)."""
+    return dict(zip(("outage", "storm", "spent"), names, strict=False))
+
+
+def quotas(names: list[str]) -> dict[str, int]:
+    """Small monthly session quotas; the third entry's is the one that runs out."""
+    spent = roles(names).get("spent")
+    return {name: (8 if name == spent else 40) for name in names}
+
+
+def script(names: list[str], scale: int = 1) -> list[Phase]:
+    role = roles(names)
+    down, storm, spent = role.get("outage"), role.get("storm"), role.get("spent")
+    day = [Phase("morning: all healthy", 8 * scale)]
+    if down:
+        day.append(Phase(f"{down} outage (503s)", 8 * scale, _outage(down)))
+    if storm:
+        title = f"{storm} 429 storm" + (f", {spent}'s quota runs out" if spent else "")
+        day.append(Phase(title, 14 * scale, _storm(storm)))
+    day.append(Phase(f"recovery: {down or 'the'} breaker closes", 10 * scale, _recover, pause=2.5))
+    return day
 
 
 @contextmanager
 def _emulators(stack: ExitStack) -> Iterator[dict[str, Emulator]]:
-    from emulators import emulator_class
+    from emulators import available, emulator_class
 
-    emus = {name: stack.enter_context(emulator_class(name)()) for name in DEFAULT_CHAIN}
+    names = available(list(DEFAULT_CHAIN))
+    emus = {name: stack.enter_context(emulator_class(name)()) for name in names}
     yield emus
 
 
@@ -120,10 +134,10 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
-def _config(state_url: str, root: Path) -> dict[str, Any]:
+def _config(state_url: str, root: Path, names: list[str]) -> dict[str, Any]:
     chain: list[dict[str, Any]] = [
-        {"name": name, "provider": name, "quota": {"sessions": QUOTAS[name]}}
-        for name in DEFAULT_CHAIN
+        {"name": name, "provider": name, "quota": {"sessions": limit}}
+        for name, limit in quotas(names).items()
     ]
     chain.append({"name": "local", "provider": "local", "options": {"root": str(root)}})
     return {
@@ -185,11 +199,11 @@ def run_demo(
     """Run the scripted day; returns what happened (also printed by the CLI)."""
     console = console or Console(stderr=True)
     summary = DemoSummary()
-    phases = script(scale)
     started = time.monotonic()
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sr-demo-")))
         emus = stack.enter_context(_emulators(stack))
+        phases = script(list(emus), scale)
         stack.enter_context(
             _environment({k: v for e in emus.values() for k, v in e.sdk_env().items()})
         )
@@ -198,7 +212,9 @@ def run_demo(
         hooks = [events.append]
         if not live:
             hooks.append(log_hook)
-        router = stack.enter_context(Router.from_config(_config(state_url, tmp), hooks=hooks))
+        router = stack.enter_context(
+            Router.from_config(_config(state_url, tmp, list(emus)), hooks=hooks)
+        )
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
         task = progress.add_task("requests", total=sum(p.requests for p in phases))
         display = Live(console=console, refresh_per_second=8, transient=False) if live else None

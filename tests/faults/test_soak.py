@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+import emulators
 from emulators import EMULATORS, emulator_class
 from emulators.harness import Emulator
-from providers import provider_class
 from providers.base import LABEL_ROUTER
 from providers.errors import NoProviderAvailable
 from router import Router
@@ -41,15 +41,7 @@ FAULTS: list[dict[str, Any]] = [
 def available() -> list[str]:
     """Every provider with an emulator (or those named in SOAK_PROVIDERS)."""
     wanted = [n for n in os.environ.get("SOAK_PROVIDERS", ",".join(EMULATORS)).split(",") if n]
-    names = []
-    for name in wanted:
-        try:
-            emulator_class(name)
-            provider_class(name)
-        except (ImportError, AttributeError):
-            continue
-        names.append(name)
-    return names
+    return emulators.available(wanted)
 
 
 def rss_mb() -> float:
