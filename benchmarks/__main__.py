@@ -13,7 +13,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from benchmarks import overhead, race, scaling, throughput
+from benchmarks import failover, overhead, race, scaling, throughput, vendors
 from benchmarks.common import private_redis
 
 
@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             "redis": overhead.local_overhead(redis_url, root / "o1", 50 if q else 500),
             "sqlite": overhead.local_overhead(sqlite_url, root / "o2", 50 if q else 300),
         }
+        result["vendor_overhead"] = vendors.overhead(redis_url, 20 if q else 100)
+        result["failover"] = failover.failover_cost(redis_url, root / "fo", 20 if q else 100)
         result["round_trips"] = overhead.round_trips(redis_url, root / "rt", 20 if q else 200)
         result["throughput"] = {
             store: [
