@@ -236,11 +236,11 @@ async def test_slow_command_waits_past_the_first_hold(sandbox: RunloopSandbox) -
 
 async def test_command_timeout_is_a_result(emu: RunloopEmulator, sandbox: RunloopSandbox) -> None:
     started = time.monotonic()
-    result = await sandbox.run("echo begun; sleep 30", timeout=0.5)
+    result = await sandbox.run("echo begun; sleep 30", timeout=1)
     assert result.timed_out
     assert not result.ok
     assert result.stdout == "begun\n"
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 3.5
     executions = emu.core.devboxes[sandbox.id].executions.values()
     assert [e.exit_status for e in executions] == [137]
     slow = await sandbox.run_code("import time; time.sleep(30)", timeout=1.2)

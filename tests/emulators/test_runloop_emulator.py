@@ -1,0 +1,283 @@
+"""Contract tests: the real runloop-api-client SDK (sync, async, object API) against the emulator.
+
+If Runloop's wire protocol moves under a new SDK version, these fail first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from runloop_api_client import (
+    APIConnectionError,
+    APIStatusError,
+    AsyncRunloop,
+    AsyncRunloopSDK,
+    AuthenticationError,
+    BadRequestError,
+    InternalServerError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    Runloop,
+    RunloopError,
+    RunloopSDK,
+)
+from runloop_api_client.lib.polling import PollingConfig, PollingTimeout
+
+from emulators.harness import Emulator
+from emulators.runloop import TEST_API_KEY, RunloopEmulator
+
+ONE_SHARD = {"api_pool_shards": 1, "background_pool_shards": 1, "transfer_pool_shards": 1}
+
+
+@pytest.fixture
+def emu(runloop_emulator: Emulator) -> Iterator[RunloopEmulator]:
+    assert isinstance(runloop_emulator, RunloopEmulator)
+    yield runloop_emulator
+    assert runloop_emulator.alive() == [], "a test left a devbox alive"
+
+
+def kwargs(emu: RunloopEmulator, **kw: Any) -> dict[str, Any]:
+    return {**emu.sdk_kwargs(), **ONE_SHARD, **kw}
+
+
+@pytest.fixture
+async def client(emu: RunloopEmulator) -> AsyncIterator[AsyncRunloop]:
+    api = AsyncRunloop(**kwargs(emu))
+    yield api
+    emu.clear_faults()
+    async for view in api.devboxes.list():
+        if view.status not in ("shutdown", "failure"):
+            await api.devboxes.shutdown(view.id)
+    await api.close()
+
+
+def test_sync_object_sdk_smoke(emu: RunloopEmulator) -> None:
+    with RunloopSDK(**kwargs(emu)) as sdk:
+        box = sdk.devbox.create(metadata={"team": "a"}, environment_variables={"G": "g"})
+        try:
+            assert box.get_info().status == "running"
+            result = box.cmd.exec("echo out $G; pwd; echo err >&2; exit 3")
+            assert (result.stdout(), result.stderr(), result.exit_code) == (
+                "out g\n/home/user\n",
+                "err\n",
+                3,
+            )
+            box.file.write(file_path="notes/a.txt", contents="héllo")
+            assert box.file.read(file_path="/home/user/notes/a.txt") == "héllo"
+            blob = bytes(range(256)) * 64
+            box.file.upload(path="bin/blob", file=blob)
+            assert box.file.download(path="/home/user/bin/blob") == blob
+            assert [d.id for d in sdk.devbox.list()] == [box.id]
+        finally:
+            box.shutdown()
+        info = box.get_info()
+        assert (info.status, info.shutdown_reason) == ("shutdown", "api_shutdown")
+    (record,) = emu.records()
+    assert (record.id, record.labels, record.ended_by) == (box.id, {"team": "a"}, "kill")
+
+
+def test_sync_client_execute_and_await_completion(emu: RunloopEmulator) -> None:
+    with Runloop(**kwargs(emu)) as api:
+        view = api.devboxes.create_and_await_running(
+            polling_config=PollingConfig(timeout_seconds=5)
+        )
+        try:
+            done = api.devboxes.execute_and_await_completion(
+                view.id, command="sleep 1.2; echo slow", optimistic_timeout=1
+            )
+            assert (done.status, done.exit_status, done.stdout) == ("completed", 0, "slow\n")
+        finally:
+            api.devboxes.shutdown(view.id)
+
+
+async def test_async_object_sdk(emu: RunloopEmulator) -> None:
+    async with AsyncRunloopSDK(**kwargs(emu)) as sdk:
+        box = await sdk.devbox.create(metadata={"k": "v"})
+        try:
+            long = await box.cmd.exec("seq 1 1000")
+            assert long.result.stdout_truncated
+            assert (await long.stdout()).splitlines() == [str(i) for i in range(1, 1001)]
+            assert await long.stdout(num_lines=2) == "999\n1000"
+            running = await box.cmd.exec_async("echo started; sleep 30")
+            assert (await running.get_state()).status == "running"
+            execution = emu.core.devboxes[box.id].executions[running.execution_id]
+            for _ in range(100):
+                if execution.stdout:
+                    break
+                await asyncio.sleep(0.02)
+            await running.kill()
+            killed = await running.result()
+            assert (killed.exit_code, await killed.stdout()) == (137, "started\n")
+            assert [b.id for b in await sdk.devbox.list()] == [box.id]
+            assert (await box.get_info()).metadata == {"k": "v"}
+        finally:
+            await box.shutdown()
+
+
+async def test_list_pages_and_filters(emu: RunloopEmulator, client: AsyncRunloop) -> None:
+    ids = [(await client.devboxes.create(metadata={"n": str(i)})).id for i in range(5)]
+    await client.devboxes.await_running(ids[-1], polling_config=PollingConfig(timeout_seconds=5))
+    first = await client.devboxes.list(limit=2)
+    assert [d.id for d in first.devboxes] == ids[::-1][:2]
+    assert (first.has_more, first.total_count) == (True, 5)
+    assert [d.id async for d in client.devboxes.list(limit=2)] == ids[::-1]
+    await client.devboxes.shutdown(ids[0])
+    shut = await client.devboxes.list(status="shutdown")
+    assert ([d.id for d in shut.devboxes], shut.devboxes[0].metadata) == ([ids[0]], {"n": "0"})
+    async with AsyncRunloop(**kwargs(emu, bearer_token="ak_other")) as other:
+        assert (await other.devboxes.list()).devboxes == []
+        with pytest.raises(NotFoundError):
+            await other.devboxes.retrieve(ids[1])
+
+
+async def test_create_is_idempotent_per_request_id(
+    emu: RunloopEmulator, client: AsyncRunloop
+) -> None:
+    first = await client.devboxes.create(idempotency_key="req-1")
+    again = await client.devboxes.create(idempotency_key="req-1")
+    other = await client.devboxes.create(idempotency_key="req-2")
+    assert first.id == again.id != other.id
+    assert len(emu.records()) == 2
+
+
+async def test_sdk_retries_carry_one_request_id(emu: RunloopEmulator) -> None:
+    emu.inject("create", status=503)
+    async with AsyncRunloop(**kwargs(emu, max_retries=1)) as api:
+        view = await api.devboxes.create()
+        await api.devboxes.shutdown(view.id)
+    assert emu.core.faults.hits["create"] == 1
+    assert len(emu.core.created_by_request) == 1
+    assert len(emu.records()) == 1
+
+
+async def test_execute_dedups_command_ids(emu: RunloopEmulator, client: AsyncRunloop) -> None:
+    view = await client.devboxes.create_and_await_running()
+    command = "echo once >> log.txt; cat log.txt"
+    first = await client.devboxes.execute(view.id, command=command, command_id="cmd-1")
+    again = await client.devboxes.execute(view.id, command=command, command_id="cmd-1")
+    assert first.execution_id == again.execution_id
+    assert again.stdout == "once\n"
+    contents = await client.devboxes.read_file_contents(view.id, file_path="log.txt")
+    assert contents == "once\n"
+
+
+async def test_execution_long_poll_answers_408(client: AsyncRunloop) -> None:
+    view = await client.devboxes.create_and_await_running()
+    started = await client.devboxes.execute(view.id, command="sleep 30", optimistic_timeout=0)
+    assert started.status == "running"
+    with pytest.raises(APIStatusError) as held:
+        await client.devboxes.wait_for_command(
+            started.execution_id, devbox_id=view.id, statuses=["completed"], timeout_seconds=1
+        )
+    assert held.value.status_code == 408
+    killed = await client.devboxes.executions.kill(started.execution_id, devbox_id=view.id)
+    assert (killed.status, killed.exit_status) == ("completed", 137)
+    chunks = await client.devboxes.executions.stream_stdout_updates(
+        started.execution_id, devbox_id=view.id
+    )
+    assert [c.output async for c in chunks] == []
+
+
+async def test_await_running_times_out_on_a_stuck_boot(
+    emu: RunloopEmulator, client: AsyncRunloop
+) -> None:
+    emu.inject("boot", hang=True)
+    view = await client.devboxes.create()
+    assert view.status == "provisioning"
+    with pytest.raises(BadRequestError, match="not running yet"):
+        await client.devboxes.execute(view.id, command="true")
+    started = time.monotonic()
+    with pytest.raises(PollingTimeout) as stuck:
+        await client.devboxes.await_running(
+            view.id, polling_config=PollingConfig(timeout_seconds=0.6)
+        )
+    assert time.monotonic() - started < 1.5
+    assert stuck.value.last_value.id == view.id
+    await client.devboxes.shutdown(view.id)
+
+
+async def test_failed_boot_is_a_terminal_state(emu: RunloopEmulator, client: AsyncRunloop) -> None:
+    emu.inject("boot", status=500)
+    with pytest.raises(RunloopError, match="non-running terminal state: failure"):
+        await client.devboxes.create_and_await_running()
+    (record,) = emu.records()
+    assert (record.alive, record.ended_by) == (False, "failure")
+    view = await client.devboxes.retrieve(record.id)
+    assert (view.status, view.failure_reason) == ("failure", "execution_failed")
+
+
+async def test_keep_alive_time_ends_the_devbox(emu: RunloopEmulator, client: AsyncRunloop) -> None:
+    emu.reap_interval = 0.1
+    view = await client.devboxes.create_and_await_running(
+        launch_parameters={"keep_alive_time_seconds": 1}
+    )
+    for _ in range(60):
+        if (await client.devboxes.retrieve(view.id)).status == "shutdown":
+            break
+        await asyncio.sleep(0.05)
+    ended = await client.devboxes.retrieve(view.id)
+    assert (ended.status, ended.shutdown_reason) == ("shutdown", "keep_alive_timeout")
+    with pytest.raises(NotFoundError):
+        await client.devboxes.execute(view.id, command="true")
+    with pytest.raises(BadRequestError, match="keep_alive_time_seconds"):
+        await client.devboxes.create(launch_parameters={"keep_alive_time_seconds": 10**6})
+
+
+async def test_file_errors(client: AsyncRunloop) -> None:
+    view = await client.devboxes.create_and_await_running()
+    with pytest.raises(BadRequestError, match="No such file"):
+        await client.devboxes.download_file(view.id, path="missing.bin")
+    with pytest.raises(BadRequestError, match="outside /home/user"):
+        await client.devboxes.write_file_contents(view.id, file_path="/etc/x", contents="x")
+    with pytest.raises(BadRequestError, match="escapes"):
+        await client.devboxes.read_file_contents(view.id, file_path="../../x")
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ({"status": 401}, AuthenticationError),
+        ({"status": 403, "message": "Usage limit exceeded"}, PermissionDeniedError),
+        ({"status": 429, "retry_after": 7}, RateLimitError),
+        ({"status": 503}, InternalServerError),
+        ({"drop": True}, APIConnectionError),
+    ],
+)
+async def test_faults_reach_the_sdk_as_its_own_errors(
+    emu: RunloopEmulator, client: AsyncRunloop, fault: dict[str, Any], error: type[Exception]
+) -> None:
+    emu.inject("create", **fault)
+    with pytest.raises(error) as raised:
+        await client.devboxes.create()
+    if isinstance(raised.value, APIStatusError):
+        assert raised.value.status_code == fault["status"]
+        assert isinstance(raised.value.body, dict)
+        assert raised.value.body["status"] == fault["status"]
+        if "retry_after" in fault:
+            assert raised.value.response.headers["retry-after"] == "7"
+    assert emu.records() == []
+
+
+async def test_account_limits_answer_with_a_message(
+    emu: RunloopEmulator, client: AsyncRunloop
+) -> None:
+    emu.set_quota(max_concurrent=1)
+    first = await client.devboxes.create()
+    with pytest.raises(RateLimitError, match="at most 1 devboxes at once"):
+        await client.devboxes.create()
+    await client.devboxes.shutdown(first.id)
+    emu.set_quota(max_created=0)
+    with pytest.raises(PermissionDeniedError, match="quota of 0 devboxes is spent"):
+        await client.devboxes.create()
+
+
+async def test_refused_key(emu: RunloopEmulator) -> None:
+    emu.core.accepted_keys = {TEST_API_KEY}
+    async with AsyncRunloop(**kwargs(emu, bearer_token="ak_wrong")) as api:
+        with pytest.raises(AuthenticationError, match="invalid"):
+            await api.devboxes.list()
