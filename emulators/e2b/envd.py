@@ -50,11 +50,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Envd"]
 
-_SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM, 9: signal.SIGKILL}
+_SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM}
 _SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
 _CHUNK = 32 * 1024
-
-
 _HTTP: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest,
     401: web.HTTPUnauthorized,
@@ -82,13 +80,12 @@ def _end_event(code: int) -> Message:
 
 def _entry(sandbox: E2BSandbox, host: Path) -> Message:
     info = host.lstat()
-    target = host
     entry: Message = {"name": host.name, "path": sandbox.e2b_path(host)}
     if stat.S_ISLNK(info.st_mode):
         entry["isSymlink"] = True
         entry["symlinkTarget"] = os.readlink(host)
         with contextlib.suppress(OSError):
-            info = target.stat()
+            info = host.stat()
     is_dir = stat.S_ISDIR(info.st_mode)
     entry.update(
         type="FILE_TYPE_DIRECTORY" if is_dir else "FILE_TYPE_FILE",
@@ -156,7 +153,7 @@ class Envd:
                 target = path or getattr(part, "filename", None)
                 if not target:
                     raise _json_error(400, "a file part names no path")
-                data = await part.read()  # type: ignore[union-attr]
+                data = await part.read()
                 written.append(await self._write(sandbox, target, bytes(data)))
         else:
             if not path:
