@@ -14,15 +14,19 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import hypothesis.internal.conjecture.optimiser
-import hypothesis.internal.conjecture.shrinker  # noqa: F401
+import importlib
+import pkgutil
+
+import hypothesis.internal
 import pytest
 
 from emulators.redis_server import RedisServer
 
 # pytest assertion-rewrites hypothesis (it ships a pytest plugin); when hypothesis
-# imports these lazily in the middle of a failing example, CPython 3.11.7 can
-# raise "AST constructor recursion depth mismatch" and hide the real failure.
+# imports a module lazily deep inside a test, CPython 3.11.7 can raise "AST
+# constructor recursion depth mismatch" and hide the real result. Import them now.
+for _module in pkgutil.walk_packages(hypothesis.internal.__path__, "hypothesis.internal."):
+    importlib.import_module(_module.name)
 
 
 @pytest.fixture(scope="session")
