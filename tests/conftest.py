@@ -8,14 +8,13 @@ persistence, and stops it at the end. Each test gets its own key prefix.
 
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-
-import importlib
-import pkgutil
 
 import hypothesis.internal
 import pytest
