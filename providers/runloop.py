@@ -164,6 +164,7 @@ class RunloopProvider(Provider):
     def __init__(self, name: str = "runloop", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
         self._client: AsyncRunloop | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
         self._discards: set[asyncio.Task[None]] = set()
 
     @property
@@ -182,8 +183,13 @@ class RunloopProvider(Provider):
         return None
 
     def _api(self) -> AsyncRunloop:
-        """The entry's SDK client, created on first use."""
-        if self._client is None:
+        """The entry's SDK client, created on first use on this event loop.
+
+        Its connections belong to the loop that opened them, so a provider
+        used from a new loop (another ``asyncio.run``) gets a new client.
+        """
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
             api_key = self._api_key()
             if api_key is None:
                 raise AuthError(str(self.unconfigured_reason()), provider=self.name)
@@ -200,6 +206,7 @@ class RunloopProvider(Provider):
                 max_retries=0,
                 **pools,
             )
+            self._client_loop = loop
         return self._client
 
     def _create_params(self, spec: SandboxSpec) -> dict[str, Any]:
@@ -360,7 +367,7 @@ class RunloopProvider(Provider):
         if self._discards:
             await asyncio.gather(*self._discards, return_exceptions=True)
         client, self._client = self._client, None
-        if client is not None:
+        if client is not None and self._client_loop is asyncio.get_running_loop():
             await client.close()
 
 

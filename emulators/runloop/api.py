@@ -526,8 +526,8 @@ class DevboxApi:
             raise ApiError(400, "upload_file takes multipart/form-data with path and file")
         form = await request.post()
         upload = form.get("file")
-        if upload is None or isinstance(upload, str):
-            raise ApiError(400, "file is required")
+        if not isinstance(upload, web.FileField):
+            raise ApiError(400, "file is required (a file part)")
         target = self.path(devbox, form.get("path"), "path")
         await self._write(target, upload.file.read())
         return web.json_response({})

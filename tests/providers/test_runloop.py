@@ -103,6 +103,21 @@ async def test_base_url_from_the_environment(
     await adapter.aclose()
 
 
+def test_one_provider_on_two_event_loops(emu: RunloopEmulator) -> None:
+    adapter = RunloopProvider("runloop-loops", options(emu))
+
+    async def round_trip() -> str:
+        sbx = await adapter.create(SandboxSpec(), timeout=5)
+        try:
+            return (await sbx.run("echo ok")).stdout
+        finally:
+            await sbx.kill()
+
+    assert asyncio.run(round_trip()) == "ok\n"
+    assert asyncio.run(round_trip()) == "ok\n"
+    asyncio.run(adapter.aclose())
+
+
 async def test_lifecycle(emu: RunloopEmulator, provider: RunloopProvider) -> None:
     spec = SandboxSpec(
         labels={"sandbox_router": "1", "sandbox_router_entry": "runloop-a"},
