@@ -51,6 +51,7 @@ class DemoSummary:
     requests: int = 0
     served: Counter[str] = field(default_factory=Counter)
     failed: int = 0
+    errors: list[str] = field(default_factory=list)
     failovers: Counter[str] = field(default_factory=Counter)  # "from->to:reason"
     failovers_by_phase: dict[str, dict[str, int]] = field(default_factory=dict)
     served_by_phase: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -175,11 +176,13 @@ def _request(router: Router, phase: str, summary: DemoSummary, events: list[Even
     try:
         with router.acquire(timeout=60) as lease:
             result = lease.sandbox.run("echo served", timeout=30)
-    except Exception:  # the summary counts it; the demo goes on
+    except Exception as exc:  # the summary counts it; the demo goes on
         summary.failed += 1
+        summary.errors.append(f"{phase}: {type(exc).__name__}: {exc}")
     else:
         if result.stdout.strip() != "served":
             summary.failed += 1
+            summary.errors.append(f"{phase}: {lease.entry} printed {result.stdout!r}")
         summary.served[lease.entry] += 1
         served[lease.entry] = served.get(lease.entry, 0) + 1
     for e in events:

@@ -23,6 +23,7 @@ def test_demo_serves_everything_and_fails_over_where_the_faults_are() -> None:
     role = roles(names)
     phases = list(summary.served_by_phase)
 
+    assert summary.errors == []
     assert summary.failed == 0
     assert sum(summary.served.values()) == summary.requests
     assert set(summary.served_by_phase[phases[0]]) == {names[0]}  # morning: the chain's head
