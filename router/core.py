@@ -245,6 +245,7 @@ class Router:
                 is ``fail_closed``.
             SandboxError: the provider refused the spec itself (not retried).
         """
+        requires = _check_acquire(spec, requires, labels, session, timeout)
         held = self._engine.run(self._acquire(spec, requires, labels, session, timeout))
         return Lease(held, self._engine, self._release)
 
@@ -258,6 +259,7 @@ class Router:
         timeout: float | None = None,
     ) -> AsyncLease:
         """The async twin of `acquire` (same logic, same arguments)."""
+        requires = _check_acquire(spec, requires, labels, session, timeout)
         held = await self._engine.arun(self._acquire(spec, requires, labels, session, timeout))
         return AsyncLease(held, self._engine, self._release)
 
@@ -936,6 +938,46 @@ class Router:
         if r.reason == "capacity":
             return "provider concurrency cap reached"
         return r.reason
+
+
+_RESERVED_LABELS = frozenset({LABEL_ROUTER, LABEL_ENTRY, LABEL_LEASE, LABEL_SESSION})
+
+
+def _check_acquire(
+    spec: object,
+    requires: Iterable[str],
+    labels: Mapping[str, str] | None,
+    session: str | None,
+    timeout: float | None,
+) -> tuple[str, ...]:
+    """Reject bad arguments before anything is reserved, naming the argument."""
+    if spec is not None and not isinstance(spec, SandboxSpec):
+        raise TypeError(f"acquire(spec=...): expected a SandboxSpec, got {type(spec).__name__}")
+    if isinstance(requires, str):
+        raise TypeError(
+            f"acquire(requires={requires!r}): give a sequence of capabilities, "
+            f"e.g. requires=({requires!r},)"
+        )
+    needed = tuple(requires)
+    for cap in needed:
+        if not isinstance(cap, str) or not cap:
+            raise TypeError(
+                f"acquire(requires=...): capabilities are non-empty strings, got {cap!r}"
+            )
+    for key, value in (labels or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(
+                f"acquire(labels=...): keys and values are strings, got {key!r}: {value!r}"
+            )
+        if key in _RESERVED_LABELS:
+            raise ValueError(f"acquire(labels=...): {key!r} is set by the router itself")
+    if session is not None and (not isinstance(session, str) or not session.strip()):
+        raise ValueError(f"acquire(session={session!r}): a session key is a non-empty string")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(
+            f"acquire(timeout={timeout!r}): the deadline must be a positive number of seconds"
+        )
+    return needed
 
 
 def _projections(used: Mapping[str, float], ref: EntryRef, now: float) -> dict[str, datetime]:
