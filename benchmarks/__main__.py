@@ -15,6 +15,7 @@ from typing import Any
 
 from benchmarks import failover, overhead, race, scaling, throughput, vendors
 from benchmarks.common import private_redis
+from router.logs import configure_logging
 
 
 def machine() -> dict[str, Any]:
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     args = parser.parse_args(argv)
     q = args.quick
+    configure_logging("json", "warning")  # stdout carries only the JSON summary
     result: dict[str, Any] = {"machine": machine(), "quick": q}
     started = time.perf_counter()
     with private_redis() as redis_url, TemporaryDirectory(prefix="bench-") as tmp:
