@@ -1,0 +1,112 @@
+"""A Modal emulator: the unmodified ``modal`` SDK runs against it over gRPC.
+
+One loopback grpclib server (plaintext HTTP/2, which the SDK accepts for a
+loopback ``MODAL_SERVER_URL``) plays both of Modal's services on the
+``modal_proto`` server bases: the control plane (`emulators.modal.control`:
+apps, images, secrets, auth tokens, V1 and V2 sandboxes) and the task
+command router (`emulators.modal.command_router`: exec, stdio, stdin, and
+through it ``Sandbox.filesystem``, whose ``modal-sandbox-fs-tools`` is
+`emulators.modal.fs_tools`). RPCs outside those flows answer UNIMPLEMENTED
+and are logged and counted by name (`ModalEmulator.unimplemented`).
+Sandboxes are real local sandboxes (`emulators.modal.sandboxes`) that end
+after their ``timeout`` or ``idle_timeout``, as on Modal.
+
+Faults come from the shared harness, per operation: ``lookup``
+(AppGetOrCreate), ``environment``, ``image`` (image build and its wait),
+``secret``, ``auth`` (AuthTokenGet), ``create`` (SandboxCreate and V2),
+``get`` (wait / poll / task id / tags), ``list``, ``kill`` (terminate),
+``connect`` (command router access), ``exec`` and ``files`` (execs of
+fs-tools). A status fault answers the gRPC status Modal would
+(`emulators.modal.rpc.fault_error`: 429 is RESOURCE_EXHAUSTED, with an
+``RPCRetryPolicy`` detail when the fault has a ``retry_after``).
+
+    with ModalEmulator() as emu:
+        os.environ.update(emu.sdk_env())
+        client = modal.Client.from_credentials(TEST_TOKEN_ID, TEST_TOKEN_SECRET)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from grpclib.server import Server
+
+from emulators.harness import Emulator
+from emulators.modal.command_router import CommandRouter
+from emulators.modal.control import ControlPlane, Images
+from emulators.modal.rpc import DetailsCodec
+from emulators.modal.sandboxes import ModalCore, new_id
+
+__all__ = ["TEST_TOKEN_ID", "TEST_TOKEN_SECRET", "ModalEmulator"]
+
+TEST_TOKEN_ID = "ak-" + "5eNdb0xR0uTeR" + "0" * 9
+TEST_TOKEN_SECRET = "as-" + "t35T53cR3t" + "0" * 12
+
+
+class ModalEmulator(Emulator):
+    """Modal's control plane and task command router on one loopback port.
+
+    Args:
+        tokens: the accepted token id -> secret pairs, one per workspace
+            (default: the test token only).
+        secrets: named Modal Secrets (name -> environment variables) that
+            ``modal.Secret.from_name`` finds.
+        images: registry tags an image build may pull; None pulls any.
+        image_build_seconds: how long the first build of an image takes.
+        **kwargs: `emulators.harness.Emulator` arguments (``port``, ``root``...).
+    """
+
+    name = "modal"
+
+    def __init__(
+        self,
+        *,
+        tokens: Mapping[str, str] | None = None,
+        secrets: Mapping[str, Mapping[str, str]] | None = None,
+        images: Iterable[str] | None = None,
+        image_build_seconds: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.core: ModalCore = ModalCore(
+            self.name, self.core.local.root, isolation=self.core.local.opts.isolation
+        )
+        self.tokens = dict(tokens) if tokens is not None else {TEST_TOKEN_ID: TEST_TOKEN_SECRET}
+        for name, env in (secrets or {}).items():
+            secret_id = new_id("st")
+            self.core.secrets[secret_id] = dict(env)
+            self.core.named_secrets[name] = secret_id
+        self.images = Images(set(images) if images is not None else None, image_build_seconds)
+        self.unimplemented: Counter[str] = Counter()
+        fd, self._config_path = tempfile.mkstemp(prefix="modal-emulator-", suffix=".toml")
+        os.close(fd)
+
+    def sdk_env(self) -> dict[str, str]:
+        """The SDK's variables for this emulator; ``MODAL_CONFIG_PATH`` is an empty file."""
+        return {
+            "MODAL_SERVER_URL": self.url,
+            "MODAL_TOKEN_ID": TEST_TOKEN_ID,
+            "MODAL_TOKEN_SECRET": TEST_TOKEN_SECRET,
+            "MODAL_CONFIG_PATH": self._config_path,
+        }
+
+    async def serve(self) -> Callable[[], Awaitable[None]]:
+        server = Server(
+            [ControlPlane(self), CommandRouter(self)], status_details_codec=DetailsCodec()
+        )
+        await server.start(self.host, self.port)
+
+        async def stop() -> None:
+            server.close()
+            await server.wait_closed()
+
+        return stop
+
+    def stop(self) -> None:
+        super().stop()
+        if os.path.exists(self._config_path):
+            os.unlink(self._config_path)

@@ -1,0 +1,165 @@
+"""The task command router (``modal.task_command_router.TaskCommandRouter``): execs.
+
+On Modal each worker runs a command router; the control plane hands the
+SDK its URL and a JWT per task (``authorization: Bearer <jwt>``). Here the
+router shares the emulator's port. It plays ``Sandbox.exec`` and the
+container process API: ``TaskExecStart`` starts a real command in the local
+sandbox (``modal-sandbox-fs-tools`` included: that is how the SDK's
+``Sandbox.filesystem`` works), ``TaskExecStdioRead`` streams stdout or
+stderr from an offset until the command exits, ``TaskExecWait`` /
+``TaskExecPoll`` give its exit code (or signal), and stdin is written with
+``TaskExecStdinWrite`` or the client stream ``TaskExecStdinWriteStream``
+(``TaskExecStdinStatus`` tells where to resume). A task whose sandbox has
+ended is NOT_FOUND. Faults: op ``exec``, or ``files`` for fs-tools execs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from grpclib import GRPCError, Status
+from grpclib.server import Stream
+from modal_proto import task_command_router_grpc
+from modal_proto import task_command_router_pb2 as sr
+
+from emulators.modal.rpc import apply_fault, fill_unimplemented, metadata_value
+from emulators.modal.sandboxes import FS_TOOLS, Exec, ModalSandbox
+
+if TYPE_CHECKING:
+    from emulators.modal import ModalEmulator
+
+__all__ = ["CommandRouter"]
+
+_CHUNK = 1024 * 1024
+_Req = Stream[Any, Any]
+
+
+@fill_unimplemented
+class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
+    """The command router RPCs, over the emulator's core."""
+
+    def __init__(self, emulator: ModalEmulator) -> None:
+        self.emu = emulator
+        self.core = emulator.core
+        self.unimplemented = emulator.unimplemented
+
+    async def _request(self, stream: _Req) -> Any:
+        request = await stream.recv_message()
+        assert request is not None
+        return request
+
+    def _task(self, stream: _Req, task_id: str) -> ModalSandbox:
+        scheme, _, token = (metadata_value(stream, "authorization") or "").partition(" ")
+        claims = self.core.tokens.claims(token) if scheme == "Bearer" else None
+        if claims is None or claims.get("task_id") != task_id:
+            raise GRPCError(Status.UNAUTHENTICATED, "Invalid or expired command router token")
+        sandbox = self.core.tasks.get(task_id)
+        if sandbox is None or not sandbox.running:
+            raise GRPCError(Status.NOT_FOUND, f"Task {task_id} not found")
+        sandbox.touch()
+        return sandbox
+
+    async def _exec(self, stream: _Req, task_id: str, exec_id: str) -> tuple[ModalSandbox, Exec]:
+        sandbox = self._task(stream, task_id)
+        execution = sandbox.execs.get(exec_id)
+        if execution is None:
+            raise GRPCError(Status.NOT_FOUND, f"Exec {exec_id} not found")
+        await apply_fault(self.core.faults, stream, execution.op, sandbox.owner)
+        return sandbox, execution
+
+    async def TaskExecStart(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        sandbox = self._task(stream, request.task_id)
+        argv = list(request.command_args)
+        op = "files" if argv[:1] == [FS_TOOLS] else "exec"
+        await apply_fault(self.core.faults, stream, op, sandbox.owner)
+        if request.exec_id not in sandbox.execs:
+            env = dict(request.env)
+            for source in request.secret_sources:
+                if source.HasField("env"):
+                    env.update(source.env.contents)
+                else:
+                    env.update(self.core.secrets.get(source.secret_id, {}))
+            for secret_id in request.secret_ids:
+                env.update(self.core.secrets.get(secret_id, {}))
+            opts = self.core.local.opts
+            process = await sandbox.local.start(
+                sandbox.argv(argv, request.workdir or sandbox.home, opts.python), env=env
+            )
+            execution = Exec(request.exec_id, op, process)
+            sandbox.execs[execution.id] = execution
+            execution.pump = asyncio.create_task(
+                execution.run(request.timeout_secs or None, opts.max_output_bytes)
+            )
+        await stream.send_message(sr.TaskExecStartResponse())
+
+    async def TaskExecStdioRead(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        _, execution = await self._exec(stream, request.task_id, request.exec_id)
+        fd = 1 if request.file_descriptor == sr.TASK_EXEC_STDIO_FILE_DESCRIPTOR_STDOUT else 2
+        output = execution.output(fd)
+        offset = request.offset
+        while True:
+            await execution.until(lambda at=offset: len(output) > at or execution.done)
+            while offset < len(output):
+                chunk = bytes(output[offset : offset + _CHUNK])
+                await stream.send_message(sr.TaskExecStdioReadResponse(data=chunk))
+                offset += len(chunk)
+            if execution.done and offset >= len(output):
+                return
+
+    async def TaskExecWait(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        _, execution = await self._exec(stream, request.task_id, request.exec_id)
+        await execution.until(lambda: execution.done)
+        await stream.send_message(sr.TaskExecWaitResponse(**_exit(execution)))
+
+    async def TaskExecPoll(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        _, execution = await self._exec(stream, request.task_id, request.exec_id)
+        await stream.send_message(sr.TaskExecPollResponse(**_exit(execution)))
+
+    async def TaskExecStdinWrite(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        _, execution = await self._exec(stream, request.task_id, request.exec_id)
+        await _write(execution, request.offset, request.data, request.eof)
+        await stream.send_message(sr.TaskExecStdinWriteResponse())
+
+    async def TaskExecStdinWriteStream(self, stream: _Req) -> None:
+        first = await self._request(stream)
+        if not first.HasField("start"):
+            raise GRPCError(Status.INVALID_ARGUMENT, "the first message must be a start")
+        _, execution = await self._exec(stream, first.start.task_id, first.start.exec_id)
+        offset = first.start.offset
+        async for message in stream:
+            if message.HasField("end"):
+                await _write(execution, offset, b"", True)
+                break
+            await _write(execution, offset, message.data, False)
+            offset += len(message.data)
+        await stream.send_message(sr.TaskExecStdinWriteStreamResponse())
+
+    async def TaskExecStdinStatus(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        _, execution = await self._exec(stream, request.task_id, request.exec_id)
+        await stream.send_message(
+            sr.TaskExecStdinStatusResponse(
+                num_bytes_written=execution.stdin_written, closed=execution.stdin_closed
+            )
+        )
+
+
+def _exit(execution: Exec) -> dict[str, int]:
+    if execution.signal is not None:
+        return {"signal": execution.signal}
+    if execution.code is not None:
+        return {"code": execution.code}
+    return {}
+
+
+async def _write(execution: Exec, offset: int, data: bytes, eof: bool) -> None:
+    try:
+        await execution.write_stdin(offset, data, eof)
+    except ValueError as exc:
+        raise GRPCError(Status.OUT_OF_RANGE, str(exc)) from None

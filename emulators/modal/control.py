@@ -1,0 +1,401 @@
+"""Modal's control plane (``modal.client.ModalClient``): apps, images, secrets, sandboxes.
+
+The RPCs the SDK calls for ``App.lookup``, ``Sandbox.create`` (V2, and V1
+for GPU sandboxes), ``from_id``, ``list``, ``get_tags``, ``poll`` / ``wait``
+and ``terminate``; every other RPC answers UNIMPLEMENTED.
+
+Every request carries ``x-modal-token-id`` / ``x-modal-token-secret``: an
+unknown pair is UNAUTHENTICATED. A token stands for a workspace: it sees
+only its own apps and sandboxes (NOT_FOUND otherwise). The V2 sandbox RPCs
+also need the ``x-modal-auth-token`` JWT that ``AuthTokenGet`` hands out.
+Account limits come from the harness: a spent concurrency cap or creation
+quota answers RESOURCE_EXHAUSTED with a message in Modal's style.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from grpclib import GRPCError, Status
+from grpclib.server import Stream
+from modal_proto import api_grpc, api_pb2
+
+from emulators.harness import QuotaViolation
+from emulators.modal.rpc import apply_fault, fill_unimplemented, metadata_value
+from emulators.modal.sandboxes import ModalSandbox, new_id
+from providers.base import SandboxSpec
+
+if TYPE_CHECKING:
+    from emulators.modal import ModalEmulator
+
+__all__ = ["CONCURRENCY_MESSAGE", "QUOTA_MESSAGE", "ControlPlane", "Images"]
+
+CONCURRENCY_MESSAGE = (
+    "Sandbox limit reached: this workspace already has {limit} concurrently running sandboxes. "
+    "Terminate some, or contact Modal support to raise the limit."
+)
+QUOTA_MESSAGE = (
+    "Workspace billing limit reached: sandbox creation is blocked until the billing cycle "
+    "resets ({limit} sandboxes created)."
+)
+IMAGE_BUILDER_VERSION = "2025.06"
+_AUTH_TOKEN_TTL = 20 * 60
+_ROUTER_TOKEN_TTL = 10 * 60
+_MAX_WAIT = 55.0
+_PAGE = 100
+_Req = Stream[Any, Any]
+
+
+@fill_unimplemented
+class ControlPlane(api_grpc.ModalClientBase):
+    """The control-plane RPCs, over the emulator's core."""
+
+    def __init__(self, emulator: ModalEmulator) -> None:
+        self.emu = emulator
+        self.core = emulator.core
+        self.unimplemented = emulator.unimplemented
+
+    # -- shared checks --------------------------------------------------------
+    async def _enter(self, stream: _Req, op: str | None, *, v2: bool = False) -> tuple[str, Any]:
+        """Authenticate, play the op's fault, read the request; (workspace, request)."""
+        token_id = metadata_value(stream, "x-modal-token-id")
+        secret = metadata_value(stream, "x-modal-token-secret")
+        if not token_id or self.emu.tokens.get(token_id) != secret:
+            raise GRPCError(
+                Status.UNAUTHENTICATED,
+                "Token ID or secret is invalid. Please run `modal token new` to get a new token.",
+            )
+        if op is not None:
+            await apply_fault(self.core.faults, stream, op, token_id)
+        if v2:
+            claims = self.core.tokens.claims(metadata_value(stream, "x-modal-auth-token") or "")
+            if claims is None or claims.get("sub") != token_id:
+                raise GRPCError(Status.UNAUTHENTICATED, "Missing or invalid auth token")
+        request = await stream.recv_message()
+        assert request is not None
+        return token_id, request
+
+    def _sandbox(self, workspace: str, sandbox_id: str) -> ModalSandbox:
+        sandbox = self.core.modal.get(sandbox_id)
+        if sandbox is None or sandbox.owner != workspace:
+            raise GRPCError(Status.NOT_FOUND, f"Sandbox with id '{sandbox_id}' not found")
+        return sandbox
+
+    # -- apps, environments, images, secrets, tokens ------------------------------
+    async def AppGetOrCreate(self, stream: _Req) -> None:
+        workspace, request = await self._enter(stream, "lookup")
+        environment = request.environment_name or "main"
+        key = (workspace, f"{environment}/{request.app_name}")
+        if key not in self.core.apps:
+            if request.object_creation_type != api_pb2.OBJECT_CREATION_TYPE_CREATE_IF_MISSING:
+                raise GRPCError(
+                    Status.NOT_FOUND,
+                    f"App '{request.app_name}' not found in environment '{environment}'",
+                )
+            self.core.apps[key] = new_id("ap")
+        await stream.send_message(api_pb2.AppGetOrCreateResponse(app_id=self.core.apps[key]))
+
+    async def EnvironmentGetOrCreate(self, stream: _Req) -> None:
+        _, request = await self._enter(stream, "environment")
+        name = request.deployment_name or "main"
+        settings = api_pb2.EnvironmentSettings(image_builder_version=IMAGE_BUILDER_VERSION)
+        await stream.send_message(
+            api_pb2.EnvironmentGetOrCreateResponse(
+                environment_id="en-" + name,
+                metadata=api_pb2.EnvironmentMetadata(name=name, settings=settings),
+            )
+        )
+
+    async def ImageGetOrCreate(self, stream: _Req) -> None:
+        _, request = await self._enter(stream, "image")
+        image_id, result = self.emu.images.get_or_create(request.image)
+        await stream.send_message(api_pb2.ImageGetOrCreateResponse(image_id=image_id, **result))
+
+    async def ImageJoinStreaming(self, stream: _Req) -> None:
+        _, request = await self._enter(stream, "image")
+        result = await self.emu.images.join(request.image_id, min(request.timeout or 55, 55))
+        await stream.send_message(api_pb2.ImageJoinStreamingResponse(**result))
+
+    async def SecretGetOrCreate(self, stream: _Req) -> None:
+        _, request = await self._enter(stream, "secret")
+        if request.deployment_name and not request.env_dict:
+            secret_id = self.core.named_secrets.get(request.deployment_name)
+            if secret_id is None:
+                raise GRPCError(
+                    Status.NOT_FOUND,
+                    f"Secret '{request.deployment_name}' not found in environment 'main'",
+                )
+            missing = set(request.required_keys) - set(self.core.secrets[secret_id])
+            if missing:
+                raise GRPCError(
+                    Status.NOT_FOUND, f"Secret is missing key(s): {', '.join(sorted(missing))}"
+                )
+        else:
+            secret_id = new_id("st")
+            self.core.secrets[secret_id] = dict(request.env_dict)
+        await stream.send_message(api_pb2.SecretGetOrCreateResponse(secret_id=secret_id))
+
+    async def AuthTokenGet(self, stream: _Req) -> None:
+        workspace, _ = await self._enter(stream, "auth")
+        token = self.core.tokens.mint(_AUTH_TOKEN_TTL, sub=workspace)
+        await stream.send_message(api_pb2.AuthTokenGetResponse(token=token))
+
+    # -- sandboxes ------------------------------------------------------------
+    async def SandboxCreateV2(self, stream: _Req) -> None:
+        workspace, request = await self._enter(stream, "create", v2=True)
+        env = self._env(request.definition.secret_ids, request.secret_sources)
+        sandbox = await self._create(workspace, request, env, v2=True)
+        await stream.send_message(
+            api_pb2.SandboxCreateV2Response(
+                sandbox_id=sandbox.id,
+                task_id=sandbox.task_id,
+                metadata=sandbox.metadata(),
+                command_router_access=self._router_access(sandbox),
+            )
+        )
+
+    async def SandboxCreate(self, stream: _Req) -> None:
+        workspace, request = await self._enter(stream, "create")
+        env = self._env(request.definition.secret_ids, ())
+        sandbox = await self._create(workspace, request, env, v2=False)
+        await stream.send_message(
+            api_pb2.SandboxCreateResponse(sandbox_id=sandbox.id, metadata=sandbox.metadata())
+        )
+
+    def _env(self, secret_ids: Any, sources: Any) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for secret_id in secret_ids:
+            env.update(self._secret(secret_id))
+        for source in sources:
+            if source.HasField("env"):
+                env.update(source.env.contents)
+            else:
+                env.update(self._secret(source.secret_id))
+        return env
+
+    def _secret(self, secret_id: str) -> dict[str, str]:
+        try:
+            return self.core.secrets[secret_id]
+        except KeyError:
+            raise GRPCError(Status.NOT_FOUND, f"Secret '{secret_id}' not found") from None
+
+    async def _create(
+        self, workspace: str, request: Any, env: dict[str, str], *, v2: bool
+    ) -> ModalSandbox:
+        definition: api_pb2.Sandbox = request.definition
+        if request.app_id not in self.core.apps.values():
+            raise GRPCError(Status.NOT_FOUND, f"App '{request.app_id}' not found")
+        if not self.emu.images.built(definition.image_id):
+            raise GRPCError(Status.NOT_FOUND, f"Image '{definition.image_id}' not found")
+        if definition.workdir and not definition.workdir.startswith("/"):
+            raise GRPCError(Status.INVALID_ARGUMENT, "workdir must be an absolute path")
+        tags = {tag.tag_name: tag.tag_value for tag in request.tags}
+        sandbox_id = new_id("sb", 22 if not v2 else 26)
+        try:
+            local = await self.core.create(
+                workspace,
+                SandboxSpec(env=env, labels=tags),
+                lifetime=definition.timeout_secs or 300,
+                sandbox_id=sandbox_id,
+            )
+        except QuotaViolation as exc:
+            template = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else QUOTA_MESSAGE
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, template.format(limit=exc.limit)) from None
+        sandbox = ModalSandbox(
+            id=sandbox_id,
+            task_id=new_id("ta", suffix="V" if v2 else "1"),
+            v2=v2,
+            app_id=request.app_id,
+            owner=workspace,
+            tags=tags,
+            definition=definition,
+            local=local,
+        )
+        self.core.add(sandbox)
+        return sandbox
+
+    def _router_access(self, sandbox: ModalSandbox) -> api_pb2.CommandRouterAccess:
+        jwt = self.core.tokens.mint(_ROUTER_TOKEN_TTL, task_id=sandbox.task_id)
+        return api_pb2.CommandRouterAccess(url=self.emu.url, jwt=jwt)
+
+    async def SandboxWaitV2(self, stream: _Req) -> None:
+        await self._wait(stream, v2=True)
+
+    async def SandboxWait(self, stream: _Req) -> None:
+        await self._wait(stream, v2=False)
+
+    async def _wait(self, stream: _Req, *, v2: bool) -> None:
+        workspace, request = await self._enter(stream, "get", v2=v2)
+        sandbox = self._sandbox(workspace, request.sandbox_id)
+        if sandbox.running and request.timeout > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sandbox.ended.wait(), min(request.timeout, _MAX_WAIT))
+        response = api_pb2.SandboxWaitResponse(metadata=sandbox.metadata())
+        if sandbox.result is not None:
+            response.result.CopyFrom(sandbox.result)
+        await stream.send_message(response)
+
+    async def SandboxGetTaskIdV2(self, stream: _Req) -> None:
+        await self._task_id(stream, v2=True)
+
+    async def SandboxGetTaskId(self, stream: _Req) -> None:
+        await self._task_id(stream, v2=False)
+
+    async def _task_id(self, stream: _Req, *, v2: bool) -> None:
+        workspace, request = await self._enter(stream, "get", v2=v2)
+        sandbox = self._sandbox(workspace, request.sandbox_id)
+        if sandbox.result is not None:
+            response = api_pb2.SandboxGetTaskIdResponse(task_result=sandbox.result)
+        else:
+            response = api_pb2.SandboxGetTaskIdResponse(task_id=sandbox.task_id)
+        await stream.send_message(response)
+
+    async def SandboxGetCommandRouterAccess(self, stream: _Req) -> None:
+        workspace, request = await self._enter(stream, "connect", v2=True)
+        if request.sandbox_id:
+            sandbox = self._sandbox(workspace, request.sandbox_id)
+        else:
+            sandbox = self._task(workspace, request.task_id)
+        access = self._live_access(sandbox)
+        await stream.send_message(
+            api_pb2.SandboxGetCommandRouterAccessResponse(url=access.url, jwt=access.jwt)
+        )
+
+    async def TaskGetCommandRouterAccess(self, stream: _Req) -> None:
+        workspace, request = await self._enter(stream, "connect")
+        access = self._live_access(self._task(workspace, request.task_id))
+        await stream.send_message(
+            api_pb2.TaskGetCommandRouterAccessResponse(url=access.url, jwt=access.jwt)
+        )
+
+    def _task(self, workspace: str, task_id: str) -> ModalSandbox:
+        sandbox = self.core.tasks.get(task_id)
+        if sandbox is None or sandbox.owner != workspace:
+            raise GRPCError(Status.NOT_FOUND, f"Task '{task_id}' not found")
+        return sandbox
+
+    def _live_access(self, sandbox: ModalSandbox) -> api_pb2.CommandRouterAccess:
+        if not sandbox.running:
+            raise GRPCError(
+                Status.FAILED_PRECONDITION, f"Sandbox {sandbox.id} has already finished"
+            )
+        return self._router_access(sandbox)
+
+    async def SandboxListV2(self, stream: _Req) -> None:
+        await self._list(stream, v2=True)
+
+    async def SandboxList(self, stream: _Req) -> None:
+        await self._list(stream, v2=False)
+
+    async def _list(self, stream: _Req, *, v2: bool) -> None:
+        workspace, request = await self._enter(stream, "list", v2=v2)
+        wanted = {tag.tag_name: tag.tag_value for tag in request.tags}
+        before = request.before_timestamp or time.time() + 1
+        found = sorted(
+            (
+                s
+                for s in self.core.modal.values()
+                if s.owner == workspace
+                and (s.running or request.include_finished)
+                and (not request.app_id or s.app_id == request.app_id)
+                and (v2 or not s.v2)
+                and s.created_at < before
+                and all(s.tags.get(k) == v for k, v in wanted.items())
+            ),
+            key=lambda s: s.created_at,
+            reverse=True,
+        )
+        await stream.send_message(
+            api_pb2.SandboxListResponse(sandboxes=[s.info() for s in found[:_PAGE]])
+        )
+
+    async def SandboxTagsGetV2(self, stream: _Req) -> None:
+        await self._tags(stream, v2=True)
+
+    async def SandboxTagsGet(self, stream: _Req) -> None:
+        await self._tags(stream, v2=False)
+
+    async def _tags(self, stream: _Req, *, v2: bool) -> None:
+        workspace, request = await self._enter(stream, "get", v2=v2)
+        sandbox = self._sandbox(workspace, request.sandbox_id)
+        tags = [api_pb2.SandboxTag(tag_name=k, tag_value=v) for k, v in sandbox.tags.items()]
+        await stream.send_message(api_pb2.SandboxTagsGetResponse(tags=tags))
+
+    async def SandboxTerminateV2(self, stream: _Req) -> None:
+        await self._terminate(stream, v2=True)
+
+    async def SandboxTerminate(self, stream: _Req) -> None:
+        await self._terminate(stream, v2=False)
+
+    async def _terminate(self, stream: _Req, *, v2: bool) -> None:
+        workspace, request = await self._enter(stream, "kill", v2=v2)
+        sandbox = self._sandbox(workspace, request.sandbox_id)
+        response = api_pb2.SandboxTerminateResponse()
+        if sandbox.result is not None:
+            response.existing_result.CopyFrom(sandbox.result)
+        else:
+            await self.core.kill(sandbox.id)
+        await stream.send_message(response)
+
+
+class Images:
+    """The emulated image builder: registry images by tag, built once, maybe slowly.
+
+    Args:
+        allowed: registry tags a build may pull; None pulls any (an unknown
+            tag fails its build, as a missing registry image does).
+        build_seconds: how long a first build of a tag takes; until then
+            ``ImageGetOrCreate`` answers without a result and the SDK waits
+            on ``ImageJoinStreaming``.
+    """
+
+    def __init__(self, allowed: set[str] | None = None, build_seconds: float = 0.0) -> None:
+        self.allowed = allowed
+        self.build_seconds = build_seconds
+        self._ready_at: dict[str, float] = {}
+        self._tags: dict[str, str] = {}
+
+    def get_or_create(self, image: api_pb2.Image) -> tuple[str, dict[str, Any]]:
+        """The image id of ``image`` and, when its build is over, its result."""
+        tag = next(
+            (
+                c.split(None, 1)[1]
+                for c in image.dockerfile_commands
+                if c.upper().startswith("FROM ")
+            ),
+            "",
+        )
+        image_id = "im-" + hashlib.sha256(tag.encode()).hexdigest()[:22]
+        self._tags[image_id] = tag
+        self._ready_at.setdefault(image_id, time.monotonic() + self.build_seconds)
+        return image_id, self._result(image_id)
+
+    def built(self, image_id: str) -> bool:
+        result = self._result(image_id).get("result")
+        return result is not None and result.status == api_pb2.GenericResult.GENERIC_STATUS_SUCCESS
+
+    async def join(self, image_id: str, timeout: float) -> dict[str, Any]:
+        """Wait (up to ``timeout``) for the build of ``image_id``; its result when over."""
+        if image_id not in self._ready_at:
+            raise GRPCError(Status.NOT_FOUND, f"Image '{image_id}' not found")
+        wait = self._ready_at[image_id] - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(min(wait, timeout))
+        return self._result(image_id)
+
+    def _result(self, image_id: str) -> dict[str, Any]:
+        if image_id not in self._ready_at or time.monotonic() < self._ready_at[image_id]:
+            return {}
+        tag = self._tags[image_id]
+        if self.allowed is not None and tag not in self.allowed:
+            failure = api_pb2.GenericResult(
+                status=api_pb2.GenericResult.GENERIC_STATUS_FAILURE,
+                exception=f"Failed to pull image {tag!r}: manifest unknown",
+            )
+            return {"result": failure}
+        success = api_pb2.GenericResult(status=api_pb2.GenericResult.GENERIC_STATUS_SUCCESS)
+        return {"result": success, "metadata": api_pb2.ImageMetadata(workdir="/")}

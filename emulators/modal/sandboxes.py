@@ -1,0 +1,318 @@
+"""The emulated Modal sandboxes, their tasks and the commands exec'd in them.
+
+A Modal sandbox is a `providers.local.LocalSandbox` (real commands, real
+files) plus what Modal keeps around it: the workspace (token id) that owns
+it, its app, tags, environment, its one task (the container: exec'd
+commands go to the task's command router) and, once it has ended, its
+`GenericResult` (terminated, or timed out after its lifetime or idle time).
+
+Ids have Modal's shapes: ``sb-`` + 22 base62 characters is a V1 sandbox
+(the SDK routes such ids to the V1 RPCs), longer ids are V2 sandboxes;
+the task ids of V2 sandboxes end in ``V``.
+
+Paths are Modal's: a sandbox's working directory (its ``workdir``, else
+``/root``) is the local sandbox directory, and relative paths start there.
+Commands start in it; under bubblewrap they also reach it by its Modal path
+when that path is free inside the sandbox (a symlink made at the start of
+each command), otherwise through relative paths and ``$HOME``. Without
+bubblewrap commands run in the host directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import posixpath
+import secrets
+import shlex
+import signal
+import string
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modal_proto import api_pb2
+
+from emulators.harness import EmulatorCore
+from providers.local import LocalProcess, LocalSandbox
+
+__all__ = [
+    "FS_TOOLS",
+    "MODAL_HOME",
+    "Exec",
+    "ModalCore",
+    "ModalSandbox",
+    "Tokens",
+    "new_id",
+]
+
+MODAL_HOME = "/root"
+FS_TOOLS = "/__modal/.bin/modal-sandbox-fs-tools"
+_BASE62 = string.digits + string.ascii_uppercase + string.ascii_lowercase
+_CHUNK = 64 * 1024
+_ENDINGS = {
+    "kill": (api_pb2.GenericResult.GENERIC_STATUS_TERMINATED, "Sandbox terminated"),
+    "expired": (api_pb2.GenericResult.GENERIC_STATUS_TIMEOUT, "Sandbox timed out"),
+    "idle": (api_pb2.GenericResult.GENERIC_STATUS_IDLE_TIMEOUT, "Sandbox was idle too long"),
+}
+_FS_TOOLS_SOURCE = (Path(__file__).parent / "fs_tools.py").read_text()
+
+
+def new_id(prefix: str, length: int = 22, *, suffix: str = "") -> str:
+    body = "".join(secrets.choice(_BASE62) for _ in range(length - len(suffix)))
+    return f"{prefix}-{body}{suffix}"
+
+
+class Tokens:
+    """Signed JWTs: the auth tokens of ``AuthTokenGet`` and the command routers'."""
+
+    def __init__(self) -> None:
+        self._key = secrets.token_bytes(32)
+
+    def mint(self, ttl: float, **claims: str) -> str:
+        header = _b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+        payload = _b64(json.dumps({**claims, "exp": int(time.time() + ttl)}).encode())
+        signature = _b64(hmac.new(self._key, f"{header}.{payload}".encode(), "sha256").digest())
+        return f"{header}.{payload}.{signature}"
+
+    def claims(self, token: str) -> dict[str, str] | None:
+        """The token's claims when it is ours and not expired, else None."""
+        try:
+            header, payload, signature = token.split(".")
+            expected = hmac.new(self._key, f"{header}.{payload}".encode(), hashlib.sha256)
+            if not hmac.compare_digest(_b64(expected.digest()), signature):
+                return None
+            data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("exp", 0) < time.time():
+            return None
+        return {k: v for k, v in data.items() if isinstance(v, str)}
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@dataclass
+class Exec:
+    """One command exec'd through the command router, with its buffered output."""
+
+    id: str
+    op: str
+    process: LocalProcess
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    code: int | None = None
+    signal: int | None = None
+    stdin_written: int = 0
+    stdin_closed: bool = False
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    pump: asyncio.Task[None] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.code is not None or self.signal is not None
+
+    def output(self, fd: int) -> bytearray:
+        return self.stdout if fd == 1 else self.stderr
+
+    async def until(self, ready: Callable[[], bool]) -> None:
+        """Until ``ready()`` holds (checked at each new output and at the exit)."""
+        async with self.changed:
+            await self.changed.wait_for(ready)
+
+    async def write_stdin(self, offset: int, data: bytes, eof: bool) -> None:
+        """Write ``data`` at ``offset`` of the stdin stream (bytes already written are skipped)."""
+        stdin = self.process.proc.stdin
+        if offset > self.stdin_written:
+            raise ValueError(
+                f"stdin offset {offset} is past the {self.stdin_written} bytes written so far"
+            )
+        fresh = data[self.stdin_written - offset :]
+        if fresh and not self.stdin_closed and stdin is not None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                stdin.write(fresh)
+                await stdin.drain()
+        self.stdin_written = max(self.stdin_written, offset + len(data))
+        if eof and not self.stdin_closed:
+            self.stdin_closed = True
+            if stdin is not None:
+                stdin.close()
+
+    async def run(self, timeout: float | None, cap: int) -> None:
+        """Collect output until the command exits; kill its process group at ``timeout``."""
+        proc = self.process.proc
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        readers = asyncio.gather(
+            self._read(proc.stdout, self.stdout, cap), self._read(proc.stderr, self.stderr, cap)
+        )
+        try:
+            await asyncio.wait_for(asyncio.shield(readers), timeout)
+        except TimeoutError:
+            self.process.kill()
+            await readers
+        returncode = await proc.wait()
+        self.process.kill()
+        if returncode < 0:
+            self.signal = -returncode
+        else:
+            self.code = returncode
+        await self._notify()
+
+    async def _read(self, stream: asyncio.StreamReader, into: bytearray, cap: int) -> None:
+        while chunk := await stream.read(_CHUNK):
+            into += chunk[: max(cap - len(into), 0)]
+            await self._notify()
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    def stop(self) -> None:
+        self.process.kill(signal.SIGKILL)
+
+
+@dataclass
+class ModalSandbox:
+    """One emulated Modal sandbox and its task."""
+
+    id: str
+    task_id: str
+    v2: bool
+    app_id: str
+    owner: str
+    tags: dict[str, str]
+    definition: api_pb2.Sandbox
+    local: LocalSandbox
+    created_at: float = field(default_factory=time.time)
+    last_active: float = field(default_factory=time.monotonic)
+    result: api_pb2.GenericResult | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    execs: dict[str, Exec] = field(default_factory=dict)
+
+    @property
+    def home(self) -> str:
+        return self.definition.workdir or MODAL_HOME
+
+    @property
+    def running(self) -> bool:
+        return self.result is None
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def idle_for(self, now: float) -> float:
+        if any(not e.done for e in self.execs.values()):
+            return 0.0
+        return now - self.last_active
+
+    def argv(self, command: Sequence[str], workdir: str, python: str) -> list[str]:
+        """``command`` as the sandbox runs it: from ``workdir``, fs-tools included.
+
+        The fs-tools command is `emulators.modal.fs_tools`, run by the
+        sandbox's Python; it reads its JSON request and the home path from argv.
+        """
+        if command and command[0] == FS_TOOLS:
+            command = [python, "-c", _FS_TOOLS_SOURCE, *command[1:2], self.home]
+        rel = _relative(workdir, self.home)
+        if rel is None:
+            target = shlex.quote(workdir)
+        else:
+            target = '"$HOME"' if rel == "." else '"$HOME"/' + shlex.quote(rel)
+        prelude = f"cd {target} || exit 126"
+        if self.local._provider.use_bwrap:
+            link = shlex.quote(self.home)
+            prelude = (
+                f'[ -e {link} ] || {{ mkdir -p "$(dirname {link})" && ln -s "$HOME" {link}; }}'
+                f" 2>/dev/null; {prelude}"
+            )
+        return ["/bin/bash", "-c", prelude + '; exec "$@"', "modal-exec", *command]
+
+    def end(self, status: api_pb2.GenericResult.GenericStatus.ValueType, message: str) -> None:
+        """Mark the sandbox finished and stop its commands (the local sandbox is killed apart)."""
+        if self.result is not None:
+            return
+        self.result = api_pb2.GenericResult(
+            status=status,
+            exception=message,
+            exitcode=137 if status == api_pb2.GenericResult.GENERIC_STATUS_TERMINATED else 0,
+        )
+        for execution in self.execs.values():
+            execution.stop()
+        self.ended.set()
+
+    def info(self) -> api_pb2.SandboxInfo:
+        task = api_pb2.TaskInfo(
+            id=self.task_id,
+            started_at=self.created_at,
+            sandbox_id=self.id,
+            enqueued_at=self.created_at,
+        )
+        if self.result is not None:
+            task.result.CopyFrom(self.result)
+        return api_pb2.SandboxInfo(
+            id=self.id,
+            created_at=self.created_at,
+            task_info=task,
+            app_id=self.app_id,
+            tags=[api_pb2.SandboxTag(tag_name=k, tag_value=v) for k, v in self.tags.items()],
+            image_id=self.definition.image_id,
+            timeout_secs=self.definition.timeout_secs,
+            idle_timeout_secs=self.definition.idle_timeout_secs,
+            metadata=self.metadata(),
+        )
+
+    def metadata(self) -> api_pb2.SandboxHandleMetadata:
+        metadata = api_pb2.SandboxHandleMetadata(app_id=self.app_id)
+        if self.result is not None:
+            metadata.result.CopyFrom(self.result)
+        return metadata
+
+
+def _relative(path: str, home: str) -> str | None:
+    """``path`` relative to ``home`` when it is inside it, else None."""
+    path = posixpath.normpath(path)
+    if path == home:
+        return "."
+    if path.startswith(home.rstrip("/") + "/"):
+        return path[len(home.rstrip("/")) + 1 :]
+    return None
+
+
+class ModalCore(EmulatorCore):
+    """`EmulatorCore` that also knows apps, images, secrets and Modal's sandbox states."""
+
+    def __init__(self, name: str, root: Path, *, isolation: str = "auto") -> None:
+        super().__init__(name, root, isolation=isolation)
+        self.modal: dict[str, ModalSandbox] = {}
+        self.tasks: dict[str, ModalSandbox] = {}
+        self.apps: dict[tuple[str, str], str] = {}
+        self.secrets: dict[str, dict[str, str]] = {}
+        self.named_secrets: dict[str, str] = {}
+        self.tokens = Tokens()
+
+    def add(self, sandbox: ModalSandbox) -> None:
+        self.modal[sandbox.id] = sandbox
+        self.tasks[sandbox.task_id] = sandbox
+
+    async def kill(self, sandbox_id: str, ended_by: str = "kill") -> bool:
+        sandbox = self.modal.get(sandbox_id)
+        if sandbox is not None:
+            status, message = _ENDINGS.get(ended_by, _ENDINGS["kill"])
+            sandbox.end(status, message)
+        return await super().kill(sandbox_id, ended_by)
+
+    async def expire(self) -> None:
+        await super().expire()
+        now = time.monotonic()
+        for sandbox in list(self.modal.values()):
+            idle = sandbox.definition.idle_timeout_secs
+            if sandbox.running and idle and sandbox.idle_for(now) >= idle:
+                await self.kill(sandbox.id, "idle")

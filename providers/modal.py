@@ -1,0 +1,494 @@
+"""The ``modal`` provider: Modal Sandboxes through the ``modal`` SDK's async API (``.aio``).
+
+Each chain entry is one Modal workspace (one token: ``token_id`` /
+``token_secret``, else ``MODAL_TOKEN_ID`` / ``MODAL_TOKEN_SECRET``). Its
+client is made on first use with ``modal.Client.from_credentials`` (or, when
+the entry names a ``server_url``, a client for that URL), so several
+workspaces work side by side in one process; the app the sandboxes belong to
+is looked up (created if missing) once per entry. Sandboxes run a registry
+image (``image``, or the spec's ``template``), with the spec's env, tags
+(the router's labels), lifetime, idle timeout, workdir, cpu, memory and
+GPU; a spec asking for a GPU makes Modal use its V1 sandbox backend, which
+the SDK picks by itself.
+
+Every Modal call runs under the router's own deadline (``asyncio.timeout``):
+against a dead endpoint the SDK keeps reconnecting for about a minute, and a
+hung create never returns. The SDK's silent sleeps on throttling are off
+(``MODAL_MAX_THROTTLE_WAIT=0`` unless already set, read by the SDK at each
+call) so a RESOURCE_EXHAUSTED comes back at once and the router decides.
+The SDK still retries UNAVAILABLE/INTERNAL answers three times, quickly
+(0.1 s to 0.4 s apart): it has no switch for that.
+
+Every SDK exception goes through `_to_error`, the one mapping to
+``providers.errors``: AuthError `AuthError`; ResourceExhaustedError
+`RateLimited` when Modal attaches a retry policy or speaks of a rate,
+`CapacityExceeded` when it speaks of concurrency or capacity, else
+`QuotaExceeded`; ServiceError, InternalError, ConnectionError, grpclib stream
+errors and timeouts `Unavailable`; NotFoundError `NotFound`; a filesystem
+error (``SandboxFilesystemNotFoundError`` and kin) or an invalid request
+`SandboxError`. A command's non-zero exit is a `CommandResult`, and one that
+runs out of its timeout (``ExecTimeoutError``, or the SDK's exit code -1) a
+result with ``timed_out=True``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import math
+import os
+import posixpath
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import structlog
+from pydantic import SecretStr
+
+from providers.base import (
+    CodeResult,
+    CommandResult,
+    FileInfo,
+    Provider,
+    ProviderOptions,
+    Sandbox,
+    SandboxInfo,
+    SandboxSpec,
+)
+from providers.errors import (
+    AuthError,
+    CapacityExceeded,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+    SandboxError,
+    Unavailable,
+)
+
+__all__ = ["TOKEN_ID_ENV", "TOKEN_SECRET_ENV", "ModalOptions", "ModalProvider", "ModalSandbox"]
+
+log = structlog.get_logger("sandbox_router.modal")
+
+TOKEN_ID_ENV = "MODAL_TOKEN_ID"
+TOKEN_SECRET_ENV = "MODAL_TOKEN_SECRET"
+_THROTTLE_ENV = "MODAL_MAX_THROTTLE_WAIT"
+_CAPACITY_WORDS = ("concurren", "capacity", "running sandboxes")
+_INTERPRETERS = {"python": ("python3", "-"), "bash": ("bash", "-s")}
+_TIMED_OUT = -1
+
+
+def _sdk() -> Any:
+    """Import ``modal`` (lazily: the adapter imports without it), throttle waits off."""
+    os.environ.setdefault(_THROTTLE_ENV, "0")
+    import modal
+
+    return modal
+
+
+class ModalOptions(ProviderOptions):
+    """Options of a ``modal`` chain entry.
+
+    Attributes:
+        token_id, token_secret: the workspace's token; ``MODAL_TOKEN_ID`` /
+            ``MODAL_TOKEN_SECRET`` when unset.
+        server_url: Modal's API URL (default: the SDK's, ``MODAL_SERVER_URL``
+            or the profile's); for emulators.
+        app_name: the app the sandboxes belong to (created if missing).
+        image: the registry image sandboxes run when the spec names no
+            ``template``.
+        workdir: the working directory of commands when the spec names none;
+            relative file paths and ``cwd`` start there.
+        secrets: names of Modal Secrets injected into every sandbox.
+        lifetime: the sandbox ``timeout`` in seconds when the spec names no
+            ``lifetime`` (Modal fixes it at create; at most 24 h).
+        request_timeout: seconds for each call that is not a create or a command.
+    """
+
+    token_id: SecretStr | None = None
+    token_secret: SecretStr | None = None
+    server_url: str | None = None
+    app_name: str = "sandbox-router"
+    image: str = "python:3.12-slim"
+    workdir: str = "/root"
+    secrets: tuple[str, ...] = ()
+    lifetime: float = 3600.0
+    request_timeout: float = 30.0
+
+
+class ModalProvider(Provider):
+    """One Modal workspace.
+
+    Args:
+        name: the chain entry's name.
+        options: `ModalOptions`.
+    """
+
+    kind: ClassVar[str] = "modal"
+    Options: ClassVar[type[ProviderOptions]] = ModalOptions
+    capabilities = frozenset({"run_code", "files", "gpu"})
+
+    def __init__(self, name: str = "modal", options: ProviderOptions | None = None) -> None:
+        super().__init__(name, options)
+        self._client: Any = None
+        self._app: Any = None
+        self._images: dict[str, Any] = {}
+
+    @property
+    def opts(self) -> ModalOptions:
+        assert isinstance(self.options, ModalOptions)
+        return self.options
+
+    def _credentials(self) -> tuple[str, str] | None:
+        token_id = _secret(self.opts.token_id) or os.environ.get(TOKEN_ID_ENV)
+        token_secret = _secret(self.opts.token_secret) or os.environ.get(TOKEN_SECRET_ENV)
+        return (token_id, token_secret) if token_id and token_secret else None
+
+    def unconfigured_reason(self) -> str | None:
+        if self._credentials() is None:
+            return (
+                f"no Modal token: set {TOKEN_ID_ENV} and {TOKEN_SECRET_ENV} "
+                "or the entry's token_id and token_secret options"
+            )
+        return None
+
+    async def _native_client(self) -> Any:
+        """This entry's SDK client, opened on first use and reused."""
+        if self._client is None:
+            opened = await self._open_client()
+            if self._adopt(opened) is not opened:  # a concurrent first call won the race
+                await opened.close.aio()
+        return self._client
+
+    def _adopt(self, client: Any) -> Any:
+        if self._client is None:
+            self._client = client
+        return self._client
+
+    async def _open_client(self) -> Any:
+        credentials = self._credentials()
+        if credentials is None:
+            raise AuthError(str(self.unconfigured_reason()), provider=self.name)
+        modal = _sdk()
+        if self.opts.server_url is None:
+            return await modal.Client.from_credentials.aio(*credentials)
+        from modal_proto import api_pb2
+
+        client = modal.Client(self.opts.server_url, api_pb2.CLIENT_TYPE_CLIENT, credentials)
+        await client.__aenter__()
+        return client
+
+    async def _native_app(self, client: Any) -> Any:
+        if self._app is None:
+            self._app = await _sdk().App.lookup.aio(
+                self.opts.app_name, create_if_missing=True, client=client
+            )
+        return self._app
+
+    def _image(self, tag: str) -> Any:
+        if tag not in self._images:
+            self._images[tag] = _sdk().Image.from_registry(tag)
+        return self._images[tag]
+
+    async def create(self, spec: SandboxSpec, *, timeout: float) -> ModalSandbox:
+        modal = _sdk()
+        workdir = spec.workdir or self.opts.workdir
+        try:
+            async with asyncio.timeout(timeout):
+                client = await self._native_client()
+                native = await modal.Sandbox.create.aio(
+                    app=await self._native_app(client),
+                    image=self._image(spec.template or self.opts.image),
+                    env=dict(spec.env) or None,
+                    secrets=[modal.Secret.from_name(name) for name in self.opts.secrets],
+                    tags=dict(spec.labels) or None,
+                    timeout=max(1, math.ceil(spec.lifetime or self.opts.lifetime)),
+                    idle_timeout=math.ceil(spec.idle_timeout) if spec.idle_timeout else None,
+                    workdir=workdir,
+                    cpu=spec.cpu,
+                    memory=spec.memory_mb,
+                    gpu=spec.gpu,
+                    client=client,
+                )
+        except Exception as exc:
+            raise _to_error(exc, self.name) from exc
+        log.debug("sandbox_router.modal.created", entry=self.name, sandbox_id=native.object_id)
+        return ModalSandbox(native, self.name, workdir=workdir, request_timeout=self._timeout)
+
+    @property
+    def _timeout(self) -> float:
+        return self.opts.request_timeout
+
+    async def connect(self, sandbox_id: str) -> ModalSandbox:
+        try:
+            async with asyncio.timeout(self._timeout):
+                client = await self._native_client()
+                native = await _sdk().Sandbox.from_id.aio(sandbox_id, client=client)
+        except Exception as exc:
+            raise _to_error(exc, self.name, sandbox_id) from exc
+        if native.returncode is not None:
+            raise NotFound(
+                f"Modal sandbox has finished (exit code {native.returncode})",
+                provider=self.name,
+                sandbox_id=sandbox_id,
+            )
+        return ModalSandbox(
+            native, self.name, workdir=self.opts.workdir, request_timeout=self._timeout
+        )
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
+        found: builtins.list[SandboxInfo] = []
+        try:
+            async with asyncio.timeout(self._timeout):
+                client = await self._native_client()
+                app = await self._native_app(client)
+                async for native in _sdk().Sandbox.list.aio(
+                    app_id=app.app_id, tags=dict(labels) if labels else None, client=client
+                ):
+                    tags = await native.get_tags.aio()
+                    found.append(SandboxInfo(id=native.object_id, labels=tags))
+        except Exception as exc:
+            raise _to_error(exc, self.name) from exc
+        return found
+
+    async def kill(self, sandbox_id: str) -> bool:
+        try:
+            async with asyncio.timeout(self._timeout):
+                client = await self._native_client()
+                native = await _sdk().Sandbox.from_id.aio(sandbox_id, client=client)
+                if native.returncode is not None:
+                    return False
+                await native.terminate.aio()
+        except Exception as exc:
+            error = _to_error(exc, self.name, sandbox_id)
+            if isinstance(error, NotFound):
+                return False
+            raise error from exc
+        log.debug("sandbox_router.modal.killed", entry=self.name, sandbox_id=sandbox_id)
+        return True
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        self._app = None
+        self._images.clear()
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.close.aio(), self._timeout)
+            except Exception as exc:
+                log.debug("sandbox_router.modal.close_failed", entry=self.name, error=repr(exc))
+
+
+class ModalSandbox(Sandbox):
+    """A live Modal sandbox; ``native`` is the SDK's ``modal.Sandbox``.
+
+    Relative paths (files and ``cwd``) start at the sandbox's working directory.
+    """
+
+    def __init__(self, native: Any, provider: str, *, workdir: str, request_timeout: float) -> None:
+        self._native = native
+        self.id: str = native.object_id
+        self.provider = provider
+        self._workdir = workdir
+        self._timeout = request_timeout
+
+    @property
+    def native(self) -> Any:
+        return self._native
+
+    def _error(self, exc: BaseException) -> ProviderError:
+        return _to_error(exc, self.provider, self.id, in_sandbox=True)
+
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self._workdir, path))
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        """A command's own timeout plus time for the round trips; None runs it unbounded."""
+        return timeout + self._timeout if timeout else None
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        argv = ("bash", "-c", cmd) if isinstance(cmd, str) else tuple(cmd)
+        return await self._exec(argv, timeout=timeout, env=env, cwd=cwd)
+
+    async def _exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
+        from modal.exception import ExecTimeoutError
+
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._deadline(timeout)):
+                process = await self._native.exec.aio(
+                    *argv,
+                    timeout=math.ceil(timeout) if timeout else None,
+                    workdir=self._path(cwd or "."),
+                    env=dict(env) if env else None,
+                    text=False,
+                )
+                if stdin is not None:
+                    process.stdin.write(stdin)
+                    process.stdin.write_eof()
+                    await process.stdin.drain.aio()
+                out, err, code = await asyncio.gather(
+                    process.stdout.read.aio(), process.stderr.read.aio(), process.wait.aio()
+                )
+        except ExecTimeoutError:
+            return CommandResult("", "", _TIMED_OUT, time.monotonic() - started, timed_out=True)
+        except Exception as exc:
+            raise self._error(exc) from exc
+        elapsed = time.monotonic() - started
+        timed_out = code == _TIMED_OUT or bool(timeout and code == 137 and elapsed >= timeout)
+        return CommandResult(
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            exit_code=_TIMED_OUT if timed_out else code,
+            duration=elapsed,
+            timed_out=timed_out,
+        )
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        payload = data.encode() if isinstance(data, str) else data
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._native.filesystem.write_bytes.aio(payload, self._path(path))
+        except Exception as exc:
+            raise self._error(exc) from exc
+
+    async def read_file(self, path: str) -> bytes:
+        try:
+            async with asyncio.timeout(self._timeout):
+                data: bytes = await self._native.filesystem.read_bytes.aio(self._path(path))
+        except Exception as exc:
+            raise self._error(exc) from exc
+        return data
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        try:
+            async with asyncio.timeout(self._timeout):
+                entries = await self._native.filesystem.list_files.aio(self._path(path))
+        except Exception as exc:
+            raise self._error(exc) from exc
+        return [FileInfo(name=e.name, path=e.path, is_dir=e.is_dir(), size=e.size) for e in entries]
+
+    async def run_code(
+        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+    ) -> CodeResult:
+        if language not in _INTERPRETERS:
+            raise SandboxError(
+                f"run_code: language {language!r} is not supported "
+                f"(expected one of {sorted(_INTERPRETERS)})",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        res = await self._exec(_INTERPRETERS[language], timeout=timeout, stdin=code.encode())
+        error = None
+        if res.timed_out:
+            error = f"timed out after {timeout}s"
+        elif res.exit_code != 0:
+            lines = [line for line in res.stderr.splitlines() if line.strip()]
+            error = lines[-1] if lines else f"exit code {res.exit_code}"
+        return CodeResult(
+            res.stdout, res.stderr, res.exit_code, res.duration, res.timed_out, (), error
+        )
+
+    async def kill(self) -> None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._native.terminate.aio()
+        except Exception as exc:
+            error = self._error(exc)
+            if not isinstance(error, NotFound):
+                raise error from exc
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return (value.get_secret_value() or None) if value is not None else None
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """The delay of the ``RPCRetryPolicy`` detail Modal attached to an error, if any."""
+    for detail in getattr(exc, "_grpc_details", None) or ():
+        seconds = getattr(detail, "retry_after_secs", None)
+        if isinstance(seconds, int | float):
+            return float(seconds)
+    return None
+
+
+def _to_error(
+    exc: BaseException,
+    provider: str,
+    sandbox_id: str | None = None,
+    *,
+    in_sandbox: bool = False,
+) -> ProviderError:
+    """The one mapping of Modal SDK (and grpclib) exceptions to router errors.
+
+    Args:
+        exc: what the SDK raised.
+        provider: the chain entry's name.
+        sandbox_id: the sandbox concerned, when there is one.
+        in_sandbox: the call was an operation inside a live sandbox (a
+            command, a file), where an invalid request is the caller's.
+    """
+    from grpclib.exceptions import GRPCError, StreamTerminatedError
+    from modal import exception as mx
+
+    message = str(exc) or type(exc).__name__
+    where: dict[str, Any] = {"provider": provider, "sandbox_id": sandbox_id}
+
+    if isinstance(exc, mx.AuthError):
+        return AuthError(message, status=401, **where)
+    if isinstance(exc, mx.PermissionDeniedError):
+        return AuthError(message, status=403, **where)
+    if isinstance(exc, mx.ResourceExhaustedError):
+        return _exhausted(exc, message, where)
+    if isinstance(exc, mx.SandboxFilesystemNotFoundError):
+        return SandboxError(f"no such file or directory: {message}", status=404, **where)
+    if isinstance(exc, mx.SandboxFilesystemError):
+        return SandboxError(message, **where)
+    if isinstance(exc, mx.NotFoundError):
+        return NotFound(message, status=404, **where)
+    if isinstance(exc, mx.ConflictError) and in_sandbox and "finished" in message:
+        return NotFound(f"Modal sandbox has finished: {message}", status=409, **where)
+    if isinstance(exc, mx.InvalidError):
+        return SandboxError(message, status=400, **where)
+    if isinstance(exc, mx.ImageBuildError):
+        return NotFound(f"image build failed: {message}", **where)
+    if isinstance(exc, mx.ServiceError | mx.InternalError | mx.ConnectionError | mx.TimeoutError):
+        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+    if isinstance(exc, mx.Error):
+        return ProviderError(f"{type(exc).__name__}: {message}", **where)
+    if isinstance(exc, StreamTerminatedError | GRPCError | OSError | ConnectionError):
+        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+    if isinstance(exc, TimeoutError):
+        return Unavailable("Modal did not answer in time", **where)
+    return ProviderError(f"{type(exc).__name__}: {message}", **where)
+
+
+def _exhausted(exc: BaseException, message: str, where: dict[str, Any]) -> ProviderError:
+    """RESOURCE_EXHAUSTED: throttling, the concurrency cap or the workspace's quota."""
+    retry_after = _retry_after(exc)
+    lowered = message.lower()
+    if retry_after is not None or "rate limit" in lowered:
+        limited = RateLimited(
+            message, retry_after=retry_after, provider=where["provider"], status=429
+        )
+        limited.sandbox_id = where["sandbox_id"]
+        return limited
+    if any(word in lowered for word in _CAPACITY_WORDS):
+        return CapacityExceeded(message, status=429, **where)
+    quota = QuotaExceeded(message, provider=where["provider"], status=429)
+    quota.sandbox_id = where["sandbox_id"]
+    return quota

@@ -1,0 +1,474 @@
+"""The modal adapter over the real SDK, against the Modal emulator: lifecycle and error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+import structlog
+from pydantic import SecretStr
+
+from emulators.harness import Emulator, free_port
+from emulators.modal import TEST_TOKEN_ID, TEST_TOKEN_SECRET, ModalEmulator
+from emulators.modal.control import CONCURRENCY_MESSAGE, QUOTA_MESSAGE
+from providers import provider_class
+from providers.base import SandboxSpec
+from providers.errors import (
+    AuthError,
+    CapacityExceeded,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+    SandboxError,
+    Unavailable,
+)
+from providers.modal import ModalOptions, ModalProvider, ModalSandbox
+
+
+@pytest.fixture
+def emu(modal_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModalEmulator]:
+    assert isinstance(modal_emulator, ModalEmulator)
+    for key, value in modal_emulator.sdk_env().items():
+        monkeypatch.setenv(key, value)
+    yield modal_emulator
+    assert modal_emulator.alive() == [], "a test left a sandbox alive"
+
+
+def options(emu: ModalEmulator, **kw: Any) -> ModalOptions:
+    settings: dict[str, Any] = {
+        "token_id": TEST_TOKEN_ID,
+        "token_secret": TEST_TOKEN_SECRET,
+        "server_url": emu.url,
+        "request_timeout": 5,
+        **kw,
+    }
+    return ModalOptions(**settings)
+
+
+@pytest.fixture
+async def provider(emu: ModalEmulator) -> AsyncIterator[ModalProvider]:
+    adapter = ModalProvider("modal-a", options(emu))
+    yield adapter
+    await adapter.aclose()
+
+
+@pytest.fixture
+async def sandbox(provider: ModalProvider) -> AsyncIterator[ModalSandbox]:
+    created = await provider.create(SandboxSpec(env={"GLOBAL": "g"}), timeout=5)
+    yield created
+    await created.kill()
+
+
+async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+
+
+def test_registered_and_configured_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert provider_class("modal") is ModalProvider
+    assert "gpu" in ModalProvider.capabilities
+    monkeypatch.delenv("MODAL_TOKEN_ID", raising=False)
+    monkeypatch.delenv("MODAL_TOKEN_SECRET", raising=False)
+    bare = ModalProvider("modal-x")
+    assert not bare.configured()
+    assert "MODAL_TOKEN_ID" in str(bare.unconfigured_reason())
+    monkeypatch.setenv("MODAL_TOKEN_ID", "ak-env")
+    assert not bare.configured()
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-env")
+    assert bare.configured()
+    opts = ModalOptions(token_id=SecretStr("ak-1"), token_secret=SecretStr("as-hidden"))
+    assert ModalProvider("modal-y", opts).configured()
+    assert "as-hidden" not in repr(opts)
+    with pytest.raises(ValueError, match="extra"):
+        ModalOptions(token_id="ak", unknown=1)  # type: ignore[call-arg]
+
+
+async def test_lifecycle(emu: ModalEmulator, provider: ModalProvider) -> None:
+    spec = SandboxSpec(
+        labels={"sandbox_router": "1", "sandbox_router_entry": "modal-a"},
+        env={"GLOBAL": "g"},
+        lifetime=120,
+        idle_timeout=60,
+        cpu=0.5,
+        memory_mb=512,
+    )
+    sbx = await provider.create(spec, timeout=5)
+    (record,) = emu.records()
+    assert (record.id, record.labels) == (sbx.id, dict(spec.labels))
+    assert record.expires_at is not None
+    assert record.expires_at - record.created_at == pytest.approx(120, abs=1)
+    definition = emu.core.modal[sbx.id].definition
+    assert (definition.workdir, definition.idle_timeout_secs) == ("/root", 60)
+    assert (definition.resources.milli_cpu, definition.resources.memory_mb) == (500, 512)
+    assert sbx.native.object_id == sbx.id
+
+    ran = await sbx.run("echo $GLOBAL $LOCAL; echo oops >&2; exit 3", env={"LOCAL": "l"})
+    assert (ran.stdout, ran.stderr, ran.exit_code, ran.ok) == ("g l\n", "oops\n", 3, False)
+    assert (await sbx.run(["printf", "%s|", "a b", "c"])).stdout == "a b|c|"
+    await sbx.run("mkdir -p sub/dir && touch sub/dir/here")
+    assert (await sbx.run("ls", cwd="sub/dir")).stdout == "here\n"
+    assert (await sbx.run("ls", cwd="/root/sub/dir")).stdout == "here\n"
+
+    assert [s.id for s in await provider.list({"sandbox_router_entry": "modal-a"})] == [sbx.id]
+    (info,) = await provider.list()
+    assert info.labels == dict(spec.labels)
+    assert await provider.list({"sandbox_router_entry": "other"}) == []
+    again = await provider.connect(sbx.id)
+    assert (await again.run("echo $GLOBAL")).stdout == "g\n"
+
+    await sbx.kill()
+    await sbx.kill()
+    assert await provider.kill(sbx.id) is False
+    with pytest.raises(NotFound) as gone:
+        await provider.connect(sbx.id)
+    assert gone.value.sandbox_id == sbx.id
+    with pytest.raises(NotFound):
+        await again.run("true")
+    assert [r.ended_by for r in emu.records()] == ["kill"]
+
+
+async def test_kill_by_id(emu: ModalEmulator, provider: ModalProvider) -> None:
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    assert await provider.kill(sbx.id) is True
+    assert emu.alive() == []
+    assert await provider.kill(sbx.id) is False
+    assert await provider.kill("sb-" + "x" * 26) is False
+    with pytest.raises(NotFound):
+        await provider.connect("sb-" + "x" * 26)
+
+
+async def test_files_round_trip(sandbox: ModalSandbox) -> None:
+    payload = bytes(range(256)) * 64
+    await sandbox.write_file("data/blob.bin", payload)
+    await sandbox.write_file("/root/data/note.txt", "text")
+    assert await sandbox.read_file("data/blob.bin") == payload
+    assert await sandbox.read_file("/root/data/note.txt") == b"text"
+    listed = {f.name: f for f in await sandbox.list_files("data")}
+    assert sorted(listed) == ["blob.bin", "note.txt"]
+    assert (listed["blob.bin"].size, listed["blob.bin"].is_dir) == (len(payload), False)
+    assert listed["note.txt"].path == "/root/data/note.txt"
+    assert [f.is_dir for f in await sandbox.list_files() if f.name == "data"] == [True]
+    assert (await sandbox.run("wc -c < data/blob.bin")).stdout.strip() == str(len(payload))
+
+    with pytest.raises(SandboxError, match="no such file or directory") as missing:
+        await sandbox.read_file("no/such/file")
+    assert (missing.value.status, missing.value.sandbox_id) == (404, sandbox.id)
+    with pytest.raises(SandboxError):
+        await sandbox.list_files("no/such/dir")
+    with pytest.raises(SandboxError):
+        await sandbox.read_file("data")
+
+
+async def test_command_timeout_is_a_result(emu: ModalEmulator, sandbox: ModalSandbox) -> None:
+    started = time.monotonic()
+    result = await sandbox.run("echo begun; sleep 30", timeout=1)
+    assert (result.timed_out, result.ok, result.exit_code) == (True, False, -1)
+    assert time.monotonic() - started < 3
+    execs = emu.core.modal[sandbox.id].execs
+    await until(lambda: all(e.done for e in execs.values()))
+    assert all(e.done for e in execs.values())
+    quick = await sandbox.run("exit 0", timeout=1)
+    assert (quick.timed_out, quick.exit_code) == (False, 0)
+
+
+async def test_run_code(sandbox: ModalSandbox) -> None:
+    code = await sandbox.run_code("import os\nprint(os.environ['GLOBAL'], 21 * 2)\n")
+    assert (code.stdout, code.error, code.exit_code) == ("g 42\n", None, 0)
+    broken = await sandbox.run_code("undefined_name")
+    assert broken.exit_code == 1
+    assert broken.error == "NameError: name 'undefined_name' is not defined"
+    shell = await sandbox.run_code("echo from bash $GLOBAL", language="bash")
+    assert shell.stdout == "from bash g\n"
+    slow = await sandbox.run_code("import time; time.sleep(30)", timeout=1)
+    assert slow.timed_out
+    assert slow.error is not None
+    with pytest.raises(SandboxError, match="not supported"):
+        await sandbox.run_code("1", language="cobol")
+
+
+async def test_secrets_and_lifetime(provider: ModalProvider) -> None:
+    emu = ModalEmulator(secrets={"db": {"DB_PASSWORD": "hunter2"}})
+    with emu:
+        adapter = ModalProvider("modal-s", options(emu, secrets=("db",)))
+        sbx = await adapter.create(SandboxSpec(lifetime=1), timeout=5)
+        assert (await sbx.run("echo $DB_PASSWORD")).stdout == "hunter2\n"
+        await until(lambda: not emu.alive())
+        assert [r.ended_by for r in emu.records()] == ["expired"]
+        with pytest.raises(NotFound):
+            await sbx.run("true")
+        with pytest.raises(NotFound):
+            await adapter.connect(sbx.id)
+        missing = ModalProvider("modal-m", options(emu, secrets=("nope",)))
+        with pytest.raises(NotFound, match="nope"):
+            await missing.create(SandboxSpec(), timeout=5)
+        await adapter.aclose()
+        await missing.aclose()
+
+
+async def test_idle_timeout_ends_the_sandbox(emu: ModalEmulator, provider: ModalProvider) -> None:
+    sbx = await provider.create(SandboxSpec(idle_timeout=1), timeout=5)
+    await sbx.run("true")
+    await until(lambda: not emu.alive())
+    assert [r.ended_by for r in emu.records()] == ["idle"]
+    with pytest.raises(NotFound):
+        await provider.connect(sbx.id)
+
+
+async def test_gpu_sandboxes_use_the_v1_backend(
+    emu: ModalEmulator, provider: ModalProvider
+) -> None:
+    sbx = await provider.create(SandboxSpec(gpu="T4", labels={"kind": "gpu"}), timeout=5)
+    assert len(sbx.id) == len("sb-") + 22  # the SDK's V1 id shape
+    sandbox = emu.core.modal[sbx.id]
+    assert (sandbox.v2, sandbox.definition.resources.gpu_config.gpu_type) == (False, "T4")
+    assert (await sbx.run("echo on gpu")).stdout == "on gpu\n"
+    await sbx.write_file("w.txt", "gpu file")
+    assert await (await provider.connect(sbx.id)).read_file("w.txt") == b"gpu file"
+    assert [s.id for s in await provider.list({"kind": "gpu"})] == [sbx.id]
+    assert await provider.kill(sbx.id) is True
+
+
+CONCURRENCY = CONCURRENCY_MESSAGE.format(limit=10)
+QUOTA = QUOTA_MESSAGE.format(limit=100)
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "status"),
+    [
+        ({"status": 401}, AuthError, 401),
+        ({"status": 403}, AuthError, 403),
+        ({"status": 429, "retry_after": 9}, RateLimited, 429),
+        ({"status": 429, "message": "Sandbox creation rate limit exceeded"}, RateLimited, 429),
+        ({"status": 429, "message": CONCURRENCY}, CapacityExceeded, 429),
+        ({"status": 429, "message": QUOTA}, QuotaExceeded, 429),
+        ({"status": 503}, Unavailable, None),
+        ({"status": 500}, Unavailable, None),
+        ({"status": 504}, Unavailable, None),
+        ({"status": 404, "message": "App not found"}, NotFound, 404),
+        ({"status": 400, "message": "bad definition"}, SandboxError, 400),
+        ({"drop": True}, Unavailable, None),
+        ({"hang": True}, Unavailable, None),
+        ({"delay": 3}, Unavailable, None),
+    ],
+)
+async def test_create_faults_map_to_router_errors(
+    emu: ModalEmulator,
+    provider: ModalProvider,
+    fault: dict[str, Any],
+    error: type[ProviderError],
+    status: int | None,
+) -> None:
+    emu.inject("create", times=None, **fault)
+    started = time.monotonic()
+    with pytest.raises(error) as raised:
+        await provider.create(SandboxSpec(), timeout=1)
+    assert type(raised.value) is error
+    assert time.monotonic() - started < 2
+    assert (raised.value.provider, raised.value.status) == ("modal-a", status)
+    if fault.get("message"):
+        assert fault["message"] in raised.value.message
+    if fault.get("retry_after"):
+        assert isinstance(raised.value, RateLimited)
+        assert raised.value.retry_after == 9
+    assert TEST_TOKEN_SECRET not in str(raised.value)
+    emu.clear_faults()
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    await sbx.kill()
+
+
+@pytest.mark.parametrize("op", ["lookup", "image", "auth"])
+async def test_faults_before_the_create_map_too(
+    emu: ModalEmulator, provider: ModalProvider, op: str
+) -> None:
+    emu.inject(op, status=401)
+    with pytest.raises(AuthError):
+        await provider.create(SandboxSpec(), timeout=2)
+    emu.inject(op, hang=True)
+    with pytest.raises(Unavailable):
+        await provider.create(SandboxSpec(), timeout=1)
+    assert emu.alive() == []
+
+
+async def test_slow_image_build_within_the_timeout_succeeds(
+    emu: ModalEmulator, provider: ModalProvider
+) -> None:
+    emu.images.build_seconds = 0.5
+    started = time.monotonic()
+    sbx = await provider.create(SandboxSpec(template="python:3.11-slim"), timeout=5)
+    assert time.monotonic() - started >= 0.5
+    await sbx.kill()
+    emu.images.allowed = {"python:3.12-slim"}
+    with pytest.raises(NotFound, match="image build failed"):
+        await provider.create(SandboxSpec(template="no/such:image"), timeout=5)
+
+
+async def test_account_limits(emu: ModalEmulator, provider: ModalProvider) -> None:
+    emu.set_quota(max_concurrent=1, api_key=TEST_TOKEN_ID)
+    first = await provider.create(SandboxSpec(), timeout=2)
+    with pytest.raises(CapacityExceeded, match="1 concurrently running sandboxes"):
+        await provider.create(SandboxSpec(), timeout=2)
+    await first.kill()
+    emu.set_quota(max_created=1, api_key=TEST_TOKEN_ID)
+    second = await provider.create(SandboxSpec(), timeout=2)
+    await second.kill()
+    with pytest.raises(QuotaExceeded, match="billing limit") as spent:
+        await provider.create(SandboxSpec(), timeout=2)
+    assert spent.value.status == 429
+
+
+async def test_workspaces_side_by_side() -> None:
+    other = ("ak-other-workspace", "as-other-secret")
+    with ModalEmulator(tokens={TEST_TOKEN_ID: TEST_TOKEN_SECRET, other[0]: other[1]}) as emu:
+        first = ModalProvider("modal-1", options(emu))
+        second = ModalProvider("modal-2", options(emu, token_id=other[0], token_secret=other[1]))
+        a = await first.create(SandboxSpec(labels={"team": "x"}), timeout=5)
+        b = await second.create(SandboxSpec(labels={"team": "x"}), timeout=5)
+        assert [s.id for s in await first.list({"team": "x"})] == [a.id]
+        assert [s.id for s in await second.list({"team": "x"})] == [b.id]
+        with pytest.raises(NotFound):
+            await second.connect(a.id)
+        assert await first.kill(b.id) is False
+        stranger = ModalProvider("modal-3", options(emu, token_secret="as-wrong"))
+        with pytest.raises(AuthError) as refused:
+            await stranger.create(SandboxSpec(), timeout=2)
+        assert refused.value.status == 401
+        with pytest.raises(AuthError):
+            await stranger.list()
+        await a.kill()
+        await b.kill()
+        assert emu.alive() == []
+        for adapter in (first, second, stranger):
+            await adapter.aclose()
+
+
+@pytest.mark.parametrize(
+    ("op", "fault", "call", "error"),
+    [
+        ("exec", {"hang": True}, "run", Unavailable),
+        ("exec", {"drop": True}, "run", Unavailable),
+        ("exec", {"status": 503}, "run", Unavailable),
+        ("exec", {"status": 401}, "run", AuthError),
+        ("files", {"status": 500}, "read", Unavailable),
+        ("files", {"hang": True}, "write", Unavailable),
+        ("list", {"status": 429, "retry_after": 3}, "list", RateLimited),
+        ("list", {"status": 503}, "list", Unavailable),
+        ("get", {"status": 503}, "connect", Unavailable),
+        ("get", {"status": 401}, "connect", AuthError),
+        ("connect", {"status": 500}, "connect_run", Unavailable),
+        ("kill", {"status": 500}, "kill", Unavailable),
+        ("kill", {"hang": True}, "kill", Unavailable),
+    ],
+)
+async def test_operation_faults_map_to_router_errors(
+    emu: ModalEmulator,
+    op: str,
+    fault: dict[str, Any],
+    call: str,
+    error: type[ProviderError],
+) -> None:
+    adapter = ModalProvider("modal-a", options(emu, request_timeout=1))
+    sbx = await adapter.create(SandboxSpec(), timeout=5)
+
+    async def connect_run() -> Any:
+        return await (await adapter.connect(sbx.id)).run("true", timeout=1)
+
+    calls: dict[str, Callable[[], Any]] = {
+        "run": lambda: sbx.run("echo hi", timeout=1),
+        "read": lambda: sbx.read_file("x"),
+        "write": lambda: sbx.write_file("x", b"x"),
+        "list": adapter.list,
+        "connect": lambda: adapter.connect(sbx.id),
+        "connect_run": connect_run,
+        "kill": lambda: adapter.kill(sbx.id),
+    }
+    emu.inject(op, times=None, **fault)
+    started = time.monotonic()
+    try:
+        with pytest.raises(error) as raised:
+            await calls[call]()
+        assert type(raised.value) is error
+        assert raised.value.provider == "modal-a"
+        assert time.monotonic() - started < 3
+    finally:
+        emu.clear_faults()
+        await sbx.kill()
+        await adapter.aclose()
+
+
+async def test_dead_endpoint_is_unavailable_within_the_deadline() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    dead = ModalProvider(
+        "modal-dead",
+        ModalOptions(token_id=TEST_TOKEN_ID, token_secret=TEST_TOKEN_SECRET, server_url=url),
+    )
+    started = time.monotonic()
+    with pytest.raises(Unavailable):
+        await dead.create(SandboxSpec(), timeout=1.5)
+    assert time.monotonic() - started < 3  # the SDK alone reconnects for about a minute
+    await dead.aclose()
+
+
+async def test_client_from_the_environment(emu: ModalEmulator) -> None:
+    """No options: the token and the server come from MODAL_* (as ``sdk_env`` sets them)."""
+    adapter = ModalProvider("modal-env")
+    assert adapter.configured()
+    sbx = await adapter.create(SandboxSpec(), timeout=5)
+    assert (await sbx.run("echo env")).stdout == "env\n"
+    await sbx.kill()
+    await adapter.aclose()
+
+
+def test_no_sdk_import_until_used() -> None:
+    script = textwrap.dedent(
+        """
+        import os, sys
+        import providers.modal
+        from providers.modal import ModalProvider
+        ModalProvider("m").configured()
+        assert not [m for m in sys.modules if m.split(".")[0] in ("modal", "modal_proto")]
+        assert "MODAL_MAX_THROTTLE_WAIT" not in os.environ
+        providers.modal._sdk()
+        assert os.environ["MODAL_MAX_THROTTLE_WAIT"] == "0"
+        """
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
+    subprocess.run([sys.executable, "-c", script], env=env, timeout=60, check=True)
+
+
+async def test_secrets_never_leak(
+    emu: ModalEmulator, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    opts = options(emu)
+    adapter = ModalProvider("modal-secret", opts)
+    for logger in ("sandbox_router", "modal-client", "grpclib"):
+        caplog.set_level(logging.DEBUG, logger)  # hpack's own DEBUG log prints every header
+    seen: list[str] = [repr(opts), str(opts), opts.model_dump_json(), repr(adapter)]
+    with structlog.testing.capture_logs() as events:
+        sbx = await adapter.create(SandboxSpec(labels={"k": "v"}), timeout=5)
+        await sbx.run("echo hi")
+        await sbx.kill()
+        emu.inject("create", status=401)
+        with pytest.raises(AuthError) as refused:
+            await adapter.create(SandboxSpec(), timeout=5)
+        emu.inject("create", status=500, message="boom", times=None)
+        with pytest.raises(Unavailable) as failed:
+            await adapter.create(SandboxSpec(), timeout=5)
+        emu.clear_faults()
+    await adapter.aclose()
+    assert events, "the adapter logs its lifecycle events"
+    for err in (refused.value, failed.value):
+        seen += [str(err), repr(err), str(err.__cause__), repr(err.__cause__)]
+    seen += [repr(e) for e in events] + [caplog.text] + list(capsys.readouterr())
+    assert [text for text in seen if TEST_TOKEN_SECRET in text] == []
