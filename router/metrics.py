@@ -1,0 +1,509 @@
+"""Prometheus metrics: routing events as counters and histograms, the fleet's state as gauges.
+
+Two halves, both named ``sandbox_router_*`` and labelled only by entry, pool,
+provider, unit, outcome, reason and state names (never a sandbox id, a lease,
+a session or a secret):
+
+* `RouterMetrics` counts what this process saw: its `hook` is a router event
+  hook (``router.events``) feeding counters (acquisitions, failovers, breaker
+  transitions, refunds, state-store errors...) and histograms (whole-acquire
+  and per-entry create latency).
+* `StateCollector` reads the shared state at scrape time, with ONE store read
+  per scrape (``Router.status``): quota used / limit / remaining per pool and
+  unit, the window's start and reset, live leases and the health of every
+  entry. Every replica reading the same store reports the same numbers.
+
+Ways to run it:
+
+* in an app: ``instrument(router)`` (or ``instrument(router, registry=...)``
+  for an app's own registry) and expose the registry as the app already does;
+* a sidecar: ``sandbox-router metrics --port N`` (`run_exporter`), or
+  ``serve(router, port)`` from Python;
+* gunicorn and other pre-fork servers: set ``PROMETHEUS_MULTIPROC_DIR`` for
+  every worker, call ``instrument(router)`` in each, and serve
+  `multiprocess_registry` (``serve`` and the sidecar do so by themselves when
+  the variable is set): the workers' counters and histograms are summed from
+  the directory and the gauges come from the shared state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from policies.quota import UNITS
+from router.events import Event
+
+if TYPE_CHECKING:
+    from router.core import EntryView, Router
+
+__all__ = [
+    "BREAKER_STATES",
+    "BUCKETS",
+    "ENTRY_STATES",
+    "PREFIX",
+    "RouterMetrics",
+    "StateCollector",
+    "add_arguments",
+    "instrument",
+    "main",
+    "multiprocess_registry",
+    "run_exporter",
+    "serve",
+]
+
+PREFIX = "sandbox_router"
+
+# Sandbox starts take tens of milliseconds (local) to a minute (a cold cloud
+# template); an acquire that fails over can take longer still.
+BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+
+# sandbox_router_breaker_state values
+CLOSED, HALF_OPEN, OPEN, BLOCKED = 0, 1, 2, 3
+BREAKER_STATES = {"closed": CLOSED, "half_open": HALF_OPEN, "open": OPEN}
+BLOCKS = ("misconfigured", "exhausted", "rate_limited", "capacity", "unconfigured")
+# sandbox_router_entry_state{state=...}: exactly one is 1 per entry
+ENTRY_STATES = ("closed", "half_open", "open", *BLOCKS)
+
+# Operations that report a state_error (pre-set to 0 so the first error shows as an increase).
+STATE_OPERATIONS = ("reserve", "refund", "release", "heartbeat", "session", "snapshot")
+
+DEFAULT_PORT = 9464
+
+
+class RouterMetrics:
+    """The counters and histograms of one registry, fed by `hook`.
+
+    Make it through `instrument` (one per registry); several routers in one
+    process may share it.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = REGISTRY) -> None:
+        def counter(name: str, doc: str, labels: Sequence[str]) -> Counter:
+            return Counter(f"{PREFIX}_{name}", doc, labels, registry=registry)
+
+        self.acquisitions = counter(
+            "acquisitions",
+            "Acquire calls by the entry that served (none when nothing could) and outcome: "
+            "success, resumed (a sticky session's sandbox), no_provider, sandbox_error.",
+            ("entry", "outcome"),
+        )
+        self.failovers = counter(
+            "failovers",
+            "Failovers after a failed create: from_entry is the entry that failed, to_entry "
+            "the next one in the order (none at the end of the chain), reason the error class.",
+            ("from_entry", "to_entry", "reason"),
+        )
+        self.create_failures = counter(
+            "create_failures",
+            "Failed create attempts (each retry counts) by entry and reason.",
+            ("entry", "reason"),
+        )
+        self.breaker_transitions = counter(
+            "breaker_transitions",
+            "Circuit breaker transitions by entry.",
+            ("entry", "from_state", "to_state"),
+        )
+        self.refunds = counter(
+            "refunds",
+            "Quota reservations given back after a failed create, by entry and reason.",
+            ("entry", "reason"),
+        )
+        self.state_errors = counter(
+            "state_errors",
+            "State store operations that failed, by operation and on_state_error mode.",
+            ("operation", "mode"),
+        )
+        self.releases = counter("releases", "Leases released, by entry.", ("entry",))
+        self.sandbox_seconds = counter(
+            "sandbox_seconds",
+            "Lease seconds metered on release, by entry.",
+            ("entry",),
+        )
+        self.leases_lost = counter(
+            "leases_lost",
+            "Leases found expired by their own heartbeat (the app stalled), by entry.",
+            ("entry",),
+        )
+        self.kill_failures = counter(
+            "kill_failures", "Sandbox kills that failed (the janitor reaps them).", ("entry",)
+        )
+        self.sessions_lost = counter(
+            "sessions_lost",
+            "Sticky sessions whose sandbox was gone (a new one was bound), by entry.",
+            ("entry",),
+        )
+        self.reaped = counter(
+            "orphans_reaped", "Orphaned sandboxes killed by the janitor, by entry.", ("entry",)
+        )
+        self.quota_changes = counter(
+            "quota_adjustments",
+            "Operator overwrites of a pool's usage (sandbox-router quota set/reset).",
+            ("pool", "unit"),
+        )
+        self.acquire_seconds = Histogram(
+            f"{PREFIX}_acquire_seconds",
+            "Whole acquire latency (retries and failovers included), by the entry that served "
+            "(none when nothing could).",
+            ("entry",),
+            buckets=BUCKETS,
+            registry=registry,
+        )
+        self.create_seconds = Histogram(
+            f"{PREFIX}_create_seconds",
+            "One provider create call's latency by entry and outcome (success, failure).",
+            ("entry", "outcome"),
+            buckets=BUCKETS,
+            registry=registry,
+        )
+
+    def prime(self, router: Router) -> None:
+        """Create the router's label sets at zero, so rates and alerts see the first event."""
+        for entry in router.entries:
+            self.acquisitions.labels(entry, "success")
+            self.releases.labels(entry)
+        self.acquisitions.labels("none", "no_provider")
+        for operation in STATE_OPERATIONS:
+            self.state_errors.labels(operation, router.config.on_state_error)
+
+    def hook(self, event: Event) -> None:
+        """A router event hook: count one event."""
+        f = event.fields
+        name = event.name
+        if name == "acquired":
+            outcome = "resumed" if f.get("resumed") else "success"
+            self.acquisitions.labels(f["entry"], outcome).inc()
+            self.acquire_seconds.labels(f["entry"]).observe(f["latency"])
+        elif name == "acquire_failed":
+            self.acquisitions.labels("none", "no_provider").inc()
+            self.acquire_seconds.labels("none").observe(f["latency"])
+        elif name == "created":
+            self.create_seconds.labels(f["entry"], "success").observe(f["latency"])
+        elif name == "create_failed":
+            self.create_seconds.labels(f["entry"], "failure").observe(f["latency"])
+            self.create_failures.labels(f["entry"], f["reason"]).inc()
+            if f["reason"] == "sandbox_error":  # never failed over: the acquire ends here
+                self.acquisitions.labels(f["entry"], "sandbox_error").inc()
+        elif name == "failover":
+            self.failovers.labels(f["from_entry"], f["to_entry"], f["reason"]).inc()
+        elif name == "refund":
+            self.refunds.labels(f["entry"], f["reason"]).inc()
+        elif name == "breaker":
+            self.breaker_transitions.labels(f["entry"], f["from_state"], f["to_state"]).inc()
+        elif name == "state_error":
+            self.state_errors.labels(f["operation"], f["mode"]).inc()
+        elif name == "released":
+            self.releases.labels(f["entry"]).inc()
+            if f.get("seconds"):
+                self.sandbox_seconds.labels(f["entry"]).inc(f["seconds"])
+        elif name == "lease_lost":
+            self.leases_lost.labels(f["entry"]).inc()
+        elif name == "kill_failed":
+            self.kill_failures.labels(f["entry"]).inc()
+        elif name == "session_lost":
+            self.sessions_lost.labels(f["entry"]).inc()
+        elif name == "reaped":
+            self.reaped.labels(f["entry"]).inc()
+        elif name == "quota_changed":
+            self.quota_changes.labels(f["pool"], f["unit"]).inc()
+
+
+class StateCollector(Collector):
+    """Gauges of the shared state, read once per scrape through ``Router.status``.
+
+    Every replica reading the same store reports the same quota numbers. When
+    the store cannot be read, only ``sandbox_router_state_up 0`` and the
+    entries' info are exported (a replica's fail-open share is not the
+    fleet's truth).
+
+    The health gauges report the state in force at scrape time: an open
+    breaker whose cooldown is over reads as half-open (the next acquire
+    probes it), a rate-limit, capacity or exhausted block whose end has
+    passed reads as closed.
+    """
+
+    def __init__(self, router: Router, clock: Callable[[], float] = time.time) -> None:
+        self.router = router
+        self.clock = clock
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def _families(self) -> Iterator[GaugeMetricFamily]:
+        def gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+
+        yield gauge("state_up", "1 when the shared state store answered this scrape, else 0.")
+        yield gauge("state_read_seconds", "How long this scrape's one state read took.")
+        yield gauge(
+            "entry_info", "Chain entries: their provider and quota pool (always 1).",
+            ("entry", "provider", "pool"),
+        )  # fmt: skip
+        yield gauge(
+            "breaker_state",
+            "Entry health: 0 closed, 1 half-open, 2 open, 3 blocked (misconfigured, exhausted, "
+            "rate_limited, capacity or unconfigured: see sandbox_router_entry_state).",
+            ("entry",),
+        )
+        yield gauge(
+            "entry_state",
+            "1 for the entry's current state (closed, half_open, open, misconfigured, "
+            "exhausted, rate_limited, capacity, unconfigured), 0 for the others.",
+            ("entry", "state"),
+        )
+        yield gauge(
+            "entry_available",
+            "1 when the entry could serve now: configured, circuit closed or half-open, "
+            "not blocked, and quota left in every limited unit of its pool.",
+            ("entry",),
+        )
+        yield gauge("live_leases", "Unexpired leases held on the entry, fleet-wide.", ("entry",))
+        yield gauge(
+            "quota_used",
+            "Used this window: sessions (sandboxes created), sandbox_seconds (metered), "
+            "concurrent (live leases).",
+            ("pool", "unit"),
+        )
+        yield gauge("quota_limit", "The pool's limit (limited units only).", ("pool", "unit"))
+        yield gauge(
+            "quota_remaining", "Limit minus used, floored at 0 (limited units only).",
+            ("pool", "unit"),
+        )  # fmt: skip
+        yield gauge(
+            "quota_window_start_timestamp_seconds",
+            "When the pool's current quota window started (Unix time).",
+            ("pool",),
+        )
+        yield gauge(
+            "quota_window_reset_timestamp_seconds",
+            "When the pool's quota window resets (Unix time).",
+            ("pool",),
+        )
+        yield gauge(
+            "quota_projected_exhaustion_timestamp_seconds",
+            "When the unit runs out at this window's average rate so far (units with a limit "
+            "and some usage; the scrape time when already exhausted).",
+            ("pool", "unit"),
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        fam = {f.name.removeprefix(f"{PREFIX}_"): f for f in self._families()}
+        started = time.perf_counter()
+        status = self.router.status()
+        fam["state_read_seconds"].add_metric([], time.perf_counter() - started)
+        fam["state_up"].add_metric([], 1.0 if status.state_ok else 0.0)
+        for view in status.entries:
+            fam["entry_info"].add_metric([view.name, view.provider, view.pool], 1.0)
+        if not status.state_ok:
+            return [fam["state_up"], fam["state_read_seconds"], fam["entry_info"]]
+        now = self.clock()
+        windows = {e.name: self.router.config.window(e) for e in self.router.config.chain}
+        pools: dict[str, EntryView] = {}
+        for view in status.entries:
+            pools.setdefault(view.pool, view)
+            state = _effective_state(view, now)
+            value = BREAKER_STATES.get(state, BLOCKED)
+            fam["breaker_state"].add_metric([view.name], float(value))
+            for name in ENTRY_STATES:
+                fam["entry_state"].add_metric([view.name, name], 1.0 if name == state else 0.0)
+            room = all(
+                limit is None or view.used[unit] < limit for unit, limit in view.limits.items()
+            )
+            available = value in (CLOSED, HALF_OPEN) and room
+            fam["entry_available"].add_metric([view.name], 1.0 if available else 0.0)
+            fam["live_leases"].add_metric([view.name], float(view.live_leases))
+        for pool, view in pools.items():
+            reset = view.reset_at.timestamp()
+            start = windows[view.name].bounds(reset - 1.0)[0].timestamp()
+            fam["quota_window_start_timestamp_seconds"].add_metric([pool], start)
+            fam["quota_window_reset_timestamp_seconds"].add_metric([pool], reset)
+            for unit in UNITS:
+                used, limit = view.used[unit], view.limits[unit]
+                fam["quota_used"].add_metric([pool, unit], used)
+                if limit is None:
+                    continue
+                fam["quota_limit"].add_metric([pool, unit], float(limit))
+                fam["quota_remaining"].add_metric([pool, unit], max(0.0, limit - used))
+                if unit in view.exhausted_at:
+                    fam["quota_projected_exhaustion_timestamp_seconds"].add_metric(
+                        [pool, unit], view.exhausted_at[unit].timestamp()
+                    )
+        return list(fam.values())
+
+
+def _effective_state(view: EntryView, now: float) -> str:
+    """The entry's state in force at ``now`` (see `StateCollector`)."""
+    state = view.state
+    if state == "open" and view.until is not None and view.until.timestamp() <= now:
+        return "half_open"
+    if state in ("exhausted", "rate_limited", "capacity") and (
+        view.until is not None and view.until.timestamp() <= now
+    ):
+        return "closed"
+    return state
+
+
+# One RouterMetrics per registry (a metric name can be registered once), and
+# the router whose state each registry exports.
+_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, RouterMetrics] = weakref.WeakKeyDictionary()
+_STATE: weakref.WeakKeyDictionary[CollectorRegistry, StateCollector] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def instrument(
+    router: Router,
+    registry: CollectorRegistry = REGISTRY,
+    *,
+    state: bool = True,
+    clock: Callable[[], float] = time.time,
+) -> RouterMetrics:
+    """Count ``router``'s events into ``registry`` and export its shared state there.
+
+    Idempotent for one router and registry. ``state=False`` leaves the state
+    gauges out (e.g. when a sidecar exports them). A registry exports the
+    state of one router: give a second router its own registry.
+    """
+    with _LOCK:
+        metrics = _METRICS.get(registry)
+        if metrics is None:
+            metrics = _METRICS[registry] = RouterMetrics(registry)
+        if metrics.hook not in router.hooks:
+            router.hooks.append(metrics.hook)
+        metrics.prime(router)
+        if state:
+            _register_state(registry, router, clock)
+    return metrics
+
+
+def _register_state(
+    registry: CollectorRegistry, router: Router, clock: Callable[[], float]
+) -> None:
+    current = _STATE.get(registry)
+    if current is not None:
+        if current.router is not router:
+            raise ValueError(
+                "this registry already exports another router's state; "
+                "give each router its own registry"
+            )
+        return
+    collector = StateCollector(router, clock)
+    registry.register(collector)
+    _STATE[registry] = collector
+
+
+def multiprocess_registry(
+    router: Router | None = None,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> CollectorRegistry:
+    """A registry summing every process's counters and histograms from ``path``.
+
+    ``path`` defaults to ``$PROMETHEUS_MULTIPROC_DIR`` (the directory the
+    workers write to). With ``router``, the shared-state gauges are added.
+    Build it per scrape or once: it reads the directory at each collection.
+    """
+    directory = os.fspath(path) if path is not None else os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        raise ValueError("multiprocess mode needs PROMETHEUS_MULTIPROC_DIR (or path=...)")
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    if router is not None:
+        _register_state(registry, router, clock)
+    return registry
+
+
+def serve(
+    router: Router,
+    port: int,
+    addr: str = "127.0.0.1",
+    *,
+    registry: CollectorRegistry | None = None,
+) -> WSGIServer:
+    """Serve /metrics on ``addr:port`` from a daemon thread; returns the server.
+
+    ``port=0`` picks a free port (``server.server_port``). Without
+    ``registry``: in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the
+    workers' summed counters plus the state gauges, else a registry of its
+    own holding this router's metrics. Stop it with ``server.shutdown()``
+    then ``server.server_close()``.
+    """
+    if registry is None:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = multiprocess_registry(router)
+        else:
+            registry = CollectorRegistry()
+            instrument(router, registry)
+    server, _thread = start_http_server(port, addr, registry)
+    return server
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``metrics`` subcommand's own options (``--config`` comes from the CLI)."""
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})"
+    )
+    parser.add_argument(
+        "--addr",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; 0.0.0.0 to be scraped from another host)",
+    )
+    return parser
+
+
+def run_exporter(
+    router: Router,
+    port: int,
+    addr: str = "127.0.0.1",
+    *,
+    stop: threading.Event | None = None,
+    announce: Callable[[str], None] = print,
+) -> int:
+    """Serve /metrics until SIGTERM, SIGINT or ``stop`` (``sandbox-router metrics``)."""
+    stop = stop or threading.Event()
+    server = serve(router, port, addr)
+    host = f"[{addr}]" if ":" in addr else addr
+    announce(f"serving http://{host}:{server.server_port}/metrics")
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m router.metrics [--config FILE] [--port N] [--addr A]``."""
+    from router import config as config_mod
+    from router.core import Router
+    from router.logs import configure_logging
+
+    parser = argparse.ArgumentParser(
+        prog="python -m router.metrics", description="Serve sandbox-router's Prometheus /metrics"
+    )
+    parser.add_argument("--config", help="chain YAML (default: $SANDBOX_ROUTER_CONFIG or env)")
+    args = add_arguments(parser).parse_args(argv)
+    cfg = config_mod.load_config(args.config) if args.config else config_mod.from_env()
+    configure_logging(cfg.log.format, "warning")
+    with Router(cfg) as router:
+        return run_exporter(router, args.port, args.addr, announce=lambda s: print(s, flush=True))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
