@@ -57,6 +57,7 @@ class ModalEmulator(Emulator):
             ``modal.Secret.from_name`` finds.
         images: registry tags an image build may pull; None pulls any.
         image_build_seconds: how long the first build of an image takes.
+        list_page_size: sandboxes per ``SandboxList`` page.
         **kwargs: `emulators.harness.Emulator` arguments (``port``, ``root``...).
     """
 
@@ -69,6 +70,7 @@ class ModalEmulator(Emulator):
         secrets: Mapping[str, Mapping[str, str]] | None = None,
         images: Iterable[str] | None = None,
         image_build_seconds: float = 0.0,
+        list_page_size: int = 100,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -81,6 +83,7 @@ class ModalEmulator(Emulator):
             self.core.secrets[secret_id] = dict(env)
             self.core.named_secrets[name] = secret_id
         self.images = Images(set(images) if images is not None else None, image_build_seconds)
+        self.list_page_size = list_page_size
         self.unimplemented: Counter[str] = Counter()
         fd, self._config_path = tempfile.mkstemp(prefix="modal-emulator-", suffix=".toml")
         os.close(fd)

@@ -46,7 +46,6 @@ IMAGE_BUILDER_VERSION = "2025.06"
 _AUTH_TOKEN_TTL = 20 * 60
 _ROUTER_TOKEN_TTL = 10 * 60
 _MAX_WAIT = 55.0
-_PAGE = 100
 _Req = Stream[Any, Any]
 
 
@@ -310,7 +309,9 @@ class ControlPlane(api_grpc.ModalClientBase):
             reverse=True,
         )
         await stream.send_message(
-            api_pb2.SandboxListResponse(sandboxes=[s.info() for s in found[:_PAGE]])
+            api_pb2.SandboxListResponse(
+                sandboxes=[s.info() for s in found[: self.emu.list_page_size]]
+            )
         )
 
     async def SandboxTagsGetV2(self, stream: _Req) -> None:

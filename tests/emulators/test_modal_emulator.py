@@ -1,0 +1,326 @@
+"""Contract tests: the real modal SDK (sync and ``.aio``) against the Modal emulator.
+
+If Modal's gRPC protocol moves under a new SDK version, these fail first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import modal
+import pytest
+import structlog
+from grpclib.exceptions import StreamTerminatedError
+from modal import exception as mx
+from modal_proto import api_pb2
+
+from emulators.harness import Emulator, free_port
+from emulators.modal import TEST_TOKEN_ID, TEST_TOKEN_SECRET, ModalEmulator
+from emulators.modal.control import CONCURRENCY_MESSAGE, QUOTA_MESSAGE
+
+IMAGE = "python:3.12-slim"
+
+
+async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
+    """Wait for ``condition`` (the emulator works on its own thread)."""
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def emu(modal_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModalEmulator]:
+    assert isinstance(modal_emulator, ModalEmulator)
+    for key, value in modal_emulator.sdk_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MODAL_MAX_THROTTLE_WAIT", "0")
+    yield modal_emulator
+    assert modal_emulator.alive() == [], "a test left a sandbox alive"
+
+
+@pytest.fixture
+def client(emu: ModalEmulator) -> Iterator[Any]:
+    sdk_client = modal.Client.from_credentials(TEST_TOKEN_ID, TEST_TOKEN_SECRET)
+    yield sdk_client
+    sdk_client.close()
+
+
+def create(client: Any, app_name: str = "contract", **kw: Any) -> Any:
+    app = modal.App.lookup(app_name, create_if_missing=True, client=client)
+    image = modal.Image.from_registry(IMAGE)
+    return modal.Sandbox.create(app=app, image=image, client=client, **kw)
+
+
+def test_sync_sdk(emu: ModalEmulator, client: Any) -> None:
+    app = modal.App.lookup("contract", create_if_missing=True, client=client)
+    assert modal.App.lookup("contract", client=client).app_id == app.app_id
+    sb = modal.Sandbox.create(
+        app=app,
+        image=modal.Image.from_registry(IMAGE),
+        env={"GLOBAL": "g"},
+        tags={"team": "a"},
+        workdir="/root/work",
+        timeout=120,
+        client=client,
+    )
+    assert emu.core.modal[sb.object_id].v2
+    process = sb.exec(
+        "bash", "-c", "echo out $GLOBAL $LOCAL; echo err >&2; exit 5", env={"LOCAL": "l"}
+    )
+    assert (process.stdout.read(), process.stderr.read(), process.wait()) == (
+        "out g l\n",
+        "err\n",
+        5,
+    )
+    sb.exec("mkdir", "-p", "sub").wait()
+    assert sb.exec("ls", workdir="/root/work").stdout.read() == "sub\n"
+
+    payload = bytes(range(256)) * 32
+    sb.filesystem.write_bytes(payload, "/root/work/sub/blob.bin")
+    assert sb.filesystem.read_bytes("/root/work/sub/blob.bin") == payload
+    sb.filesystem.write_text("héllo", "/root/work/note.txt")
+    assert sb.filesystem.read_text("/root/work/note.txt") == "héllo"
+    sb.filesystem.make_directory("/root/work/a/b")
+    listed = {e.name: e for e in sb.filesystem.list_files("/root/work")}
+    assert sorted(listed) == ["a", "note.txt", "sub"]
+    assert listed["a"].is_dir()
+    assert sb.filesystem.stat("/root/work/sub/blob.bin").size == len(payload)
+    sb.filesystem.remove("/root/work/a", recursive=True)
+    assert "a" not in [e.name for e in sb.filesystem.list_files("/root/work")]
+
+    again = modal.Sandbox.from_id(sb.object_id, client=client)
+    assert again.returncode is None
+    assert again.exec("cat", "note.txt").stdout.read() == "héllo"
+    assert again.get_tags() == {"team": "a"}
+    assert [s.object_id for s in modal.Sandbox.list(app_id=app.app_id, client=client)] == [
+        sb.object_id
+    ]
+    assert list(modal.Sandbox.list(app_id=app.app_id, tags={"team": "b"}, client=client)) == []
+
+    sb.terminate()
+    assert sb.poll() == 137
+    with pytest.raises(mx.SandboxTerminatedError):
+        sb.wait()
+    assert modal.Sandbox.from_id(sb.object_id, client=client).returncode == 137
+    with pytest.raises(mx.NotFoundError):
+        again.exec("true").wait()
+    assert [r.ended_by for r in emu.records()] == ["kill"]
+
+
+async def test_async_sdk(emu: ModalEmulator) -> None:
+    client = await modal.Client.from_credentials.aio(TEST_TOKEN_ID, TEST_TOKEN_SECRET)
+    app = await modal.App.lookup.aio("contract", create_if_missing=True, client=client)
+    sb = await modal.Sandbox.create.aio(
+        app=app, image=modal.Image.from_registry(IMAGE), tags={"mode": "aio"}, client=client
+    )
+    process = await sb.exec.aio("bash", "-c", "echo aio; exit 2")
+    assert await process.stdout.read.aio() == "aio\n"
+    assert await process.wait.aio() == 2
+    await sb.filesystem.write_bytes.aio(b"\x00\xffbin", "/root/x.bin")
+    assert await sb.filesystem.read_bytes.aio("/root/x.bin") == b"\x00\xffbin"
+    found = [s.object_id async for s in modal.Sandbox.list.aio(app_id=app.app_id, client=client)]
+    assert found == [sb.object_id]
+    again = await modal.Sandbox.from_id.aio(sb.object_id, client=client)
+    assert await (await again.exec.aio("cat", "x.bin", text=False)).stdout.read.aio() == (
+        b"\x00\xffbin"
+    )
+    await sb.terminate.aio()
+    assert await again.poll.aio() == 137
+    await client.close.aio()
+
+
+def test_exec_timeout_stdin_and_streaming(emu: ModalEmulator, client: Any) -> None:
+    sb = create(client)
+    try:
+        started = time.monotonic()
+        slow = sb.exec("bash", "-c", "echo begun; sleep 30", timeout=1)
+        assert slow.wait() == -1  # the SDK's answer for a command past its deadline
+        assert time.monotonic() - started < 3
+        execs = emu.core.modal[sb.object_id].execs
+        asyncio.run(until(lambda: all(e.done for e in execs.values())))
+        assert [e.signal for e in execs.values() if e.signal] == [9]
+
+        cat = sb.exec("cat")
+        cat.stdin.write(b"fed through stdin\n")
+        cat.stdin.write_eof()
+        cat.stdin.drain()
+        assert (cat.stdout.read(), cat.wait()) == ("fed through stdin\n", 0)
+
+        ticks = sb.exec("bash", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done", bufsize=1)
+        assert list(ticks.stdout) == ["1\n", "2\n", "3\n"]
+        assert ticks.poll() == 0
+    finally:
+        sb.terminate()
+
+
+def test_filesystem_errors(client: Any) -> None:
+    sb = create(client)
+    try:
+        sb.filesystem.make_directory("/root/d/e")
+        with pytest.raises(mx.SandboxFilesystemNotFoundError):
+            sb.filesystem.read_bytes("/root/missing")
+        with pytest.raises(mx.SandboxFilesystemIsADirectoryError):
+            sb.filesystem.read_bytes("/root/d")
+        with pytest.raises(mx.SandboxFilesystemIsADirectoryError):
+            sb.filesystem.write_bytes(b"x", "/root/d/e")
+        sb.filesystem.write_bytes(b"file", "/root/f")
+        with pytest.raises(mx.SandboxFilesystemNotADirectoryError):
+            sb.filesystem.write_bytes(b"x", "/root/f/x")
+        with pytest.raises(mx.SandboxFilesystemNotADirectoryError):
+            sb.filesystem.list_files("/root/f")
+        with pytest.raises(mx.SandboxFilesystemPermissionError):
+            sb.filesystem.write_bytes(b"x", "/etc/passwd")
+        with pytest.raises(mx.SandboxFilesystemDirectoryNotEmptyError):
+            sb.filesystem.remove("/root/d")
+        with pytest.raises(mx.SandboxFilesystemPathAlreadyExistsError):
+            sb.filesystem.make_directory("/root/d", create_parents=False)
+    finally:
+        sb.terminate()
+
+
+def test_gpu_sandbox_takes_the_v1_rpcs(emu: ModalEmulator, client: Any) -> None:
+    sb = create(client, gpu="A10G", tags={"gpu": "yes"})
+    sandbox = emu.core.modal[sb.object_id]
+    assert not sandbox.v2
+    assert sandbox.definition.resources.gpu_config.gpu_type == "A10G"
+    assert sb.exec("echo", "v1").stdout.read() == "v1\n"
+    app = modal.App.lookup("contract", client=client)
+    assert [s.object_id for s in modal.Sandbox.list(app_id=app.app_id, client=client)] == [
+        sb.object_id
+    ]
+    again = modal.Sandbox.from_id(sb.object_id, client=client)
+    assert again.exec("echo", "again").stdout.read() == "again\n"
+    sb.terminate()
+    assert again.poll() == 137
+
+
+def test_list_is_paged(emu: ModalEmulator, client: Any) -> None:
+    emu.list_page_size = 2
+    made = [create(client, tags={"batch": "1"}) for _ in range(5)]
+    app = modal.App.lookup("contract", client=client)
+    listed = modal.Sandbox.list(app_id=app.app_id, tags={"batch": "1"}, client=client)
+    assert sorted(s.object_id for s in listed) == sorted(s.object_id for s in made)
+    for sb in made:
+        sb.terminate()
+
+
+def test_lifetime_and_lookup_errors(emu: ModalEmulator, client: Any) -> None:
+    with pytest.raises(mx.NotFoundError, match="App 'nope' not found"):
+        modal.App.lookup("nope", client=client)
+    sb = create(client, timeout=1)
+    with pytest.raises(mx.SandboxTimeoutError):
+        sb.wait()
+    assert [r.ended_by for r in emu.records()] == ["expired"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ({"status": 401}, mx.AuthError),
+        ({"status": 403}, mx.PermissionDeniedError),
+        ({"status": 404}, mx.NotFoundError),
+        ({"status": 429}, mx.ResourceExhaustedError),
+        ({"status": 500}, mx.InternalError),
+        ({"status": 503}, mx.ServiceError),
+        ({"drop": True}, StreamTerminatedError),
+    ],
+)
+def test_faults_reach_the_sdk_as_its_own_errors(
+    emu: ModalEmulator, client: Any, fault: dict[str, Any], error: type[Exception]
+) -> None:
+    emu.inject("create", times=None, **fault)
+    with pytest.raises(error):
+        create(client)
+    emu.clear_faults()
+
+
+def test_throttling_carries_the_retry_policy(
+    emu: ModalEmulator, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emu.inject("create", status=429, retry_after=7)
+    with pytest.raises(mx.ResourceExhaustedError) as throttled:
+        create(client)
+    details = throttled.value._grpc_details
+    assert [type(d) for d in details] == [api_pb2.RPCRetryPolicy]
+    assert details[0].retry_after_secs == 7
+    emu.inject("create", status=429, retry_after=0.2)
+    monkeypatch.delenv("MODAL_MAX_THROTTLE_WAIT")
+    sb = create(client)  # the SDK's own throttle wait, then the retry succeeds
+    assert emu.core.faults.hits["create"] == 2
+    sb.terminate()
+
+
+def test_account_limits_answer_resource_exhausted(emu: ModalEmulator, client: Any) -> None:
+    emu.set_quota(max_concurrent=1)
+    first = create(client)
+    with pytest.raises(mx.ResourceExhaustedError, match="1 concurrently running") as capped:
+        create(client)
+    assert str(capped.value) == CONCURRENCY_MESSAGE.format(limit=1)
+    first.terminate()
+    emu.set_quota(max_created=0)
+    with pytest.raises(mx.ResourceExhaustedError) as spent:
+        create(client)
+    assert str(spent.value) == QUOTA_MESSAGE.format(limit=0)
+
+
+def test_refused_token(emu: ModalEmulator) -> None:
+    stranger = modal.Client.from_credentials(TEST_TOKEN_ID, "as-wrong")
+    with pytest.raises(mx.AuthError):
+        modal.App.lookup("contract", create_if_missing=True, client=stranger)
+    stranger.close()
+
+
+def test_images_secrets_and_slow_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    emu = ModalEmulator(
+        secrets={"db": {"DB_USER": "admin"}}, images={IMAGE}, image_build_seconds=0.5
+    )
+    with emu:
+        for key, value in emu.sdk_env().items():
+            monkeypatch.setenv(key, value)
+        slow_client = modal.Client.from_credentials(TEST_TOKEN_ID, TEST_TOKEN_SECRET)
+        started = time.monotonic()
+        sb = create(slow_client, secrets=[modal.Secret.from_name("db")])
+        assert time.monotonic() - started >= 0.5
+        assert sb.exec("bash", "-c", "echo $DB_USER").stdout.read() == "admin\n"
+        sb.terminate()
+        app = modal.App.lookup("contract", client=slow_client)
+        with pytest.raises(mx.ImageBuildError, match="manifest unknown"):
+            modal.Sandbox.create(
+                app=app, image=modal.Image.from_registry("no/such:tag"), client=slow_client
+            )
+        with pytest.raises(mx.NotFoundError, match="Secret 'nope' not found"):
+            create(slow_client, secrets=[modal.Secret.from_name("nope")])
+        slow_client.close()
+        assert emu.alive() == []
+
+
+def test_unimplemented_rpcs_are_logged_by_name(emu: ModalEmulator, client: Any) -> None:
+    sb = create(client)
+    try:
+        with structlog.testing.capture_logs() as events, pytest.raises(mx.UnimplementedError):
+            sb.tunnels()
+        assert emu.unimplemented == {"SandboxGetTunnelsV2": 1}
+        assert [e["rpc"] for e in events if "unimplemented" in e["event"]] == [
+            "SandboxGetTunnelsV2"
+        ]
+    finally:
+        sb.terminate()
+
+
+def test_emulator_listens_on_the_port_it_is_given() -> None:
+    port = free_port()
+    with ModalEmulator(port=port) as emu:
+        env = emu.sdk_env()
+        assert env["MODAL_SERVER_URL"] == f"http://127.0.0.1:{port}"
+        assert (env["MODAL_TOKEN_ID"], env["MODAL_TOKEN_SECRET"]) == (
+            TEST_TOKEN_ID,
+            TEST_TOKEN_SECRET,
+        )
+        with open(env["MODAL_CONFIG_PATH"]) as config:
+            assert config.read() == ""
+    assert not os.path.exists(env["MODAL_CONFIG_PATH"])
