@@ -980,12 +980,16 @@ def _check_acquire(
     return needed
 
 
+# A trickle of usage against a large limit projects past what datetime can hold.
+_LAST_TIMESTAMP = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
+
+
 def _projections(used: Mapping[str, float], ref: EntryRef, now: float) -> dict[str, datetime]:
     start = ref.window.bounds(now)[0].timestamp()
     out = {}
     for unit in ("sessions", "sandbox_seconds"):
         when = projected_exhaustion(used[unit], ref.limits.get(unit), start, now)
-        if when is not None:
+        if when is not None and when < _LAST_TIMESTAMP:
             out[unit] = _dt(when)
     return out
 
