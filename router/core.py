@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import structlog
 import tenacity
 
 from policies import order
@@ -62,6 +63,7 @@ from router.config import EntryConfig, RouterConfig
 from router.engine import Engine
 from router.events import Hook, emit, log_hook
 from router.lease import AsyncLease, Held, Lease
+from router.logs import configure_logging
 from router.state import EntryRef, Reservation, StateStore, open_store
 from router.state.base import SessionBinding
 from router.state.memory import MemoryStore
@@ -164,6 +166,10 @@ class Router:
     ) -> None:
         self.config = config
         self.hooks = list(hooks)
+        if not structlog.is_configured():
+            # An app that set structlog up keeps its setup; otherwise the config's
+            # `log:` settings apply (stderr, JSON unless on a TTY, info and up).
+            configure_logging(config.log.format, config.log.level)
         self._clock = clock
         self._sleep = sleep
         self._breaker = config.breaker_policy()

@@ -107,7 +107,7 @@ def script(names: list[str], scale: int = 1) -> list[Phase]:
     if storm:
         title = f"{storm} 429 storm" + (f", {spent}'s quota runs out" if spent else "")
         day.append(Phase(title, 14 * scale, _storm(storm)))
-    day.append(Phase(f"recovery: {down or 'the'} breaker closes", 10 * scale, _recover, pause=2.5))
+    day.append(Phase(f"recovery: {down or 'the'} breaker closes", 10 * scale, _recover, pause=3.5))
     return day
 
 
@@ -147,7 +147,7 @@ def _config(state_url: str, root: Path, names: list[str]) -> dict[str, Any]:
         "acquire_timeout": 60,
         "create_timeout": 20,
         "retry": {"attempts": 2, "initial": 0.05, "maximum": 0.2},
-        "breaker": {"failure_threshold": 2, "cooldown_base": 2, "cooldown_max": 4},
+        "breaker": {"failure_threshold": 2, "cooldown_base": 1, "cooldown_max": 3},
         "chain": chain,
     }
 

@@ -28,6 +28,7 @@ Events and their fields:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,5 +77,6 @@ def emit(hooks: Sequence[Hook], name: str, **fields: Any) -> None:
     for hook in hooks:
         try:
             hook(event)
-        except Exception:
-            _log.exception("sandbox_router.hook_failed", hook=repr(hook), event_name=name)
+        except Exception:  # a broken hook must not break routing
+            with contextlib.suppress(Exception):
+                _log.exception("sandbox_router.hook_failed", hook=repr(hook), event_name=name)

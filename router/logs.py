@@ -33,6 +33,20 @@ def redact_secrets(
     return event_dict
 
 
+class _Stderr:
+    """Writes each line to whatever ``sys.stderr`` is at that moment (not at setup:
+    a test runner or daemon may swap it)."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+def _stderr_logger(*_args: Any) -> _Stderr:
+    return _Stderr()
+
+
 def configure_logging(
     fmt: Literal["auto", "json", "console"] = "auto", level: str = "info"
 ) -> None:
@@ -53,6 +67,6 @@ def configure_logging(
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )

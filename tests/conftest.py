@@ -18,6 +18,7 @@ from pathlib import Path
 
 import hypothesis.internal
 import pytest
+import structlog
 
 from emulators.redis_server import RedisServer
 
@@ -51,3 +52,24 @@ def redis_url(redis_server: RedisServer | None) -> str:
 def key_prefix() -> str:
     """A fresh namespace so tests sharing one Redis never see each other's keys."""
     return f"t-{secrets.token_hex(4)}"
+
+
+_FIRST = ("tests/policies/", "tests/state/test_lua_matches_policies.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the hypothesis suites first.
+
+    Hypothesis reads a test's source (inspect -> ast.parse); late in a long
+    session of threads, subprocesses and Redis restarts, CPython 3.11.7 can fail
+    that parse with "AST constructor recursion depth mismatch" (fixed in later
+    CPython releases). Early, it cannot.
+    """
+    items.sort(key=lambda item: not item.nodeid.startswith(_FIRST))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog() -> None:
+    """Each test starts with structlog unconfigured (a Router configures it when it
+    is), so log-capturing tests see every level."""
+    structlog.reset_defaults()
