@@ -6,6 +6,7 @@
     sandbox-router quota show|set|reset POOL [UNIT VALUE]
     sandbox-router janitor [--config FILE]           kill orphaned sandboxes
     sandbox-router demo [--json] [--redis URL]      a scripted day on the emulators
+    sandbox-router metrics [--config FILE] [--port N]  serve Prometheus /metrics
     sandbox-router emulate daytona|runloop|modal|e2b|all [--port N]
 
 Without ``--config`` the router comes from the environment (see
@@ -199,11 +200,18 @@ def cmd_janitor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from router.metrics import run_exporter
+
+    with _router(args) as router:
+        return run_exporter(router, args.port, args.addr, announce=out.print)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from router.demo import run_demo, summary_table
 
     configure_logging("auto", "warning")
-    summary = run_demo(redis_url=args.redis, live=not args.json)
+    summary = run_demo(redis_url=args.redis, live=not args.json, metrics_port=args.metrics_port)
     if args.json:
         out.print_json(json.dumps(summary.to_json()))
     else:
@@ -279,7 +287,14 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="a scripted day of traffic on the emulators")
     p.add_argument("--redis", help="use this Redis instead of the embedded SQLite store")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
     p.set_defaults(func=cmd_demo)
+
+    from router.metrics import add_arguments
+
+    p = with_config(sub.add_parser("metrics", help="serve Prometheus /metrics (a sidecar)"))
+    add_arguments(p)
+    p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("emulate", help="run provider emulators on loopback")
     p.add_argument("name", choices=["daytona", "runloop", "modal", "e2b", "all"])

@@ -198,6 +198,7 @@ def run_demo(
     console: Console | None = None,
     live: bool = True,
     scale: int = 1,
+    metrics_port: int | None = None,
 ) -> DemoSummary:
     """Run the scripted day; returns what happened (also printed by the CLI)."""
     console = console or Console(stderr=True)
@@ -218,6 +219,12 @@ def run_demo(
         router = stack.enter_context(
             Router.from_config(_config(state_url, tmp, list(emus)), hooks=hooks)
         )
+        if metrics_port is not None:
+            from router.metrics import serve
+
+            server = serve(router, metrics_port)
+            stack.callback(server.server_close)
+            stack.callback(server.shutdown)
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
         task = progress.add_task("requests", total=sum(p.requests for p in phases))
         display = Live(console=console, refresh_per_second=8, transient=False) if live else None

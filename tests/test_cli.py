@@ -86,3 +86,26 @@ def test_console_script_is_installed(chain: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert (result.returncode, result.stdout) == (0, "installed\n")
+
+
+def test_metrics_sidecar_serves_the_fleet_state(chain: Path) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).parent / "sandbox-router"
+    proc = subprocess.Popen(
+        [str(exe), "metrics", "--config", str(chain), "--port", str(port)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert "serving http://127.0.0.1" in proc.stdout.readline()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        text = body.decode()
+        assert 'sandbox_router_quota_limit{pool="local",unit="sessions"} 5.0' in text
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

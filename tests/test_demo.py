@@ -48,3 +48,31 @@ def test_demo_cli_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
     summary = json.loads(capsys.readouterr().out)
     assert summary["failed"] == 0
     assert summary["requests"] == sum(summary["served"].values())
+
+
+def test_demo_exposes_metrics_meanwhile() -> None:
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result: list[object] = []
+    runner = threading.Thread(target=lambda: result.append(run_demo(live=False, metrics_port=port)))
+    runner.start()
+    seen = ""
+    deadline = time.monotonic() + 60
+    while runner.is_alive() and time.monotonic() < deadline and 'outcome="success"} 1' not in seen:
+        try:
+            seen = (
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+                .read()
+                .decode()
+            )
+        except OSError:
+            time.sleep(0.2)
+    runner.join(120)
+    assert 'sandbox_router_acquisitions_total{entry="' in seen
+    assert result
