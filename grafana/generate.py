@@ -247,7 +247,7 @@ def quota_dashboard() -> dash.Dashboard:
                 "{{pool}} {{unit}} (last hour)",
             ),
             query(
-                f"86400 * max by (pool, unit) ({used} / ignoring (unit) group_left "
+                f"86400 * max by (pool, unit) ({used} / ignoring (unit) group_left () "
                 f"(time() - sandbox_router_quota_window_start_timestamp_seconds{{{POOL}}}))",
                 "{{pool}} {{unit}} (window average)",
                 "B",
