@@ -77,6 +77,8 @@ class FaultSpec:
         times: how many requests it hits; None for every one.
         probability: chance that a matching request is hit.
         api_key: only requests with this key; None for all.
+        after: apply the delay or hang after doing the work (a create that
+            succeeds on the provider's side but answers late), not before.
     """
 
     op: str = "*"
@@ -89,6 +91,7 @@ class FaultSpec:
     times: int | None = 1
     probability: float = 1.0
     api_key: str | None = None
+    after: bool = False
     id: str = field(default_factory=lambda: secrets.token_hex(4))
 
     def __post_init__(self) -> None:
@@ -340,6 +343,12 @@ def http_fault_middleware(
         fault = core.faults.take(op, key_for(request)) if op else None
         if fault is None:
             return await handler(request)
+        if fault.after:
+            # The work completes even when the client gives up waiting, as on a real
+            # service; only the answer is late (or never comes).
+            response = await asyncio.shield(handler(request))
+            await apply_delay_or_hang(fault)
+            return response
         await apply_delay_or_hang(fault)
         if fault.drop:
             if request.transport is not None:

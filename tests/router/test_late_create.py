@@ -1,0 +1,52 @@
+"""A create that outlives the acquire deadline: the caller fails over, and the
+sandbox the provider finishes later is killed (by the adapter, else the janitor)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from emulators import available, emulator_class
+from providers.base import LABEL_ROUTER
+from router import Router
+
+PROVIDERS = available(["daytona", "runloop", "e2b"])  # the HTTP emulators
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_slow_create_is_abandoned_then_reaped(
+    name: str, redis_url: str, key_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with emulator_class(name)() as emu:
+        for key, value in emu.sdk_env().items():
+            monkeypatch.setenv(key, value)
+        emu.inject("create", delay=2.0, after=True)
+        config = {
+            "state_url": redis_url,
+            "key_prefix": key_prefix,
+            "create_timeout": 0.5,
+            "retry": {"attempts": 1},
+            "chain": [
+                {"name": name, "provider": name},
+                {"name": "local", "provider": "local", "options": {"root": str(tmp_path)}},
+            ],
+        }
+        with Router.from_config(config, hooks=[]) as router:
+            with router.acquire() as lease:
+                assert lease.entry == "local"
+                assert lease.failovers == [name]
+            assert router.status().entries[0].used["sessions"] == 0  # refunded
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                ours = [r for r in emu.records() if r.labels.get(LABEL_ROUTER) == key_prefix]
+                if ours and all(not r.alive for r in ours):
+                    break  # the adapter killed the late sandbox itself
+                if ours and any(r.alive for r in ours):
+                    router.reap()  # else the janitor does
+                time.sleep(0.3)
+            ours = [r for r in emu.records() if r.labels.get(LABEL_ROUTER) == key_prefix]
+            assert ours, "the provider never finished the abandoned create"
+            assert [r.id for r in ours if r.alive] == []
