@@ -435,18 +435,19 @@ def serve(
 ) -> WSGIServer:
     """Serve /metrics on ``addr:port`` from a daemon thread; returns the server.
 
-    ``port=0`` picks a free port (``server.server_port``). Without
-    ``registry``: in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the
-    workers' summed counters plus the state gauges, else a registry of its
-    own holding this router's metrics. Stop it with ``server.shutdown()``
+    Serves ``registry`` (default: prometheus-client's default registry, so an
+    app's other metrics come along) with ``router`` instrumented into it. In
+    multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) and without
+    ``registry``, it serves `multiprocess_registry` instead: the workers'
+    summed counters and histograms plus the state gauges. ``port=0`` picks a
+    free port (``server.server_port``). Stop it with ``server.shutdown()``
     then ``server.server_close()``.
     """
-    if registry is None:
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            registry = multiprocess_registry(router)
-        else:
-            registry = CollectorRegistry()
-            instrument(router, registry)
+    if registry is None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = multiprocess_registry(router)
+    else:
+        registry = REGISTRY if registry is None else registry
+        instrument(router, registry)
     server, _thread = start_http_server(port, addr, registry)
     return server
 
@@ -469,12 +470,13 @@ def run_exporter(
     port: int,
     addr: str = "127.0.0.1",
     *,
+    registry: CollectorRegistry | None = None,
     stop: threading.Event | None = None,
     announce: Callable[[str], None] = print,
 ) -> int:
-    """Serve /metrics until SIGTERM, SIGINT or ``stop`` (``sandbox-router metrics``)."""
+    """``sandbox-router metrics``: `serve` until SIGTERM, SIGINT or ``stop`` is set."""
     stop = stop or threading.Event()
-    server = serve(router, port, addr)
+    server = serve(router, port, addr, registry=registry)
     host = f"[{addr}]" if ":" in addr else addr
     announce(f"serving http://{host}:{server.server_port}/metrics")
     if threading.current_thread() is threading.main_thread():

@@ -327,7 +327,8 @@ def test_state_store_down(make_router: RouterFactory, key_prefix: str, tmp_path:
 
 def test_serve_and_run_exporter(make_router: RouterFactory) -> None:
     router = make_router()
-    server = serve(router, 0)
+    registry = CollectorRegistry()
+    server = serve(router, 0, registry=registry)  # instruments the router into it
     try:
         with router.acquire():
             pass
@@ -347,7 +348,9 @@ def test_serve_and_run_exporter(make_router: RouterFactory) -> None:
 
     other = make_router()
     thread = threading.Thread(
-        target=run_exporter, args=(other, 0), kwargs={"stop": stop, "announce": announce}
+        target=run_exporter,
+        args=(other, 0),
+        kwargs={"registry": CollectorRegistry(), "stop": stop, "announce": announce},
     )
     thread.start()
     try:
