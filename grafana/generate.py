@@ -72,6 +72,10 @@ def legend_table() -> common_b.VizLegendOptions:
     )
 
 
+def last_value() -> common_b.ReduceDataOptions:
+    return common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False)
+
+
 def series(title: str, description: str, *targets: prom.Dataquery) -> timeseries.Panel:
     panel = (
         timeseries.Panel()
@@ -139,6 +143,7 @@ def quota_dashboard() -> dash.Dashboard:
     board = board.with_row(dash.Row("Now"))
     board = board.with_panel(
         bargauge.Panel()
+        .reduce_options(last_value())
         .title("Used / limit")
         .description("Share of each limited unit used this window (amber 80 %, red 95 %).")
         .datasource(DS)
@@ -163,6 +168,7 @@ def quota_dashboard() -> dash.Dashboard:
     )
     board = board.with_panel(
         stat.Panel()
+        .reduce_options(last_value())
         .title("Days to reset")
         .description("Days until each pool's quota window resets.")
         .datasource(DS)
@@ -186,6 +192,7 @@ def quota_dashboard() -> dash.Dashboard:
     )
     board = board.with_panel(
         stat.Panel()
+        .reduce_options(last_value())
         .title("Projected exhaustion")
         .description(
             "When each unit runs out: at the last 6 hours' rate, and at this window's average "
@@ -406,6 +413,7 @@ def routing_dashboard() -> dash.Dashboard:
     )
     board = board.with_panel(
         stat.Panel()
+        .reduce_options(last_value())
         .title("Entries available")
         .description(
             "Entries that could serve now: configured, circuit closed or half-open, not "
