@@ -435,18 +435,18 @@ def serve(
 ) -> WSGIServer:
     """Serve /metrics on ``addr:port`` from a daemon thread; returns the server.
 
-    Serves ``registry`` (default: prometheus-client's default registry, so an
-    app's other metrics come along) with ``router`` instrumented into it. In
-    multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) and without
-    ``registry``, it serves `multiprocess_registry` instead: the workers'
-    summed counters and histograms plus the state gauges. ``port=0`` picks a
-    free port (``server.server_port``). Stop it with ``server.shutdown()``
-    then ``server.server_close()``.
+    Serves ``registry`` with ``router`` instrumented into it. Without
+    ``registry``: in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set)
+    `multiprocess_registry` (the workers' summed counters and histograms plus
+    the state gauges), else a new registry of this router's metrics alone
+    (pass ``registry=prometheus_client.REGISTRY`` to serve an app's default
+    registry). ``port=0`` picks a free port (``server.server_port``). Stop it
+    with ``server.shutdown()`` then ``server.server_close()``.
     """
     if registry is None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = multiprocess_registry(router)
     else:
-        registry = REGISTRY if registry is None else registry
+        registry = CollectorRegistry() if registry is None else registry
         instrument(router, registry)
     server, _thread = start_http_server(port, addr, registry)
     return server

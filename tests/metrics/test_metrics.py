@@ -431,3 +431,19 @@ def test_window_dates_follow_the_config(make_router: RouterFactory, clock: Clock
     for ts in (start, reset):
         local = datetime.fromtimestamp(ts, UTC).astimezone(ZoneInfo("Europe/Berlin"))
         assert (local.day, local.hour, local.minute) == (15, 0, 0)
+
+
+def test_serve_without_a_registry_serves_each_router_its_own(make_router: RouterFactory) -> None:
+    """As the demo does, run after run in one process: no clash in a shared registry."""
+    for _ in range(2):
+        router = make_router()
+        server = serve(router, 0)
+        try:
+            with router.acquire():
+                pass
+            url = f"http://127.0.0.1:{server.server_port}/metrics"
+            text = httpx.get(url, timeout=10).text
+        finally:
+            server.shutdown()
+            server.server_close()
+        assert 'sandbox_router_acquisitions_total{entry="flaky",outcome="success"} 1.0' in text
