@@ -264,6 +264,7 @@ class ModalProvider(Provider):
             if isinstance(error, NotFound):
                 return False
             raise error from exc
+        await _detach(native)
         log.debug("sandbox_router.modal.killed", entry=self.name, sandbox_id=sandbox_id)
         return True
 
@@ -290,6 +291,7 @@ class ModalSandbox(Sandbox):
         self.provider = provider
         self._workdir = workdir
         self._timeout = request_timeout
+        self._killed = False
 
     @property
     def native(self) -> Any:
@@ -404,6 +406,9 @@ class ModalSandbox(Sandbox):
         )
 
     async def kill(self) -> None:
+        """Terminate the sandbox, then release this handle's connection to it."""
+        if self._killed:
+            return
         try:
             async with asyncio.timeout(self._timeout):
                 await self._native.terminate.aio()
@@ -411,6 +416,18 @@ class ModalSandbox(Sandbox):
             error = self._error(exc)
             if not isinstance(error, NotFound):
                 raise error from exc
+        self._killed = True
+        await _detach(self._native)
+
+
+async def _detach(native: Any) -> None:
+    """Close a handle's command-router connection now rather than when it idles out."""
+    try:
+        await native.detach.aio()
+    except Exception as exc:
+        log.debug(
+            "sandbox_router.modal.detach_failed", sandbox_id=native.object_id, error=repr(exc)
+        )
 
 
 def _secret(value: SecretStr | None) -> str | None:
@@ -462,6 +479,8 @@ def _to_error(
         return NotFound(message, status=404, **where)
     if isinstance(exc, mx.ConflictError) and in_sandbox and "finished" in message:
         return NotFound(f"Modal sandbox has finished: {message}", status=409, **where)
+    if isinstance(exc, mx.ClientClosed) and in_sandbox:
+        return NotFound(f"this handle on the Modal sandbox was killed: {message}", **where)
     if isinstance(exc, mx.InvalidError):
         return SandboxError(message, status=400, **where)
     if isinstance(exc, mx.ImageBuildError):

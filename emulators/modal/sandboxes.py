@@ -246,6 +246,7 @@ class ModalSandbox:
         )
         for execution in self.execs.values():
             execution.stop()
+        self.execs.clear()
         self.ended.set()
 
     def info(self) -> api_pb2.SandboxInfo:
