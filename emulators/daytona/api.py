@@ -1,0 +1,375 @@
+"""Daytona's control-plane REST API for sandboxes: the handlers the SDK talks to.
+
+Routes (JSON in camelCase, key in ``Authorization: Bearer``, errors as the
+API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
+
+* ``POST /api/sandbox`` creates a sandbox from a snapshot (``snapshot``) or
+  an image (``buildInfo``); it answers at once in ``creating`` (or
+  ``pending_build``) and the sandbox boots in the background, announcing
+  each state over Socket.IO. With ``boot_seconds=0`` and no boot fault it
+  answers ``started``.
+* ``GET /api/sandbox`` lists the organization's sandboxes, newest first,
+  filtered by ``labels`` (JSON), ``states``, ``id`` / ``name`` prefixes,
+  paged by ``limit`` / ``cursor`` (``nextCursor`` is null on the last page).
+* ``GET|DELETE /api/sandbox/{idOrName}``; ``POST .../start``, ``.../stop``;
+  ``POST /api/sandbox/{id}/last-activity`` (resets the auto-stop timer);
+  ``GET /api/sandbox/{id}/toolbox-proxy-url``.
+
+A sandbox belongs to the organization of the key that created it: other
+keys get 404 ("Sandbox not found"). Account limits come from the harness:
+both the concurrency cap and a spent quota of created sandboxes answer 403
+with Daytona's limit message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from emulators.daytona.sandboxes import GONE, Box, iso, org_of
+from emulators.harness import QuotaViolation, apply_delay_or_hang
+from providers.base import SandboxSpec
+
+if TYPE_CHECKING:
+    from emulators.daytona import DaytonaEmulator
+
+__all__ = ["CONCURRENCY_MESSAGE", "CREATED_MESSAGE", "ApiError", "SandboxApi", "api_error"]
+
+CONCURRENCY_MESSAGE = "Total CPU limit exceeded. Maximum allowed: {limit}."
+CREATED_MESSAGE = "Sandbox quota exceeded: limit exceeded. Maximum allowed: {limit} sandboxes."
+DEFAULT_RESOURCES = {"cpu": 1, "gpu": 0, "memory": 1, "disk": 3}
+DEFAULT_SNAPSHOT = "daytonaio/sandbox:0.5.0"
+DEFAULT_AUTO_STOP = 15
+DEFAULT_AUTO_ARCHIVE = 7 * 24 * 60
+MAX_PAGE = 200
+_REASONS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    408: "Request Timeout",
+    409: "Conflict",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+_STATES = frozenset(
+    {
+        "creating", "restoring", "destroyed", "destroying", "started", "stopped", "starting",
+        "stopping", "error", "build_failed", "pending_build", "building_snapshot", "unknown",
+        "pulling_snapshot", "archived", "archiving", "resizing", "snapshotting", "forking",
+        "pausing", "paused", "resuming",
+    }
+)  # fmt: skip
+
+
+def api_error(
+    status: int, message: str, path: str = "", headers: dict[str, str] | None = None
+) -> web.Response:
+    """The API's error body (NestJS's exception filter)."""
+    body = {
+        "statusCode": status,
+        "timestamp": iso(time.time()),
+        "path": path,
+        "error": _REASONS.get(status, "Error"),
+        "message": message,
+    }
+    return web.json_response(body, status=status, headers=headers)
+
+
+class ApiError(Exception):
+    """Raised by a handler's helpers; answered as `api_error`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _string_map(value: Any, name: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ApiError(400, f"{name} must map strings to strings")
+    return dict(value)
+
+
+def _int(body: dict[str, Any], name: str, default: int, minimum: int | None = 0) -> int:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{name} must be an integer")
+    if minimum is not None and value < minimum:
+        raise ApiError(400, f"{name} must not be less than {minimum}")
+    return value
+
+
+def bearer(request: web.Request) -> str | None:
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    return key if scheme.lower() == "bearer" and key else None
+
+
+class SandboxApi:
+    """The control-plane handlers, over the emulator's core."""
+
+    def __init__(self, emulator: DaytonaEmulator) -> None:
+        self.emulator = emulator
+        self.core = emulator.core
+        self._boots: set[asyncio.Task[None]] = set()
+
+    def routes(self) -> list[web.RouteDef]:
+        one = "/api/sandbox/{sandbox}"
+        return [
+            web.post("/api/sandbox", self.create),
+            web.get("/api/sandbox", self.list),
+            web.get(one, self.get),
+            web.delete(one, self.delete),
+            web.post(one + "/start", self.start),
+            web.post(one + "/stop", self.stop),
+            web.post(one + "/last-activity", self.last_activity),
+            web.get(one + "/toolbox-proxy-url", self.toolbox_proxy_url),
+        ]
+
+    @web.middleware
+    async def errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Authenticate, and answer `ApiError` (and unmatched routes) in the API's shape."""
+        if not request.path.startswith("/api/") or request.path.startswith("/api/socket.io"):
+            return await handler(request)
+        if not self.core.key_ok(bearer(request)):
+            return api_error(401, "Unauthorized", request.path)
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return api_error(exc.status, exc.message, request.path)
+        except web.HTTPNotFound:
+            return api_error(404, f"Cannot {request.method} {request.path}", request.path)
+
+    def _key(self, request: web.Request) -> str:
+        key = bearer(request)
+        assert key is not None
+        return key
+
+    def _box(self, request: web.Request) -> Box:
+        box = self.core.find(request.match_info["sandbox"], self._key(request))
+        if box is None:
+            raise ApiError(404, "Sandbox not found")
+        return box
+
+    def _dto(self, box: Box, *, listed: bool = False) -> dict[str, Any]:
+        return box.dto(self.emulator.toolbox_url, listed=listed)
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "request body must be JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        return body
+
+    # -- create -----------------------------------------------------------
+    async def create(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        body = await self._json(request)
+        labels = _string_map(body.get("labels"), "labels")
+        env = _string_map(body.get("env"), "env")
+        snapshot, build_info = self._source(body)
+        name = body.get("name")
+        if name is not None and not isinstance(name, str):
+            raise ApiError(400, "name must be a string")
+        if name and self.core.find(name, key) is not None:
+            raise ApiError(409, f"Sandbox with name {name} already exists")
+        sizes = {k: _int(body, k, v) for k, v in DEFAULT_RESOURCES.items()}
+        if build_info is None and any(body.get(k) is not None for k in ("cpu", "memory", "disk")):
+            raise ApiError(
+                400, "Cannot specify Sandbox resources when using a snapshot; use an image"
+            )
+        sandbox_id = str(uuid.uuid4())
+        spec = SandboxSpec(env=env, labels=labels)
+        try:
+            local = await self.core.create(key, spec, sandbox_id=sandbox_id)
+        except QuotaViolation as exc:
+            message = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else CREATED_MESSAGE
+            cpu_limit = exc.limit * sizes["cpu"] if exc.kind == "concurrent" else exc.limit
+            raise ApiError(403, message.format(limit=cpu_limit)) from None
+        box = Box(
+            id=sandbox_id,
+            name=name or sandbox_id,
+            api_key=key,
+            local=local,
+            labels=labels,
+            env=env,
+            snapshot=snapshot,
+            target=str(body.get("target") or "us"),
+            auto_stop=_int(body, "autoStopInterval", DEFAULT_AUTO_STOP),
+            auto_delete=_int(body, "autoDeleteInterval", -1, minimum=None),
+            auto_archive=_int(body, "autoArchiveInterval", DEFAULT_AUTO_ARCHIVE),
+            ttl=_int(body, "ttlMinutes", 0),
+            public=bool(body.get("public")),
+            network_block_all=bool(body.get("networkBlockAll")),
+            build_info=build_info,
+            state="pending_build" if build_info else "creating",
+            cpu=sizes["cpu"],
+            gpu=sizes["gpu"],
+            memory=sizes["memory"],
+            disk=sizes["disk"],
+        )
+        self.core.add(box)
+        self.emulator.announce("sandbox.created", box)
+        fault = self.core.faults.take("boot", key)
+        if fault is None and not self.emulator.boot_seconds and build_info is None:
+            self.core.set_state(box, "started")
+        else:
+            box.boot = asyncio.create_task(self._boot(box, fault))
+            self._boots.add(box.boot)
+            box.boot.add_done_callback(self._boots.discard)
+        return web.json_response(self._dto(box))
+
+    def _source(self, body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+        """The snapshot name, or the build info of an image, the create names."""
+        build_info = body.get("buildInfo")
+        snapshot = body.get("snapshot")
+        if build_info is not None:
+            if not isinstance(build_info, dict) or not isinstance(
+                build_info.get("dockerfileContent"), str
+            ):
+                raise ApiError(400, "buildInfo.dockerfileContent must be a string")
+            if snapshot is not None:
+                raise ApiError(400, "Cannot specify both a snapshot and a build")
+            digest = base64.b32encode(build_info["dockerfileContent"].encode()[:20]).decode()
+            return None, {
+                "dockerfileContent": build_info["dockerfileContent"],
+                "contextHashes": build_info.get("contextHashes") or [],
+                "snapshotRef": f"daytona-{digest.lower().rstrip('=')}",
+            }
+        if snapshot is None:
+            return DEFAULT_SNAPSHOT, None
+        if not isinstance(snapshot, str):
+            raise ApiError(400, "snapshot must be a string")
+        known = self.emulator.snapshots
+        if known is not None and snapshot not in known:
+            raise ApiError(
+                400, f"Snapshot {snapshot} not found. Did you add it through the Daytona Dashboard?"
+            )
+        return snapshot, None
+
+    async def _boot(self, box: Box, fault: Any) -> None:
+        """Bring a new sandbox to ``started`` (or ``error``) as a runner would."""
+        if box.build_info is not None:
+            await asyncio.sleep(self.emulator.boot_seconds)
+            self.core.set_state(box, "building_snapshot")
+        await asyncio.sleep(self.emulator.boot_seconds)
+        if fault is not None:
+            await apply_delay_or_hang(fault)
+            if fault.status is not None:
+                failed = "build_failed" if box.build_info is not None else "error"
+                self.core.set_state(box, failed, error=fault.message or "runner failed to start")
+                return
+        if box.state not in GONE:
+            box.last_activity = time.time()
+            self.core.set_state(box, "started")
+
+    # -- the rest ---------------------------------------------------------
+    async def get(self, request: web.Request) -> web.Response:
+        return web.json_response(self._dto(self._box(request)))
+
+    async def delete(self, request: web.Request) -> web.Response:
+        box = self._box(request)
+        view = self._dto(box)
+        view.update(state="destroying", desiredState="destroyed")
+        await self.core.kill(box.id)
+        return web.json_response(view)
+
+    async def start(self, request: web.Request) -> web.Response:
+        box = self._box(request)
+        if box.state not in ("started", "stopped"):
+            raise ApiError(400, f"Sandbox is not in a startable state (state: {box.state})")
+        await self.core.start(box)
+        return web.json_response(self._dto(box))
+
+    async def stop(self, request: web.Request) -> web.Response:
+        box = self._box(request)
+        if box.state not in ("started", "stopped"):
+            raise ApiError(400, f"Sandbox is not in a stoppable state (state: {box.state})")
+        if box.state == "started":
+            await self.core.stop(box)
+            if box.auto_delete == 0:
+                await self.core.kill(box.id)
+        return web.json_response(self._dto(box))
+
+    async def last_activity(self, request: web.Request) -> web.Response:
+        self.core.touch(self._box(request))
+        return web.Response(status=201)
+
+    async def toolbox_proxy_url(self, request: web.Request) -> web.Response:
+        self._box(request)
+        return web.json_response({"url": self.emulator.toolbox_url})
+
+    async def list(self, request: web.Request) -> web.Response:
+        key = self._key(request)
+        query = request.query
+        try:
+            wanted = _string_map(json.loads(query["labels"]), "labels") if "labels" in query else {}
+        except ValueError:
+            raise ApiError(400, "labels must be a JSON object of strings") from None
+        states = set(query.getall("states", []))
+        if not states <= _STATES:
+            raise ApiError(400, f"states must be among {sorted(_STATES)}")
+        raw_limit = query.get("limit", "100")
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_PAGE:
+            raise ApiError(400, f"limit must be an integer between 1 and {MAX_PAGE}")
+        limit = int(raw_limit)
+        after = _cursor(query.get("cursor"))
+        org = org_of(key)
+        found = [
+            box
+            for box in sorted(self.core.boxes.values(), key=_order)
+            if box.organization_id == org
+            and box.state not in GONE
+            and (after is None or _order(box) > after)
+            and (not states or box.state in states)
+            and all(box.labels.get(k) == v for k, v in wanted.items())
+            and box.id.lower().startswith(query.get("id", "").lower())
+            and box.name.lower().startswith(query.get("name", "").lower())
+        ]
+        page = found[:limit]
+        next_cursor = None
+        if len(found) > limit:
+            created, box_id = _order(page[-1])
+            next_cursor = base64.urlsafe_b64encode(f"{-created!r}|{box_id}".encode()).decode()
+        return web.json_response(
+            {
+                "items": [self._dto(box, listed=True) for box in page],
+                "nextCursor": next_cursor,
+            }
+        )
+
+
+def _order(box: Box) -> tuple[float, str]:
+    """Newest first, then by id: the order pages follow."""
+    return -box.created, box.id
+
+
+def _cursor(raw: str | None) -> tuple[float, str] | None:
+    """The position after which the next page starts (keyset: deletes never shift pages)."""
+    if not raw:
+        return None
+    try:
+        created, _, box_id = base64.urlsafe_b64decode(raw.encode()).decode().partition("|")
+        return -float(created), box_id
+    except ValueError:
+        raise ApiError(400, "invalid cursor") from None

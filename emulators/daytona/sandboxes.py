@@ -1,0 +1,445 @@
+"""The emulated Daytona sandboxes: their states, lifecycle timers and shell sessions.
+
+A sandbox (`Box`) is a `providers.local.LocalSandbox` (real commands, real
+files) plus what Daytona keeps around it: the organization of the API key
+that owns it, its state (``creating`` or ``pending_build`` -> ``started``
+-> ``stopping`` -> ``stopped``; ``destroying`` -> ``destroyed``; ``error``
+or ``build_failed``) and its lifecycle intervals, in minutes as on Daytona:
+``autoStopInterval`` stops a sandbox after that long without activity
+(toolbox calls and ``last-activity`` count), ``autoDeleteInterval``
+destroys it that long after it stopped (0: at once, negative: never) and
+``ttlMinutes`` destroys it that long after its creation whatever its state.
+`DaytonaCore.minute` says how many seconds an emulated minute lasts, so a
+test can watch a sandbox stop.
+
+Sessions are the daemon's: one long-running shell per session
+(`ShellSession`) running its commands one after the other, so a ``cd`` or an
+``export`` persists; each command's stdout and stderr are cut out of the
+shell's streams by markers the session writes after it.
+
+Paths are Daytona's: the user's home and working directory is
+``/home/daytona`` and relative paths start there; the emulator maps that
+home onto the local sandbox directory. Under bubblewrap commands see it as
+``/home/daytona`` too (a symlink made as a shell starts); without bubblewrap
+they run in the host directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import secrets
+import shlex
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from emulators.harness import EmulatorCore
+from providers.errors import SandboxPathError
+from providers.local import LocalProcess, LocalSandbox
+
+__all__ = [
+    "DAYTONA_HOME",
+    "GONE",
+    "STDERR_PREFIX",
+    "STDOUT_PREFIX",
+    "Box",
+    "Command",
+    "DaytonaCore",
+    "PathRefused",
+    "ShellSession",
+    "iso",
+    "org_of",
+]
+
+DAYTONA_HOME = "/home/daytona"
+STDOUT_PREFIX = b"\x01\x01\x01"
+STDERR_PREFIX = b"\x02\x02\x02"
+GONE = frozenset({"destroying", "destroyed"})
+_MARK = b"\x1e"
+_MARK_END = b"\x1f"
+
+
+def iso(ts: float) -> str:
+    """A timestamp as the API writes it (ISO 8601, milliseconds, UTC)."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def org_of(api_key: str) -> str:
+    """The organization an API key belongs to (one per key in the emulator)."""
+    return str(uuid.UUID(hashlib.sha256(api_key.encode()).hexdigest()[:32]))
+
+
+class PathRefused(Exception):
+    """A path outside the part of the sandbox the emulator models."""
+
+
+@dataclass
+class Command:
+    """One command of a session and what it wrote so far."""
+
+    id: str
+    command: str
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    output: bytearray = field(default_factory=bytearray)
+    exit_code: int | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    ends_seen: set[str] = field(default_factory=set)
+
+    def view(self) -> dict[str, Any]:
+        return {"id": self.id, "command": self.command, "exitCode": self.exit_code}
+
+    def logs(self) -> dict[str, str]:
+        """The daemon's logs: ``output`` multiplexed with its stream prefixes, as it keeps it."""
+        return {
+            "output": bytes(self.output).decode("utf-8", "replace"),
+            "stdout": bytes(self.stdout).decode("utf-8", "replace"),
+            "stderr": bytes(self.stderr).decode("utf-8", "replace"),
+        }
+
+    def add(self, stream: str, data: bytes) -> None:
+        if not data:
+            return
+        getattr(self, stream).extend(data)
+        self.output.extend((STDOUT_PREFIX if stream == "stdout" else STDERR_PREFIX) + data)
+
+    def end(self, stream: str, exit_code: int | None) -> None:
+        self.ends_seen.add(stream)
+        if exit_code is not None:
+            self.exit_code = exit_code
+        if self.ends_seen == {"stdout", "stderr"}:
+            self.done.set()
+
+
+class ShellSession:
+    """A long-running shell; the commands submitted to it run one after the other.
+
+    After each command the session has the shell print a marker on stdout
+    (with the exit code) and one on stderr; what comes before a marker on
+    a stream belongs to the command being run.
+    """
+
+    def __init__(self, session_id: str, process: LocalProcess) -> None:
+        self.id = session_id
+        self.process = process
+        self.commands: dict[str, Command] = {}
+        self.ended = False
+        self._token = secrets.token_hex(8)
+        self._queue: dict[str, list[Command]] = {"stdout": [], "stderr": []}
+        proc = process.proc
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        self._readers = asyncio.gather(
+            self._read("stdout", proc.stdout), self._read("stderr", proc.stderr)
+        )
+        self._watch = asyncio.get_running_loop().create_task(self._wait_for_exit())
+
+    def view(self) -> dict[str, Any]:
+        return {"sessionId": self.id, "commands": [c.view() for c in self.commands.values()]}
+
+    async def write(self, text: str) -> None:
+        """Write raw shell input."""
+        stdin = self.process.proc.stdin
+        assert stdin is not None
+        stdin.write(text.encode())
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            await stdin.drain()
+
+    def submit(self, command: str) -> Command:
+        """Queue ``command``; its ``done`` is set once it ran (or the shell ended)."""
+        cmd = Command(str(uuid.uuid4()), command)
+        self.commands[cmd.id] = cmd
+        self._queue["stdout"].append(cmd)
+        self._queue["stderr"].append(cmd)
+        mark = _MARK.decode() + self._token
+        stdin = self.process.proc.stdin
+        assert stdin is not None
+        stdin.write(
+            f"{{\n{command}\n}} < /dev/null\n"
+            f"printf '{mark} {cmd.id} %s\\037' \"$?\"\n"
+            f"printf '{mark} {cmd.id} -\\037' >&2\n".encode()
+        )
+        return cmd
+
+    async def _read(self, stream: str, reader: asyncio.StreamReader) -> None:
+        mark = _MARK + self._token.encode() + b" "
+        buf = b""
+        while chunk := await reader.read(65536):
+            buf += chunk
+            while True:
+                start = buf.find(mark)
+                if start == -1:
+                    partial = buf.rfind(_MARK)
+                    cut = partial if partial != -1 and mark.startswith(buf[partial:]) else len(buf)
+                    self._attribute(stream, buf[:cut])
+                    buf = buf[cut:]
+                    break
+                end = buf.find(_MARK_END, start)
+                if end == -1:
+                    self._attribute(stream, buf[:start])
+                    buf = buf[start:]
+                    break
+                self._attribute(stream, buf[:start])
+                cmd_id, _, code = buf[start + len(mark) : end].decode().partition(" ")
+                self._finish(stream, cmd_id, int(code) if code.lstrip("-").isdigit() else None)
+                buf = buf[end + 1 :]
+        self._attribute(stream, buf)
+
+    def _attribute(self, stream: str, data: bytes) -> None:
+        queue = self._queue[stream]
+        if queue:
+            queue[0].add(stream, data)
+
+    def _finish(self, stream: str, cmd_id: str, exit_code: int | None) -> None:
+        queue = self._queue[stream]
+        if queue and queue[0].id == cmd_id:
+            queue.pop(0).end(stream, exit_code)
+
+    async def _wait_for_exit(self) -> None:
+        await self._readers
+        status = await self.process.proc.wait()
+        self.ended = True
+        for cmd in self.commands.values():
+            if not cmd.done.is_set():
+                cmd.exit_code = 128 - status if status < 0 else status
+                cmd.done.set()
+
+    async def close(self) -> None:
+        """End the shell and everything it started."""
+        self.process.kill()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._watch
+
+
+@dataclass
+class Box:
+    """One emulated sandbox, with the fields the API shows."""
+
+    id: str
+    name: str
+    api_key: str
+    local: LocalSandbox
+    labels: dict[str, str]
+    env: dict[str, str]
+    snapshot: str | None
+    target: str
+    auto_stop: int
+    auto_delete: int
+    auto_archive: int
+    ttl: int
+    cpu: int
+    gpu: int
+    memory: int
+    disk: int
+    public: bool = False
+    network_block_all: bool = False
+    build_info: dict[str, Any] | None = None
+    state: str = "creating"
+    desired_state: str = "started"
+    error: str | None = None
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    last_activity: float = field(default_factory=time.time)
+    stopped_at: float | None = None
+    sessions: dict[str, ShellSession] = field(default_factory=dict)
+    boot: asyncio.Task[None] | None = None
+
+    @property
+    def organization_id(self) -> str:
+        return org_of(self.api_key)
+
+    def host_path(self, path: str) -> Path:
+        """The host path of a sandbox path (absolute under the home, or relative to it)."""
+        if path == "~" or path.startswith("~/"):
+            path = DAYTONA_HOME + path[1:]
+        if path == DAYTONA_HOME or path.startswith(DAYTONA_HOME + "/"):
+            path = path[len(DAYTONA_HOME) :].lstrip("/") or "."
+        elif os.path.isabs(path):
+            raise PathRefused(
+                f"path {path!r} is outside {DAYTONA_HOME}, the only directory the emulator models"
+            )
+        try:
+            return self.local.resolve(path)
+        except SandboxPathError as exc:
+            raise PathRefused(exc.message) from None
+
+    def shell(self, command: str, cwd: str | None) -> tuple[str, str | None]:
+        """A script running ``command`` in ``cwd`` (default: the home), and the local cwd.
+
+        The script starts by entering ``cwd`` as the sandbox names it (under
+        bubblewrap, after making ``/home/daytona`` point at the home), so a
+        missing directory is the script's error, as on Daytona.
+        """
+        target = self.host_path(cwd or ".")
+        root = self.local.dir.resolve()
+        relative = str(target.relative_to(root))
+        if self.local._provider.use_bwrap:
+            inner = DAYTONA_HOME + ("" if relative == "." else "/" + relative)
+            prelude = (
+                f'ln -s "$HOME" {DAYTONA_HOME} 2>/dev/null; export HOME={DAYTONA_HOME}; '
+                f"cd -- {shlex.quote(inner)} || exit 1\n"
+            )
+        else:
+            prelude = f"cd -- {shlex.quote(str(target))} || exit 1\n"
+        local_cwd = relative if relative != "." and target.is_dir() else None
+        return prelude + command, local_cwd
+
+    def dto(self, toolbox_url: str, *, listed: bool = False) -> dict[str, Any]:
+        """The sandbox as the API shows it: ``Sandbox``, or ``SandboxListItem`` when listed."""
+        ttl_end = self.created + self.ttl * 60 if self.ttl > 0 else None
+        view: dict[str, Any] = {
+            "id": self.id,
+            "organizationId": self.organization_id,
+            "name": self.name,
+            "target": self.target,
+            "runnerId": "emulated-runner",
+            "sandboxClass": "container",
+            "state": self.state,
+            "desiredState": self.desired_state,
+            "snapshot": self.snapshot,
+            "user": "daytona",
+            "errorReason": self.error,
+            "recoverable": False if self.error else None,
+            "public": self.public,
+            "networkBlockAll": self.network_block_all,
+            "cpu": self.cpu,
+            "gpu": self.gpu,
+            "memory": self.memory,
+            "disk": self.disk,
+            "labels": self.labels,
+            "backupState": "None",
+            "autoStopInterval": self.auto_stop,
+            "autoPauseInterval": 0,
+            "autoArchiveInterval": self.auto_archive,
+            "autoDeleteInterval": self.auto_delete,
+            "autoDestroyAt": iso(ttl_end) if ttl_end else None,
+            "createdAt": iso(self.created),
+            "updatedAt": iso(self.updated),
+            "lastActivityAt": iso(self.last_activity),
+            "daemonVersion": "0.226.1-emulated",
+            "toolboxProxyUrl": toolbox_url,
+        }
+        if listed:
+            return view
+        view.update(env=self.env, kvm=False, volumes=[], buildInfo=None)
+        if self.build_info is not None:
+            view["buildInfo"] = {
+                **self.build_info,
+                "createdAt": iso(self.created),
+                "updatedAt": iso(self.created),
+            }
+        return view
+
+
+StateListener = Callable[[Box, str, str], None]
+
+
+class DaytonaCore(EmulatorCore):
+    """`EmulatorCore` that also tracks sandbox states, lifecycle timers and sessions.
+
+    Args:
+        minute: seconds an emulated minute lasts (Daytona's intervals are minutes).
+
+    Attributes:
+        on_state: called with (sandbox, old state, new state) on every change.
+    """
+
+    def __init__(
+        self, name: str, root: Path, *, isolation: str = "auto", minute: float = 60.0
+    ) -> None:
+        super().__init__(name, root, isolation=isolation)
+        self.boxes: dict[str, Box] = {}
+        self.minute = minute
+        self.on_state: StateListener | None = None
+
+    def add(self, box: Box) -> None:
+        self.boxes[box.id] = box
+
+    def find(self, id_or_name: str, api_key: str) -> Box | None:
+        """The key's organization's sandbox with this id or name, unless destroyed."""
+        org = org_of(api_key)
+        box = self.boxes.get(id_or_name)
+        if box is None or box.organization_id != org:
+            box = next(
+                (
+                    b
+                    for b in self.boxes.values()
+                    if b.name == id_or_name and b.organization_id == org
+                ),
+                None,
+            )
+        return None if box is None or box.state == "destroyed" else box
+
+    def set_state(self, box: Box, state: str, **fields: Any) -> None:
+        old = box.state
+        box.state = state
+        box.updated = time.time()
+        for key, value in fields.items():
+            setattr(box, key, value)
+        if old != state and self.on_state is not None:
+            self.on_state(box, old, state)
+
+    def touch(self, box: Box) -> None:
+        box.last_activity = time.time()
+
+    async def close_sessions(self, box: Box) -> None:
+        sessions, box.sessions = list(box.sessions.values()), {}
+        for session in sessions:
+            await session.close()
+
+    async def start(self, box: Box) -> None:
+        """Start a stopped sandbox (its files kept, its processes gone)."""
+        if box.state == "stopped":
+            self.set_state(box, "starting", desired_state="started")
+            box.last_activity = time.time()
+            self.set_state(box, "started", stopped_at=None)
+
+    async def stop(self, box: Box) -> None:
+        """Stop a started sandbox: its sessions end, its files stay."""
+        if box.state == "started":
+            self.set_state(box, "stopping", desired_state="stopped")
+            await self.close_sessions(box)
+            self.set_state(box, "stopped", stopped_at=time.time())
+
+    async def kill(self, sandbox_id: str, ended_by: str = "kill") -> bool:
+        box = self.boxes.get(sandbox_id)
+        if box is None or box.state in GONE:
+            return await super().kill(sandbox_id, ended_by)
+        if box.boot is not None:
+            box.boot.cancel()
+        self.set_state(box, "destroying", desired_state="destroyed")
+        await self.close_sessions(box)
+        killed = await super().kill(sandbox_id, ended_by)
+        self.set_state(box, "destroyed")
+        return killed
+
+    async def expire(self) -> None:
+        now = time.time()
+        for box in list(self.boxes.values()):
+            if box.state in GONE:
+                continue
+            if box.ttl > 0 and box.created + box.ttl * self.minute <= now:
+                await self.kill(box.id, "expired")
+            elif (
+                box.state == "started"
+                and box.auto_stop > 0
+                and box.last_activity + box.auto_stop * self.minute <= now
+            ):
+                await self.stop(box)
+                if box.auto_delete == 0:
+                    await self.kill(box.id, "expired")
+            elif (
+                box.state == "stopped"
+                and box.stopped_at is not None
+                and box.auto_delete > 0
+                and box.stopped_at + box.auto_delete * self.minute <= now
+            ):
+                await self.kill(box.id, "expired")
+        await super().expire()

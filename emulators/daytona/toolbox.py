@@ -1,0 +1,424 @@
+"""The sandbox daemon's toolbox API, reached through the toolbox proxy.
+
+The SDK sends toolbox calls to ``{toolboxProxyUrl}/{sandboxId}/...`` with
+the API key; the emulator's proxy URL is ``/toolbox`` on its own port.
+Errors are the daemon's ``{statusCode, message, code, source, path, method,
+timestamp}`` with ``source: DAYTONA_DAEMON`` and its codes
+(``FILE_NOT_FOUND``, ``PROCESS_EXECUTION_TIMEOUT``, ``SESSION_ENDED``...);
+the proxy in front answers a refused key (401), an unknown sandbox (404) and
+one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
+
+* ``POST /process/execute`` runs a command to the end (stdout and stderr
+  merged in ``result``; ``timeout`` seconds, 10 when unset, then 408);
+  ``POST /process/code-run`` runs python (or node) code the same way.
+* Sessions: ``POST /process/session`` starts a shell
+  (`emulators.daytona.sandboxes.ShellSession`), ``POST .../{id}/exec``
+  runs a command in it (and waits unless ``runAsync``: then 202),
+  ``GET .../{id}``, ``.../command/{cid}``, ``.../command/{cid}/logs``,
+  ``DELETE .../{id}`` ends the shell and whatever it runs.
+* Files: ``POST /files/bulk-upload`` (multipart ``files[i].path`` and
+  ``files[i].file``), ``POST /files/bulk-download`` (``{paths}`` in, a
+  multipart/form-data response out: a ``file`` part per path, or an
+  ``error`` part with the daemon's JSON error, each part's ``filename``
+  echoing the requested path exactly), ``GET /files?path=&depth=``.
+* ``GET /work-dir`` and ``/user-home-dir``: both ``/home/daytona``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import pwd
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import BodyPartReader, web
+
+from emulators.daytona.api import bearer
+from emulators.daytona.sandboxes import DAYTONA_HOME, Box, PathRefused, ShellSession, iso
+
+if TYPE_CHECKING:
+    from emulators.daytona import DaytonaEmulator
+
+__all__ = ["EXECUTE_DEFAULT_TIMEOUT", "PROXY", "Toolbox", "daemon_error"]
+
+EXECUTE_DEFAULT_TIMEOUT = 10
+PROXY = "DAYTONA_PROXY"
+BOX = web.RequestKey("box", Box)
+_INTERPRETERS = {"python": ["python3", "-"], "javascript": ["node", "-"]}
+
+
+def daemon_error(
+    status: int,
+    message: str,
+    code: str,
+    request: web.Request | None = None,
+    headers: dict[str, str] | None = None,
+    source: str = "DAYTONA_DAEMON",
+) -> web.Response:
+    """The daemon's error body (``source`` ``DAYTONA_PROXY`` when the proxy answers)."""
+    body = {
+        "statusCode": status,
+        "message": message,
+        "code": code,
+        "source": source,
+        "path": request.path if request is not None else "",
+        "method": request.method if request is not None else "",
+        "timestamp": iso(time.time()),
+    }
+    return web.json_response(body, status=status, headers=headers)
+
+
+class DaemonError(Exception):
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+def _quote(value: str) -> str:
+    """A quoted header parameter that carries ``value`` byte for byte (RFC 7230 quoted-pair)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _file_info(path: Path, shown: str) -> dict[str, Any]:
+    st = path.lstat()
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    modified = time.gmtime(st.st_mtime)
+    return {
+        "name": path.name,
+        "path": shown,
+        "isDir": stat.S_ISDIR(st.st_mode),
+        "size": st.st_size,
+        "mode": stat.filemode(st.st_mode),
+        "permissions": oct(st.st_mode & 0o777)[2:].zfill(4),
+        "owner": owner,
+        "group": group,
+        "modTime": time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", modified),
+        "modifiedAt": iso(st.st_mtime),
+    }
+
+
+class Toolbox:
+    """The toolbox handlers, over the emulator's core."""
+
+    def __init__(self, emulator: DaytonaEmulator) -> None:
+        self.emulator = emulator
+        self.core = emulator.core
+
+    def routes(self) -> list[web.RouteDef]:
+        base = "/toolbox/{sandbox}"
+        session = base + "/process/session/{session}"
+        return [
+            web.post(base + "/process/execute", self.execute),
+            web.post(base + "/process/code-run", self.code_run),
+            web.post(base + "/process/session", self.create_session),
+            web.get(base + "/process/session", self.list_sessions),
+            web.get(session, self.get_session),
+            web.delete(session, self.delete_session),
+            web.post(session + "/exec", self.session_exec),
+            web.get(session + "/command/{command}", self.get_command),
+            web.get(session + "/command/{command}/logs", self.command_logs),
+            web.post(base + "/files/bulk-upload", self.upload),
+            web.post(base + "/files/bulk-download", self.download),
+            web.get(base + "/files", self.list_files),
+            web.get(base + "/work-dir", self.home_dir),
+            web.get(base + "/user-home-dir", self.home_dir),
+        ]
+
+    @web.middleware
+    async def errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Authenticate through the proxy, count activity, answer errors in the daemon's shape."""
+        if not request.path.startswith("/toolbox/"):
+            return await handler(request)
+        key = bearer(request)
+        if not self.core.key_ok(key):
+            return daemon_error(401, "Unauthorized", "UNAUTHORIZED", request, source=PROXY)
+        assert key is not None
+        box = self.core.find(request.match_info.get("sandbox", ""), key)
+        if box is None:
+            return daemon_error(404, "sandbox not found", "NOT_FOUND", request, source=PROXY)
+        if box.state != "started":
+            message = f"sandbox is not running (state: {box.state})"
+            return daemon_error(400, message, "BAD_REQUEST", request, source=PROXY)
+        request[BOX] = box
+        self.core.touch(box)
+        try:
+            return await handler(request)
+        except DaemonError as exc:
+            return daemon_error(exc.status, exc.message, exc.code, request)
+        except web.HTTPNotFound:
+            return daemon_error(404, "route not found", "NOT_FOUND", request)
+
+    @staticmethod
+    async def _json(request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise DaemonError(400, "invalid request body", "INVALID_REQUEST_BODY") from None
+        if not isinstance(body, dict):
+            raise DaemonError(400, "invalid request body", "INVALID_REQUEST_BODY")
+        return body
+
+    @staticmethod
+    def _path(box: Box, path: str) -> Path:
+        try:
+            return box.host_path(path)
+        except PathRefused as exc:
+            raise DaemonError(400, str(exc), "INVALID_FILE_PATH") from None
+
+    async def home_dir(self, request: web.Request) -> web.Response:
+        """The user's home, which is also the working directory."""
+        return web.json_response({"dir": DAYTONA_HOME})
+
+    # -- one-shot commands ------------------------------------------------
+    async def execute(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        body = await self._json(request)
+        command = body.get("command")
+        if not isinstance(command, str) or not command:
+            raise DaemonError(400, "command is required", "INVALID_REQUEST_BODY")
+        cwd = body.get("cwd")
+        timeout = body.get("timeout") or EXECUTE_DEFAULT_TIMEOUT
+        script, local_cwd = self._shell(box, f"{{ {command}\n}} 2>&1", cwd)
+        result = await box.local.run(
+            ["/bin/bash", "-c", script],
+            timeout=timeout,
+            env=body.get("envs") or None,
+            cwd=local_cwd,
+            stdin=b"",
+        )
+        if result.timed_out:
+            raise DaemonError(
+                408,
+                f"command execution timeout after {timeout} seconds",
+                "PROCESS_EXECUTION_TIMEOUT",
+            )
+        return web.json_response({"exitCode": _exit(result.exit_code), "result": result.stdout})
+
+    async def code_run(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        body = await self._json(request)
+        code, language = body.get("code"), body.get("language")
+        if not isinstance(code, str) or not isinstance(language, str):
+            raise DaemonError(400, "code and language are required", "INVALID_REQUEST_BODY")
+        argv = body.get("argv") or []
+        interpreter = _INTERPRETERS.get(language)
+        if interpreter is None or shutil.which(interpreter[0]) is None:
+            raise DaemonError(400, f"unsupported language: {language}", "BAD_REQUEST")
+        timeout = body.get("timeout") or None
+        script, local_cwd = self._shell(box, 'exec "$@" 2>&1', None)
+        result = await box.local.run(
+            ["/bin/bash", "-c", script, "code-run", *interpreter, *map(str, argv)],
+            timeout=timeout,
+            env=body.get("envs") or None,
+            cwd=local_cwd,
+            stdin=code.encode(),
+        )
+        if result.timed_out:
+            raise DaemonError(
+                408,
+                f"command execution timeout after {timeout} seconds",
+                "PROCESS_EXECUTION_TIMEOUT",
+            )
+        return web.json_response(
+            {
+                "exitCode": _exit(result.exit_code),
+                "result": result.stdout,
+                "artifacts": {"charts": []},
+            }
+        )
+
+    def _shell(self, box: Box, command: str, cwd: Any) -> tuple[str, str | None]:
+        if cwd is not None and not isinstance(cwd, str):
+            raise DaemonError(400, "cwd must be a string", "INVALID_REQUEST_BODY")
+        try:
+            return box.shell(command, cwd)
+        except PathRefused as exc:
+            raise DaemonError(400, str(exc), "INVALID_FILE_PATH") from None
+
+    # -- sessions ---------------------------------------------------------
+    def _session(self, request: web.Request) -> ShellSession:
+        box: Box = request[BOX]
+        session = box.sessions.get(request.match_info["session"])
+        if session is None:
+            raise DaemonError(404, "session not found", "NOT_FOUND")
+        return session
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        session_id = (await self._json(request)).get("sessionId")
+        if not isinstance(session_id, str) or not session_id:
+            raise DaemonError(400, "sessionId is required", "INVALID_REQUEST_BODY")
+        if session_id in box.sessions:
+            raise DaemonError(409, f"session {session_id} already exists", "CONFLICT")
+        prelude, local_cwd = box.shell("", None)
+        process = await box.local.start(["/bin/bash", "--noprofile", "--norc", "-s"], cwd=local_cwd)
+        session = ShellSession(session_id, process)
+        box.sessions[session_id] = session
+        if prelude:
+            await session.write(prelude)
+        return web.Response(status=201)
+
+    async def list_sessions(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        return web.json_response([s.view() for s in box.sessions.values()])
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        return web.json_response(self._session(request).view())
+
+    async def delete_session(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        session = self._session(request)
+        del box.sessions[session.id]
+        await session.close()
+        return web.Response(status=204)
+
+    async def session_exec(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        body = await self._json(request)
+        command = body.get("command")
+        if not isinstance(command, str) or not command:
+            raise DaemonError(400, "command is required", "INVALID_REQUEST_BODY")
+        if session.ended:
+            raise DaemonError(410, f"session {session.id} has ended", "SESSION_ENDED")
+        cmd = session.submit(command)
+        if body.get("runAsync") or body.get("async"):
+            return web.json_response({"cmdId": cmd.id}, status=202)
+        await cmd.done.wait()
+        return web.json_response({"cmdId": cmd.id, "exitCode": cmd.exit_code, **cmd.logs()})
+
+    def _command(self, request: web.Request) -> Any:
+        cmd = self._session(request).commands.get(request.match_info["command"])
+        if cmd is None:
+            raise DaemonError(404, "command not found", "NOT_FOUND")
+        return cmd
+
+    async def get_command(self, request: web.Request) -> web.Response:
+        return web.json_response(self._command(request).view())
+
+    async def command_logs(self, request: web.Request) -> web.Response:
+        return web.json_response(self._command(request).logs())
+
+    # -- files ------------------------------------------------------------
+    async def upload(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        paths: dict[str, str] = {}
+        contents: dict[str, bytes] = {}
+        reader = await request.multipart()
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader) or not (part.name or "").startswith("files["):
+                continue
+            index, _, kind = (part.name or "")[len("files[") :].partition("].")
+            data = await part.read()
+            if kind == "path":
+                paths[index] = data.decode()
+            elif kind == "file":
+                contents[index] = bytes(data)
+        errors, written = [], []
+        for index, data in contents.items():
+            dest = paths.get(index)
+            if dest is None:
+                errors.append(f"files[{index}]: no destination path")
+                continue
+            try:
+                target = box.host_path(dest)
+                await asyncio.to_thread(_write, target, data)
+            except (PathRefused, OSError) as exc:
+                errors.append(f"{dest}: {exc}")
+                continue
+            written.append({"path": dest, "bytes": len(data)})
+        if errors:
+            return web.json_response({"errors": errors, "files": written}, status=400)
+        return web.json_response({"files": written})
+
+    async def download(self, request: web.Request) -> web.StreamResponse:
+        box: Box = request[BOX]
+        paths = (await self._json(request)).get("paths")
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise DaemonError(400, "paths must be a list of strings", "INVALID_REQUEST_BODY")
+        boundary = secrets.token_hex(16)
+        response = web.StreamResponse(
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+        )
+        await response.prepare(request)
+        for path in paths:
+            name, content_type, payload = await self._download_part(box, path, request)
+            head = (
+                f"--{boundary}\r\n"
+                f"Content-Disposition: form-data; name={_quote(name)}; filename={_quote(path)}\r\n"
+                f"Content-Type: {content_type}\r\n\r\n"
+            )
+            await response.write(head.encode() + payload + b"\r\n")
+        await response.write(f"--{boundary}--\r\n".encode())
+        await response.write_eof()
+        return response
+
+    async def _download_part(
+        self, box: Box, path: str, request: web.Request
+    ) -> tuple[str, str, bytes]:
+        try:
+            data = await asyncio.to_thread(box.host_path(path).read_bytes)
+        except PathRefused as exc:
+            error = daemon_error(400, str(exc), "INVALID_FILE_PATH", request)
+        except FileNotFoundError:
+            error = daemon_error(404, f"file not found: {path}", "FILE_NOT_FOUND", request)
+        except IsADirectoryError:
+            error = daemon_error(400, f"path is a directory: {path}", "BAD_REQUEST", request)
+        except PermissionError:
+            error = daemon_error(403, f"permission denied: {path}", "FILE_ACCESS_DENIED", request)
+        else:
+            return "file", "application/octet-stream", data
+        assert isinstance(error.body, bytes)
+        return "error", "application/json", error.body
+
+    async def list_files(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        path = request.query.get("path")
+        if path is None:
+            raise DaemonError(400, "path is required", "BAD_REQUEST")
+        raw_depth = request.query.get("depth", "1")
+        if not raw_depth.isdigit() or int(raw_depth) < 1:
+            raise DaemonError(400, "depth must be at least 1", "BAD_REQUEST")
+        target = self._path(box, path)
+        if not target.exists():
+            raise DaemonError(404, f"directory not found: {path}", "FILE_NOT_FOUND")
+        if not target.is_dir():
+            raise DaemonError(400, f"not a directory: {path}", "BAD_REQUEST")
+        shown = path.rstrip("/") or "/"
+        entries = await asyncio.to_thread(_walk, target, shown, int(raw_depth))
+        return web.json_response(entries)
+
+
+def _write(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+
+
+def _walk(directory: Path, shown: str, depth: int) -> list[dict[str, Any]]:
+    entries = []
+    for child in sorted(directory.iterdir(), key=lambda p: p.name):
+        child_shown = f"{shown}/{child.name}" if shown != "/" else f"/{child.name}"
+        entries.append(_file_info(child, child_shown))
+        if depth > 1 and child.is_dir() and not child.is_symlink():
+            entries.extend(_walk(child, child_shown, depth - 1))
+    return entries
+
+
+def _exit(code: int) -> int:
+    return 128 - code if code < 0 else code

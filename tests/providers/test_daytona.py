@@ -1,0 +1,542 @@
+"""The daytona adapter on the real SDK, against the Daytona emulator: lifecycle and errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+import structlog
+from pydantic import SecretStr
+
+from emulators.daytona import TEST_API_KEY, DaytonaEmulator
+from emulators.daytona.sandboxes import Box
+from emulators.harness import Emulator, free_port
+from providers import provider_class
+from providers.base import LABEL_LEASE, SandboxSpec
+from providers.daytona import DaytonaOptions, DaytonaProvider, DaytonaSandbox
+from providers.errors import (
+    AuthError,
+    NotFound,
+    ProviderError,
+    QuotaExceeded,
+    RateLimited,
+    SandboxError,
+    Unavailable,
+)
+
+LANGUAGE_LABEL = "code-toolbox-language"
+
+
+@pytest.fixture
+def emu(daytona_emulator: Emulator) -> Iterator[DaytonaEmulator]:
+    assert isinstance(daytona_emulator, DaytonaEmulator)
+    daytona_emulator.reap_interval = 0.1
+    yield daytona_emulator
+    assert daytona_emulator.alive() == [], "a test left a sandbox alive"
+
+
+def options(emu: DaytonaEmulator, **kw: Any) -> DaytonaOptions:
+    settings: dict[str, Any] = {
+        "api_key": TEST_API_KEY,
+        "api_url": emu.api_url,
+        "request_timeout": 2,
+        **kw,
+    }
+    return DaytonaOptions(**settings)
+
+
+@pytest.fixture
+async def provider(emu: DaytonaEmulator) -> AsyncIterator[DaytonaProvider]:
+    adapter = DaytonaProvider("daytona-a", options(emu))
+    yield adapter
+    emu.clear_faults()
+    for info in await adapter.list():
+        await adapter.kill(info.id)
+    await adapter.aclose()
+
+
+@pytest.fixture
+async def sandbox(provider: DaytonaProvider) -> AsyncIterator[DaytonaSandbox]:
+    created = await provider.create(SandboxSpec(env={"GLOBAL": "g"}), timeout=5)
+    yield created
+    await created.kill()
+
+
+async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return
+        await asyncio.sleep(0.05)
+
+
+def box(emu: DaytonaEmulator, sandbox_id: str) -> Box:
+    return emu.core.boxes[sandbox_id]
+
+
+def test_registered_and_configured_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert provider_class("daytona") is DaytonaProvider
+    monkeypatch.delenv("DAYTONA_API_KEY", raising=False)
+    bare = DaytonaProvider("daytona-x")
+    assert not bare.configured()
+    assert "DAYTONA_API_KEY" in str(bare.unconfigured_reason())
+    monkeypatch.setenv("DAYTONA_API_KEY", "dtn_from_env")
+    assert bare.configured()
+    assert DaytonaProvider("d", DaytonaOptions(api_key=SecretStr("dtn_k"))).configured()
+    with pytest.raises(ValueError, match="extra"):
+        DaytonaOptions(api_key="k", unknown=1)  # type: ignore[arg-type, call-arg]
+    with pytest.raises(ValueError, match="at most one"):
+        DaytonaOptions(snapshot="base", image="python:3.12")
+
+
+async def test_api_url_from_the_environment(
+    emu: DaytonaEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in emu.sdk_env().items():
+        monkeypatch.setenv(name, value)
+    adapter = DaytonaProvider("daytona-env")
+    sbx = await adapter.create(SandboxSpec(), timeout=5)
+    assert (await sbx.run("echo via env")).stdout == "via env\n"
+    await sbx.kill()
+    await adapter.aclose()
+
+
+def test_one_provider_on_two_event_loops(emu: DaytonaEmulator) -> None:
+    """Closed on each loop (the SDK's event socket lives on it), an entry serves the next."""
+    adapter = DaytonaProvider("daytona-loops", options(emu))
+
+    async def round_trip() -> str:
+        sbx = await adapter.create(SandboxSpec(), timeout=5)
+        try:
+            return (await sbx.run("echo ok")).stdout
+        finally:
+            await sbx.kill()
+            await adapter.aclose()
+
+    for _ in range(2):
+        started = time.monotonic()
+        assert asyncio.run(round_trip()) == "ok\n"
+        assert time.monotonic() - started < 5
+
+
+async def test_lifecycle(emu: DaytonaEmulator, provider: DaytonaProvider) -> None:
+    spec = SandboxSpec(
+        labels={"sandbox_router": "1", "sandbox_router_entry": "daytona-a"},
+        env={"GLOBAL": "g"},
+        lifetime=120,
+    )
+    sbx = await provider.create(spec, timeout=5)
+    made = box(emu, sbx.id)
+    assert made.labels == {**spec.labels, LANGUAGE_LABEL: "python"}
+    assert (made.ttl, made.auto_delete, made.state) == (2, 0, "started")
+    assert (emu.records()[0].id, sbx.native.id) == (sbx.id, sbx.id)
+
+    ran = await sbx.run("echo $GLOBAL $LOCAL; echo oops >&2; exit 3", env={"LOCAL": "l v"})
+    assert (ran.stdout, ran.stderr, ran.exit_code, ran.ok) == ("g l v\n", "oops\n", 3, False)
+    assert (await sbx.run(["printf", "%s|", "a b", "c"])).stdout == "a b|c|"
+    await sbx.run("mkdir -p sub/dir")
+    assert (await sbx.run("pwd", cwd="sub/dir")).stdout == "/home/daytona/sub/dir\n"
+    assert (await sbx.run("pwd; echo $LOCAL")).stdout == "/home/daytona\n\n", "runs share nothing"
+    missing = await sbx.run("true", cwd="no/such/dir")
+    assert missing.exit_code == 1
+    assert "no/such/dir" in missing.stderr
+
+    payload = bytes(range(256)) * 16
+    await sbx.write_file("data/blob.bin", payload)
+    await sbx.write_file("/home/daytona/data/note.txt", "text é")
+    assert await sbx.read_file("data/blob.bin") == payload
+    assert await sbx.read_file("/home/daytona/data/note.txt") == "text é".encode()
+    listed = {f.name: f for f in await sbx.list_files("data")}
+    assert sorted(listed) == ["blob.bin", "note.txt"]
+    assert (listed["blob.bin"].size, listed["blob.bin"].is_dir) == (len(payload), False)
+    assert listed["note.txt"].path == "/home/daytona/data/note.txt"
+    assert [f.is_dir for f in await sbx.list_files(".") if f.name == "data"] == [True]
+
+    code = await sbx.run_code("import os\nprint(os.environ['GLOBAL'], 21 * 2)")
+    assert (code.stdout, code.error, code.exit_code) == ("g 42\n", None, 0)
+    broken = await sbx.run_code("undefined_name")
+    assert broken.exit_code == 1
+    assert broken.error == "NameError: name 'undefined_name' is not defined"
+    shell = await sbx.run_code('echo "it\'s $GLOBAL"; echo warn >&2', language="bash")
+    assert (shell.stdout, shell.stderr) == ("it's g\n", "warn\n")
+    with pytest.raises(SandboxError, match="not supported"):
+        await sbx.run_code("1", language="cobol")
+
+    entry = {"sandbox_router_entry": "daytona-a"}
+    assert [s.id for s in await provider.list(entry)] == [sbx.id]
+    assert await provider.list({"sandbox_router_entry": "other"}) == []
+    again = await provider.connect(sbx.id)
+    assert (await again.run("cat data/note.txt")).stdout == "text é"
+
+    await sbx.kill()
+    await sbx.kill()
+    assert await provider.kill(sbx.id) is False
+    assert [r.ended_by for r in emu.records()] == ["kill"]
+    assert made.state == "destroyed"
+    with pytest.raises(NotFound):
+        await provider.connect(sbx.id)
+
+
+CREATE_PARAMETERS: list[tuple[SandboxSpec, dict[str, Any], dict[str, Any]]] = [
+    (SandboxSpec(), {}, {"snapshot": "daytonaio/sandbox:0.5.0", "auto_stop": 15, "ttl": 0}),
+    (SandboxSpec(template="base"), {"snapshot": "other"}, {"snapshot": "base"}),
+    (SandboxSpec(), {"snapshot": "base", "target": "eu"}, {"snapshot": "base", "target": "eu"}),
+    (
+        SandboxSpec(idle_timeout=90, lifetime=30, language="javascript"),
+        {"auto_delete_interval": -1, "auto_archive_interval": 60},
+        {"auto_stop": 2, "ttl": 1, "auto_delete": -1, "auto_archive": 60},
+    ),
+    (SandboxSpec(), {"auto_stop_interval": 0}, {"auto_stop": 0}),
+    (
+        SandboxSpec(cpu=2, memory_mb=3000, disk_gb=20),
+        {"image": "python:3.12-slim"},
+        {"snapshot": None, "cpu": 2, "memory": 3, "disk": 20},
+    ),
+    (
+        SandboxSpec(template="node:22"),
+        {"template_source": "image"},
+        {"snapshot": None, "cpu": 1, "memory": 1, "disk": 3},
+    ),
+]
+
+
+async def test_create_parameters(emu: DaytonaEmulator) -> None:
+    """Template, entry options and spec resources become Daytona's create fields."""
+    for spec, entry, expected in CREATE_PARAMETERS:
+        adapter = DaytonaProvider("daytona-p", options(emu, **entry))
+        sbx = await adapter.create(spec, timeout=5)
+        try:
+            made = box(emu, sbx.id)
+            seen = {key: getattr(made, key) for key in expected}
+            assert seen == expected, (spec, entry)
+            if "image" in entry or "template_source" in entry:
+                image = entry.get("image") or spec.template
+                assert made.build_info is not None
+                assert made.build_info["dockerfileContent"].startswith(f"FROM {image}")
+            assert made.labels[LANGUAGE_LABEL] == (spec.language or "python")
+        finally:
+            await sbx.kill()
+            await adapter.aclose()
+
+
+async def test_unknown_snapshot_is_not_found(emu: DaytonaEmulator) -> None:
+    emu.snapshots = {"base"}
+    adapter = DaytonaProvider("daytona-s", options(emu, snapshot="nope"))
+    with pytest.raises(NotFound, match="Snapshot nope not found") as missing:
+        await adapter.create(SandboxSpec(), timeout=5)
+    assert missing.value.status == 400
+    sbx = await adapter.create(SandboxSpec(template="base"), timeout=5)
+    await sbx.kill()
+    await adapter.aclose()
+
+
+async def test_runs_in_flight_do_not_wait_for_each_other(sandbox: DaytonaSandbox) -> None:
+    started = time.monotonic()
+    slow, quick = await asyncio.gather(
+        sandbox.run("sleep 0.5; echo slow"), sandbox.run("echo quick")
+    )
+    assert (slow.stdout, quick.stdout) == ("slow\n", "quick\n")
+    assert quick.duration < 0.4
+    assert time.monotonic() - started < 1.5
+    lines = await sandbox.run("seq 1 3000; seq 1 200 >&2; exit 4")
+    assert lines.stdout == "".join(f"{i}\n" for i in range(1, 3001))
+    assert lines.stderr == "".join(f"{i}\n" for i in range(1, 201))
+    assert lines.exit_code == 4
+
+
+async def test_command_timeout_is_a_result(emu: DaytonaEmulator, sandbox: DaytonaSandbox) -> None:
+    started = time.monotonic()
+    result = await sandbox.run("echo begun; sleep 30", timeout=0.5)
+    assert (result.timed_out, result.ok, result.stdout) == (True, False, "begun\n")
+    assert time.monotonic() - started < 2
+    assert box(emu, sandbox.id).sessions == {}, "the timed-out command's session is dropped"
+    assert (await sandbox.run("echo after")).stdout == "after\n"
+    slow = await sandbox.run_code("import time; time.sleep(30)", timeout=0.5)
+    assert slow.timed_out
+    assert slow.error is not None
+
+
+async def test_sandbox_errors_are_the_callers(sandbox: DaytonaSandbox) -> None:
+    with pytest.raises(SandboxError) as missing:
+        await sandbox.read_file("no/such/file")
+    assert missing.value.sandbox_id == sandbox.id
+    assert missing.value.status == 404
+    with pytest.raises(SandboxError):
+        await sandbox.write_file("/etc/passwd", b"x")
+    with pytest.raises(SandboxError):
+        await sandbox.list_files("no/such/dir")
+    with pytest.raises(SandboxError, match="environment variable"):
+        await sandbox.run("true", env={"BAD NAME": "x"})
+
+
+async def test_gone_sandbox_is_not_found(emu: DaytonaEmulator, provider: DaytonaProvider) -> None:
+    emu.core.minute = 0.3
+    sbx = await provider.create(SandboxSpec(lifetime=1), timeout=5)
+    await until(lambda: not emu.alive())
+    assert [r.ended_by for r in emu.records()] == ["expired"]
+    with pytest.raises(NotFound) as gone:
+        await sbx.run("true")
+    assert gone.value.sandbox_id == sbx.id
+    with pytest.raises(NotFound):
+        await sbx.read_file("x")
+    with pytest.raises(NotFound):
+        await sbx.keepalive(60)
+    with pytest.raises(NotFound):
+        await provider.connect(sbx.id)
+    await sbx.kill()
+    assert await provider.kill(sbx.id) is False
+    assert await provider.kill("00000000-0000-0000-0000-000000000000") is False
+
+
+async def test_idle_sandbox_stops_unless_kept_alive(
+    emu: DaytonaEmulator, provider: DaytonaProvider
+) -> None:
+    emu.core.minute = 0.5
+    sbx = await provider.create(SandboxSpec(idle_timeout=30), timeout=5)
+    for _ in range(4):
+        await asyncio.sleep(0.2)
+        await sbx.keepalive(30)
+    assert box(emu, sbx.id).state == "started"
+    await until(lambda: not emu.alive())
+    assert [r.ended_by for r in emu.records()] == ["expired"]
+    assert box(emu, sbx.id).state == "destroyed", "auto-delete 0: deleted once stopped"
+
+
+async def test_stopped_sandbox_is_started_on_connect(emu: DaytonaEmulator) -> None:
+    emu.core.minute = 0.3
+    adapter = DaytonaProvider("daytona-keep", options(emu, auto_delete_interval=-1))
+    sbx = await adapter.create(SandboxSpec(idle_timeout=1), timeout=5)
+    await sbx.write_file("kept.txt", "still here")
+    await until(lambda: box(emu, sbx.id).state == "stopped")
+    with pytest.raises(NotFound, match="not running"):
+        await sbx.run("true")
+    assert [i.state for i in await adapter.list()] == ["stopped"]
+    again = await adapter.connect(sbx.id)
+    assert (await again.run("cat kept.txt")).stdout == "still here"
+    await again.kill()
+    await adapter.aclose()
+
+
+LIMIT = "Total CPU limit exceeded. Maximum allowed: 10."
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "status"),
+    [
+        ({"status": 401}, AuthError, 401),
+        ({"status": 429, "retry_after": 9}, RateLimited, 429),
+        ({"status": 403}, QuotaExceeded, 403),
+        ({"status": 400, "message": LIMIT}, QuotaExceeded, 400),
+        ({"status": 403, "message": "Forbidden resource"}, AuthError, 403),
+        ({"status": 503}, Unavailable, 503),
+        ({"status": 500}, Unavailable, 500),
+        ({"status": 502}, Unavailable, 502),
+        ({"status": 504}, Unavailable, 504),
+        ({"status": 408}, Unavailable, 408),
+        ({"status": 409, "message": "Sandbox with name x already exists"}, ProviderError, 409),
+        ({"drop": True}, Unavailable, None),
+        ({"hang": True}, Unavailable, None),
+        ({"delay": 3}, Unavailable, None),
+    ],
+)
+async def test_create_faults_map_to_router_errors(
+    emu: DaytonaEmulator,
+    provider: DaytonaProvider,
+    fault: dict[str, Any],
+    error: type[ProviderError],
+    status: int | None,
+) -> None:
+    emu.inject("create", **fault)
+    started = time.monotonic()
+    with pytest.raises(error) as raised:
+        await provider.create(SandboxSpec(), timeout=1)
+    assert type(raised.value) is error
+    assert time.monotonic() - started < 2.5
+    assert (raised.value.provider, raised.value.status) == ("daytona-a", status)
+    if fault.get("message"):
+        assert fault["message"] in raised.value.message
+    if "retry_after" in fault:
+        assert isinstance(raised.value, RateLimited)
+        assert raised.value.retry_after == fault["retry_after"]
+    assert TEST_API_KEY not in str(raised.value)
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    await sbx.kill()
+
+
+@pytest.mark.parametrize(
+    "boot",
+    [{"status": 500, "message": "no runner available"}, {"hang": True}, {"delay": 3}],
+    ids=["error-state", "never-starts", "slow-start"],
+)
+async def test_a_sandbox_that_does_not_start_is_deleted(
+    emu: DaytonaEmulator, provider: DaytonaProvider, boot: dict[str, Any]
+) -> None:
+    emu.inject("boot", **boot)
+    with pytest.raises(Unavailable) as failed:
+        await provider.create(SandboxSpec(), timeout=1)
+    (record,) = emu.records()
+    assert failed.value.sandbox_id == record.id
+    if "message" in boot:
+        assert "no runner available" in failed.value.message
+    assert record.ended_by == "kill"
+
+
+async def test_cancelled_create_is_swept(emu: DaytonaEmulator, provider: DaytonaProvider) -> None:
+    emu.inject("boot", delay=1)
+    creating = asyncio.create_task(
+        provider.create(SandboxSpec(labels={LABEL_LEASE: "l-cancelled"}), timeout=5)
+    )
+    await until(emu.records)
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    await until(lambda: not emu.alive())
+    assert [r.ended_by for r in emu.records()] == ["kill"]
+
+
+async def test_5xx_burst_then_recovery(emu: DaytonaEmulator, provider: DaytonaProvider) -> None:
+    emu.inject("create", status=503, times=3)
+    for _ in range(3):
+        with pytest.raises(Unavailable):
+            await provider.create(SandboxSpec(), timeout=2)
+    sbx = await provider.create(SandboxSpec(), timeout=2)
+    await sbx.kill()
+    assert emu.core.faults.hits["create"] == 3
+
+
+async def test_account_limits(emu: DaytonaEmulator, provider: DaytonaProvider) -> None:
+    emu.set_quota(max_concurrent=1, api_key=TEST_API_KEY)
+    first = await provider.create(SandboxSpec(), timeout=2)
+    with pytest.raises(QuotaExceeded, match=r"CPU limit exceeded\. Maximum allowed: 1\.") as cap:
+        await provider.create(SandboxSpec(), timeout=2)
+    assert cap.value.status == 403
+    await first.kill()
+    emu.set_quota(max_created=1, api_key=TEST_API_KEY)
+    second = await provider.create(SandboxSpec(), timeout=2)
+    await second.kill()
+    with pytest.raises(QuotaExceeded, match="limit exceeded") as spent:
+        await provider.create(SandboxSpec(), timeout=2)
+    assert spent.value.status == 403
+
+
+async def test_refused_key(emu: DaytonaEmulator) -> None:
+    emu.core.accepted_keys = {TEST_API_KEY}
+    stranger = DaytonaProvider("daytona-b", options(emu, api_key="dtn_unknown_key"))
+    with pytest.raises(AuthError) as refused:
+        await stranger.create(SandboxSpec(), timeout=2)
+    assert refused.value.status == 401
+    with pytest.raises(AuthError):
+        await stranger.list()
+    await stranger.aclose()
+
+
+@pytest.mark.parametrize(
+    ("op", "fault", "call", "error"),
+    [
+        ("exec", {"hang": True}, "run", Unavailable),
+        ("exec", {"drop": True}, "run", Unavailable),
+        ("exec", {"status": 502, "message": "upstream connect error"}, "run", Unavailable),
+        ("exec", {"status": 429}, "run", RateLimited),
+        ("exec", {"status": 500}, "code", Unavailable),
+        ("files", {"status": 503}, "read", Unavailable),
+        ("files", {"status": 503}, "write", Unavailable),
+        ("files", {"drop": True}, "write", Unavailable),
+        ("files", {"drop": True, "times": None}, "list", Unavailable),  # a GET is retried
+        ("keepalive", {"status": 500}, "keepalive", Unavailable),
+        ("list", {"status": 429, "retry_after": 3}, "list", RateLimited),
+        ("get", {"status": 503}, "connect", Unavailable),
+        ("kill", {"status": 500}, "kill", Unavailable),
+    ],
+)
+async def test_operation_faults_map_to_router_errors(
+    emu: DaytonaEmulator,
+    provider: DaytonaProvider,
+    op: str,
+    fault: dict[str, Any],
+    call: str,
+    error: type[ProviderError],
+) -> None:
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    provider_calls: dict[str, Callable[[], Any]] = {
+        "run": lambda: sbx.run("echo hi", timeout=1),
+        "code": lambda: sbx.run_code("1"),
+        "read": lambda: sbx.read_file("x"),
+        "write": lambda: sbx.write_file("x", b"x"),
+        "list": lambda: provider.list() if op == "list" else sbx.list_files("."),
+        "keepalive": lambda: sbx.keepalive(60),
+        "connect": lambda: provider.connect(sbx.id),
+        "kill": lambda: provider.kill(sbx.id),
+    }
+    emu.inject(op, **fault)
+    try:
+        with pytest.raises(error) as raised:
+            await provider_calls[call]()
+        assert type(raised.value) is error
+        assert raised.value.provider == "daytona-a"
+    finally:
+        emu.clear_faults()
+        await sbx.kill()
+
+
+async def test_dead_endpoint_is_unavailable() -> None:
+    url = f"http://127.0.0.1:{free_port()}/api"
+    dead = DaytonaProvider("daytona-dead", DaytonaOptions(api_key=TEST_API_KEY, api_url=url))
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as refused:
+        await dead.create(SandboxSpec(), timeout=5)
+    assert "Cannot connect" in refused.value.message
+    assert time.monotonic() - started < 3, "the SDK retries a refused connection twice, no more"
+    await dead.aclose()
+
+
+def test_importing_the_adapter_imports_no_sdk() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        from providers.daytona import DaytonaOptions, DaytonaProvider
+        DaytonaProvider("d", DaytonaOptions(api_key="k")).configured()
+        print(sorted(m for m in sys.modules if m.split(".")[0].startswith("daytona")))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+async def test_secrets_never_leak(
+    emu: DaytonaEmulator, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = "dtn_secret_" + "7" * 30
+    emu.core.accepted_keys = {secret}
+    opts = options(emu, api_key=secret)
+    adapter = DaytonaProvider("daytona-secret", opts)
+    caplog.set_level(logging.DEBUG)
+    seen: list[str] = [repr(opts), str(opts), opts.model_dump_json(), repr(adapter)]
+    with structlog.testing.capture_logs() as events:
+        sbx = await adapter.create(SandboxSpec(labels={"k": "v"}), timeout=5)
+        await sbx.run("echo hi")
+        with pytest.raises(SandboxError) as missing:
+            await sbx.read_file("nope")
+        await sbx.kill()
+        emu.core.accepted_keys = {"dtn_another"}
+        with pytest.raises(AuthError) as refused:
+            await adapter.create(SandboxSpec(), timeout=5)
+        emu.inject("create", status=500, message="boom")
+        emu.core.accepted_keys = None
+        with pytest.raises(Unavailable) as failed:
+            await adapter.create(SandboxSpec(), timeout=5)
+    await adapter.aclose()
+    assert events, "the adapter logs its lifecycle events"
+    for err in (missing.value, refused.value, failed.value):
+        seen += [str(err), repr(err), str(err.__cause__), repr(err.__cause__)]
+    seen += [repr(e) for e in events] + [caplog.text] + list(capsys.readouterr())
+    assert [text for text in seen if secret in text] == []
