@@ -51,6 +51,7 @@ EXECUTE_DEFAULT_TIMEOUT = 10
 PROXY = "DAYTONA_PROXY"
 BOX = web.RequestKey("box", Box)
 _INTERPRETERS = {"python": ["python3", "-"], "javascript": ["node", "-"]}
+_ATTR_CHARS = frozenset("!#$&+-.^_`|~")
 
 
 def daemon_error(
@@ -82,9 +83,26 @@ class DaemonError(Exception):
         self.code = code
 
 
-def _quote(value: str) -> str:
-    """A quoted header parameter that carries ``value`` byte for byte (RFC 7230 quoted-pair)."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def _content_disposition(form_name: str, path: str) -> bytes:
+    """A part's Content-Disposition as the daemon writes it, naming ``path`` exactly.
+
+    ``filename`` is a Latin-1 approximation (quotes and backslashes escaped,
+    control characters and anything beyond Latin-1 made ``_``); ``filename*``
+    carries the path byte for byte (RFC 5987), and is what the SDK matches.
+    """
+    escaped = path.replace("\\", "\\\\").replace('"', '\\"')
+    latin1 = "".join(
+        "" if c in "\r\n\x00" else "_" if ord(c) > 0xFF or ord(c) < 0x20 or c == "\x7f" else c
+        for c in escaped
+    )
+    encoded = "".join(
+        chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in _ATTR_CHARS) else f"%{b:02X}"
+        for b in path.encode()
+    )
+    return (
+        f'form-data; name="{form_name}"; filename="{latin1}"; '.encode("latin-1")
+        + f"filename*=utf-8''{encoded}".encode()
+    )
 
 
 def _file_info(path: Path, shown: str) -> dict[str, Any]:
@@ -359,12 +377,14 @@ class Toolbox:
         await response.prepare(request)
         for path in paths:
             name, content_type, payload = await self._download_part(box, path, request)
-            head = (
-                f"--{boundary}\r\n"
-                f"Content-Disposition: form-data; name={_quote(name)}; filename={_quote(path)}\r\n"
-                f"Content-Type: {content_type}\r\n\r\n"
+            await response.write(
+                f"--{boundary}\r\nContent-Type: {content_type}\r\n".encode()
+                + b"Content-Disposition: "
+                + _content_disposition(name, path)
+                + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                + payload
+                + b"\r\n"
             )
-            await response.write(head.encode() + payload + b"\r\n")
         await response.write(f"--{boundary}--\r\n".encode())
         await response.write_eof()
         return response

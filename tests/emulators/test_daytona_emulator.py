@@ -1,0 +1,324 @@
+"""Contract tests: the real daytona SDK (sync Daytona and AsyncDaytona) against the emulator.
+
+If Daytona's wire protocol moves under a new SDK version, these fail first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+import socketio  # type: ignore[import-untyped]
+from daytona import (
+    AsyncDaytona,
+    CreateSandboxFromImageParams,
+    CreateSandboxFromSnapshotParams,
+    Daytona,
+    DaytonaAuthenticationError,
+    DaytonaConfig,
+    DaytonaError,
+    DaytonaForbiddenError,
+    DaytonaNotFoundError,
+    DaytonaRateLimitError,
+    DaytonaTimeoutError,
+    FileDownloadRequest,
+    FileUpload,
+    ListSandboxesQuery,
+    Resources,
+    SessionExecuteRequest,
+)
+
+from emulators.daytona import TEST_API_KEY, DaytonaEmulator
+from emulators.harness import Emulator
+
+
+@pytest.fixture
+def emu(daytona_emulator: Emulator) -> Iterator[DaytonaEmulator]:
+    assert isinstance(daytona_emulator, DaytonaEmulator)
+    daytona_emulator.reap_interval = 0.1
+    yield daytona_emulator
+    assert daytona_emulator.alive() == [], "a test left a sandbox alive"
+
+
+@pytest.fixture
+async def client(emu: DaytonaEmulator) -> AsyncIterator[AsyncDaytona]:
+    daytona = AsyncDaytona(DaytonaConfig(**emu.sdk_config()))
+    yield daytona
+    emu.clear_faults()
+    async for sandbox in daytona.list():
+        await sandbox.delete()
+    await daytona.close()
+
+
+async def api(emu: DaytonaEmulator, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+    """One raw request to the emulator's API, for what the SDK does not show."""
+    headers = {"Authorization": f"Bearer {kw.pop('key', TEST_API_KEY)}"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(method, emu.api_url + path, headers=headers, **kw) as response,
+    ):
+        return response.status, await response.json()
+
+
+def test_sync_sdk_smoke(emu: DaytonaEmulator) -> None:
+    """The sync client, polling states (its Socket.IO thread has no way to be closed)."""
+    with pytest.warns(DeprecationWarning, match="Polling-only"):
+        daytona = Daytona(DaytonaConfig(**emu.sdk_config(), use_deprecated_polling=True))
+    emu.boot_seconds = 0.3
+    sandbox = daytona.create(
+        CreateSandboxFromSnapshotParams(labels={"team": "a"}, env_vars={"G": "g"}), timeout=10
+    )
+    try:
+        assert sandbox.state == "started"
+        ran = sandbox.process.exec("echo out $G; pwd; echo err >&2; exit 3")
+        assert (ran.result, ran.exit_code) == ("out g\n/home/daytona\nerr\n", 3)
+        sandbox.process.create_session("s")
+        split = sandbox.process.execute_session_command(
+            "s", SessionExecuteRequest(command="echo out; echo err >&2; false")
+        )
+        assert (split.stdout, split.stderr, split.exit_code) == ("out\n", "err\n", 1)
+        blob = bytes(range(256)) * 64
+        sandbox.fs.upload_file(blob, "bin/blob")
+        assert sandbox.fs.download_file("/home/daytona/bin/blob") == blob
+        assert [f.name for f in sandbox.fs.list_files("bin")] == ["blob"]
+        listed = daytona.list(ListSandboxesQuery(labels={"team": "a"}))
+        assert [s.id for s in listed] == [sandbox.id]
+        assert daytona.get(sandbox.id).labels["code-toolbox-language"] == "python"
+    finally:
+        daytona.delete(sandbox)
+    with pytest.raises(DaytonaNotFoundError):
+        daytona.get(sandbox.id)
+    (record,) = emu.records()
+    assert (record.id, record.ended_by, record.labels["team"]) == (sandbox.id, "kill", "a")
+
+
+async def test_events_announce_each_state(emu: DaytonaEmulator, client: AsyncDaytona) -> None:
+    """The SDK learns that a sandbox started from the gateway, not from polling (1 s)."""
+    seen: list[tuple[str, str, str]] = []
+    listener = socketio.AsyncClient()
+
+    @listener.on("sandbox.state.updated")  # type: ignore[untyped-decorator]
+    async def updated(data: dict[str, Any]) -> None:
+        seen.append((data["sandbox"]["id"], data["oldState"], data["newState"]))
+
+    await listener.connect(
+        emu.url, socketio_path="/api/socket.io/", auth={"token": TEST_API_KEY}, wait=True
+    )
+    emu.boot_seconds = 0.3
+    try:
+        started = time.monotonic()
+        sandbox = await client.create(timeout=10)
+        assert time.monotonic() - started < 0.9
+        await sandbox.delete()
+        for _ in range(40):
+            if len(seen) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert seen == [
+            (sandbox.id, "creating", "started"),
+            (sandbox.id, "started", "destroying"),
+            (sandbox.id, "destroying", "destroyed"),
+        ]
+    finally:
+        await listener.disconnect()
+    stranger = socketio.AsyncClient()
+    emu.core.accepted_keys = {TEST_API_KEY}
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        await stranger.connect(
+            emu.url, socketio_path="/api/socket.io/", auth={"token": "dtn_other"}, wait=True
+        )
+    emu.core.accepted_keys = None
+
+
+async def test_list_pages_filters_and_privacy(emu: DaytonaEmulator, client: AsyncDaytona) -> None:
+    made = [
+        await client.create(CreateSandboxFromSnapshotParams(labels={"i": str(i % 2)}))
+        for i in range(5)
+    ]
+    query = ListSandboxesQuery(labels={"i": "0"}, limit=2)
+    assert sorted(s.id for s in [s async for s in client.list(query)]) == sorted(
+        s.id for s in made[::2]
+    )
+    status, first = await api(emu, "GET", "/sandbox", params={"limit": "2"})
+    assert (status, len(first["items"]), first["nextCursor"] is not None) == (200, 2, True)
+    pages = [first]
+    while pages[-1]["nextCursor"]:
+        _, page = await api(
+            emu, "GET", "/sandbox", params={"limit": "2", "cursor": pages[-1]["nextCursor"]}
+        )
+        pages.append(page)
+    ids = [item["id"] for page in pages for item in page["items"]]
+    assert (len(pages), ids) == (3, [s.id for s in reversed(made)])
+    assert "env" not in pages[0]["items"][0], "list items are SandboxListItem"
+    status, body = await api(emu, "GET", "/sandbox", params={"labels": "{not json"})
+    assert (status, body["statusCode"], body["error"]) == (400, 400, "Bad Request")
+    status, other = await api(emu, "GET", "/sandbox", key="dtn_another_org")
+    assert (status, other) == (200, {"items": [], "nextCursor": None})
+    status, body = await api(emu, "GET", f"/sandbox/{made[0].id}", key="dtn_another_org")
+    assert (status, body["message"]) == (404, "Sandbox not found")
+    named = await client.create(CreateSandboxFromSnapshotParams(name="by-name"))
+    assert (await client.get("by-name")).id == named.id
+
+
+async def test_sessions_keep_shell_state(client: AsyncDaytona) -> None:
+    sandbox = await client.create()
+    process = sandbox.process
+    await process.create_session("work")
+    await process.execute_session_command(
+        "work", SessionExecuteRequest(command="mkdir -p w && cd w && export X=kept")
+    )
+    split = await process.execute_session_command(
+        "work", SessionExecuteRequest(command="pwd; echo $X; printf partial; echo bad >&2")
+    )
+    assert (split.stdout, split.stderr, split.exit_code) == (
+        "/home/daytona/w\nkept\npartial",
+        "bad\n",
+        0,
+    )
+    assert split.output == "\x01\x01\x01/home/daytona/w\nkept\npartial\x02\x02\x02bad\n"
+    started = await process.execute_session_command(
+        "work", SessionExecuteRequest(command="sleep 0.2; echo late; exit 5", run_async=True)
+    )
+    assert started.exit_code is None
+    for _ in range(40):
+        command = await process.get_session_command("work", started.cmd_id)
+        if command.exit_code is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert command.exit_code == 5
+    logs = await process.get_session_command_logs("work", started.cmd_id)
+    assert (logs.stdout, logs.stderr) == ("late\n", "")
+    assert [c.exit_code for c in (await process.get_session("work")).commands] == [0, 0, 5]
+    await process.delete_session("work")
+    with pytest.raises(DaytonaNotFoundError):
+        await process.get_session("work")
+
+
+async def test_files_round_trip_with_exact_names(client: AsyncDaytona) -> None:
+    sandbox = await client.create()
+    names = ["plain.txt", "with space.txt", "é-ü.bin", 'quote"d.txt', "semi;colon=x.txt"]
+    await sandbox.fs.upload_files(
+        [FileUpload(f"{i}:{name}".encode(), f"tricky/{name}") for i, name in enumerate(names)]
+    )
+    wanted = [f"tricky/{name}" for name in names] + ["/home/daytona/tricky/plain.txt", "nope"]
+    results = await sandbox.fs.download_files([FileDownloadRequest(source=p) for p in wanted])
+    assert [r.source for r in results] == wanted
+    assert [r.result for r in results[:-1]] == [
+        *(f"{i}:{name}".encode() for i, name in enumerate(names)),
+        b"0:plain.txt",
+    ]
+    missing = results[-1]
+    assert missing.error == "file not found: nope"
+    assert missing.error_details is not None
+    assert (missing.error_details.status_code, missing.error_details.code) == (
+        404,
+        "FILE_NOT_FOUND",
+    )
+    listed = await sandbox.fs.list_files("tricky")
+    assert sorted(f.name for f in listed) == sorted(names)
+    assert {f.path for f in listed} == {f"tricky/{name}" for name in names}
+    with pytest.raises(DaytonaError, match="outside /home/daytona"):
+        await sandbox.fs.upload_file(b"x", "/etc/x")
+
+
+async def test_commands_and_code(client: AsyncDaytona) -> None:
+    sandbox = await client.create(CreateSandboxFromSnapshotParams(env_vars={"G": "g"}))
+    await sandbox.process.exec("mkdir -p sub")
+    ran = await sandbox.process.exec("pwd; echo $G $L", cwd="sub", env={"L": "l"})
+    assert (ran.result, ran.exit_code) == ("/home/daytona/sub\ng l\n", 0)
+    started = time.monotonic()
+    with pytest.raises(DaytonaTimeoutError, match="timeout"):
+        await sandbox.process.exec("sleep 30", timeout=1)
+    assert time.monotonic() - started < 3
+    code = await sandbox.process.code_run("import sys\nprint(6 * 7)\nsys.exit(2)")
+    assert (code.result, code.exit_code) == ("42\n", 2)
+    assert await sandbox.get_work_dir() == "/home/daytona"
+
+
+async def test_image_sandboxes_build_then_start(emu: DaytonaEmulator, client: AsyncDaytona) -> None:
+    states: list[str] = []
+    emu.core.on_state = lambda box, old, new: states.append(new)
+    image = CreateSandboxFromImageParams(
+        image="python:3.12-slim", resources=Resources(cpu=2, memory=4)
+    )
+    sandbox = await client.create(image, timeout=10)
+    assert states == ["building_snapshot", "started"]
+    assert (sandbox.cpu, sandbox.memory, sandbox.disk, sandbox.snapshot) == (2, 4, 3, None)
+    assert sandbox.build_info is not None
+    assert sandbox.build_info.dockerfile_content.startswith("FROM python:3.12-slim")
+    status, body = await api(emu, "POST", "/sandbox", json={"snapshot": "base", "cpu": 4})
+    assert (status, "snapshot" in body["message"]) == (400, True)
+
+
+async def test_lifecycle_intervals(emu: DaytonaEmulator, client: AsyncDaytona) -> None:
+    emu.core.minute = 0.3
+    kept = await client.create(
+        CreateSandboxFromSnapshotParams(auto_stop_interval=1, auto_delete_interval=-1)
+    )
+    ephemeral = await client.create(
+        CreateSandboxFromSnapshotParams(auto_stop_interval=1, ephemeral=True)
+    )
+    short = await client.create(
+        CreateSandboxFromSnapshotParams(ttl_minutes=1, auto_stop_interval=0)
+    )
+    for _ in range(40):
+        if {r.id for r in emu.alive()} == {kept.id}:
+            break
+        await asyncio.sleep(0.05)
+    assert {r.id: r.ended_by for r in emu.records()} == {
+        kept.id: None,
+        ephemeral.id: "expired",
+        short.id: "expired",
+    }
+    await kept.refresh_data()
+    assert kept.state == "stopped"
+    await kept.start(timeout=5)
+    assert (await kept.process.exec("echo again")).result == "again\n"
+
+
+async def test_faults_carry_the_api_shape(emu: DaytonaEmulator, client: AsyncDaytona) -> None:
+    emu.inject("create", status=429, retry_after=7)
+    with pytest.raises(DaytonaRateLimitError) as limited:
+        await client.create()
+    assert limited.value.headers["Retry-After"] == "7"
+    emu.inject("create", status=403)
+    with pytest.raises(DaytonaForbiddenError, match=r"Total CPU limit exceeded\. Maximum"):
+        await client.create()
+    emu.set_quota(max_concurrent=1)
+    first = await client.create()
+    with pytest.raises(DaytonaForbiddenError, match="Maximum allowed: 1"):
+        await client.create()
+    await first.delete()
+    emu.inject("boot", status=500, message="no runner available")
+    with pytest.raises(DaytonaError, match="entered error state"):
+        await client.create()
+    (failed,) = [box for box in emu.core.boxes.values() if box.state == "error"]
+    status, body = await api(emu, "GET", f"/sandbox/{failed.id}")
+    assert (status, body["errorReason"]) == (200, "no runner available")
+    emu.core.accepted_keys = {"dtn_only_this_one"}
+    with pytest.raises(DaytonaAuthenticationError):
+        await client.get(failed.id)
+    emu.core.accepted_keys = None
+
+
+async def test_toolbox_answers_like_the_daemon(emu: DaytonaEmulator, client: AsyncDaytona) -> None:
+    sandbox = await client.create()
+    headers = {"Authorization": f"Bearer {TEST_API_KEY}"}
+    base = f"{sandbox.toolbox_proxy_url}/{sandbox.id}"
+    async with aiohttp.ClientSession(headers=headers) as http:
+        async with http.post(f"{base}/files/bulk-download", json={"paths": ["a b"]}) as response:
+            raw = await response.read()
+            boundary = response.headers["Content-Type"].split("boundary=")[1]
+        part = raw.split(f"--{boundary}".encode())[1]
+        assert b'name="error"; filename="a b"' in part
+        error = json.loads(part.split(b"\r\n\r\n", 1)[1].rstrip(b"\r\n"))
+        assert (error["code"], error["source"]) == ("FILE_NOT_FOUND", "DAYTONA_DAEMON")
+        await sandbox.delete()
+        async with http.get(f"{base}/files", params={"path": "."}) as response:
+            body = await response.json()
+        assert (response.status, body["source"]) == (404, "DAYTONA_PROXY")
