@@ -11,7 +11,7 @@ and are logged and counted by name (`ModalEmulator.unimplemented`).
 Sandboxes are real local sandboxes (`emulators.modal.sandboxes`) that end
 after their ``timeout`` or ``idle_timeout``, as on Modal.
 
-Faults come from the shared harness, per operation: ``lookup``
+Faults come from the shared harness, per operation: ``hello``, ``lookup``
 (AppGetOrCreate), ``environment``, ``image`` (image build and its wait),
 ``secret``, ``auth`` (AuthTokenGet), ``create`` (SandboxCreate and V2),
 ``get`` (wait / poll / task id / tags), ``list``, ``kill`` (terminate),

@@ -1,6 +1,6 @@
 """Modal's control plane (``modal.client.ModalClient``): apps, images, secrets, sandboxes.
 
-The RPCs the SDK calls for ``App.lookup``, ``Sandbox.create`` (V2, and V1
+The RPCs the SDK calls for ``Client.hello``, ``App.lookup``, ``Sandbox.create`` (V2, and V1
 for GPU sandboxes), ``from_id``, ``list``, ``get_tags``, ``poll`` / ``wait``
 and ``terminate``; every other RPC answers UNIMPLEMENTED.
 
@@ -85,6 +85,12 @@ class ControlPlane(api_grpc.ModalClientBase):
         return sandbox
 
     # -- apps, environments, images, secrets, tokens ------------------------------
+    async def ClientHello(self, stream: _Req) -> None:
+        await self._enter(stream, "hello")
+        await stream.send_message(
+            api_pb2.ClientHelloResponse(image_builder_version=IMAGE_BUILDER_VERSION)
+        )
+
     async def AppGetOrCreate(self, stream: _Req) -> None:
         workspace, request = await self._enter(stream, "lookup")
         environment = request.environment_name or "main"

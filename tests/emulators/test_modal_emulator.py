@@ -268,8 +268,11 @@ def test_account_limits_answer_resource_exhausted(emu: ModalEmulator, client: An
     assert str(spent.value) == QUOTA_MESSAGE.format(limit=0)
 
 
-def test_refused_token(emu: ModalEmulator) -> None:
+def test_refused_token(emu: ModalEmulator, client: Any) -> None:
+    client.hello()
     stranger = modal.Client.from_credentials(TEST_TOKEN_ID, "as-wrong")
+    with pytest.raises(mx.AuthError):
+        stranger.hello()
     with pytest.raises(mx.AuthError):
         modal.App.lookup("contract", create_if_missing=True, client=stranger)
     stranger.close()

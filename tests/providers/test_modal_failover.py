@@ -97,19 +97,20 @@ def test_gpu_requirement_picks_modal_over_entries_without_it(
 @pytest.mark.parametrize(
     ("setup", "state", "hits"),
     [
-        ({"create": {"status": 401}}, "misconfigured", 1),
-        ({"create": {"status": 403}}, "misconfigured", 1),
-        ({"create": {"status": 429, "retry_after": 30}}, "rate_limited", 1),
+        ({"create": {"status": 401}}, "misconfigured", (1, 1)),
+        ({"create": {"status": 403}}, "misconfigured", (1, 1)),
+        ({"create": {"status": 429, "retry_after": 30}}, "rate_limited", (1, 1)),
         ({"quota": {"max_concurrent": 0}}, "capacity", None),
         ({"quota": {"max_created": 0, "api_key": TEST_TOKEN_ID}}, "exhausted", None),
-        # the SDK itself tries UNAVAILABLE / INTERNAL / dropped streams 4 times, the router twice
-        ({"create": {"status": 503, "times": None}}, "closed", 8),
-        ({"create": {"status": 500, "times": None}}, "closed", 8),
-        ({"create": {"drop": True, "times": None}}, "closed", 8),
-        ({"create": {"hang": True, "times": None}}, "closed", 2),
-        ({"create": {"delay": 3, "times": None}}, "closed", 2),
-        ({"image": {"hang": True, "times": None}}, "closed", 2),
-        ({"auth": {"status": 503, "times": None}}, "closed", 8),
+        # The SDK itself tries UNAVAILABLE / INTERNAL / dropped streams up to 4 times (0.7 s
+        # of backoff), the router twice: a loaded machine fits fewer SDK tries in the budget.
+        ({"create": {"status": 503, "times": None}}, "closed", (2, 8)),
+        ({"create": {"status": 500, "times": None}}, "closed", (2, 8)),
+        ({"create": {"drop": True, "times": None}}, "closed", (2, 8)),
+        ({"create": {"hang": True, "times": None}}, "closed", (2, 2)),
+        ({"create": {"delay": 3, "times": None}}, "closed", (2, 2)),
+        ({"image": {"hang": True, "times": None}}, "closed", (2, 2)),
+        ({"auth": {"status": 503, "times": None}}, "closed", (2, 8)),
         ({"images": ["python:3.12-slim"]}, "closed", None),
     ],
     ids=[
@@ -133,7 +134,7 @@ def test_each_fault_fails_over_to_local_and_refunds(
     make_router: RouterFactory,
     setup: dict[str, Any],
     state: str,
-    hits: int | None,
+    hits: tuple[int, int] | None,
 ) -> None:
     for op in ("create", "image", "auth"):
         if op in setup:
@@ -151,6 +152,6 @@ def test_each_fault_fails_over_to_local_and_refunds(
     assert view.state == state
     if hits is not None:
         op = next(op for op in ("create", "image", "auth") if op in setup)
-        assert emu.core.faults.hits[op] == hits
+        assert hits[0] <= emu.core.faults.hits[op] <= hits[1]
     assert emu.alive() == []
     assert emu.records() == [] or all(r.ended_by == "kill" for r in emu.records())
