@@ -4,39 +4,48 @@ Each chain entry is one Daytona organization (one API key: ``api_key``,
 else ``DAYTONA_API_KEY``; the API URL from ``api_url``, else
 ``DAYTONA_API_URL``). Its ``AsyncDaytona`` client is created on first use
 and reused; ``daytona`` itself is imported only then (it is slow to import).
-The SDK has no retry switch for API errors (it retries nothing but a few
-connection failures), so the router's own retry policy is the only one.
+The client keeps a Socket.IO connection on its event loop (how it learns that
+a sandbox started), so `DaytonaProvider.aclose` must run on that loop: a loop
+closed under a live client waits for the socket's tasks (~25 s). The SDK has
+no retry switch (it retries nothing but a refused or dropped connection,
+twice, and GETs dropped mid-way), so the router's retry policy is the one.
 
 A create names a snapshot (the entry's ``snapshot``, or Daytona's default)
 or an image (``image``; a spec's ``template`` is read as either, per
 ``template_source``), with the spec's env, labels and language. A spec's
 ``lifetime`` becomes ``ttlMinutes`` and its ``idle_timeout`` the auto-stop
-interval (both in whole minutes); sandboxes are deleted when they stop
-(``auto_delete_interval`` 0) unless the entry says otherwise. Resources
+interval (both in whole minutes, rounded up); sandboxes are deleted when they
+stop (``auto_delete_interval`` 0) unless the entry says otherwise. Resources
 (cpu, memory, disk) apply to image-based sandboxes: a snapshot fixes its own.
 
 When a create fails after Daytona accepted it, the sandbox is deleted
 before the error is raised: the SDK names it on a timeout and in an
-``error``-state message; otherwise (a connection lost while waiting) the
-sandboxes carrying the create's router lease label are found and deleted.
+``error``-state message (its error reason is then added to ours); otherwise
+(a connection lost while waiting, or a cancelled create) the sandboxes
+carrying the create's router lease label are found and deleted.
 
-Commands run in a shell session of the sandbox, the one Daytona API that
-keeps stdout and stderr apart: each in a subshell (env and cwd apply to it
-only) under the router's timeout, after which the session is dropped (which
-kills the command) and the output so far is returned with
-``timed_out=True``. `DaytonaSandbox.run_code` uses Daytona's code runner
-for the sandbox's own language (stdout and stderr merged, as Daytona gives
-them), and the session for bash.
+Commands run in shell sessions, the one Daytona API that keeps stdout and
+stderr apart: each command in a subshell (env and cwd apply to it only), in
+a session of its own while it runs (sessions are pooled per handle), under
+the router's timeout, after which its session is dropped (which kills it)
+and the output so far is returned with ``timed_out=True``.
+`DaytonaSandbox.run_code` uses Daytona's code runner for the sandbox's own
+language (stdout and stderr merged, as Daytona gives them), a session for
+bash or for python in a sandbox of another language.
 
 Every SDK exception goes through `_to_error`, the one mapping to
 ``providers.errors``. The SDK hides statuses (a download error keeps it on
-an ``aiohttp`` error two levels down), so it walks the ``__cause__`` chain:
-401 `AuthError`; 400/403 saying "limit exceeded" or "quota"
-`QuotaExceeded`, other 403 `AuthError`; 429 `RateLimited` with
-``Retry-After``; 404 `NotFound` (a file the daemon cannot find:
-`SandboxError`); 408, 5xx, connection errors, timeouts and a sandbox that
-failed to start `Unavailable`; a runner queue timeout `CapacityExceeded`;
-other client errors inside a sandbox `SandboxError`.
+an ``aiohttp`` error two levels down; ``code_run`` raises the generated
+client's error unwrapped), so it reads the ``__cause__`` chain: 401
+`AuthError`; 400 or 403 saying "limit exceeded" or "quota" `QuotaExceeded`
+(Daytona's resource limits: 403 before API v0.170, 400 since), other 403
+`AuthError`; 429 `RateLimited` with ``Retry-After``; 404, and a 400 "not
+found" on create (an unknown snapshot), `NotFound`; 408, 5xx, connection
+errors, timeouts and a sandbox that failed to start `Unavailable`; a runner
+queue timeout `CapacityExceeded`. Inside a sandbox a client error the daemon
+gave is the caller's (`SandboxError`, a missing file included); one the
+proxy in front gave is `NotFound` when the API says the sandbox no longer
+runs.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["CONCURRENCY_MESSAGE", "CREATED_MESSAGE", "ApiError", "SandboxApi", "api_error"]
 
 CONCURRENCY_MESSAGE = "Total CPU limit exceeded. Maximum allowed: {limit}."
-CREATED_MESSAGE = "Sandbox quota exceeded: limit exceeded. Maximum allowed: {limit} sandboxes."
+CREATED_MESSAGE = "Total sandbox limit exceeded. Maximum allowed: {limit}."
 DEFAULT_RESOURCES = {"cpu": 1, "gpu": 0, "memory": 1, "disk": 3}
 DEFAULT_SNAPSHOT = "daytonaio/sandbox:0.5.0"
 DEFAULT_AUTO_STOP = 15
