@@ -92,6 +92,7 @@ class Command:
     exit_code: int | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     ends_seen: set[str] = field(default_factory=set)
+    mid_line: set[str] = field(default_factory=set)
 
     def view(self) -> dict[str, Any]:
         return {"id": self.id, "command": self.command, "exitCode": self.exit_code}
@@ -105,10 +106,17 @@ class Command:
         }
 
     def add(self, stream: str, data: bytes) -> None:
-        if not data:
-            return
+        """Keep ``data`` of ``stream``; ``output`` labels each of its lines, as the daemon's log."""
         getattr(self, stream).extend(data)
-        self.output.extend((STDOUT_PREFIX if stream == "stdout" else STDERR_PREFIX) + data)
+        prefix = STDOUT_PREFIX if stream == "stdout" else STDERR_PREFIX
+        for line in data.splitlines(keepends=True):
+            if stream not in self.mid_line:
+                self.output.extend(prefix)
+            self.output.extend(line)
+            if line.endswith(b"\n"):
+                self.mid_line.discard(stream)
+            else:
+                self.mid_line.add(stream)
 
     def end(self, stream: str, exit_code: int | None) -> None:
         self.ends_seen.add(stream)

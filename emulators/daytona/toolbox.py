@@ -16,11 +16,12 @@ one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
   runs a command in it (and waits unless ``runAsync``: then 202),
   ``GET .../{id}``, ``.../command/{cid}``, ``.../command/{cid}/logs``,
   ``DELETE .../{id}`` ends the shell and whatever it runs.
-* Files: ``POST /files/bulk-upload`` (multipart ``files[i].path`` and
-  ``files[i].file``), ``POST /files/bulk-download`` (``{paths}`` in, a
-  multipart/form-data response out: a ``file`` part per path, or an
-  ``error`` part with the daemon's JSON error, each part's ``filename``
-  echoing the requested path exactly), ``GET /files?path=&depth=``.
+* Files: ``POST /files/bulk-upload`` (multipart ``files[i].file``, its
+  destination in ``files[i].path`` or else the part's filename),
+  ``POST /files/bulk-download`` (``{paths}`` in, a multipart/form-data
+  response out: a ``file`` part per path, or an ``error`` part with the
+  daemon's JSON error, each part naming the requested path exactly in
+  ``filename*``), ``GET /files?path=&depth=``.
 * ``GET /work-dir`` and ``/user-home-dir``: both ``/home/daytona``.
 """
 
@@ -33,6 +34,7 @@ import secrets
 import shutil
 import stat
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -337,6 +339,7 @@ class Toolbox:
     async def upload(self, request: web.Request) -> web.Response:
         box: Box = request[BOX]
         paths: dict[str, str] = {}
+        named: dict[str, str] = {}
         contents: dict[str, bytes] = {}
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
@@ -348,9 +351,11 @@ class Toolbox:
                 paths[index] = data.decode()
             elif kind == "file":
                 contents[index] = bytes(data)
+                if part.filename:
+                    named[index] = urllib.parse.unquote(part.filename)
         errors, written = [], []
         for index, data in contents.items():
-            dest = paths.get(index)
+            dest = paths.get(index) or named.get(index)
             if dest is None:
                 errors.append(f"files[{index}]: no destination path")
                 continue

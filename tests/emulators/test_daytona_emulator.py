@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -63,6 +64,17 @@ async def api(emu: DaytonaEmulator, method: str, path: str, **kw: Any) -> tuple[
         http.request(method, emu.api_url + path, headers=headers, **kw) as response,
     ):
         return response.status, await response.json()
+
+
+def demux(output: str) -> tuple[str, str]:
+    """Split the daemon's log, each line labelled with its stream's prefix."""
+    streams = {"\x01": "", "\x02": ""}
+    for chunk in re.split(r"(\x01\x01\x01|\x02\x02\x02)", output)[1:]:
+        if chunk in ("\x01\x01\x01", "\x02\x02\x02"):
+            current = chunk[0]
+        else:
+            streams[current] += chunk
+    return streams["\x01"], streams["\x02"]
 
 
 def test_sync_sdk_smoke(emu: DaytonaEmulator) -> None:
@@ -180,7 +192,7 @@ async def test_sessions_keep_shell_state(client: AsyncDaytona) -> None:
         "bad\n",
         0,
     )
-    assert split.output == "\x01\x01\x01/home/daytona/w\nkept\npartial\x02\x02\x02bad\n"
+    assert demux(split.output or "") == (split.stdout, split.stderr)
     started = await process.execute_session_command(
         "work", SessionExecuteRequest(command="sleep 0.2; echo late; exit 5", run_async=True)
     )
@@ -318,6 +330,11 @@ async def test_toolbox_answers_like_the_daemon(emu: DaytonaEmulator, client: Asy
         assert b'name="error"; filename="a b"' in part
         error = json.loads(part.split(b"\r\n\r\n", 1)[1].rstrip(b"\r\n"))
         assert (error["code"], error["source"]) == ("FILE_NOT_FOUND", "DAYTONA_DAEMON")
+        form = aiohttp.FormData()
+        form.add_field("files[0].file", b"named", filename="dir/by-name.txt")
+        async with http.post(f"{base}/files/bulk-upload", data=form) as response:
+            assert response.status == 200
+        assert await sandbox.fs.download_file("dir/by-name.txt") == b"named"
         await sandbox.delete()
         async with http.get(f"{base}/files", params={"path": "."}) as response:
             body = await response.json()
