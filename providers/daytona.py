@@ -102,7 +102,8 @@ log = structlog.get_logger("sandbox_router.daytona")
 API_KEY_ENV = "DAYTONA_API_KEY"
 API_URL_ENV = "DAYTONA_API_URL"
 CODE_LANGUAGES = frozenset({"python", "javascript", "typescript"})
-_GONE = frozenset({"destroyed", "destroying", "error", "build_failed"})
+_DELETED = frozenset({"destroyed", "destroying"})
+_UNUSABLE = _DELETED | {"error", "build_failed"}
 _STARTABLE = frozenset({"stopped", "archived"})
 _QUOTA_WORDS = ("limit exceeded", "quota")
 _ERROR_STATE = re.compile(r"Sandbox (\S+) entered error state")
@@ -288,7 +289,7 @@ class DaytonaProvider(Provider):
             async with asyncio.timeout(_KILL_TIMEOUT):
                 native = await daytona.get(sandbox_id)
                 reason = native.error_reason
-                if _state(native.state) not in ("destroyed", "destroying"):
+                if _state(native.state) not in _DELETED:
                     await daytona.delete(native)
         except Exception as exc:
             err = _to_error(exc, self.name, sandbox_id)
@@ -339,7 +340,7 @@ class DaytonaProvider(Provider):
                 state = _state(native.state)
         except Exception as exc:
             raise _to_error(exc, self.name, sandbox_id) from exc
-        if state in _GONE:
+        if state in _UNUSABLE:
             raise NotFound(
                 f"sandbox {sandbox_id} is {state}", provider=self.name, sandbox_id=sandbox_id
             )
@@ -354,7 +355,7 @@ class DaytonaProvider(Provider):
             async with asyncio.timeout(self.opts.request_timeout):
                 async for native in self._api().list(query):
                     state = _state(native.state)
-                    if state not in _GONE:
+                    if state not in _DELETED:
                         found.append(
                             SandboxInfo(
                                 id=native.id,
@@ -372,7 +373,7 @@ class DaytonaProvider(Provider):
         try:
             async with asyncio.timeout(self.opts.request_timeout):
                 native = await daytona.get(sandbox_id)
-                if _state(native.state) in ("destroyed", "destroying"):
+                if _state(native.state) in _DELETED:
                     return False
                 await daytona.delete(native)
         except Exception as exc:

@@ -389,6 +389,22 @@ async def test_a_sandbox_that_does_not_start_is_deleted(
     assert record.ended_by == "kill"
 
 
+async def test_a_failed_sandbox_left_behind_can_be_reaped(
+    emu: DaytonaEmulator, provider: DaytonaProvider
+) -> None:
+    emu.inject("boot", status=500, message="no runner available")
+    emu.inject("kill", status=500)
+    entry = {"sandbox_router_entry": "daytona-a"}
+    with pytest.raises(Unavailable):
+        await provider.create(SandboxSpec(labels=entry), timeout=1)
+    (left,) = await provider.list(entry)
+    assert (left.state, left.labels["sandbox_router_entry"]) == ("error", "daytona-a")
+    with pytest.raises(NotFound, match="error"):
+        await provider.connect(left.id)
+    assert await provider.kill(left.id) is True
+    assert await provider.list(entry) == []
+
+
 async def test_cancelled_create_is_swept(emu: DaytonaEmulator, provider: DaytonaProvider) -> None:
     emu.inject("boot", delay=1)
     creating = asyncio.create_task(
