@@ -227,6 +227,16 @@ async def test_create_parameters(emu: DaytonaEmulator) -> None:
             await adapter.aclose()
 
 
+async def test_code_of_another_language_runs_in_a_session(provider: DaytonaProvider) -> None:
+    sbx = await provider.create(SandboxSpec(language="javascript"), timeout=5)
+    try:
+        assert sbx.language == "javascript"
+        ran = await sbx.run_code("import sys\nprint('out')\nprint('err', file=sys.stderr)")
+        assert (ran.stdout, ran.stderr, ran.exit_code, ran.error) == ("out\n", "err\n", 0, None)
+    finally:
+        await sbx.kill()
+
+
 async def test_unknown_snapshot_is_not_found(emu: DaytonaEmulator) -> None:
     emu.snapshots = {"base"}
     adapter = DaytonaProvider("daytona-s", options(emu, snapshot="nope"))
