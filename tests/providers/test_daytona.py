@@ -317,6 +317,7 @@ async def test_idle_sandbox_stops_unless_kept_alive(
     assert box(emu, sbx.id).state == "started"
     await until(lambda: not emu.alive())
     assert [r.ended_by for r in emu.records()] == ["expired"]
+    await until(lambda: box(emu, sbx.id).state == "destroyed")  # "destroying" first, under load
     assert box(emu, sbx.id).state == "destroyed", "auto-delete 0: deleted once stopped"
 
 
