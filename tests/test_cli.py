@@ -109,3 +109,27 @@ def test_metrics_sidecar_serves_the_fleet_state(chain: Path) -> None:
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_emulate_serves_an_emulator_and_its_control_api() -> None:
+    import json as json_module
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exe = Path(sys.executable).parent / "sandbox-router"
+    proc = subprocess.Popen(
+        [str(exe), "emulate", "e2b", "--port", str(port)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert f"e2b emulator on http://127.0.0.1:{port}" in line
+        control = line.rsplit("control API ", 1)[1].rstrip(")\n")
+        health = json_module.loads(urllib.request.urlopen(f"{control}/health", timeout=10).read())
+        assert health == {"emulator": "e2b", "url": f"http://127.0.0.1:{port}"}
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
