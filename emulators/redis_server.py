@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["RedisServer", "redis_server_binary"]
@@ -38,12 +39,23 @@ def _free_port() -> int:
 
 
 class RedisServer:
-    """A redis-server process; ``persist=True`` turns on the append-only file."""
+    """A redis-server process; ``persist=True`` turns on the append-only file.
 
-    def __init__(self, workdir: Path, *, binary: str | None = None, persist: bool = False) -> None:
+    ``args`` are extra ``redis-server`` options, e.g. ``("--requirepass", "pw")``.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        binary: str | None = None,
+        persist: bool = False,
+        args: Sequence[str] = (),
+    ) -> None:
         self.binary = binary or redis_server_binary()
         self.workdir = workdir
         self.persist = persist
+        self.args = list(args)
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -55,7 +67,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes" if self.persist else "no", "--appendfsync", "always",
-             "--dir", str(self.workdir)],
+             "--dir", str(self.workdir), *self.args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -64,7 +76,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return self
             except OSError:
                 time.sleep(0.05)

@@ -8,6 +8,11 @@ Circuit (transient failures only, shared by every replica)::
     half_open --probe succeeded--> closed
     half_open --probe failed--> open (longer cooldown)
 
+The sliding window is ``WINDOW_BUCKETS`` buckets of ``window_seconds / 10``
+each, holding call and failure counts (resilience4j's time-based window):
+the state stays a few hundred bytes however busy the entry is, which
+matters because the Redis store decodes and encodes it inside every script.
+
 The cooldown grows with each consecutive opening, ``base x openings`` up to
 ``cooldown_max`` (Envoy's ejection time), and a deadline only ever extends:
 a late, shorter verdict from another replica never shortens it.
@@ -24,11 +29,13 @@ runs the same rules in ``router/state/lua/entry.lua``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "WINDOW_BUCKETS",
     "Admission",
     "BreakerConfig",
     "BreakerState",
@@ -42,6 +49,7 @@ MISCONFIGURED = "misconfigured"
 EXHAUSTED = "exhausted"
 RATE_LIMITED = "rate_limited"
 CAPACITY = "capacity"
+WINDOW_BUCKETS = 10
 
 
 class Outcome(StrEnum):
@@ -68,7 +76,6 @@ class BreakerConfig:
     capacity_cooldown: float = 10.0
     rate_limit_default: float = 5.0
     quota_default: float = 3600.0
-    window_max: int = 100
 
 
 @dataclass(slots=True)
@@ -78,7 +85,7 @@ class BreakerState:
     openings: int = 0
     open_until: float = 0.0
     probe_until: float = 0.0
-    events: list[list[float]] = field(default_factory=list)  # [ts, 1.0 failed / 0.0 ok]
+    window: list[list[int]] = field(default_factory=list)  # [bucket, calls, failed]
     block: str = ""
     block_until: float = 0.0
     block_detail: str = ""
@@ -92,7 +99,7 @@ class BreakerState:
         if not data:
             return cls()
         state = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
-        state.events = [list(e) for e in state.events] if state.events else []
+        state.window = [list(b) for b in state.window] if state.window else []
         return state
 
 
@@ -148,15 +155,13 @@ def record(
     provider said (reset_at, now + retry_after).
     """
     before = state.circuit
-    cutoff = now - cfg.window_seconds
-    state.events = [e for e in state.events if e[0] > cutoff][-cfg.window_max :]
     if outcome is Outcome.SUCCESS:
-        state.events.append([now, 0.0])
+        _count(state, cfg, now, failed=0)
         state.failures = 0
         if state.circuit == "half_open":
             state.circuit, state.openings, state.probe_until = "closed", 0, 0.0
     elif outcome is Outcome.TRANSIENT:
-        state.events.append([now, 1.0])
+        _count(state, cfg, now, failed=1)
         state.failures += 1
         if state.circuit == "half_open" or (state.circuit == "closed" and _tripped(state, cfg)):
             _open(state, cfg, now)
@@ -181,11 +186,23 @@ def clear_capacity(state: BreakerState) -> None:
         _clear_block(state)
 
 
+def _count(state: BreakerState, cfg: BreakerConfig, now: float, *, failed: int) -> None:
+    """Count a call into the current bucket, dropping buckets that left the window."""
+    current = math.floor(now / (cfg.window_seconds / WINDOW_BUCKETS))
+    state.window = [b for b in state.window if b[0] > current - WINDOW_BUCKETS]
+    for bucket in state.window:
+        if bucket[0] == current:
+            bucket[1] += 1
+            bucket[2] += failed
+            return
+    state.window.append([current, 1, failed])
+
+
 def _tripped(state: BreakerState, cfg: BreakerConfig) -> bool:
     if state.failures >= cfg.failure_threshold:
         return True
-    calls = len(state.events)
-    failed = sum(1 for e in state.events if e[1])
+    calls = sum(b[1] for b in state.window)
+    failed = sum(b[2] for b in state.window)
     return calls >= cfg.min_calls and failed / calls >= cfg.failure_rate
 
 
@@ -196,7 +213,7 @@ def _open(state: BreakerState, cfg: BreakerConfig, now: float) -> None:
     state.open_until = max(state.open_until, now + cooldown)
     state.probe_until = 0.0
     state.failures = 0
-    state.events = []
+    state.window = []
 
 
 def _block(state: BreakerState, reason: str, until: float, detail: str) -> None:

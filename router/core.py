@@ -316,6 +316,19 @@ class Router:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    async def __aenter__(self) -> Router:
+        """Run the router on the caller's event loop (no thread, no hand-offs).
+
+        Only before its first call; a router already running on its own
+        thread stays there. Sync calls from other threads still work while
+        this loop runs.
+        """
+        self._engine.adopt(asyncio.get_running_loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     def __repr__(self) -> str:
         return f"<Router entries={list(self._entries)} store={self._store!r}>"
 

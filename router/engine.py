@@ -29,6 +29,7 @@ class Engine:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._adopted = False
         self._pid = os.getpid()
 
     @property
@@ -36,6 +37,7 @@ class Engine:
         with self._lock:
             if self._pid != os.getpid():  # forked: the thread did not come along
                 self._loop, self._thread, self._pid = None, None, os.getpid()
+                self._adopted = False
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 ready = threading.Event()
@@ -51,7 +53,27 @@ class Engine:
                 self._loop = loop
             return self._loop
 
+    def adopt(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Run on ``loop`` rather than a thread of our own, if nothing ran yet.
+
+        False when the engine already runs elsewhere (its clients belong to
+        that loop, so it stays there).
+        """
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                self._loop, self._thread, self._adopted = loop, None, True
+                self._pid = os.getpid()
+            return self._loop is loop
+
+    def _on_engine_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
     def in_engine_thread(self) -> bool:
+        if self._adopted:
+            return self._on_engine_loop()
         return self._thread is not None and threading.current_thread() is self._thread
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -74,12 +96,16 @@ class Engine:
 
     async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run on the engine loop and await it (the async API); cancellation propagates."""
+        if self._loop is not None and self._on_engine_loop():
+            return await coro
         return await asyncio.wrap_future(self.submit(coro))
 
     def close(self) -> None:
+        """Stop our own loop; an adopted one is the app's and keeps running."""
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+            self._adopted = False
         if loop is not None and thread is not None and thread is not threading.current_thread():
             loop.call_soon_threadsafe(loop.stop)
             thread.join(10)

@@ -1,10 +1,12 @@
 """The fleet store: Redis (``redis://``, ``rediss://``, ``redis+sentinel://``,
 ``redis+cluster://``).
 
-Every decision is one Lua script run with EVALSHA (redis-py reloads it on
-NOSCRIPT); the scripts live beside this module in ``lua/`` and share
-``lib.lua``. The happy path of an acquire is two round trips (``reserve``,
-then ``settle``), a release is one.
+Every decision is one Lua script run with EVALSHA (reloaded on NOSCRIPT);
+the scripts live beside this module in ``lua/`` and share ``lib.lua``. The
+happy path of an acquire is two round trips (``reserve``, then ``settle``),
+a release is one. On ``redis://``, ``rediss://`` and ``unix://`` the scripts
+go through `router.state.resp.ScriptConnection` (one pipelined socket),
+everything else through redis-py.
 
 Keys of one pool share the hash tag ``{<prefix>:<pool>}`` (usage per window,
 the lease set, lease metadata, and the health of every entry drawing on the
@@ -32,6 +34,7 @@ from redis.backoff import ExponentialBackoff
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import UNITS, MonthlyWindow
 from providers.errors import ConfigError, StateUnavailable
+from router.state import resp
 from router.state.base import (
     EntryRef,
     EntryStatus,
@@ -138,6 +141,7 @@ class RedisStore(StateStore):
             name: self._redis.register_script(_script(name))
             for name in (*_WITH_LIB, "session_prune", "unlock")
         }
+        self._lean = resp.ScriptConnection(url) if resp.supports(url) else None
 
     @property
     def client(self) -> Any:
@@ -174,8 +178,11 @@ class RedisStore(StateStore):
             raise StateUnavailable(f"state store {self.url}: {exc}") from exc
 
     async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = self._scripts[name]
         with self._reachable():
-            return await self._scripts[name](keys=keys, args=args)
+            if self._lean is not None:
+                return await self._lean.evalsha(script.sha, script.script, keys, args)
+            return await script(keys=keys, args=args)
 
     async def reserve(
         self,
@@ -406,6 +413,8 @@ class RedisStore(StateStore):
         return []
 
     async def close(self) -> None:
+        if self._lean is not None:
+            await self._lean.aclose()
         await self._redis.aclose()
 
 

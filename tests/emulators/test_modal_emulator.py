@@ -139,7 +139,9 @@ def test_exec_timeout_stdin_and_streaming(emu: ModalEmulator, client: Any) -> No
     try:
         started = time.monotonic()
         slow = sb.exec("bash", "-c", "echo begun; sleep 30", timeout=1)
-        assert slow.wait() == -1  # the SDK's answer for a command past its deadline
+        # -1 when the SDK's deadline passes first, 128 + SIGKILL when the emulator's kill
+        # is reported first (a race, as on Modal); the adapter reads both as a timeout.
+        assert slow.wait() in (-1, 137)
         assert time.monotonic() - started < 3
         execs = emu.core.modal[sb.object_id].execs
         asyncio.run(until(lambda: all(e.done for e in execs.values())))

@@ -140,7 +140,7 @@ def test_state_round_trips_through_json_shapes() -> None:
     s = BreakerState()
     failures(s, 2)
     assert BreakerState.from_dict(s.to_dict()) == s
-    assert BreakerState.from_dict({"events": {}}).events == []  # Lua's cjson empty table
+    assert BreakerState.from_dict({"window": {}}).window == []  # Lua's cjson empty table
     assert BreakerState.from_dict(None) == BreakerState()
 
 

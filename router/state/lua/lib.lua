@@ -12,7 +12,7 @@ local function load_health(key)
   s.openings = s.openings or 0
   s.open_until = s.open_until or 0
   s.probe_until = s.probe_until or 0
-  if type(s.events) ~= 'table' then s.events = {} end
+  if type(s.window) ~= 'table' then s.window = {} end
   s.block = s.block or ''
   s.block_until = s.block_until or 0
   s.block_detail = s.block_detail or ''
@@ -31,7 +31,9 @@ local function clear_block(s)
   s.fingerprint = ''
 end
 
+-- `changed` tells the caller whether `s` needs saving.
 local function admit(s, cfg, now, fingerprint)
+  local changed = false
   if s.block ~= '' then
     if s.block == 'misconfigured' then
       if s.fingerprint == fingerprint then
@@ -43,30 +45,52 @@ local function admit(s, cfg, now, fingerprint)
     else
       clear_block(s)
     end
+    changed = true
   end
   if s.circuit == 'open' then
     if now < s.open_until then
-      return {allowed = false, reason = 'open', until_ = s.open_until}
+      return {allowed = false, reason = 'open', until_ = s.open_until, changed = changed}
     end
     s.circuit = 'half_open'
     s.probe_until = now + cfg.probe_timeout
-    return {allowed = true, probe = true, from = 'open', to = 'half_open'}
+    return {allowed = true, probe = true, from = 'open', to = 'half_open', changed = true}
   end
   if s.circuit == 'half_open' then
     if now < s.probe_until then
-      return {allowed = false, reason = 'half_open', until_ = s.probe_until}
+      return {allowed = false, reason = 'half_open', until_ = s.probe_until, changed = changed}
     end
     s.probe_until = now + cfg.probe_timeout
-    return {allowed = true, probe = true}
+    return {allowed = true, probe = true, changed = true}
   end
-  return {allowed = true, probe = false}
+  return {allowed = true, probe = false, changed = changed}
+end
+
+-- The window's buckets (see WINDOW_BUCKETS in policies/breaker.py).
+local BUCKETS = 10
+
+local function count(s, cfg, now, failed)
+  local current = math.floor(now / (cfg.window_seconds / BUCKETS))
+  local kept = {}
+  for _, b in ipairs(s.window) do
+    if b[1] > current - BUCKETS then table.insert(kept, b) end
+  end
+  s.window = kept
+  for _, b in ipairs(kept) do
+    if b[1] == current then
+      b[2] = b[2] + 1
+      b[3] = b[3] + failed
+      return
+    end
+  end
+  table.insert(kept, {current, 1, failed})
 end
 
 local function tripped(s, cfg)
   if s.failures >= cfg.failure_threshold then return true end
-  local calls, failed = #s.events, 0
-  for _, e in ipairs(s.events) do
-    if e[2] ~= 0 then failed = failed + 1 end
+  local calls, failed = 0, 0
+  for _, b in ipairs(s.window) do
+    calls = calls + b[2]
+    failed = failed + b[3]
   end
   return calls >= cfg.min_calls and failed / calls >= cfg.failure_rate
 end
@@ -78,7 +102,7 @@ local function open_circuit(s, cfg, now)
   s.open_until = math.max(s.open_until, now + cooldown)
   s.probe_until = 0
   s.failures = 0
-  s.events = {}
+  s.window = {}
 end
 
 local function block(s, reason, until_, detail)
@@ -95,18 +119,8 @@ end
 
 local function record(s, cfg, outcome, now, fingerprint, detail, until_)
   local before = s.circuit
-  local cutoff = now - cfg.window_seconds
-  local recent = {}
-  for _, e in ipairs(s.events) do
-    if e[1] > cutoff then table.insert(recent, e) end
-  end
-  local events = {}
-  for i = math.max(1, #recent - cfg.window_max + 1), #recent do
-    table.insert(events, recent[i])
-  end
-  s.events = events
   if outcome == 'success' then
-    table.insert(s.events, {now, 0})
+    count(s, cfg, now, 0)
     s.failures = 0
     if s.circuit == 'half_open' then
       s.circuit = 'closed'
@@ -114,7 +128,7 @@ local function record(s, cfg, outcome, now, fingerprint, detail, until_)
       s.probe_until = 0
     end
   elseif outcome == 'transient' then
-    table.insert(s.events, {now, 1})
+    count(s, cfg, now, 1)
     s.failures = s.failures + 1
     if s.circuit == 'half_open' then
       open_circuit(s, cfg, now)

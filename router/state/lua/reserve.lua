@@ -12,7 +12,7 @@ local cfg = cjson.decode(ARGV[9])
 local s = load_health(KEYS[4])
 local a = admit(s, cfg, now, ARGV[8])
 if not a.allowed then
-  save_health(KEYS[4], s)
+  if a.changed then save_health(KEYS[4], s) end
   return cjson.encode({granted = false, reason = a.reason, until_ = a.until_, detail = s.block_detail})
 end
 purge(KEYS[1], KEYS[2], KEYS[3], now)
@@ -29,7 +29,7 @@ for i = first, 3 do
   local limit = ARGV[4 + i]
   if limit ~= '' and used[i] >= tonumber(limit) then
     if a.probe then s.probe_until = 0 end
-    save_health(KEYS[4], s)
+    if a.changed then save_health(KEYS[4], s) end
     return cjson.encode({granted = false, reason = 'quota', unit = units[i],
                          used = used[i], limit = tonumber(limit)})
   end
@@ -41,5 +41,5 @@ end
 redis.call('ZADD', KEYS[2], now + hold, lid)
 redis.call('HSET', KEYS[3], lid, cjson.encode({entry = entry, started = now, ttl = hold, live = 0,
                                               counted = counted and 1 or 0, sandbox = ''}))
-save_health(KEYS[4], s)
+if a.changed then save_health(KEYS[4], s) end
 return cjson.encode({granted = true, probe = a.probe, from = a.from or '', to = a.to or ''})

@@ -1,0 +1,224 @@
+"""A lean Redis connection for the store's hot path: script calls, pipelined.
+
+redis-py checks a connection out of its pool for every command, packs the
+command in Python and parses the reply through several layers: about
+0.1-0.15 ms of interpreter time per call, and an acquire plus a release make
+three script calls. Concurrent calls each hold a pooled connection, so they
+never share a write.
+
+`ScriptConnection` keeps one socket per event loop, writes each command the
+moment it is made (``hiredis.pack_command``) and hands replies to callers in
+order (Redis answers in order, and ``hiredis.Reader`` parses them in C). So
+concurrent acquires pipeline on one socket and a call costs one write and
+one parse. It runs only EVALSHA of the store's scripts, which are idempotent:
+on a dropped connection or a timeout the call is retried on a new connection
+(twice, with a short backoff), as redis-py's reconnect policy would.
+
+It serves ``redis://``, ``rediss://`` and ``unix://``; Sentinel and Cluster
+keep redis-py, which knows how to find the master or the slot's node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import hiredis
+from redis import exceptions as redis_errors
+from redis.asyncio.connection import parse_url
+
+__all__ = ["ScriptConnection", "supports"]
+
+_RETRIES = 2
+_BACKOFF = (0.02, 0.04)
+_SCHEMES = ("redis", "rediss", "unix")
+_SSL_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+_TLS_OPTIONS = frozenset(
+    {"ssl_ca_certs", "ssl_cert_reqs", "ssl_certfile", "ssl_keyfile", "ssl_check_hostname"}
+)
+_OPTIONS = _TLS_OPTIONS | {"socket_timeout", "socket_connect_timeout", "max_connections", "db"}
+
+
+def supports(url: str) -> bool:
+    """True when this connection can serve ``url`` (else the store uses redis-py alone)."""
+    parts = urlsplit(url)
+    return parts.scheme in _SCHEMES and set(parse_qs(parts.query)) <= _OPTIONS
+
+
+class _Protocol(asyncio.Protocol):
+    """One socket: commands out as they come, replies back to their callers in order."""
+
+    def __init__(self) -> None:
+        self._parser = hiredis.Reader()
+        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._transport: asyncio.Transport | None = None
+        self.lost: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed(data)
+        while True:
+            try:
+                reply = self._parser.gets()
+            except hiredis.ProtocolError as exc:
+                self.close(redis_errors.ConnectionError(f"unreadable reply from Redis: {exc}"))
+                return
+            if reply is False:
+                return
+            if not self._waiting:
+                self.close(redis_errors.ConnectionError("Redis sent a reply nobody asked for"))
+                return
+            waiter = self._waiting.popleft()
+            if not waiter.done():  # a caller that timed out or was cancelled left
+                waiter.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = self.lost or redis_errors.ConnectionError(
+            f"connection to Redis lost: {exc or 'closed by the server'}"
+        )
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(self.lost)
+
+    def send(self, *args: Any) -> asyncio.Future[Any]:
+        if self.lost is not None:
+            raise self.lost
+        assert self._transport is not None
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        self._transport.write(hiredis.pack_command(args))
+        return waiter
+
+    def close(self, why: BaseException) -> None:
+        self.lost = self.lost or why
+        if self._transport is not None:
+            self._transport.close()
+
+
+class ScriptConnection:
+    """EVALSHA over one pipelined socket per event loop (see the module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        self._kwargs: dict[str, Any] = parse_url(url)
+        self._timeout = float(self._kwargs.get("socket_timeout") or 2.0)
+        self._connect_timeout = float(self._kwargs.get("socket_connect_timeout") or 2.0)
+        self._tls = urlsplit(url).scheme == "rediss"
+        self._conn: _Protocol | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connecting: asyncio.Task[_Protocol] | None = None
+
+    async def evalsha(self, sha: str, script: str, keys: list[str], args: list[Any]) -> Any:
+        """Run a cached script (loading it on NOSCRIPT); transport errors raise redis-py's."""
+        for attempt in range(_RETRIES + 1):
+            try:
+                reply = await self._once(sha, script, keys, args)
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+                if attempt == _RETRIES:
+                    raise
+                await asyncio.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
+                continue
+            if isinstance(reply, hiredis.ReplyError):
+                raise _reply_error(reply)
+            return reply
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _once(self, sha: str, script: str, keys: list[str], args: list[Any]) -> Any:
+        conn = await self._connection()
+        try:
+            async with asyncio.timeout(self._timeout):
+                reply = await conn.send("EVALSHA", sha, len(keys), *keys, *args)
+                if isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT"):
+                    reply = await conn.send("EVAL", script, len(keys), *keys, *args)
+        except TimeoutError:
+            # A peer that stopped answering may never answer: start afresh.
+            error = redis_errors.TimeoutError(f"Redis did not answer within {self._timeout}s")
+            conn.close(error)
+            raise error from None
+        return reply
+
+    async def _connection(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        conn = self._conn
+        if conn is not None and conn.lost is None and self._loop is loop:
+            return conn
+        if self._connecting is None or self._loop is not loop or self._connecting.done():
+            self._loop = loop
+            self._connecting = loop.create_task(self._connect())
+        return await asyncio.shield(self._connecting)
+
+    async def _connect(self) -> _Protocol:
+        kw = self._kwargs
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                if "path" in kw:
+                    _, conn = await loop.create_unix_connection(_Protocol, kw["path"])
+                else:
+                    host = kw.get("host", "localhost")
+                    _, conn = await loop.create_connection(
+                        _Protocol,
+                        host,
+                        kw.get("port", 6379),
+                        ssl=self._ssl_context() if self._tls else None,
+                        server_hostname=host if self._tls else None,
+                    )
+                await self._handshake(conn)
+        except TimeoutError:
+            raise redis_errors.TimeoutError(
+                f"could not connect to Redis within {self._connect_timeout}s"
+            ) from None
+        except OSError as exc:
+            raise redis_errors.ConnectionError(f"could not connect to Redis: {exc}") from exc
+        self._conn = conn
+        return conn
+
+    async def _handshake(self, conn: _Protocol) -> None:
+        kw = self._kwargs
+        steps: list[tuple[Any, ...]] = []
+        if kw.get("password") is not None:
+            user = kw.get("username")
+            steps.append(("AUTH", user, kw["password"]) if user else ("AUTH", kw["password"]))
+        if kw.get("db"):
+            steps.append(("SELECT", kw["db"]))
+        for reply in await asyncio.gather(*(conn.send(*step) for step in steps)):
+            if isinstance(reply, hiredis.ReplyError):
+                conn.close(redis_errors.ConnectionError("handshake failed"))
+                raise _reply_error(reply)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        kw = self._kwargs
+        context = ssl.create_default_context(cafile=kw.get("ssl_ca_certs"))
+        reqs = kw.get("ssl_cert_reqs", "required")
+        context.check_hostname = _flag(kw.get("ssl_check_hostname", False)) and reqs != "none"
+        context.verify_mode = _SSL_REQS[str(reqs).lower()]
+        if kw.get("ssl_certfile"):
+            context.load_cert_chain(kw["ssl_certfile"], kw.get("ssl_keyfile"))
+        return context
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and self._loop is asyncio.get_running_loop():
+            conn.close(redis_errors.ConnectionError("the store was closed"))
+
+
+def _flag(value: Any) -> bool:
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
+def _reply_error(reply: hiredis.ReplyError) -> redis_errors.RedisError:
+    """The redis-py exception for an error reply, so callers see one error vocabulary."""
+    text = str(reply)
+    if text.startswith("LOADING"):
+        return redis_errors.BusyLoadingError(text)
+    if text.startswith(("NOAUTH", "WRONGPASS")):
+        return redis_errors.AuthenticationError(text)
+    if text.startswith("READONLY"):
+        return redis_errors.ReadOnlyError(text)
+    return redis_errors.ResponseError(text)

@@ -1,0 +1,90 @@
+"""``async with Router...``: the router runs on the app's event loop.
+
+No engine thread is started, calls made on the loop run in place, leases
+heartbeat on that loop, and sync calls from other threads still reach it.
+A router that already runs on its own thread stays there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from router import Router
+
+
+def chain(redis_url: str, key_prefix: str, root: Path) -> dict[str, Any]:
+    return {
+        "state_url": redis_url,
+        "key_prefix": key_prefix,
+        "chain": [
+            {"name": "local", "provider": "local", "quota": {"concurrent": 2},
+             "options": {"root": str(root), "isolation": "none"}},
+        ],
+    }  # fmt: skip
+
+
+def engine_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "sandbox-router"]
+
+
+async def test_calls_on_the_loop_run_in_place(redis_url, key_prefix, tmp_path) -> None:
+    before = engine_threads()
+    async with Router.from_config(chain(redis_url, key_prefix, tmp_path), hooks=[]) as router:
+        async with await router.aacquire() as lease:
+            result = await lease.sandbox.run("echo on the app loop")
+            assert result.stdout == "on the app loop\n"
+            held = lease._held
+            assert held.heartbeat is not None
+            assert held.heartbeat.get_loop() is asyncio.get_running_loop()
+            status = await router.astatus()
+            assert status.entries[0].live_leases == 1
+        assert held.heartbeat.cancelled() or held.heartbeat.done()
+        assert (await router.astatus()).entries[0].live_leases == 0
+        assert engine_threads() == before
+
+
+async def test_sync_calls_from_another_thread_reach_the_loop(
+    redis_url, key_prefix, tmp_path
+) -> None:
+    async with Router.from_config(chain(redis_url, key_prefix, tmp_path), hooks=[]) as router:
+
+        def from_a_worker_thread() -> str:
+            with router.acquire() as lease:
+                return lease.sandbox.run("echo from a thread").stdout
+
+        assert await asyncio.to_thread(from_a_worker_thread) == "from a thread\n"
+        assert (await router.astatus()).entries[0].used["sessions"] == 1
+
+
+async def test_a_sync_call_on_the_loop_itself_is_refused(redis_url, key_prefix, tmp_path):
+    async with Router.from_config(chain(redis_url, key_prefix, tmp_path), hooks=[]) as router:
+        with pytest.raises(RuntimeError, match="use the async API"):
+            router.status()
+        assert (await router.astatus()).entries[0].name == "local"  # still usable
+
+
+async def test_quota_holds_on_the_lent_loop(redis_url, key_prefix, tmp_path) -> None:
+    async with Router.from_config(chain(redis_url, key_prefix, tmp_path), hooks=[]) as router:
+        leases = await asyncio.gather(*(router.aacquire() for _ in range(2)))
+        with pytest.raises(Exception, match="concurrent"):
+            await router.aacquire()
+        for lease in leases:
+            await lease.release()
+
+
+def test_a_router_already_on_its_own_thread_stays_there(redis_url, key_prefix, tmp_path):
+    router = Router.from_config(chain(redis_url, key_prefix, tmp_path), hooks=[])
+    router.status()  # starts the engine thread; its connections belong to that loop
+    assert engine_threads()
+
+    async def main() -> str:
+        async with router:
+            async with await router.aacquire() as lease:
+                return (await lease.sandbox.run("echo hop")).stdout
+
+    assert asyncio.run(main()) == "hop\n"
