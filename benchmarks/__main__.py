@@ -9,12 +9,10 @@ import platform
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
-from tempfile import TemporaryDirectory
 from typing import Any
 
 from benchmarks import failover, overhead, race, scaling, throughput, vendors
-from benchmarks.common import private_redis
+from benchmarks.common import private_redis, scratch_dir
 from router.logs import configure_logging
 
 
@@ -35,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("json", "warning")  # stdout carries only the JSON summary
     result: dict[str, Any] = {"machine": machine(), "quick": q}
     started = time.perf_counter()
-    with private_redis() as redis_url, TemporaryDirectory(prefix="bench-") as tmp:
-        root = Path(tmp)
+    with private_redis() as redis_url, scratch_dir() as root:
         sqlite_url = f"sqlite:///{root}/state.db"
         result["overhead"] = {
             "redis": overhead.local_overhead(redis_url, root / "o1", 50 if q else 500),

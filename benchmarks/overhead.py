@@ -6,44 +6,49 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import command_calls, local_chain, summary_ms, timed
+import redis
+
+from benchmarks.common import command_calls, local_chain, paired
 from providers.base import SandboxSpec
 from providers.local import LocalOptions, LocalProvider
 from router import Router
 
 
 def local_overhead(state_url: str, root: Path, iterations: int) -> dict[str, Any]:
-    """Paired, interleaved iterations: router path vs the provider called directly."""
-    router = Router.from_config(local_chain(state_url, "bench-overhead", root / "r"), hooks=[])
-    direct = LocalProvider("direct", LocalOptions(root=root / "d", isolation="none"))
-    loop = asyncio.new_event_loop()
+    """Both APIs against the local provider called directly, pair by pair.
 
-    def via_router() -> None:
-        with router.acquire() as lease:
-            lease.sandbox.run("true")
+    ``sync``: ``Router.acquire`` (the router's loop runs on its own thread,
+    so each call is a hand-off). ``async``: ``async with Router...`` on the
+    benchmark's loop, where calls run in place.
+    """
+    direct = LocalProvider("direct", LocalOptions(root=root / "direct", isolation="none"))
 
     async def directly() -> None:
         sandbox = await direct.create(SandboxSpec())
         await sandbox.run("true")
         await sandbox.kill()
 
-    for _ in range(20):  # warm up: scripts loaded, connections open, caches hot
-        via_router()
-        loop.run_until_complete(directly())
-    routed, raw = [], []
-    for _ in range(iterations):
-        routed.append(timed(via_router))
-        raw.append(timed(lambda: loop.run_until_complete(directly())))
-    loop.close()
-    router.close()
-    diffs = [r - d for r, d in zip(routed, raw, strict=True)]
-    return {
-        "provider": "local",
-        "router": summary_ms(routed),
-        "direct": summary_ms(raw),
-        "overhead": summary_ms(diffs),
-        "ratio_p50": round(summary_ms(routed)["p50_ms"] / summary_ms(raw)["p50_ms"], 4),
-    }
+    async def sync_api() -> dict[str, Any]:
+        config = local_chain(state_url, "bench-overhead-sync", root / "sync")
+        with Router.from_config(config, hooks=[]) as router:
+
+            async def via_router() -> None:
+                with router.acquire() as lease:
+                    lease.sandbox.run("true")
+
+            return await paired(via_router, directly, iterations)
+
+    async def async_api() -> dict[str, Any]:
+        config = local_chain(state_url, "bench-overhead-async", root / "async")
+        async with Router.from_config(config, hooks=[]) as router:
+
+            async def via_router() -> None:
+                async with await router.aacquire() as lease:
+                    await lease.sandbox.run("true")
+
+            return await paired(via_router, directly, iterations)
+
+    return {"provider": "local", "sync": asyncio.run(sync_api()), "async": asyncio.run(async_api())}
 
 
 def round_trips(redis_url: str, root: Path, iterations: int) -> dict[str, Any]:
@@ -51,13 +56,15 @@ def round_trips(redis_url: str, root: Path, iterations: int) -> dict[str, Any]:
     router = Router.from_config(local_chain(redis_url, "bench-rtt", root), hooks=[])
     router.acquire().release()  # scripts loaded (EVALSHA misses would count)
     leases = []
-    before = command_calls(redis_url)
+    counter = redis.Redis.from_url(redis_url)
+    before = command_calls(counter)
     for _ in range(iterations):
         leases.append(router.acquire())
-    middle = command_calls(redis_url)
+    middle = command_calls(counter)
     for lease in leases:
         lease.release()
-    after = command_calls(redis_url)
+    after = command_calls(counter)
+    counter.close()
     router.close()
 
     def per_op(a: dict[str, int], b: dict[str, int]) -> dict[str, float]:

@@ -1,4 +1,8 @@
-"""Acquire + release cycles per second on the local provider (no process spawned)."""
+"""Acquire + release cycles per second on the local provider (no process spawned).
+
+The router runs on the benchmark's loop (``async with``), the workers are
+tasks on it; sandboxes are directories on tmpfs when there is one.
+"""
 
 from __future__ import annotations
 
@@ -12,25 +16,24 @@ from router import Router
 
 
 def cycles_per_second(state_url: str, root: Path, workers: int, seconds: float) -> dict[str, Any]:
-    router = Router.from_config(local_chain(state_url, f"bench-tp-{workers}", root), hooks=[])
+    config = local_chain(state_url, f"bench-tp-{workers}", root)
 
-    async def run() -> int:
-        async def worker(stop_at: float) -> int:
-            done = 0
-            while time.perf_counter() < stop_at:
-                lease = await router.aacquire()
-                await lease.release()
-                done += 1
-            return done
+    async def run() -> tuple[int, float]:
+        async with Router.from_config(config, hooks=[]) as router:
 
-        for _ in range(10):
-            await (await router.aacquire()).release()
-        stop_at = time.perf_counter() + seconds
-        counts = await asyncio.gather(*(worker(stop_at) for _ in range(workers)))
-        return sum(counts)
+            async def worker(stop_at: float) -> int:
+                done = 0
+                while time.perf_counter() < stop_at:
+                    lease = await router.aacquire()
+                    await lease.release()
+                    done += 1
+                return done
 
-    started = time.perf_counter()
-    total = asyncio.run(run())
-    elapsed = time.perf_counter() - started
-    router.close()
+            for _ in range(20):
+                await (await router.aacquire()).release()
+            started = time.perf_counter()
+            counts = await asyncio.gather(*(worker(started + seconds) for _ in range(workers)))
+            return sum(counts), time.perf_counter() - started
+
+    total, elapsed = asyncio.run(run())
     return {"workers": workers, "cycles": total, "per_second": round(total / elapsed, 1)}

@@ -1,8 +1,12 @@
 """Router vs the vendor SDK called directly, on each provider's emulator.
 
 The direct path is the few SDK calls an app would make without the router
-(create, run a command, kill); the router path is acquire + run + release
-through the sync API with that provider as the only chain entry.
+(create, run a command, kill), with one client kept open as an app keeps
+it; the router path is acquire + run + release with that provider as the
+only chain entry, through both APIs (see `benchmarks.overhead`). Where the
+adapter needs more SDK calls than the direct path (Daytona runs each
+command in a session of its own, to keep stdout and stderr apart), that is
+part of the difference.
 """
 
 from __future__ import annotations
@@ -10,95 +14,169 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-from collections.abc import Awaitable, Callable
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from benchmarks.common import summary_ms, timed
+from benchmarks.common import paired
 from emulators import available, emulator_class
 from emulators.harness import Emulator
 from router import Router
 
 
-async def _e2b(emu: Emulator) -> None:
-    from e2b_code_interpreter import AsyncSandbox
+class Direct:
+    """One vendor's SDK, used directly: ``cycle`` = create, run ``true``, kill."""
 
-    env = emu.sdk_env()
-    sandbox = await AsyncSandbox.create(
-        api_key=env["E2B_API_KEY"], api_url=emu.url, sandbox_url=emu.url, retries=0
-    )
-    await sandbox.commands.run("true")
-    await sandbox.kill()
+    def __init__(self, emu: Emulator) -> None:
+        self.emu = emu
+        self.env = emu.sdk_env()
+
+    async def cycle(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Close the SDK client on the loop that opened it."""
 
 
-_clients: dict[str, Any] = {}
+class E2B(Direct):
+    async def cycle(self) -> None:
+        from e2b_code_interpreter import AsyncSandbox
 
-
-async def _runloop(emu: Emulator) -> None:
-    from runloop_api_client import AsyncRunloop
-
-    client = _clients.get(emu.url)
-    if client is None:  # one client per account, as an app (and the adapter) keeps it
-        env = emu.sdk_env()
-        client = AsyncRunloop(bearer_token=env["RUNLOOP_API_KEY"], base_url=emu.url, max_retries=0)
-        _clients[emu.url] = client
-    view = await client.devboxes.create()
-    if view.status != "running":
-        await client.devboxes.await_running(view.id)
-    execution = await client.devboxes.execute(view.id, command="true", optimistic_timeout=30)
-    if execution.status != "completed":
-        await client.devboxes.wait_for_command(
-            execution.execution_id, devbox_id=view.id, statuses=["completed"]
+        url = self.emu.url
+        sandbox = await AsyncSandbox.create(
+            api_key=self.env["E2B_API_KEY"], api_url=url, sandbox_url=url, retries=0
         )
-    await client.devboxes.shutdown(view.id)
+        await sandbox.commands.run("true")
+        await sandbox.kill()
 
 
-DIRECT: dict[str, Callable[[Emulator], Awaitable[None]]] = {"e2b": _e2b, "runloop": _runloop}
+class Runloop(Direct):
+    client: Any = None
+
+    async def cycle(self) -> None:
+        from runloop_api_client import AsyncRunloop
+
+        if self.client is None:
+            token = self.env["RUNLOOP_API_KEY"]
+            self.client = AsyncRunloop(bearer_token=token, base_url=self.emu.url, max_retries=0)
+        devboxes = self.client.devboxes
+        view = await devboxes.create()
+        if view.status != "running":
+            await devboxes.await_running(view.id)
+        execution = await devboxes.execute(view.id, command="true", optimistic_timeout=30)
+        if execution.status != "completed":
+            await devboxes.wait_for_command(
+                execution.execution_id, devbox_id=view.id, statuses=["completed"]
+            )
+        await devboxes.shutdown(view.id)
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+
+class Daytona(Direct):
+    client: Any = None
+
+    async def cycle(self) -> None:
+        from daytona import AsyncDaytona, DaytonaConfig
+
+        if self.client is None:
+            env = self.env
+            config = DaytonaConfig(
+                api_key=env["DAYTONA_API_KEY"], api_url=env["DAYTONA_API_URL"], target="us"
+            )
+            self.client = AsyncDaytona(config)
+        sandbox = await self.client.create()
+        await sandbox.process.exec("true")
+        await self.client.delete(sandbox)
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+
+class Modal(Direct):
+    client: Any = None
+    app: Any = None
+
+    async def cycle(self) -> None:
+        import modal
+
+        if self.client is None:
+            self.client = await modal.Client.from_credentials.aio(
+                self.env["MODAL_TOKEN_ID"], self.env["MODAL_TOKEN_SECRET"]
+            )
+            self.app = await modal.App.lookup.aio(
+                "bench-direct", create_if_missing=True, client=self.client
+            )
+        sandbox = await modal.Sandbox.create.aio(app=self.app, client=self.client)
+        process = await sandbox.exec.aio("true")
+        await process.wait.aio()
+        await sandbox.terminate.aio()
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.close.aio()
+
+
+DIRECT: dict[str, type[Direct]] = {
+    "e2b": E2B,
+    "runloop": Runloop,
+    "daytona": Daytona,
+    "modal": Modal,
+}
 
 
 def overhead(redis_url: str, iterations: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for name in available([n for n in DIRECT]):
-        with ExitStack() as stack:
-            emu = stack.enter_context(emulator_class(name)())
-            saved = {k: os.environ.get(k) for k in emu.sdk_env()}
-            os.environ.update(emu.sdk_env())
-            stack.callback(_restore, saved)
+    for name in available(list(DIRECT)):
+        with emulator_class(name)() as emu, _sdk_env(emu):
             config = {"state_url": redis_url, "key_prefix": f"v-{secrets.token_hex(3)}",
                       "chain": [{"name": name, "provider": name}]}  # fmt: skip
-            router = stack.enter_context(Router.from_config(config, hooks=[]))
-            loop = asyncio.new_event_loop()
-            stack.callback(loop.close)
-
-            def via_router(r: Router = router) -> None:
-                with r.acquire() as lease:
-                    lease.sandbox.run("true")
-
-            def directly(
-                e: Emulator = emu, n: str = name, lp: asyncio.AbstractEventLoop = loop
-            ) -> None:
-                lp.run_until_complete(DIRECT[n](e))
-
-            for _ in range(5):
-                via_router()
-                directly()
-            routed, raw = [], []
-            for _ in range(iterations):
-                routed.append(timed(via_router))
-                raw.append(timed(directly))
-            diffs = [r - d for r, d in zip(routed, raw, strict=True)]
             results[name] = {
-                "router": summary_ms(routed),
-                "direct": summary_ms(raw),
-                "overhead": summary_ms(diffs),
-                "ratio_p50": round(summary_ms(routed)["p50_ms"] / summary_ms(raw)["p50_ms"], 4),
+                "sync": asyncio.run(_sync_api(config, DIRECT[name](emu), iterations)),
+                "async": asyncio.run(_async_api(config, DIRECT[name](emu), iterations)),
             }
     return results
 
 
-def _restore(saved: dict[str, str | None]) -> None:
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+async def _sync_api(config: dict[str, Any], direct: Direct, iterations: int) -> dict[str, Any]:
+    with Router.from_config(config, hooks=[]) as router:
+
+        async def via_router() -> None:
+            with router.acquire() as lease:
+                lease.sandbox.run("true")
+
+        try:
+            return await paired(via_router, direct.cycle, iterations, warmup=5)
+        finally:
+            await direct.aclose()
+
+
+async def _async_api(config: dict[str, Any], direct: Direct, iterations: int) -> dict[str, Any]:
+    async with Router.from_config(config, hooks=[]) as router:
+
+        async def via_router() -> None:
+            async with await router.aacquire() as lease:
+                await lease.sandbox.run("true")
+
+        try:
+            return await paired(via_router, direct.cycle, iterations, warmup=5)
+        finally:
+            await direct.aclose()
+
+
+@contextmanager
+def _sdk_env(emu: Emulator) -> Iterator[None]:
+    """The SDKs read their credentials and URLs from the environment, as apps set them."""
+    saved = {k: os.environ.get(k) for k in emu.sdk_env()}
+    os.environ.update(emu.sdk_env())
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -178,7 +178,8 @@ class Router:
         self._store = store or open_store(config.resolved_state_url(), config.key_prefix)
         self._fallback = MemoryStore("memory://fail-open", config.key_prefix)
         self._state_error: str | None = None
-        self._heartbeats: set[asyncio.Task[None]] = set()
+        self._live: dict[str, Held] = {}
+        self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._checked_store = False
         overrides = dict(providers or {})
@@ -515,9 +516,7 @@ class Router:
             attempt,
             store_kind="shared" if store is self._store else "fallback",
         )
-        held.heartbeat = asyncio.create_task(self._heartbeat(held))
-        self._heartbeats.add(held.heartbeat)
-        held.heartbeat.add_done_callback(self._heartbeats.discard)
+        self._keep(held)
         return held
 
     async def _reserve(
@@ -556,7 +555,7 @@ class Router:
         )
         return replace(ref, limits=limits)
 
-    def _report_state_error(self, operation: str, exc: StateUnavailable) -> None:
+    def _report_state_error(self, operation: str, exc: Exception) -> None:
         emit(
             self.hooks,
             "state_error",
@@ -629,26 +628,42 @@ class Router:
         except Exception as exc:
             emit(self.hooks, "kill_failed", entry=entry.name, sandbox_id=sandbox.id, error=str(exc))
 
+    def _keep(self, held: Held) -> None:
+        """Heartbeat ``held`` until it is released (one sweeper task for all leases)."""
+        self._live[held.lease_id] = held
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Every lease_ttl / 3, renew every live lease; ends when none is left."""
+        while self._live:
+            await asyncio.sleep(self.config.lease_ttl / 3)
+            renewals = [self._heartbeat(h) for h in list(self._live.values())]
+            for outcome in await asyncio.gather(*renewals, return_exceptions=True):
+                if isinstance(outcome, Exception):  # one lease's bad luck stops no other
+                    self._report_state_error("heartbeat", outcome)
+
     async def _heartbeat(self, held: Held) -> None:
         entry = self._entries[held.entry]
         ttl = self.config.lease_ttl
         store = self._store if held.store_kind == "shared" else self._fallback
         ref = entry.ref if store is self._store else self._fallback_ref(entry.ref)
-        while True:
-            await asyncio.sleep(ttl / 3)
-            try:
-                alive = await store.heartbeat(ref, held.lease_id, self._clock(), ttl)
-            except StateUnavailable as exc:
-                self._report_state_error("heartbeat", exc)
-                continue
-            if not alive:
-                emit(self.hooks, "lease_lost", entry=held.entry, lease_id=held.lease_id)
-                return
-            if held.session is not None:
-                with contextlib.suppress(StateUnavailable):
-                    await self._bind(held, ttl)
-            with contextlib.suppress(ProviderError):
-                await held.sandbox.keepalive(ttl * 2)
+        try:
+            alive = await store.heartbeat(ref, held.lease_id, self._clock(), ttl)
+        except StateUnavailable as exc:
+            self._report_state_error("heartbeat", exc)
+            return
+        if held.released:
+            return
+        if not alive:
+            self._live.pop(held.lease_id, None)
+            emit(self.hooks, "lease_lost", entry=held.entry, lease_id=held.lease_id)
+            return
+        if held.session is not None:
+            with contextlib.suppress(StateUnavailable):
+                await self._bind(held, ttl)
+        with contextlib.suppress(ProviderError):
+            await held.sandbox.keepalive(ttl * 2)
 
     async def _bind(self, held: Held, ttl: float) -> None:
         assert held.session is not None
@@ -732,9 +747,7 @@ class Router:
             resumed=True,
         )
         await self._bind(held, self.config.lease_ttl)
-        held.heartbeat = asyncio.create_task(self._heartbeat(held))
-        self._heartbeats.add(held.heartbeat)
-        held.heartbeat.add_done_callback(self._heartbeats.discard)
+        self._keep(held)
         return held
 
     async def _check_store(self) -> None:
@@ -834,9 +847,12 @@ class Router:
         if held.released:
             return
         held.released = True
-        if held.heartbeat is not None:
-            held.heartbeat.cancel()
-        await asyncio.gather(self._dispose(held), self._free_slot(held))
+        self._live.pop(held.lease_id, None)
+        disposing = asyncio.ensure_future(self._dispose(held))
+        try:
+            await self._free_slot(held)
+        finally:
+            await disposing
 
     async def _dispose(self, held: Held) -> None:
         """Kill the sandbox, or keep a session's for its idle TTL."""
@@ -929,8 +945,8 @@ class Router:
         emit(self.hooks, "quota_changed", pool=pool, unit=unit, value=value)
 
     async def _aclose(self) -> None:
-        for task in list(self._heartbeats):
-            task.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._background:
             await asyncio.wait(self._background, timeout=10)
         for entry in self._entries.values():

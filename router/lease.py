@@ -18,8 +18,6 @@ from providers.base import CodeResult, CommandResult, FileInfo, Sandbox
 from providers.errors import LeaseError
 
 if TYPE_CHECKING:
-    import asyncio
-
     from router.engine import Engine
 
 __all__ = ["AsyncLease", "AsyncSandboxHandle", "Held", "Lease", "SyncSandbox"]
@@ -39,7 +37,6 @@ class Held:
     attempts: int
     failovers: list[str] = field(default_factory=list)
     released: bool = False
-    heartbeat: asyncio.Task[None] | None = None
     store_kind: str = "shared"
     session: str | None = None
     resumed: bool = False

@@ -55,7 +55,7 @@ class _Protocol(asyncio.Protocol):
         self._parser = hiredis.Reader()
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._transport: asyncio.Transport | None = None
-        self.lost: BaseException | None = None
+        self.lost: str | None = None  # why the socket is unusable
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -67,36 +67,34 @@ class _Protocol(asyncio.Protocol):
             try:
                 reply = self._parser.gets()
             except hiredis.ProtocolError as exc:
-                self.close(redis_errors.ConnectionError(f"unreadable reply from Redis: {exc}"))
+                self.close(f"unreadable reply from Redis: {exc}")
                 return
             if reply is False:
                 return
             if not self._waiting:
-                self.close(redis_errors.ConnectionError("Redis sent a reply nobody asked for"))
+                self.close("Redis sent a reply nobody asked for")
                 return
             waiter = self._waiting.popleft()
             if not waiter.done():  # a caller that timed out or was cancelled left
                 waiter.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = self.lost or redis_errors.ConnectionError(
-            f"connection to Redis lost: {exc or 'closed by the server'}"
-        )
+        self.lost = self.lost or f"connection to Redis lost: {exc or 'closed by the server'}"
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():
-                waiter.set_exception(self.lost)
+                waiter.set_exception(redis_errors.ConnectionError(self.lost))
 
     def send(self, *args: Any) -> asyncio.Future[Any]:
         if self.lost is not None:
-            raise self.lost
+            raise redis_errors.ConnectionError(self.lost)
         assert self._transport is not None
         waiter = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         self._transport.write(hiredis.pack_command(args))
         return waiter
 
-    def close(self, why: BaseException) -> None:
+    def close(self, why: str) -> None:
         self.lost = self.lost or why
         if self._transport is not None:
             self._transport.close()
@@ -106,7 +104,7 @@ class ScriptConnection:
     """EVALSHA over one pipelined socket per event loop (see the module docstring)."""
 
     def __init__(self, url: str) -> None:
-        self._kwargs: dict[str, Any] = parse_url(url)
+        self._kwargs: dict[str, Any] = dict(parse_url(url))
         self._timeout = float(self._kwargs.get("socket_timeout") or 2.0)
         self._connect_timeout = float(self._kwargs.get("socket_connect_timeout") or 2.0)
         self._tls = urlsplit(url).scheme == "rediss"
@@ -138,9 +136,9 @@ class ScriptConnection:
                     reply = await conn.send("EVAL", script, len(keys), *keys, *args)
         except TimeoutError:
             # A peer that stopped answering may never answer: start afresh.
-            error = redis_errors.TimeoutError(f"Redis did not answer within {self._timeout}s")
-            conn.close(error)
-            raise error from None
+            why = f"Redis did not answer within {self._timeout}s"
+            conn.close(why)
+            raise redis_errors.TimeoutError(why) from None
         return reply
 
     async def _connection(self) -> _Protocol:
@@ -189,7 +187,7 @@ class ScriptConnection:
             steps.append(("SELECT", kw["db"]))
         for reply in await asyncio.gather(*(conn.send(*step) for step in steps)):
             if isinstance(reply, hiredis.ReplyError):
-                conn.close(redis_errors.ConnectionError("handshake failed"))
+                conn.close("the handshake failed")
                 raise _reply_error(reply)
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -205,7 +203,7 @@ class ScriptConnection:
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None and self._loop is asyncio.get_running_loop():
-            conn.close(redis_errors.ConnectionError("the store was closed"))
+            conn.close("the store was closed")
 
 
 def _flag(value: Any) -> bool:

@@ -57,7 +57,7 @@ async def test_unix_socket_with_a_database(secured: RedisServer, tmp_path: Path)
 
 async def test_a_wrong_password_is_an_authentication_error(secured: RedisServer) -> None:
     conn = ScriptConnection(f"redis://:wrong@127.0.0.1:{secured.port}/0")
-    with pytest.raises(redis_errors.AuthenticationError, match="WRONGPASS|invalid"):
+    with pytest.raises(redis_errors.AuthenticationError, match=r"WRONGPASS|invalid"):
         await echo(conn, "x")
 
 

@@ -1,0 +1,52 @@
+"""The benchmarks still run (tiny sizes; no timing is asserted here).
+
+``python -m benchmarks`` is run by hand for RESULTS.md; this keeps each
+benchmark working between those runs and checks the figures that are exact
+(round trips, race overspend) rather than timed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import overhead, race, throughput, vendors
+from emulators import available
+
+
+def test_round_trips_are_two_per_acquire_and_one_per_release(redis_url: str, tmp_path: Path):
+    counted = overhead.round_trips(redis_url, tmp_path, 5)
+    assert counted["acquire"]["round_trips"] == 2
+    assert counted["release"]["round_trips"] == 1
+
+
+def test_overhead_pairs_both_apis(redis_url: str, tmp_path: Path) -> None:
+    result = overhead.local_overhead(redis_url, tmp_path, 3)
+    for api in ("sync", "async"):
+        assert result[api]["router"]["n"] == result[api]["direct"]["n"] == 3
+        assert result[api]["ratio_p50"] > 0
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_throughput_counts_cycles(redis_url: str, tmp_path: Path, workers: int) -> None:
+    result = throughput.cycles_per_second(redis_url, tmp_path, workers, 0.3)
+    assert result["cycles"] > workers
+    assert result["per_second"] > 0
+
+
+@pytest.mark.slow
+def test_the_race_neither_overspends_nor_underspends(redis_url: str, tmp_path: Path) -> None:
+    result = race.race(redis_url, tmp_path, 4, 20, 1)
+    assert result["overspend"] == 0
+    assert result["underspend"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not available(list(vendors.DIRECT)), reason="no emulator available")
+def test_vendor_overhead_runs_for_every_emulator(redis_url: str) -> None:
+    result = vendors.overhead(redis_url, 2)
+    assert set(result) == set(available(list(vendors.DIRECT)))
+    for name, apis in result.items():
+        for api in ("sync", "async"):
+            assert apis[api]["direct"]["n"] == 2, name
