@@ -125,10 +125,12 @@ class LocalProvider(Provider):
         return LocalSandbox(self, sandbox_id, meta)
 
     def _write_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
-        (self.root / sandbox_id).mkdir(parents=True, mode=0o700)
-        tmp = self.root / f".{sandbox_id}.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        tmp.replace(self.root / f"{sandbox_id}.json")
+        root = str(self.root)
+        os.makedirs(os.path.join(root, sandbox_id), mode=0o700)
+        tmp = os.path.join(root, f".{sandbox_id}.json.tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(meta))
+        os.replace(tmp, os.path.join(root, f"{sandbox_id}.json"))
 
     def _read_meta(self, sandbox_id: str) -> dict[str, Any]:
         if not _ID.fullmatch(sandbox_id):
@@ -444,13 +446,13 @@ class LocalSandbox(Sandbox):
     async def kill(self) -> None:
         """Remove the directory, then the metadata; a thread only for a tree with files in it."""
         try:
-            self.dir.rmdir()
+            os.rmdir(self.dir)
         except FileNotFoundError:
             pass
         except OSError:
             await asyncio.to_thread(shutil.rmtree, self.dir, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
-            (self._provider.root / f"{self.id}.json").unlink()
+            os.unlink(os.path.join(self._provider.root, f"{self.id}.json"))
 
     @property
     def alive(self) -> bool:

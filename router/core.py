@@ -623,8 +623,13 @@ class Router:
         emit(self.hooks, "breaker", entry=entry, from_state=transition[0], to_state=transition[1])
 
     async def _kill_quietly(self, entry: _Entry, sandbox: Sandbox) -> None:
+        """Kill, even when the caller is cancelled meanwhile."""
+        await asyncio.shield(self._kill(entry, sandbox))
+
+    async def _kill(self, entry: _Entry, sandbox: Sandbox) -> None:
+        """Kill; a failure is an event (the janitor gets it later), not the caller's error."""
         try:
-            await asyncio.shield(sandbox.kill())
+            await sandbox.kill()
         except Exception as exc:
             emit(self.hooks, "kill_failed", entry=entry.name, sandbox_id=sandbox.id, error=str(exc))
 
@@ -635,9 +640,11 @@ class Router:
             self._sweeper = asyncio.create_task(self._sweep())
 
     async def _sweep(self) -> None:
-        """Every lease_ttl / 3, renew every live lease; ends when none is left."""
-        while self._live:
+        """Every lease_ttl / 3, renew every live lease; ends when it finds none."""
+        while True:
             await asyncio.sleep(self.config.lease_ttl / 3)
+            if not self._live:
+                return
             renewals = [self._heartbeat(h) for h in list(self._live.values())]
             for outcome in await asyncio.gather(*renewals, return_exceptions=True):
                 if isinstance(outcome, Exception):  # one lease's bad luck stops no other
@@ -852,22 +859,22 @@ class Router:
         try:
             await self._free_slot(held)
         finally:
-            await disposing
+            await asyncio.shield(disposing)  # a cancelled release still kills the sandbox
 
     async def _dispose(self, held: Held) -> None:
-        """Kill the sandbox, or keep a session's for its idle TTL."""
+        """Kill the sandbox, or keep a session's for its idle TTL (a task of its own)."""
         entry = self._entries[held.entry]
         idle = self.config.session_idle_ttl
         if held.session is not None and idle > 0:
             try:
                 await self._bind(held, idle)
             except StateUnavailable:
-                await self._kill_quietly(entry, held.sandbox)
+                await self._kill(entry, held.sandbox)
             else:
                 with contextlib.suppress(ProviderError):
                     await held.sandbox.keepalive(idle)
         else:
-            await self._kill_quietly(entry, held.sandbox)
+            await self._kill(entry, held.sandbox)
 
     async def _free_slot(self, held: Held) -> None:
         entry = self._entries[held.entry]

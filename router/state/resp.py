@@ -6,12 +6,14 @@ command in Python and parses the reply through several layers: about
 three script calls. Concurrent calls each hold a pooled connection, so they
 never share a write.
 
-`ScriptConnection` keeps one socket per event loop, writes each command the
-moment it is made (``hiredis.pack_command``) and hands replies to callers in
-order (Redis answers in order, and ``hiredis.Reader`` parses them in C). So
-concurrent acquires pipeline on one socket and a call costs one write and
-one parse. It runs only EVALSHA of the store's scripts, which are idempotent:
-on a dropped connection or a timeout the call is retried on a new connection
+`ScriptConnection` keeps one socket per event loop, packs each command with
+``hiredis.pack_command``, sends the commands made in one loop iteration in
+one write, and hands replies to callers in order (Redis answers in order,
+and ``hiredis.Reader`` parses them in C). So concurrent acquires pipeline on
+one socket, and a call costs a share of one write and one parse.
+
+It runs only EVALSHA of the store's scripts, which are idempotent: on a
+dropped connection or a timeout the call is retried on a new connection
 (twice, with a short backoff), as redis-py's reconnect policy would.
 
 It serves ``redis://``, ``rediss://`` and ``unix://``; Sentinel and Cluster
@@ -22,8 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import ssl
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import hiredis
@@ -49,17 +52,27 @@ def supports(url: str) -> bool:
 
 
 class _Protocol(asyncio.Protocol):
-    """One socket: commands out as they come, replies back to their callers in order."""
+    """One socket: commands out as they come, replies back to their callers in order.
 
-    def __init__(self) -> None:
+    Commands made in the same loop iteration leave in one write. One timer
+    watches the oldest unanswered command (Redis answers in order, so when it
+    is late every later one is too); past its deadline the socket is closed
+    and every caller still waiting gets a TimeoutError.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
         self._parser = hiredis.Reader()
-        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
+        self._outgoing: list[bytes] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timed_out = False
+        self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self.lost: str | None = None  # why the socket is unusable
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         self._parser.feed(data)
@@ -74,25 +87,49 @@ class _Protocol(asyncio.Protocol):
             if not self._waiting:
                 self.close("Redis sent a reply nobody asked for")
                 return
-            waiter = self._waiting.popleft()
-            if not waiter.done():  # a caller that timed out or was cancelled left
+            waiter, _ = self._waiting.popleft()
+            if not waiter.done():  # a caller that was cancelled left
                 waiter.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = self.lost or f"connection to Redis lost: {exc or 'closed by the server'}"
+        error = redis_errors.TimeoutError if self._timed_out else redis_errors.ConnectionError
+        if self._timer is not None:
+            self._timer.cancel()
         while self._waiting:
-            waiter = self._waiting.popleft()
+            waiter, _ = self._waiting.popleft()
             if not waiter.done():
-                waiter.set_exception(redis_errors.ConnectionError(self.lost))
+                waiter.set_exception(error(self.lost))
 
     def send(self, *args: Any) -> asyncio.Future[Any]:
         if self.lost is not None:
             raise redis_errors.ConnectionError(self.lost)
-        assert self._transport is not None
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
-        self._transport.write(hiredis.pack_command(args))
+        waiter = self._loop.create_future()
+        self._waiting.append((waiter, self._loop.time() + self._timeout))
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing.append(hiredis.pack_command(args))
+        if self._timer is None:
+            self._watch()
         return waiter
+
+    def _flush(self) -> None:
+        if self.lost is None and self._transport is not None:
+            self._transport.write(b"".join(self._outgoing))
+        self._outgoing.clear()
+
+    def _watch(self) -> None:
+        self._timer = self._loop.call_at(self._waiting[0][1], self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self._waiting:
+            return
+        if self._waiting[0][1] <= self._loop.time():
+            self._timed_out = True
+            self.close(f"Redis did not answer within {self._timeout}s")
+        else:
+            self._watch()
 
     def close(self, why: str) -> None:
         self.lost = self.lost or why
@@ -128,24 +165,17 @@ class ScriptConnection:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _once(self, sha: str, script: str, keys: list[str], args: list[Any]) -> Any:
-        conn = await self._connection()
-        try:
-            async with asyncio.timeout(self._timeout):
-                reply = await conn.send("EVALSHA", sha, len(keys), *keys, *args)
-                if isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT"):
-                    reply = await conn.send("EVAL", script, len(keys), *keys, *args)
-        except TimeoutError:
-            # A peer that stopped answering may never answer: start afresh.
-            why = f"Redis did not answer within {self._timeout}s"
-            conn.close(why)
-            raise redis_errors.TimeoutError(why) from None
+        conn = self._conn
+        if conn is None or conn.lost is not None or self._loop is not asyncio.get_running_loop():
+            conn = await self._connection()
+        reply = await conn.send("EVALSHA", sha, len(keys), *keys, *args)
+        if isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT"):
+            reply = await conn.send("EVAL", script, len(keys), *keys, *args)
         return reply
 
     async def _connection(self) -> _Protocol:
+        """A new socket for this loop (one connect, however many callers wait for it)."""
         loop = asyncio.get_running_loop()
-        conn = self._conn
-        if conn is not None and conn.lost is None and self._loop is loop:
-            return conn
         if self._connecting is None or self._loop is not loop or self._connecting.done():
             self._loop = loop
             self._connecting = loop.create_task(self._connect())
@@ -156,12 +186,13 @@ class ScriptConnection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
+                protocol = functools.partial(_Protocol, self._timeout)
                 if "path" in kw:
-                    _, conn = await loop.create_unix_connection(_Protocol, kw["path"])
+                    _, conn = await loop.create_unix_connection(protocol, kw["path"])
                 else:
                     host = kw.get("host", "localhost")
                     _, conn = await loop.create_connection(
-                        _Protocol,
+                        protocol,
                         host,
                         kw.get("port", 6379),
                         ssl=self._ssl_context() if self._tls else None,
