@@ -437,6 +437,14 @@ class Router:
         labels: Mapping[str, str] | None,
         deadline: float,
     ) -> Held:
+        try:
+            return await self._attempt(entry, spec, labels, deadline, 1)
+        except Exception as exc:
+            if not classify(exc).retry_same or self._retry.attempts == 1:
+                raise
+            first: Exception | None = exc
+        # Only a failure pays for tenacity (~50 us a loop); it is handed the first
+        # attempt's error as its own attempt 1, so it waits and stops as if it ran it.
         retrying = tenacity.AsyncRetrying(
             stop=self._retry.stop(deadline, self._clock),
             wait=self._retry.wait(),
@@ -444,9 +452,12 @@ class Router:
             sleep=self._sleep,
             reraise=True,
         )
-        attempt_no = 0
+        attempt_no = 1
         async for attempt in retrying:
             with attempt:
+                if first is not None:
+                    error, first = first, None
+                    raise error
                 attempt_no += 1
                 return await self._attempt(entry, spec, labels, deadline, attempt_no)
         raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover

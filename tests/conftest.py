@@ -20,13 +20,19 @@ import hypothesis.internal
 import pytest
 import structlog
 
+import emulators
+import policies
+import providers
+import router
 from emulators.redis_server import RedisServer
 
-# pytest assertion-rewrites hypothesis (it ships a pytest plugin); when hypothesis
-# imports a module lazily deep inside a test, CPython 3.11.7 can raise "AST
-# constructor recursion depth mismatch" and hide the real result. Import them now.
-for _module in pkgutil.walk_packages(hypothesis.internal.__path__, "hypothesis.internal."):
-    importlib.import_module(_module.name)
+# pytest assertion-rewrites the packages of every distribution with a pytest plugin:
+# hypothesis, and ours (emulators.pytest_plugin). A module imported lazily deep inside
+# a test is parsed then, and CPython 3.11.7 can fail that with "AST constructor
+# recursion depth mismatch", hiding the real result. Import them all now.
+for _package in (hypothesis.internal, router, providers, policies, emulators):
+    for _module in pkgutil.walk_packages(_package.__path__, _package.__name__ + "."):
+        importlib.import_module(_module.name)
 
 
 @pytest.fixture(scope="session")
