@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         result["round_trips"] = overhead.round_trips(redis_url, root / "rt", 20 if q else 200)
         result["throughput"] = {
             store: [
-                throughput.cycles_per_second(url, root / f"tp-{store}", workers, 1 if q else 5)
-                for workers in (1, 8)
+                throughput.cycles_per_second(url, root / f"tp-{store}", *shape, 1 if q else 5)
+                for shape in ((1, 1), (1, 8), (2, 4))  # (replicas, tasks per replica)
             ]
             for store, url in (("redis", redis_url), ("sqlite", sqlite_url))
         }

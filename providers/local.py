@@ -126,7 +126,10 @@ class LocalProvider(Provider):
 
     def _write_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
         root = str(self.root)
-        os.makedirs(os.path.join(root, sandbox_id), mode=0o700)
+        try:
+            os.mkdir(os.path.join(root, sandbox_id), mode=0o700)
+        except FileNotFoundError:  # the first sandbox under this root
+            os.makedirs(os.path.join(root, sandbox_id), mode=0o700)
         tmp = os.path.join(root, f".{sandbox_id}.json.tmp")
         with open(tmp, "w") as f:
             f.write(json.dumps(meta))

@@ -28,10 +28,11 @@ def test_overhead_pairs_both_apis(redis_url: str, tmp_path: Path) -> None:
         assert result[api]["ratio_p50"] > 0
 
 
-@pytest.mark.parametrize("workers", [1, 4])
-def test_throughput_counts_cycles(redis_url: str, tmp_path: Path, workers: int) -> None:
-    result = throughput.cycles_per_second(redis_url, tmp_path, workers, 0.3)
-    assert result["cycles"] > workers
+@pytest.mark.parametrize(("replicas", "tasks"), [(1, 1), (2, 3)])
+def test_throughput_counts_cycles(redis_url: str, tmp_path: Path, replicas: int, tasks: int):
+    result = throughput.cycles_per_second(redis_url, tmp_path, replicas, tasks, 0.3)
+    assert result["workers"] == replicas * tasks
+    assert result["cycles"] > replicas * tasks
     assert result["per_second"] > 0
 
 
