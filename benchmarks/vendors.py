@@ -12,14 +12,11 @@ part of the difference.
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from benchmarks.common import paired
-from emulators import available, emulator_class
+from emulators import available, emulator_class, sdk_environment
 from emulators.harness import Emulator
 from router import Router
 
@@ -131,7 +128,7 @@ DIRECT: dict[str, type[Direct]] = {
 def overhead(redis_url: str, iterations: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name in available(list(DIRECT)):
-        with emulator_class(name)() as emu, _sdk_env(emu):
+        with emulator_class(name)() as emu, sdk_environment(emu):
             config = {"state_url": redis_url, "key_prefix": f"v-{secrets.token_hex(3)}",
                       "chain": [{"name": name, "provider": name}]}  # fmt: skip
             results[name] = {
@@ -165,18 +162,3 @@ async def _async_api(config: dict[str, Any], direct: Direct, iterations: int) ->
             return await paired(via_router, direct.cycle, iterations, warmup=5)
         finally:
             await direct.aclose()
-
-
-@contextmanager
-def _sdk_env(emu: Emulator) -> Iterator[None]:
-    """The SDKs read their credentials and URLs from the environment, as apps set them."""
-    saved = {k: os.environ.get(k) for k in emu.sdk_env()}
-    os.environ.update(emu.sdk_env())
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

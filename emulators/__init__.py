@@ -9,12 +9,15 @@ cloud account. `emulator_class` finds one by provider name; the shared parts
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from emulators.harness import Emulator
 
-__all__ = ["EMULATORS", "available", "emulator_class"]
+__all__ = ["EMULATORS", "available", "emulator_class", "sdk_environment"]
 
 EMULATORS: dict[str, str] = {
     "daytona": "emulators.daytona:DaytonaEmulator",
@@ -48,3 +51,20 @@ def available(names: list[str] | None = None) -> list[str]:
             continue
         found.append(name)
     return found
+
+
+@contextmanager
+def sdk_environment(*emulators: Emulator) -> Iterator[None]:
+    """Point the SDKs' (and the adapters') environment variables at ``emulators``,
+    and put the environment back as it was afterwards."""
+    values = {k: v for emu in emulators for k, v in emu.sdk_env().items()}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old

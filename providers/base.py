@@ -13,11 +13,12 @@ caller.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SecretStr
 
 from providers.errors import (
     AuthError,
@@ -196,6 +197,22 @@ class Sandbox(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.provider}:{self.id}>"
+
+
+def credential(option: SecretStr | None, env_var: str) -> str | None:
+    """A secret from the entry's option when it is set (empty: none), else from ``env_var``.
+
+    An option set in the config wins even when empty, so an entry that names
+    its key never quietly borrows another account's key from the environment.
+    """
+    if option is not None:
+        return option.get_secret_value() or None
+    return os.environ.get(env_var) or None
+
+
+def missing_api_key(env_var: str) -> str:
+    """The `Provider.unconfigured_reason` of an entry with no API key."""
+    return f"no API key: set {env_var} or the entry's api_key option"
 
 
 class Provider(abc.ABC):

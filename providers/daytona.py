@@ -56,7 +56,6 @@ import builtins
 import contextlib
 import json
 import math
-import os
 import posixpath
 import re
 import secrets
@@ -80,6 +79,8 @@ from providers.base import (
     Sandbox,
     SandboxInfo,
     SandboxSpec,
+    credential,
+    missing_api_key,
 )
 from providers.errors import (
     AuthError,
@@ -177,14 +178,10 @@ class DaytonaProvider(Provider):
         return self.options
 
     def _api_key(self) -> str | None:
-        if self.opts.api_key is not None:
-            return self.opts.api_key.get_secret_value() or None
-        return os.environ.get(API_KEY_ENV) or None
+        return credential(self.opts.api_key, API_KEY_ENV)
 
     def unconfigured_reason(self) -> str | None:
-        if self._api_key() is None:
-            return f"no API key: set {API_KEY_ENV} or the entry's api_key option"
-        return None
+        return missing_api_key(API_KEY_ENV) if self._api_key() is None else None
 
     def _api(self) -> AsyncDaytona:
         """The entry's SDK client, created on first use on this event loop.

@@ -43,6 +43,8 @@ from providers.base import (
     Sandbox,
     SandboxInfo,
     SandboxSpec,
+    credential,
+    missing_api_key,
 )
 from providers.errors import (
     AuthError,
@@ -139,14 +141,10 @@ class E2BProvider(Provider):
         return self.options
 
     def _api_key(self) -> str | None:
-        if self.opts.api_key is not None:
-            return self.opts.api_key.get_secret_value() or None
-        return os.environ.get(API_KEY_ENV) or None
+        return credential(self.opts.api_key, API_KEY_ENV)
 
     def unconfigured_reason(self) -> str | None:
-        if self._api_key() is None:
-            return f"no API key: set {API_KEY_ENV} or the entry's api_key option"
-        return None
+        return missing_api_key(API_KEY_ENV) if self._api_key() is None else None
 
     def _sandboxes(self) -> type[AsyncSandbox]:
         """The SDK's AsyncSandbox class bound to this entry's account."""

@@ -54,6 +54,7 @@ from providers.base import (
     Sandbox,
     SandboxInfo,
     SandboxSpec,
+    credential,
 )
 from providers.errors import (
     AuthError,
@@ -140,8 +141,8 @@ class ModalProvider(Provider):
         return self.options
 
     def _credentials(self) -> tuple[str, str] | None:
-        token_id = _secret(self.opts.token_id) or os.environ.get(TOKEN_ID_ENV)
-        token_secret = _secret(self.opts.token_secret) or os.environ.get(TOKEN_SECRET_ENV)
+        token_id = credential(self.opts.token_id, TOKEN_ID_ENV)
+        token_secret = credential(self.opts.token_secret, TOKEN_SECRET_ENV)
         return (token_id, token_secret) if token_id and token_secret else None
 
     def unconfigured_reason(self) -> str | None:
@@ -428,10 +429,6 @@ async def _detach(native: Any) -> None:
         log.debug(
             "sandbox_router.modal.detach_failed", sandbox_id=native.object_id, error=repr(exc)
         )
-
-
-def _secret(value: SecretStr | None) -> str | None:
-    return (value.get_secret_value() or None) if value is not None else None
 
 
 def _retry_after(exc: BaseException) -> float | None:

@@ -54,6 +54,8 @@ from providers.base import (
     Sandbox,
     SandboxInfo,
     SandboxSpec,
+    credential,
+    missing_api_key,
 )
 from providers.errors import (
     AuthError,
@@ -173,14 +175,10 @@ class RunloopProvider(Provider):
         return self.options
 
     def _api_key(self) -> str | None:
-        if self.opts.api_key is not None:
-            return self.opts.api_key.get_secret_value() or None
-        return os.environ.get(API_KEY_ENV) or None
+        return credential(self.opts.api_key, API_KEY_ENV)
 
     def unconfigured_reason(self) -> str | None:
-        if self._api_key() is None:
-            return f"no API key: set {API_KEY_ENV} or the entry's api_key option"
-        return None
+        return missing_api_key(API_KEY_ENV) if self._api_key() is None else None
 
     def _api(self) -> AsyncRunloop:
         """The entry's SDK client, created on first use on this event loop.

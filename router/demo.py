@@ -11,7 +11,6 @@ breaker closes. Every request runs a real command in a real sandbox.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from emulators import sdk_environment
 from router.config import DEFAULT_CHAIN
 from router.core import Router
 from router.events import Event, log_hook
@@ -120,21 +120,6 @@ def _emulators(stack: ExitStack) -> Iterator[dict[str, Emulator]]:
     yield emus
 
 
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Point the adapters' env fallbacks at the emulators, and put the env back after."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-
-
 def _config(state_url: str, root: Path, names: list[str]) -> dict[str, Any]:
     chain: list[dict[str, Any]] = [
         {"name": name, "provider": name, "quota": {"sessions": limit}}
@@ -208,9 +193,7 @@ def run_demo(
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sr-demo-")))
         emus = stack.enter_context(_emulators(stack))
         phases = script(list(emus), scale)
-        stack.enter_context(
-            _environment({k: v for e in emus.values() for k, v in e.sdk_env().items()})
-        )
+        stack.enter_context(sdk_environment(*emus.values()))
         state_url = redis_url or f"sqlite:///{tmp}/state.db"
         events: list[Event] = []
         hooks = [events.append]

@@ -74,17 +74,8 @@ async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def test_registered_and_configured_from_the_environment(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_registered_with_validated_options() -> None:
     assert provider_class("runloop") is RunloopProvider
-    monkeypatch.delenv("RUNLOOP_API_KEY", raising=False)
-    bare = RunloopProvider("runloop-x")
-    assert not bare.configured()
-    assert "RUNLOOP_API_KEY" in str(bare.unconfigured_reason())
-    monkeypatch.setenv("RUNLOOP_API_KEY", "ak_from_env")
-    assert bare.configured()
-    assert RunloopProvider("rl", RunloopOptions(api_key=SecretStr("ak_k"))).configured()
     with pytest.raises(ValueError, match="extra"):
         RunloopOptions(api_key="k", unknown=1)  # type: ignore[arg-type, call-arg]
     with pytest.raises(ValueError, match="at most one"):

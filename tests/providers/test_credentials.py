@@ -1,0 +1,69 @@
+"""Every cloud adapter finds its credentials the same way (`providers.base.credential`).
+
+The entry's option wins when set, even empty (an entry that names its key
+never borrows another account's key from the environment); else the vendor's
+environment variable; the reason an entry is unconfigured names what to set;
+no repr shows a secret.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import SecretStr
+
+from emulators import available
+from providers import provider_class
+
+# kind -> {option name: environment variable}
+CREDENTIALS = {
+    "daytona": {"api_key": "DAYTONA_API_KEY"},
+    "runloop": {"api_key": "RUNLOOP_API_KEY"},
+    "e2b": {"api_key": "E2B_API_KEY"},
+    "modal": {"token_id": "MODAL_TOKEN_ID", "token_secret": "MODAL_TOKEN_SECRET"},
+}
+KINDS = available(list(CREDENTIALS))
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    for env in CREDENTIALS[request.param].values():
+        monkeypatch.delenv(env, raising=False)
+    return str(request.param)
+
+
+def make(kind: str, **secrets: str) -> object:
+    cls = provider_class(kind)
+    options = cls.Options(**{k: SecretStr(v) for k, v in secrets.items()})
+    return cls(f"{kind}-entry", options)
+
+
+def test_unconfigured_says_what_to_set(kind: str) -> None:
+    provider = provider_class(kind)(f"{kind}-entry")
+    assert not provider.configured()
+    reason = str(provider.unconfigured_reason())
+    for option, env in CREDENTIALS[kind].items():
+        assert env in reason
+        assert option in reason
+
+
+def test_the_environment_configures_an_entry(kind: str, monkeypatch) -> None:
+    provider = provider_class(kind)(f"{kind}-entry")
+    for env in CREDENTIALS[kind].values():
+        assert not provider.configured()
+        monkeypatch.setenv(env, f"from-env-{env}")
+    assert provider.configured()
+
+
+def test_options_configure_an_entry_and_stay_out_of_reprs(kind: str) -> None:
+    secrets = {option: f"hidden-{option}-value" for option in CREDENTIALS[kind]}
+    provider = make(kind, **secrets)
+    assert provider.configured()  # type: ignore[attr-defined]
+    shown = repr(provider) + repr(provider.options) + str(provider.options)  # type: ignore[attr-defined]
+    assert not [v for v in secrets.values() if v in shown]
+
+
+def test_an_empty_option_does_not_fall_back_to_the_environment(kind: str, monkeypatch) -> None:
+    for env in CREDENTIALS[kind].values():
+        monkeypatch.setenv(env, f"from-env-{env}")
+    provider = make(kind, **dict.fromkeys(CREDENTIALS[kind], ""))
+    assert not provider.configured()  # type: ignore[attr-defined]
