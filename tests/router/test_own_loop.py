@@ -91,3 +91,26 @@ def test_a_router_already_on_its_own_thread_stays_there(redis_url, key_prefix, t
             return (await lease.sandbox.run("echo hop")).stdout
 
     assert asyncio.run(main()) == "hop\n"
+
+
+async def test_one_lease_failing_its_renewal_stops_no_other(redis_url, key_prefix, tmp_path):
+    """The sweeper renews every lease together; a bug in one keepalive is reported
+    (a state_error event for the heartbeat) and the other leases stay alive."""
+    events: list[Any] = []
+    config = {**chain(redis_url, key_prefix, tmp_path), "lease_ttl": 5}
+    async with Router.from_config(config, hooks=[events.append]) as router:
+        broken, healthy = await router.aacquire(), await router.aacquire()
+
+        async def keepalive(seconds: float) -> None:
+            raise RuntimeError("keepalive bug")
+
+        broken._held.sandbox.keepalive = keepalive  # type: ignore[method-assign]
+        await asyncio.sleep(6.5)  # past the TTL: two sweeps
+        assert (await router.astatus()).entries[0].live_leases == 2
+        errors = [e.fields for e in events if e.name == "state_error"]
+        assert errors
+        assert all(e["operation"] == "heartbeat" for e in errors)
+        assert "keepalive bug" in errors[0]["error"]
+        assert (await healthy.sandbox.run("echo alive")).stdout == "alive\n"
+        await broken.release()
+        await healthy.release()
