@@ -79,10 +79,15 @@ class _Entry:
     cfg: EntryConfig
     provider: Provider
     ref: EntryRef
+    missing_sdk: str | None  # looked up once: a find_spec costs ~50 us per call
 
     @property
     def name(self) -> str:
         return self.cfg.name
+
+    def unusable(self) -> str | None:
+        """Why the entry cannot serve here (no SDK, no credentials), or None."""
+        return self.missing_sdk or self.provider.unconfigured_reason()
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -197,7 +202,7 @@ class Router:
                 config.window(entry),
                 entry.fingerprint(),
             )
-            self._entries[entry.name] = _Entry(entry, provider, ref)
+            self._entries[entry.name] = _Entry(entry, provider, ref, missing_sdk(entry.provider))
         if overrides:
             raise ValueError(f"providers given for entries not in the chain: {sorted(overrides)}")
 
@@ -423,7 +428,7 @@ class Router:
         return [
             Candidate(
                 e.name,
-                missing_sdk(e.cfg.provider) or e.provider.unconfigured_reason(),
+                e.unusable(),
                 e.capabilities,
                 fractions.get(e.name, 1.0),
             )
@@ -703,8 +708,8 @@ class Router:
         why = None
         if entry is None:
             why = f"entry {binding.entry!r} is no longer in the chain"
-        elif entry.provider.unconfigured_reason() is not None:
-            why = f"entry {binding.entry!r} is not configured"
+        elif (reason := entry.unusable()) is not None:
+            why = f"entry {binding.entry!r} is not configured: {reason}"
         elif not set(requires) <= entry.capabilities:
             why = f"entry {binding.entry!r} lacks {', '.join(requires)}"
         if entry is None or why is not None:
@@ -829,7 +834,7 @@ class Router:
         now = self._clock()
         bound = await self._store.bound_sandboxes(now)
         for entry in self._entries.values():
-            reason = entry.provider.unconfigured_reason()
+            reason = entry.unusable()
             if reason is not None:
                 report.skipped[entry.name] = f"not configured: {reason}"
                 continue
@@ -920,7 +925,7 @@ class Router:
         for e in self._entries.values():
             pool = snap.pools[e.ref.pool]
             health = snap.entries[e.name].breaker
-            reason = e.provider.unconfigured_reason()
+            reason = e.unusable()
             if reason is not None:
                 state, until = "unconfigured", None
             elif health.block:

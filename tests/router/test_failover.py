@@ -266,3 +266,25 @@ async def test_async_api_shares_the_logic(make_router, scripted) -> None:
         assert await lease.sandbox.read_file("data/x.bin") == b"\x00\x01\xff"
     status = await router.astatus()
     assert next(v for v in status.entries if v.name == "flaky").state == "rate_limited"
+
+
+def test_an_entry_whose_sdk_is_missing_is_skipped_and_says_so(
+    make_router, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK check runs once per router (it costs a sys.path search); its verdict
+    shows in acquire, in status and in the janitor."""
+    import providers
+
+    monkeypatch.setitem(providers.SDKS, "e2b", ("no_such_e2b_sdk", "e2b"))
+    monkeypatch.setenv("E2B_API_KEY", "e2b_configured")
+    chain = [
+        {"name": "e2b", "provider": "e2b"},
+        {"name": "local", "provider": "local", "options": {"root": str(tmp_path / "l")}},
+    ]
+    router = make_router(chain=chain)
+    with router.acquire() as lease:
+        assert lease.entry == "local"
+    view = router.status().entries[0]
+    assert (view.name, view.state, view.configured) == ("e2b", "unconfigured", False)
+    assert "pip install 'sandbox-router[e2b]'" in str(view.unconfigured_reason)
+    assert "pip install" in router.reap().skipped["e2b"]
