@@ -5,9 +5,8 @@ If E2B's wire protocol moves under a new SDK version, these fail first.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -27,14 +26,7 @@ from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from emulators.e2b import TEST_API_KEY, E2BEmulator
 from emulators.harness import Emulator
-
-
-async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
-    """Wait for ``condition`` (the emulator works on its own thread)."""
-    for _ in range(int(seconds / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
+from tests.polling import until
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import modal
@@ -21,16 +21,9 @@ from modal_proto import api_pb2
 from emulators.harness import Emulator, free_port
 from emulators.modal import TEST_TOKEN_ID, TEST_TOKEN_SECRET, ModalEmulator
 from emulators.modal.control import CONCURRENCY_MESSAGE, QUOTA_MESSAGE
+from tests.polling import until
 
 IMAGE = "python:3.12-slim"
-
-
-async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
-    """Wait for ``condition`` (the emulator works on its own thread)."""
-    for _ in range(int(seconds / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
+from tests.polling import until
 
 LANGUAGE_LABEL = "code-toolbox-language"
 
@@ -66,13 +67,6 @@ async def sandbox(provider: DaytonaProvider) -> AsyncIterator[DaytonaSandbox]:
     created = await provider.create(SandboxSpec(env={"GLOBAL": "g"}), timeout=5)
     yield created
     await created.kill()
-
-
-async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
 
 
 def box(emu: DaytonaEmulator, sandbox_id: str) -> Box:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
+from tests.polling import until
 
 
 @pytest.fixture
@@ -61,13 +61,6 @@ async def sandbox(provider: E2BProvider) -> AsyncIterator[E2BSandbox]:
     created = await provider.create(SandboxSpec(env={"GLOBAL": "g"}), timeout=5)
     yield created
     await created.kill()
-
-
-async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
 
 
 def test_registered_with_validated_options() -> None:

@@ -30,6 +30,7 @@ from providers.errors import (
     Unavailable,
 )
 from providers.runloop import RunloopOptions, RunloopProvider, RunloopSandbox
+from tests.polling import until
 
 
 @pytest.fixture
@@ -65,13 +66,6 @@ async def sandbox(provider: RunloopProvider) -> AsyncIterator[RunloopSandbox]:
     created = await provider.create(SandboxSpec(env={"GLOBAL": "g"}), timeout=5)
     yield created
     await created.kill()
-
-
-async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
 
 
 def test_registered_with_validated_options() -> None:
