@@ -7,26 +7,70 @@ only chain entry, through both APIs (see `benchmarks.overhead`). Where the
 adapter needs more SDK calls than the direct path (Daytona runs each
 command in a session of its own, to keep stdout and stderr apart), that is
 part of the difference.
+
+Each emulator runs in a process of its own, as the vendor's service would:
+in the benchmark's process it would take turns with the measured code for
+the GIL, which taxes whichever path does more Python meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from benchmarks.common import paired
 from emulators import available, emulator_class, sdk_environment
-from emulators.harness import Emulator
 from router import Router
+
+
+@dataclass(frozen=True)
+class Remote:
+    """An emulator served by another process: its address and SDK environment."""
+
+    url: str
+    env: dict[str, str]
+
+    def sdk_env(self) -> dict[str, str]:
+        return self.env
+
+
+@contextmanager
+def emulator_process(name: str) -> Iterator[Remote]:
+    """Run ``name``'s emulator in a child process for the duration of the block."""
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    process = ctx.Process(target=_serve, args=(name, there), name=f"emulator-{name}", daemon=True)
+    process.start()
+    try:
+        if here not in wait([here, process.sentinel], timeout=60):
+            raise RuntimeError(f"the {name} emulator did not start (exit {process.exitcode})")
+        url, env = here.recv()
+        yield Remote(url, env)
+    finally:
+        here.send("stop")
+        process.join(30)
+        if process.is_alive():
+            process.kill()
+
+
+def _serve(name: str, conn: Connection) -> None:
+    with emulator_class(name)() as emu:
+        conn.send((emu.url, emu.sdk_env()))
+        conn.recv()
 
 
 class Direct:
     """One vendor's SDK, used directly: ``cycle`` = create, run ``true``, kill."""
 
-    def __init__(self, emu: Emulator) -> None:
+    def __init__(self, emu: Remote) -> None:
         self.emu = emu
-        self.env = emu.sdk_env()
+        self.env = emu.env
 
     async def cycle(self) -> None:
         raise NotImplementedError
@@ -128,7 +172,7 @@ DIRECT: dict[str, type[Direct]] = {
 def overhead(redis_url: str, iterations: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name in available(list(DIRECT)):
-        with emulator_class(name)() as emu, sdk_environment(emu):
+        with emulator_process(name) as emu, sdk_environment(emu):
             config = {"state_url": redis_url, "key_prefix": f"v-{secrets.token_hex(3)}",
                       "chain": [{"name": name, "provider": name}]}  # fmt: skip
             results[name] = {

@@ -12,10 +12,17 @@ import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from emulators.harness import Emulator
+
+
+class PointsSdks(Protocol):
+    """An emulator, here or in another process: what its SDK's environment is."""
+
+    def sdk_env(self) -> dict[str, str]: ...
+
 
 __all__ = ["EMULATORS", "available", "emulator_class", "sdk_environment"]
 
@@ -54,7 +61,7 @@ def available(names: list[str] | None = None) -> list[str]:
 
 
 @contextmanager
-def sdk_environment(*emulators: Emulator) -> Iterator[None]:
+def sdk_environment(*emulators: PointsSdks) -> Iterator[None]:
     """Point the SDKs' (and the adapters') environment variables at ``emulators``,
     and put the environment back as it was afterwards."""
     values = {k: v for emu in emulators for k, v in emu.sdk_env().items()}

@@ -503,26 +503,6 @@ class Router:
                 exc.provider = exc.provider or entry.name
             raise
         emit(self.hooks, "created", entry=entry.name, latency=self._clock() - created_at)
-        try:
-            settled = await store.settle(
-                ref,
-                self._breaker,
-                lease_id,
-                self._clock(),
-                outcome=Outcome.SUCCESS,
-                ttl=self.config.lease_ttl,
-                sandbox_id=sandbox.id,
-            )
-        except BaseException:
-            await self._kill_quietly(entry, sandbox)
-            raise
-        if settled.transition:
-            self._emit_transition(entry.name, settled.transition)
-        if not settled.applied:
-            await self._kill_quietly(entry, sandbox)
-            raise Unavailable(
-                f"reservation {lease_id} expired before the create finished", provider=entry.name
-            )
         held = Held(
             lease_id,
             entry.name,
@@ -532,8 +512,37 @@ class Router:
             attempt,
             store_kind="shared" if store is self._store else "fallback",
         )
+        held.committing = asyncio.create_task(self._commit(store, ref, held))
         self._keep(held)
         return held
+
+    async def _commit(self, store: StateStore, ref: EntryRef, held: Held) -> None:
+        """Turn the reservation into a live lease while the caller already uses the sandbox.
+
+        The reservation holds every unit the lease needs, and it outlives the
+        create by _RESERVE_GRACE, so the commit is off the caller's path (one
+        round trip less per acquire). Only lost state (Redis flushed or
+        unreachable) makes it fail, and that is told as a heartbeat that
+        finds its lease gone is told. Heartbeats and the release wait for it.
+        """
+        try:
+            settled = await store.settle(
+                ref,
+                self._breaker,
+                held.lease_id,
+                held.acquired_at,
+                outcome=Outcome.SUCCESS,
+                ttl=self.config.lease_ttl,
+                sandbox_id=held.sandbox.id,
+            )
+        except StateUnavailable as exc:
+            self._report_state_error("commit", exc)
+            return
+        if settled.transition:
+            self._emit_transition(held.entry, settled.transition)
+        if not settled.applied:
+            self._live.pop(held.lease_id, None)
+            emit(self.hooks, "lease_lost", entry=held.entry, lease_id=held.lease_id)
 
     async def _reserve(
         self, entry: _Entry, lease_id: str, hold: float, *, new_session: bool = True
@@ -667,6 +676,8 @@ class Router:
                     self._report_state_error("heartbeat", outcome)
 
     async def _heartbeat(self, held: Held) -> None:
+        if held.committing is not None:
+            await held.committing
         entry = self._entries[held.entry]
         ttl = self.config.lease_ttl
         store = self._store if held.store_kind == "shared" else self._fallback
@@ -893,6 +904,8 @@ class Router:
             await self._kill(entry, held.sandbox)
 
     async def _free_slot(self, held: Held) -> None:
+        if held.committing is not None:
+            await held.committing  # a release never overtakes its commit
         entry = self._entries[held.entry]
         store = self._store if held.store_kind == "shared" else self._fallback
         ref = entry.ref if store is self._store else self._fallback_ref(entry.ref)

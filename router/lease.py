@@ -9,6 +9,7 @@ Both flavours delegate to the same async handle on the router's loop.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -40,6 +41,7 @@ class Held:
     store_kind: str = "shared"
     session: str | None = None
     resumed: bool = False
+    committing: asyncio.Task[None] | None = None
 
 
 class SyncSandbox:

@@ -79,7 +79,7 @@ BLOCKS = ("misconfigured", "exhausted", "rate_limited", "capacity", "unconfigure
 ENTRY_STATES = ("closed", "half_open", "open", *BLOCKS)
 
 # Operations that report a state_error (pre-set to 0 so the first error shows as an increase).
-STATE_OPERATIONS = ("reserve", "refund", "release", "heartbeat", "session", "snapshot")
+STATE_OPERATIONS = ("reserve", "commit", "refund", "release", "heartbeat", "session", "snapshot")
 
 DEFAULT_PORT = 9464
 

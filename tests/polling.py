@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 
@@ -12,3 +13,10 @@ async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
         if condition():
             return
         await asyncio.sleep(0.05)
+
+
+def wait_until(condition: Callable[[], object], seconds: float = 5.0) -> None:
+    """`until` for a test's own thread: poll every 10 ms for up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)

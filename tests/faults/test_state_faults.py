@@ -5,8 +5,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 from emulators.redis_server import RedisServer
 from providers.errors import NoProviderAvailable, StateUnavailable
 from router import Event, Router
+from tests.polling import wait_until
 from tests.scripted import ScriptedProvider
 
 pytestmark = pytest.mark.slow
@@ -85,6 +88,28 @@ def test_redis_killed_mid_run_fail_open(aof_redis: RedisServer, tmp_path: Path) 
         assert not status.state_ok
         assert status.state_error
     assert any(e.name == "state_error" and e.fields["mode"] == "fail_open" for e in events)
+
+
+def test_redis_killed_during_a_create_keeps_the_sandbox_and_says_so(
+    aof_redis: RedisServer, tmp_path: Path
+) -> None:
+    """The reservation was made; the commit, off the caller's path, finds Redis gone."""
+    events: list[Event] = []
+    with router(aof_redis.url, tmp_path, events) as r:
+        provider = r.provider("only")
+        assert isinstance(provider, ScriptedProvider)
+        gate = threading.Event()
+        provider.script = [gate]
+        with ThreadPoolExecutor(1) as pool:
+            acquiring = pool.submit(r.acquire)
+            wait_until(lambda: provider.creates == 1)
+            aof_redis.stop()
+            gate.set()
+            with acquiring.result(30) as lease:
+                assert lease.sandbox.run("true").exit_code == 0
+        assert provider.alive() == []
+    failed = [e.fields["operation"] for e in events if e.name == "state_error"]
+    assert failed == ["commit", "release"]
 
 
 def test_counts_survive_a_redis_restart_with_aof(aof_redis: RedisServer, tmp_path: Path) -> None:

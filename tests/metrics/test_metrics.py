@@ -309,7 +309,7 @@ def test_labels_never_carry_ids_sessions_or_secrets(
         "flaky", "local", "none", "scripted", "success", "resumed", "failure", "no_provider",
         "unavailable", "closed", "open", "half_open", "fail_closed", "sessions",
         "sandbox_seconds", "concurrent", *ENTRY_STATES,
-        "reserve", "refund", "release", "heartbeat", "session", "snapshot",
+        "reserve", "commit", "refund", "release", "heartbeat", "session", "snapshot",
     } | {s.labels.get("le", "") for f in registry.collect() for s in f.samples}  # fmt: skip
 
 

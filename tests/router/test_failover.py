@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
@@ -20,6 +19,7 @@ from providers.errors import (
     Unavailable,
 )
 from router import Event
+from tests.polling import wait_until
 from tests.router.conftest import NOW, Clock
 
 RESET = datetime(2026, 10, 1, tzinfo=UTC)
@@ -196,9 +196,7 @@ def test_half_open_admits_one_probe_across_two_routers(make_router, scripted, cl
     clock.advance(31)
     with ThreadPoolExecutor(1) as pool:
         probe = pool.submit(a.acquire)  # the probe waits inside create
-        deadline = time.monotonic() + 10
-        while flaky_a.creates < 4 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: flaky_a.creates == 4, 10)
         with b.acquire() as lease:  # a probe is in flight: b must not send another
             assert lease.entry == "local"
         assert flaky_b.creates == 0
