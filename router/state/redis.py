@@ -82,7 +82,7 @@ def _client(url: str) -> Any:
         extra.setdefault("max_connections", _POOL_SIZE)
         extra["retry"] = _reconnect()
         pool = BlockingConnectionPool.from_url(url, timeout=_POOL_WAIT, **extra)
-        return Redis(connection_pool=pool)
+        return Redis.from_pool(pool)  # the client owns (and closes) its pool
     if parts.scheme in ("redis+cluster", "rediss+cluster"):
         base = url.replace("+cluster", "", 1)
         extra = {k: v for k, v in timeouts.items() if k not in query}

@@ -20,7 +20,11 @@ import redis
 from redis import exceptions as redis_errors
 
 from emulators.redis_server import RedisServer
+from policies.breaker import BreakerConfig
+from policies.quota import Limits, MonthlyWindow
+from router.state import EntryRef, open_store
 from router.state.resp import ScriptConnection, supports
+from tests.polling import until
 
 ECHO = "redis.call('SET', KEYS[1], ARGV[1]) return ARGV[1]"
 ECHO_SHA = hashlib.sha1(ECHO.encode()).hexdigest()
@@ -166,3 +170,19 @@ def test_floats_travel_at_full_precision(redis_url: str) -> None:
 )
 def test_which_urls_it_serves(url: str, served: bool) -> None:
     assert supports(url) is served
+
+
+async def test_a_closed_store_leaves_no_connection_open(tmp_path: Path) -> None:
+    """Both halves close: the script socket and redis-py's pool (which the client owns)."""
+    with RedisServer(tmp_path) as server:
+        admin = redis.Redis(port=server.port)
+        before = admin.info("clients")["connected_clients"]
+        store = open_store(server.url, "closing")
+        ref = EntryRef("a", "p", Limits(sessions=5), MonthlyWindow(), fingerprint="f")
+        assert (await store.reserve(ref, BreakerConfig(), "l1", 1e9, 30)).granted  # script socket
+        await asyncio.gather(*(store.snapshot([ref], 1e9) for _ in range(3)))  # pooled
+        assert admin.info("clients")["connected_clients"] > before
+        await store.close()
+        await until(lambda: admin.info("clients")["connected_clients"] == before)
+        assert admin.info("clients")["connected_clients"] == before
+        admin.close()
