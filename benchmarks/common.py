@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -45,29 +45,35 @@ async def paired(
     directly: Callable[[], Awaitable[None]],
     iterations: int,
     warmup: int = 10,
+    also: Mapping[str, Callable[[], Awaitable[None]]] | None = None,
 ) -> dict[str, Any]:
     """Router path vs direct path, interleaved pair by pair on one loop.
 
-    Interleaving puts both paths under the same conditions (each runs right
-    after the other's work); the overhead is the per-pair difference.
+    Interleaving puts both paths under the same conditions, and the order
+    rotates each round so that no path always runs first (right after the
+    previous round); the overhead is the per-round difference. Each path in
+    ``also`` runs in the same rounds and is reported as its name (its
+    timings) and ``overhead_vs_<name>`` (the router's against it).
     """
+    paths = {"router": via_router, "direct": directly, **(also or {})}
     for _ in range(warmup):  # imports, connections, scripts loaded, caches hot
-        await via_router()
-        await directly()
-    routed, raw = [], []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        await via_router()
-        middle = time.perf_counter()
-        await directly()
-        routed.append(middle - start)
-        raw.append(time.perf_counter() - middle)
-    return {
-        "router": summary_ms(routed),
-        "direct": summary_ms(raw),
-        "overhead": summary_ms([r - d for r, d in zip(routed, raw, strict=True)]),
-        "ratio_p50": round(percentile(routed, 50) / percentile(raw, 50), 4),
-    }
+        for path in paths.values():
+            await path()
+    timings: dict[str, list[float]] = {name: [] for name in paths}
+    names = list(paths)
+    for i in range(iterations):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            start = time.perf_counter()
+            await paths[name]()
+            timings[name].append(time.perf_counter() - start)
+    routed = timings.pop("router")
+    result: dict[str, Any] = {"router": summary_ms(routed)}
+    for name, times in timings.items():
+        key = "overhead" if name == "direct" else f"overhead_vs_{name}"
+        result[name] = summary_ms(times)
+        result[key] = summary_ms([r - d for r, d in zip(routed, times, strict=True)])
+    result["ratio_p50"] = round(percentile(routed, 50) / percentile(timings["direct"], 50), 4)
+    return result
 
 
 @contextmanager
@@ -107,6 +113,17 @@ def command_calls(client: redis.Redis) -> dict[str, int]:
     total = sum(v["calls"] for v in stats.values())
     trips = sum(v["calls"] for k, v in stats.items() if k not in SCRIPT_INTERNAL)
     return {"round_trips": trips, "commands": total}
+
+
+def settled_calls(client: redis.Redis, quiet: float = 0.05) -> dict[str, int]:
+    """`command_calls` once Redis has seen no new command for ``quiet`` seconds."""
+    calls = command_calls(client)
+    while True:
+        time.sleep(quiet)
+        again = command_calls(client)
+        if again == calls:
+            return calls
+        calls = again
 
 
 def local_chain(state_url: str, prefix: str, root: Path, **quota: int) -> dict[str, Any]:

@@ -1,12 +1,15 @@
 """Router vs the vendor SDK called directly, on each provider's emulator.
 
 The direct path is the few SDK calls an app would make without the router
-(create, run a command, kill), with one client kept open as an app keeps
-it; the router path is acquire + run + release with that provider as the
-only chain entry, through both APIs (see `benchmarks.overhead`). Where the
-adapter needs more SDK calls than the direct path (Daytona runs each
-command in a session of its own, to keep stdout and stderr apart), that is
-part of the difference.
+(create, run a command and get its result, kill), with one client kept open
+as an app keeps it; the router path is acquire + run + release with that
+provider as the only chain entry, through both APIs (see
+`benchmarks.overhead`). Where the adapter needs more SDK calls than the
+direct path (Daytona runs each command in a session of its own, to keep
+stdout and stderr apart), that is part of the difference. The async run
+also times the adapter on its own (create, run, kill through the
+`Provider`), which splits the difference into the router's share (state,
+bookkeeping) and the adapter's.
 
 Each emulator runs in a process of its own, as the vendor's service would:
 in the benchmark's process it would take turns with the measured code for
@@ -26,6 +29,7 @@ from typing import Any
 
 from benchmarks.common import paired
 from emulators import available, emulator_class, sdk_environment
+from providers.base import SandboxSpec
 from router import Router
 
 
@@ -60,7 +64,9 @@ def emulator_process(name: str) -> Iterator[Remote]:
 
 
 def _serve(name: str, conn: Connection) -> None:
-    with emulator_class(name)() as emu:
+    # Sandboxes without bubblewrap: a command then takes ~2 ms instead of
+    # ~25, and both paths' spread shrinks with it.
+    with emulator_class(name)(isolation="none") as emu:
         conn.send((emu.url, emu.sdk_env()))
         conn.recv()
 
@@ -153,7 +159,9 @@ class Modal(Direct):
             )
         sandbox = await modal.Sandbox.create.aio(app=self.app, client=self.client)
         process = await sandbox.exec.aio("true")
-        await process.wait.aio()
+        await asyncio.gather(
+            process.stdout.read.aio(), process.stderr.read.aio(), process.wait.aio()
+        )
         await sandbox.terminate.aio()
 
     async def aclose(self) -> None:
@@ -197,12 +205,20 @@ async def _sync_api(config: dict[str, Any], direct: Direct, iterations: int) -> 
 
 async def _async_api(config: dict[str, Any], direct: Direct, iterations: int) -> dict[str, Any]:
     async with Router.from_config(config, hooks=[]) as router:
+        adapter = router.provider(config["chain"][0]["name"])
 
         async def via_router() -> None:
             async with await router.aacquire() as lease:
                 await lease.sandbox.run("true")
 
+        async def via_adapter() -> None:
+            sandbox = await adapter.create(SandboxSpec(), timeout=60)
+            await sandbox.run("true")
+            await sandbox.kill()
+
         try:
-            return await paired(via_router, direct.cycle, iterations, warmup=5)
+            return await paired(
+                via_router, direct.cycle, iterations, warmup=5, also={"adapter": via_adapter}
+            )
         finally:
             await direct.aclose()

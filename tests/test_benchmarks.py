@@ -50,4 +50,5 @@ def test_vendor_overhead_runs_for_every_emulator(redis_url: str) -> None:
     assert set(result) == set(available(list(vendors.DIRECT)))
     for name, apis in result.items():
         for api in ("sync", "async"):
-            assert apis[api]["direct"]["n"] == 2, name
+            assert apis[api]["router"]["n"] == apis[api]["direct"]["n"] == 2, name
+        assert apis["async"]["adapter"]["n"] == apis["async"]["overhead_vs_adapter"]["n"] == 2
