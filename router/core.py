@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -512,7 +512,7 @@ class Router:
             attempt,
             store_kind="shared" if store is self._store else "fallback",
         )
-        held.committing = asyncio.create_task(self._commit(store, ref, held))
+        held.committing = self._spawn(self._commit(store, ref, held))
         self._keep(held)
         return held
 
@@ -810,9 +810,14 @@ class Router:
                 emit(self.hooks, "kill_failed", entry=entry.name,
                      sandbox_id=binding.sandbox_id, error=str(exc))  # fmt: skip
 
-        task = asyncio.create_task(kill())
+        self._spawn(kill())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` as a task that closing the router waits for."""
+        task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _close_session(self, session: str) -> bool:
         binding = await self._store.session(session, self._clock())
