@@ -13,10 +13,11 @@ caller.
 from __future__ import annotations
 
 import abc
+import asyncio
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
@@ -197,6 +198,34 @@ class Sandbox(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.provider}:{self.id}>"
+
+
+T = TypeVar("T")
+
+
+class LoopBound(Generic[T]):
+    """An SDK client for the running event loop.
+
+    An async client's connections belong to the loop that opened them, so a
+    provider used from a new loop (another ``asyncio.run``) needs a new one.
+    """
+
+    def __init__(self) -> None:
+        self._client: T | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self, open_client: Callable[[], T]) -> T:
+        """The client of the running loop, opened by ``open_client`` on first use there."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client, self._loop = open_client(), loop
+        return self._client
+
+    def take(self) -> T | None:
+        """Forget the client; return it if it is the running loop's (for the caller to close)."""
+        client, loop = self._client, self._loop
+        self._client, self._loop = None, None
+        return client if loop is asyncio.get_running_loop() else None
 
 
 def credential(option: SecretStr | None, env_var: str) -> str | None:

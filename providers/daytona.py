@@ -74,6 +74,7 @@ from providers.base import (
     CodeResult,
     CommandResult,
     FileInfo,
+    LoopBound,
     Provider,
     ProviderOptions,
     Sandbox,
@@ -168,8 +169,7 @@ class DaytonaProvider(Provider):
 
     def __init__(self, name: str = "daytona", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
-        self._client: AsyncDaytona | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._client: LoopBound[AsyncDaytona] = LoopBound()
         self._sweeps: set[asyncio.Task[None]] = set()
 
     @property
@@ -184,24 +184,18 @@ class DaytonaProvider(Provider):
         return missing_api_key(API_KEY_ENV) if self._api_key() is None else None
 
     def _api(self) -> AsyncDaytona:
-        """The entry's SDK client, created on first use on this event loop.
+        """The entry's SDK client on this event loop (its HTTP session and event socket)."""
+        return self._client.get(self._open_client)
 
-        Its HTTP session and event socket belong to the loop that opened them,
-        so a provider used from a new loop (another ``asyncio.run``) gets a new
-        client.
-        """
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            api_key = self._api_key()
-            if api_key is None:
-                raise AuthError(str(self.unconfigured_reason()), provider=self.name)
-            from daytona import AsyncDaytona, DaytonaConfig
+    def _open_client(self) -> AsyncDaytona:
+        api_key = self._api_key()
+        if api_key is None:
+            raise AuthError(str(self.unconfigured_reason()), provider=self.name)
+        from daytona import AsyncDaytona, DaytonaConfig
 
-            self._client = AsyncDaytona(
-                DaytonaConfig(api_key=api_key, api_url=self.opts.api_url, target=self.opts.target)
-            )
-            self._client_loop = loop
-        return self._client
+        return AsyncDaytona(
+            DaytonaConfig(api_key=api_key, api_url=self.opts.api_url, target=self.opts.target)
+        )
 
     def _params(self, spec: SandboxSpec) -> Any:
         from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Resources
@@ -384,8 +378,8 @@ class DaytonaProvider(Provider):
     async def aclose(self) -> None:
         if self._sweeps:
             await asyncio.gather(*self._sweeps, return_exceptions=True)
-        client, self._client = self._client, None
-        if client is not None and self._client_loop is asyncio.get_running_loop():
+        client = self._client.take()
+        if client is not None:
             await client.close()  # type: ignore[no-untyped-call]  # unannotated in the SDK
 
 

@@ -49,6 +49,7 @@ from providers.base import (
     CodeResult,
     CommandResult,
     FileInfo,
+    LoopBound,
     Provider,
     ProviderOptions,
     Sandbox,
@@ -165,8 +166,7 @@ class RunloopProvider(Provider):
 
     def __init__(self, name: str = "runloop", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
-        self._client: AsyncRunloop | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._client: LoopBound[AsyncRunloop] = LoopBound()
         self._discards: set[asyncio.Task[None]] = set()
 
     @property
@@ -181,31 +181,27 @@ class RunloopProvider(Provider):
         return missing_api_key(API_KEY_ENV) if self._api_key() is None else None
 
     def _api(self) -> AsyncRunloop:
-        """The entry's SDK client, created on first use on this event loop.
+        """The entry's SDK client on this event loop (its connection pools)."""
+        return self._client.get(self._open_client)
 
-        Its connections belong to the loop that opened them, so a provider
-        used from a new loop (another ``asyncio.run``) gets a new client.
-        """
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            api_key = self._api_key()
-            if api_key is None:
-                raise AuthError(str(self.unconfigured_reason()), provider=self.name)
-            shards = self.opts.pool_shards
-            pools = (
-                {}
-                if shards is None
-                else {f"{pool}_pool_shards": shards for pool in ("api", "background", "transfer")}
-            )
-            self._client = _sdk().AsyncRunloop(
-                bearer_token=api_key,
-                base_url=self.opts.base_url or os.environ.get(BASE_URL_ENV) or None,
-                timeout=self.opts.request_timeout,
-                max_retries=0,
-                **pools,
-            )
-            self._client_loop = loop
-        return self._client
+    def _open_client(self) -> AsyncRunloop:
+        api_key = self._api_key()
+        if api_key is None:
+            raise AuthError(str(self.unconfigured_reason()), provider=self.name)
+        shards = self.opts.pool_shards
+        pools = (
+            {}
+            if shards is None
+            else {f"{pool}_pool_shards": shards for pool in ("api", "background", "transfer")}
+        )
+        client: AsyncRunloop = _sdk().AsyncRunloop(
+            bearer_token=api_key,
+            base_url=self.opts.base_url or os.environ.get(BASE_URL_ENV) or None,
+            timeout=self.opts.request_timeout,
+            max_retries=0,
+            **pools,
+        )
+        return client
 
     def _create_params(self, spec: SandboxSpec) -> dict[str, Any]:
         opts = self.opts
@@ -364,8 +360,8 @@ class RunloopProvider(Provider):
     async def aclose(self) -> None:
         if self._discards:
             await asyncio.gather(*self._discards, return_exceptions=True)
-        client, self._client = self._client, None
-        if client is not None and self._client_loop is asyncio.get_running_loop():
+        client = self._client.take()
+        if client is not None:
             await client.close()
 
 
