@@ -16,9 +16,10 @@ Events and their fields:
 * ``refund``: entry, lease_id, reason
 * ``breaker``: entry, from_state, to_state
 * ``released``: entry, lease_id, seconds
-* ``lease_lost``: entry, lease_id
+* ``lease_lost``: entry, lease_id (its commit or a heartbeat found it gone from the store)
 * ``kill_failed``: entry, sandbox_id, error
-* ``state_error``: operation, error, mode (fail_closed / fail_open)
+* ``state_error``: operation (reserve, commit, refund, release, heartbeat, ...), error,
+  mode (fail_closed / fail_open)
 * ``state_warning``: url, problem (e.g. Redis without persistence)
 * ``session_lost``: session, entry, reason (the bound sandbox is gone: a new one is bound)
 * ``session_closed``: session, entry, sandbox_id
