@@ -647,10 +647,6 @@ class Router:
     def _emit_transition(self, entry: str, transition: tuple[str, str]) -> None:
         emit(self.hooks, "breaker", entry=entry, from_state=transition[0], to_state=transition[1])
 
-    async def _kill_quietly(self, entry: _Entry, sandbox: Sandbox) -> None:
-        """Kill, even when the caller is cancelled meanwhile."""
-        await asyncio.shield(self._kill(entry, sandbox))
-
     async def _kill(self, entry: _Entry, sandbox: Sandbox) -> None:
         """Kill; a failure is an event (the janitor gets it later), not the caller's error."""
         try:
