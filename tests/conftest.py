@@ -1,4 +1,4 @@
-"""Shared fixtures: a private Redis for the whole session.
+"""Shared fixtures: a private Redis for the whole session, routers closed after each test.
 
 The suite never touches another Redis's data: unless ``REDIS_URL`` points it
 at an external instance, it starts its own ``redis-server`` (from PATH, else
@@ -13,8 +13,9 @@ import os
 import pkgutil
 import secrets
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import hypothesis.internal
 import pytest
@@ -25,6 +26,7 @@ import policies
 import providers
 import router
 from emulators.redis_server import RedisServer
+from router import Router
 
 # pytest assertion-rewrites the packages of every distribution with a pytest plugin:
 # hypothesis, and ours (emulators.pytest_plugin). A module imported lazily deep inside
@@ -58,6 +60,20 @@ def redis_url(redis_server: RedisServer | None) -> str:
 def key_prefix() -> str:
     """A fresh namespace so tests sharing one Redis never see each other's keys."""
     return f"t-{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def new_router() -> Iterator[Callable[..., Router]]:
+    """`Router.from_config`, every router it made closed when the test ends."""
+    made: list[Router] = []
+
+    def make(config: Any, **kwargs: Any) -> Router:
+        made.append(Router.from_config(config, **kwargs))
+        return made[-1]
+
+    yield make
+    for made_router in made:
+        made_router.close()
 
 
 _FIRST = ("tests/policies/", "tests/state/test_lua_matches_policies.py")

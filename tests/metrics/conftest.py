@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,23 +71,17 @@ def clock() -> Clock:
 
 @pytest.fixture
 def make_router(
-    redis_url: str, key_prefix: str, tmp_path: Path, clock: Clock
-) -> Iterator[RouterFactory]:
-    routers: list[Router] = []
-
+    redis_url: str, key_prefix: str, tmp_path: Path, clock: Clock, new_router: RouterFactory
+) -> RouterFactory:
     def make(
         script: list[Any] | None = None, *, config: dict[str, Any] | None = None, **settings: Any
     ) -> Router:
         flaky = ScriptedProvider("flaky", tmp_path, script or [])
-        router = Router.from_config(
+        return new_router(
             config or chain_config(redis_url, key_prefix, tmp_path, **settings),
             providers={"flaky": flaky},
             clock=clock,
             hooks=[],
         )
-        routers.append(router)
-        return router
 
-    yield make
-    for router in routers:
-        router.close()
+    return make

@@ -166,10 +166,13 @@ def emu(vendor: Vendor, request: pytest.FixtureRequest) -> Iterator[Emulator]:
 
 @pytest.fixture
 def make_router(
-    vendor: Vendor, emu: Emulator, redis_url: str, key_prefix: str, tmp_path: Path
-) -> Iterator[RouterFactory]:
-    routers: list[Router] = []
-
+    vendor: Vendor,
+    emu: Emulator,
+    redis_url: str,
+    key_prefix: str,
+    tmp_path: Path,
+    new_router: RouterFactory,
+) -> RouterFactory:
     def make(*, local_first: bool = False, **entry: Any) -> Router:
         first = {
             "name": vendor.name,
@@ -179,7 +182,7 @@ def make_router(
             **entry,
         }
         local = {"name": "local", "provider": "local", "options": {"root": str(tmp_path)}}
-        router = Router.from_config(
+        return new_router(
             {
                 "state_url": redis_url,
                 "key_prefix": key_prefix,
@@ -190,12 +193,8 @@ def make_router(
             },
             hooks=[],
         )
-        routers.append(router)
-        return router
 
-    yield make
-    for router in routers:
-        router.close()
+    return make
 
 
 def entry_view(router: Router, name: str) -> Any:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +43,14 @@ RouterFactory = Callable[..., Router]
 
 @pytest.fixture
 def make_router(
-    redis_url: str, key_prefix: str, tmp_path: Path, clock: Clock, events: list[Event]
-) -> Iterator[RouterFactory]:
+    redis_url: str,
+    key_prefix: str,
+    tmp_path: Path,
+    clock: Clock,
+    events: list[Event],
+    new_router: RouterFactory,
+) -> RouterFactory:
     """Build routers on the private Redis; ``scripted`` maps entry -> script."""
-    routers: list[Router] = []
 
     def make(
         chain: list[dict[str, Any]] | None = None,
@@ -71,19 +75,15 @@ def make_router(
             ],
             **settings,
         }
-        router = Router.from_config(
+        return new_router(
             config,
             providers=providers or {},
             clock=clock,
             sleep=clock.sleep,
             hooks=[events.append],
         )
-        routers.append(router)
-        return router
 
-    yield make
-    for router in routers:
-        router.close()
+    return make
 
 
 @pytest.fixture
