@@ -17,13 +17,6 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from emulators.harness import Emulator
 
-
-class PointsSdks(Protocol):
-    """An emulator, here or in another process: what its SDK's environment is."""
-
-    def sdk_env(self) -> dict[str, str]: ...
-
-
 __all__ = ["EMULATORS", "available", "emulator_class", "sdk_environment"]
 
 EMULATORS: dict[str, str] = {
@@ -58,6 +51,12 @@ def available(names: list[str] | None = None) -> list[str]:
             continue
         found.append(name)
     return found
+
+
+class PointsSdks(Protocol):
+    """An emulator, here or in another process: what its SDK's environment is."""
+
+    def sdk_env(self) -> dict[str, str]: ...
 
 
 @contextmanager

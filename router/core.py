@@ -671,13 +671,19 @@ class Router:
                 if isinstance(outcome, Exception):  # one lease's bad luck stops no other
                     self._report_state_error("heartbeat", outcome)
 
-    async def _heartbeat(self, held: Held) -> None:
+    async def _ledger(self, held: Held) -> tuple[StateStore, EntryRef]:
+        """The store and pool holding ``held``'s lease, once its commit has landed
+        (a heartbeat or a release never overtakes the commit)."""
         if held.committing is not None:
             await held.committing
-        entry = self._entries[held.entry]
+        ref = self._entries[held.entry].ref
+        if held.store_kind == "shared":
+            return self._store, ref
+        return self._fallback, self._fallback_ref(ref)
+
+    async def _heartbeat(self, held: Held) -> None:
         ttl = self.config.lease_ttl
-        store = self._store if held.store_kind == "shared" else self._fallback
-        ref = entry.ref if store is self._store else self._fallback_ref(entry.ref)
+        store, ref = await self._ledger(held)
         try:
             alive = await store.heartbeat(ref, held.lease_id, self._clock(), ttl)
         except StateUnavailable as exc:
@@ -905,11 +911,7 @@ class Router:
             await self._kill(entry, held.sandbox)
 
     async def _free_slot(self, held: Held) -> None:
-        if held.committing is not None:
-            await held.committing  # a release never overtakes its commit
-        entry = self._entries[held.entry]
-        store = self._store if held.store_kind == "shared" else self._fallback
-        ref = entry.ref if store is self._store else self._fallback_ref(entry.ref)
+        store, ref = await self._ledger(held)
         try:
             seconds = await store.release(ref, held.lease_id, self._clock())
         except StateUnavailable as exc:
