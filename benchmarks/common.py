@@ -47,7 +47,7 @@ async def paired(
     warmup: int = 10,
     also: Mapping[str, Callable[[], Awaitable[None]]] | None = None,
 ) -> dict[str, Any]:
-    """Router path vs direct path, interleaved pair by pair on one loop.
+    """Router path vs direct path (and any in ``also``), interleaved round by round on one loop.
 
     Interleaving puts both paths under the same conditions, and the order
     rotates each round so that no path always runs first (right after the
