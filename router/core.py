@@ -186,6 +186,7 @@ class Router:
         self._live: dict[str, Held] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._freeing: dict[str, set[asyncio.Task[None]]] = {}  # pool -> slots being freed
         self._checked_store = False
         overrides = dict(providers or {})
         self._entries: dict[str, _Entry] = {}
@@ -205,6 +206,11 @@ class Router:
             self._entries[entry.name] = _Entry(entry, provider, ref, missing_sdk(entry.provider))
         if overrides:
             raise ValueError(f"providers given for entries not in the chain: {sorted(overrides)}")
+        # Only a pool with a concurrency limit can turn an acquire away for a slot
+        # this router is still freeing, so only its frees hold acquire back.
+        self._slot_pools = {
+            e.ref.pool for e in self._entries.values() if e.ref.limits.concurrent is not None
+        }
 
     # -- construction ----------------------------------------------------------
     @classmethod
@@ -353,6 +359,7 @@ class Router:
         requires = tuple(requires)
         if not self._checked_store:
             await self._check_store()
+        await self._caught_up(self._slot_pools)
         if session is not None:
             resumed = await self._resume(session, requires, deadline)
             if resumed is not None:
@@ -814,6 +821,13 @@ class Router:
 
         self._spawn(kill())
 
+    async def _caught_up(self, pools: Iterable[str]) -> None:
+        """Wait for the slots this router is still freeing in ``pools`` (so its callers
+        read their own releases)."""
+        pending = [task for pool in pools for task in self._freeing.get(pool, ())]
+        if pending:
+            await asyncio.wait(pending)
+
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` as a task that closing the router waits for."""
         task = asyncio.create_task(work)
@@ -884,16 +898,24 @@ class Router:
         return report
 
     async def _release(self, held: Held) -> None:
-        """Dispose of the sandbox and free the slot, concurrently (they are independent)."""
+        """Dispose of the sandbox; free the slot beside it, off the caller's path.
+
+        The caller waits for the kill only. The slot's release is a task of
+        its own that this router's status, and its next acquire on a pool with
+        a concurrency limit, wait for (`_caught_up`): a program that releases
+        and acquires again still finds its slot free. Closing the router
+        waits for it too.
+        """
         if held.released:
             return
         held.released = True
         self._live.pop(held.lease_id, None)
-        disposing = asyncio.ensure_future(self._dispose(held))
-        try:
-            await self._free_slot(held)
-        finally:
-            await asyncio.shield(disposing)  # a cancelled release still kills the sandbox
+        disposing = self._spawn(self._dispose(held))  # first: the kill is what the caller awaits
+        freeing = self._spawn(self._free_slot(held))
+        in_pool = self._freeing.setdefault(self._entries[held.entry].ref.pool, set())
+        in_pool.add(freeing)
+        freeing.add_done_callback(in_pool.discard)
+        await asyncio.shield(disposing)  # a cancelled release still kills the sandbox
 
     async def _dispose(self, held: Held) -> None:
         """Kill the sandbox, or keep a session's for its idle TTL (a task of its own)."""
@@ -929,6 +951,7 @@ class Router:
             return await call(self._fallback)
 
     async def _status(self) -> RouterStatus:
+        await self._caught_up(self._freeing)
         now = self._clock()
         refs = [e.ref for e in self._entries.values()]
         try:

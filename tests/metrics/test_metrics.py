@@ -29,6 +29,7 @@ from router.metrics import (
     serve,
 )
 from tests.metrics.conftest import Clock, RouterFactory, chain_config, free_port
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,6 +54,8 @@ def test_a_failover_is_counted_and_the_breaker_state_exported(
     with router.acquire() as lease:
         assert lease.entry == "local"
         assert sample(registry, "sandbox_router_live_leases", entry="local") == 1
+    # the slot is freed (and the release counted) just after the release returns
+    wait_until(lambda: sample(registry, "sandbox_router_releases_total", entry="local") == 1)
     assert sample(registry, "sandbox_router_acquisitions_total", entry="local",
                   outcome="success") == 1  # fmt: skip
     assert sample(registry, "sandbox_router_failovers_total", from_entry="flaky",

@@ -1,0 +1,85 @@
+"""The release frees the slot beside the kill; the caller waits for the kill only.
+
+The router's own next acquire and status wait for the slots it is still
+freeing, so a program that releases and acquires again on a pool of one
+never finds its own slot taken. A cancelled release still kills its sandbox
+and frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import redis
+
+from router import Event
+from tests.polling import wait_until
+
+CHAIN = [{"name": "flaky", "provider": "local", "quota": {"sessions": 10, "concurrent": 1}}]
+
+
+def fired(events: list[Event], name: str) -> list[dict[str, object]]:
+    return [e.fields for e in events if e.name == name]
+
+
+def test_release_returns_before_the_slot_is_freed(make_router, scripted, redis_url, events) -> None:
+    flaky = scripted()
+    router = make_router(providers={"flaky": flaky}, chain=CHAIN)
+    lease = router.acquire()
+    wait_until(lambda: router.status().entries[0].live_leases == 1)  # committed
+    pause = 1.2
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", int(pause * 1000), "WRITE")
+        paused_until = time.monotonic() + pause
+        lease.release()
+        returned = time.monotonic()
+        assert returned < paused_until - 0.2, "release waited for Redis"
+        assert flaky.alive() == []  # the kill is what it waited for
+        assert fired(events, "released") == []
+        with router.acquire() as again:  # concurrent: 1; it waits for our own release
+            acquired = time.monotonic()
+            assert router.status().entries[0].live_leases == 1
+    assert acquired > paused_until - 0.05, "acquire overtook the release before it"
+    view = router.status().entries[0]  # after our releases, as acquire is
+    assert (view.live_leases, view.used["sessions"]) == (0, 2)
+    assert [e["lease_id"] for e in fired(events, "released")] == [lease.id, again.id]
+    assert fired(events, "acquire_failed") == fired(events, "state_error") == []
+
+
+def test_status_waits_for_the_slots_this_router_is_freeing(
+    make_router, scripted, redis_url
+) -> None:
+    router = make_router(providers={"flaky": scripted()}, chain=CHAIN)
+    lease = router.acquire()
+    wait_until(lambda: router.status().entries[0].live_leases == 1)
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", 800, "WRITE")  # reads still answered
+        lease.release()
+        assert router.status().entries[0].live_leases == 0
+
+
+def test_a_cancelled_release_still_kills_and_frees(make_router, scripted, events) -> None:
+    gate = threading.Event()
+    flaky = scripted(kill_gate=gate)
+    router = make_router(providers={"flaky": flaky}, chain=CHAIN)
+
+    async def main() -> None:
+        lease = await router.aacquire()
+        releasing = asyncio.ensure_future(lease.release())
+        await asyncio.sleep(0.2)
+        assert not releasing.done(), "the release did not wait for the kill"
+        releasing.cancel()
+        await asyncio.gather(releasing, return_exceptions=True)
+        assert flaky.alive() == [lease.sandbox.id]  # the kill still waits for the gate
+        gate.set()
+        async with await router.aacquire():
+            pass
+
+    asyncio.run(main())
+    wait_until(lambda: flaky.alive() == [])
+    assert flaky.alive() == []
+    view = router.status().entries[0]
+    assert (view.live_leases, view.used["sessions"]) == (0, 2)
+    assert fired(events, "kill_failed") == []
