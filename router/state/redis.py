@@ -32,7 +32,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
-from policies.quota import UNITS, MonthlyWindow
+from policies.quota import UNITS, Limits, MonthlyWindow
 from providers.errors import ConfigError, StateUnavailable
 from router.state import resp
 from router.state.base import (
@@ -194,7 +194,6 @@ class RedisStore(StateStore):
         *,
         new_session: bool = True,
     ) -> Reservation:
-        limits = ["" if ref.limits.get(u) is None else repr(ref.limits.get(u)) for u in UNITS]
         raw = await self._call(
             "reserve",
             self._keys(ref, now),
@@ -203,7 +202,7 @@ class RedisStore(StateStore):
                 lease_id,
                 ref.entry,
                 hold,
-                *limits,
+                *_limit_args(ref.limits),
                 ref.fingerprint,
                 _cfg(cfg),
                 _USAGE_TTL,
@@ -418,6 +417,13 @@ class RedisStore(StateStore):
         await self._redis.aclose()
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=64)
 def _cfg(cfg: BreakerConfig) -> str:
+    """The breaker config as the scripts read it (a chain has one; asdict is slow)."""
     return json.dumps(dataclasses.asdict(cfg))
+
+
+@functools.lru_cache(maxsize=64)
+def _limit_args(limits: Limits) -> tuple[str, ...]:
+    """A pool's limits as reserve's arguments, in UNITS order ('' = unlimited)."""
+    return tuple("" if limits.get(u) is None else repr(limits.get(u)) for u in UNITS)

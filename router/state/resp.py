@@ -8,9 +8,10 @@ never share a write.
 
 `ScriptConnection` keeps one socket per event loop, packs each command with
 ``hiredis.pack_command``, sends the commands made in one loop iteration in
-one write, and hands replies to callers in order (Redis answers in order,
-and ``hiredis.Reader`` parses them in C). So concurrent acquires pipeline on
-one socket, and a call costs a share of one write and one parse.
+at most two writes (`_Protocol`), and hands replies to callers in order
+(Redis answers in order, and ``hiredis.Reader`` parses them in C). So
+concurrent acquires pipeline on one socket, and a call costs a share of one
+write and one parse.
 
 It runs only EVALSHA of the store's scripts, which are idempotent: on a
 dropped connection or a timeout the call is retried on a new connection
@@ -54,7 +55,9 @@ def supports(url: str) -> bool:
 class _Protocol(asyncio.Protocol):
     """One socket: commands out as they come, replies back to their callers in order.
 
-    Commands made in the same loop iteration leave in one write. One timer
+    The first command of a loop iteration leaves at once (a lone call, the
+    common case, waits for no loop turn); the ones made after it in the same
+    iteration leave together in one write when the iteration ends. One timer
     watches the oldest unanswered command (Redis answers in order, so when it
     is late every later one is too); past its deadline the socket is closed
     and every caller still waiting gets a TimeoutError.
@@ -64,7 +67,7 @@ class _Protocol(asyncio.Protocol):
         self._timeout = timeout
         self._parser = hiredis.Reader()
         self._waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
-        self._outgoing: list[bytes] = []
+        self._batch: list[bytes] | None = None  # None: nothing written this loop iteration
         self._timer: asyncio.TimerHandle | None = None
         self._timed_out = False
         self._loop = asyncio.get_running_loop()
@@ -106,17 +109,25 @@ class _Protocol(asyncio.Protocol):
             raise redis_errors.ConnectionError(self.lost)
         waiter = self._loop.create_future()
         self._waiting.append((waiter, self._loop.time() + self._timeout))
-        if not self._outgoing:
+        command = hiredis.pack_command(args)
+        if self._batch is None:
+            self._batch = []
             self._loop.call_soon(self._flush)
-        self._outgoing.append(hiredis.pack_command(args))
+            self._write(command)
+        else:
+            self._batch.append(command)
         if self._timer is None:
             self._watch()
         return waiter
 
     def _flush(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch:
+            self._write(b"".join(batch))
+
+    def _write(self, data: bytes) -> None:
         if self.lost is None and self._transport is not None:
-            self._transport.write(b"".join(self._outgoing))
-        self._outgoing.clear()
+            self._transport.write(data)
 
     def _watch(self) -> None:
         self._timer = self._loop.call_at(self._waiting[0][1], self._check)
