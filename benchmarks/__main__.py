@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             "redis": overhead.local_overhead(redis_url, root / "o1", 50 if q else 500),
             "sqlite": overhead.local_overhead(sqlite_url, root / "o2", 50 if q else 300),
         }
+        result["hooks"] = overhead.hooks_cost(redis_url, root / "hk", 50 if q else 300)
         result["vendor_overhead"] = vendors.overhead(redis_url, 20 if q else 100)
         result["failover"] = failover.failover_cost(redis_url, root / "fo", 20 if q else 100)
         result["round_trips"] = overhead.round_trips(redis_url, root / "rt", 20 if q else 200)

@@ -54,20 +54,27 @@ async def paired(
     previous round); the overhead is the per-round difference. Each path in
     ``also`` runs in the same rounds and is reported as its name (its
     timings) and ``overhead_vs_<name>`` (the router's against it).
+    ``cpu_overhead`` is the same difference in this process's CPU time (all
+    its threads): what the router's own code costs, apart from waiting.
     """
     paths = {"router": via_router, "direct": directly, **(also or {})}
     for _ in range(warmup):  # imports, connections, scripts loaded, caches hot
         for path in paths.values():
             await path()
     timings: dict[str, list[float]] = {name: [] for name in paths}
+    cpu: dict[str, list[float]] = {name: [] for name in paths}
     names = list(paths)
     for i in range(iterations):
         for name in names[i % len(names) :] + names[: i % len(names)]:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             await paths[name]()
             timings[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
     routed = timings.pop("router")
     result: dict[str, Any] = {"router": summary_ms(routed)}
+    result["cpu_overhead"] = summary_ms(
+        [r - d for r, d in zip(cpu["router"], cpu["direct"], strict=True)]
+    )
     for name, times in timings.items():
         key = "overhead" if name == "direct" else f"overhead_vs_{name}"
         result[name] = summary_ms(times)

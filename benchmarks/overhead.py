@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
 import redis
+from prometheus_client import CollectorRegistry
 
 from benchmarks.common import command_calls, local_chain, paired, settled_calls
 from providers.base import SandboxSpec
 from providers.local import LocalOptions, LocalProvider
 from router import Router
+from router.events import log_hook
+from router.logs import configure_logging
+from router.metrics import instrument
 
 
 def local_overhead(state_url: str, root: Path, iterations: int) -> dict[str, Any]:
@@ -49,6 +55,37 @@ def local_overhead(state_url: str, root: Path, iterations: int) -> dict[str, Any
             return await paired(via_router, directly, iterations)
 
     return {"provider": "local", "sync": asyncio.run(sync_api()), "async": asyncio.run(async_api())}
+
+
+def hooks_cost(state_url: str, root: Path, iterations: int) -> dict[str, Any]:
+    """What the default hooks add to a cycle: a log line per event, and metrics.
+
+    The other figures run with ``hooks=[]``. Here a router with `log_hook`
+    (at info, its lines written to /dev/null) and `instrument` (a registry
+    of its own) is paired against one without, async API; its ``overhead``
+    is the hooks' cost.
+    """
+
+    async def pair() -> dict[str, Any]:
+        bare = Router.from_config(local_chain(state_url, "bench-bare", root / "bare"), hooks=[])
+        hooked = Router.from_config(
+            local_chain(state_url, "bench-hooked", root / "hooked"), hooks=[log_hook]
+        )
+        instrument(hooked, CollectorRegistry())
+        async with bare, hooked:
+
+            async def cycle(router: Router) -> None:
+                async with await router.aacquire() as lease:
+                    await lease.sandbox.run("true")
+
+            return await paired(lambda: cycle(hooked), lambda: cycle(bare), iterations)
+
+    configure_logging("json", "info")
+    try:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            return asyncio.run(pair())
+    finally:
+        configure_logging("json", "warning")
 
 
 def round_trips(redis_url: str, root: Path, iterations: int) -> dict[str, Any]:

@@ -1,15 +1,20 @@
 """Router vs the vendor SDK called directly, on each provider's emulator.
 
-The direct path is the few SDK calls an app would make without the router
-(create, run a command and get its result, kill), with one client kept open
-as an app keeps it; the router path is acquire + run + release with that
-provider as the only chain entry, through both APIs (see
-`benchmarks.overhead`). Where the adapter needs more SDK calls than the
-direct path (Daytona runs each command in a session of its own, to keep
-stdout and stderr apart), that is part of the difference. The async run
-also times the adapter on its own (create, run, kill through the
-`Provider`), which splits the difference into the router's share (state,
-bookkeeping) and the adapter's.
+The direct path is the SDK calls an app would make without the router to
+get the same result (create, run ``true`` and get its exit code, stdout and
+stderr, kill), with one client kept open as an app keeps it; the router
+path is acquire + ``run(["true"])`` + release with that provider as the
+only chain entry, through both APIs (see `benchmarks.overhead`). The
+command is argv, as the direct calls give it (a string runs through
+``bash -c`` where the SDK takes argv). Daytona gives stdout and stderr
+apart only from a command run in a session, so its direct path creates
+one, as the adapter does; its ``exec`` path (one call, the streams merged)
+is timed beside it. Modal's direct path detaches from the sandbox after
+terminating it, which frees the SDK's connection to it (without that, an
+app keeps one per sandbox until it idles out). The async run also times
+the adapter on its own (create, run, kill through the `Provider`), which
+splits the difference into the router's share (state, bookkeeping) and
+the adapter's.
 
 Each emulator runs in a process of its own, as the vendor's service would:
 in the benchmark's process it would take turns with the measured code for
@@ -21,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import secrets
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -81,6 +86,10 @@ class Direct:
     async def cycle(self) -> None:
         raise NotImplementedError
 
+    def variants(self) -> dict[str, Callable[[], Awaitable[None]]]:
+        """Other direct paths to time in the same rounds, by name."""
+        return {}
+
     async def aclose(self) -> None:
         """Close the SDK client on the loop that opened it."""
 
@@ -125,7 +134,7 @@ class Runloop(Direct):
 class Daytona(Direct):
     client: Any = None
 
-    async def cycle(self) -> None:
+    def _client(self) -> Any:
         from daytona import AsyncDaytona, DaytonaConfig
 
         if self.client is None:
@@ -134,9 +143,27 @@ class Daytona(Direct):
                 api_key=env["DAYTONA_API_KEY"], api_url=env["DAYTONA_API_URL"], target="us"
             )
             self.client = AsyncDaytona(config)
-        sandbox = await self.client.create()
+        return self.client
+
+    async def cycle(self) -> None:
+        from daytona import SessionExecuteRequest
+
+        client = self._client()
+        sandbox = await client.create()
+        await sandbox.process.create_session("bench")
+        await sandbox.process.execute_session_command(
+            "bench", SessionExecuteRequest(command="true")
+        )
+        await client.delete(sandbox)
+
+    async def exec_cycle(self) -> None:
+        client = self._client()
+        sandbox = await client.create()
         await sandbox.process.exec("true")
-        await self.client.delete(sandbox)
+        await client.delete(sandbox)
+
+    def variants(self) -> dict[str, Callable[[], Awaitable[None]]]:
+        return {"exec": self.exec_cycle}
 
     async def aclose(self) -> None:
         if self.client is not None:
@@ -163,6 +190,7 @@ class Modal(Direct):
             process.stdout.read.aio(), process.stderr.read.aio(), process.wait.aio()
         )
         await sandbox.terminate.aio()
+        await sandbox.detach.aio()  # frees its connection, as the SDK asks once done with it
 
     async def aclose(self) -> None:
         if self.client is not None:
@@ -195,10 +223,12 @@ async def _sync_api(config: dict[str, Any], direct: Direct, iterations: int) -> 
 
         async def via_router() -> None:
             with router.acquire() as lease:
-                lease.sandbox.run("true")
+                lease.sandbox.run(["true"])
 
         try:
-            return await paired(via_router, direct.cycle, iterations, warmup=5)
+            return await paired(
+                via_router, direct.cycle, iterations, warmup=5, also=direct.variants()
+            )
         finally:
             await direct.aclose()
 
@@ -209,16 +239,15 @@ async def _async_api(config: dict[str, Any], direct: Direct, iterations: int) ->
 
         async def via_router() -> None:
             async with await router.aacquire() as lease:
-                await lease.sandbox.run("true")
+                await lease.sandbox.run(["true"])
 
         async def via_adapter() -> None:
             sandbox = await adapter.create(SandboxSpec(), timeout=60)
-            await sandbox.run("true")
+            await sandbox.run(["true"])
             await sandbox.kill()
 
+        also = {"adapter": via_adapter, **direct.variants()}
         try:
-            return await paired(
-                via_router, direct.cycle, iterations, warmup=5, also={"adapter": via_adapter}
-            )
+            return await paired(via_router, direct.cycle, iterations, warmup=5, also=also)
         finally:
             await direct.aclose()

@@ -25,7 +25,13 @@ def test_overhead_pairs_both_apis(redis_url: str, tmp_path: Path) -> None:
     result = overhead.local_overhead(redis_url, tmp_path, 3)
     for api in ("sync", "async"):
         assert result[api]["router"]["n"] == result[api]["direct"]["n"] == 3
+        assert result[api]["cpu_overhead"]["n"] == 3
         assert result[api]["ratio_p50"] > 0
+
+
+def test_hooks_cost_pairs_a_hooked_router_with_a_bare_one(redis_url: str, tmp_path: Path):
+    result = overhead.hooks_cost(redis_url, tmp_path, 3)
+    assert result["router"]["n"] == result["direct"]["n"] == result["overhead"]["n"] == 3
 
 
 @pytest.mark.parametrize(("replicas", "tasks"), [(1, 1), (2, 3)])
@@ -52,3 +58,6 @@ def test_vendor_overhead_runs_for_every_emulator(redis_url: str) -> None:
         for api in ("sync", "async"):
             assert apis[api]["router"]["n"] == apis[api]["direct"]["n"] == 2, name
         assert apis["async"]["adapter"]["n"] == apis["async"]["overhead_vs_adapter"]["n"] == 2
+    for api in ("sync", "async") if "daytona" in result else ():
+        daytona = result["daytona"][api]  # its exec path (streams merged) is timed beside
+        assert daytona["exec"]["n"] == daytona["overhead_vs_exec"]["n"] == 2
