@@ -7,7 +7,11 @@ resource limits (CPU seconds, address space, file size, processes) and in a
 new session so a timeout kills the whole process group. When ``bwrap`` is on
 PATH the command runs inside bubblewrap: new pid/net/ipc/uts namespaces, the
 system directories read-only and the sandbox directory as the only writable
-home, ``/home/sandbox``.
+home, ``/home/sandbox``. bubblewrap's own ``--new-session`` is left out: the
+session started here already has no controlling terminal, and bwrap would
+move its pid 1 out of the process group, where a kill that lands during
+bwrap's setup (before its pid 1 sets its parent-death signal) cannot reach
+it and the command runs on.
 
 The same machinery backs every emulator in ``emulators/``, so an emulated
 cloud sandbox runs real commands too.
@@ -307,7 +311,7 @@ class LocalSandbox(Sandbox):
         if not self._provider.use_bwrap:
             return list(argv), str(workdir)
         inner_cwd = HOME + "/" + str(workdir.relative_to(self.dir.resolve())).lstrip(".")
-        cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+        cmd = ["bwrap", "--unshare-all", "--die-with-parent"]
         for d in _system_dirs():
             cmd += ["--ro-bind", d, d]
         cmd += [

@@ -12,6 +12,7 @@ import pytest
 from providers.base import SandboxSpec
 from providers.errors import NotFound, SandboxError, SandboxPathError
 from providers.local import LocalOptions, LocalProvider, LocalSandbox
+from tests.polling import until
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed")
 
@@ -61,6 +62,52 @@ async def test_timeout_kills_the_whole_process_group(sandbox: LocalSandbox) -> N
     assert r.duration < 5
     check = await sandbox.run("sleep 1; ls")
     assert "late.txt" not in check.stdout
+
+
+def _processes() -> dict[int, tuple[int, int, str, str]]:
+    """Every process on the host: parent, process group, state and command name."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        state, ppid, pgid = stat[stat.rindex(")") + 2 :].split()[:3]
+        found[int(entry)] = (int(ppid), int(pgid), state, name)
+    return found
+
+
+def _tree(pid: int) -> dict[int, tuple[int, int, str, str]]:
+    """``pid`` and every process below it."""
+    everything = _processes()
+    tree, todo = {}, [pid]
+    while todo:
+        parent = todo.pop()
+        if parent in everything:
+            tree[parent] = everything[parent]
+            todo += [p for p, (ppid, *_) in everything.items() if ppid == parent]
+    return tree
+
+
+async def test_a_kill_reaches_every_process_of_a_command(sandbox: LocalSandbox) -> None:
+    """Every process a command starts stays in its process group, bwrap's pid 1 too, so
+    a kill that lands while bwrap is still setting up cannot leave the command running."""
+    process = await sandbox.start("sleep 30")
+    pid = process.proc.pid
+    await until(lambda: any(name == "sleep" for *_, name in _tree(pid).values()))
+    tree = _tree(pid)
+    assert {pgid for _, pgid, *_ in tree.values()} == {pid}, tree
+    process.kill()
+    await process.proc.wait()
+
+    def running() -> set[int]:
+        now = _processes()
+        return {p for p in tree if p in now and now[p][2] != "Z" and now[p][3] == tree[p][3]}
+
+    await until(lambda: not running())
+    assert not running()
 
 
 async def test_files_round_trip_binary_and_list(sandbox: LocalSandbox) -> None:
@@ -144,5 +191,7 @@ async def test_bwrap_isolates_network_pids_and_system_dirs(tmp_path: Path) -> No
         assert int(lines[1]) <= 5  # a fresh pid namespace sees only its own processes
         assert lines[2:6] == ["readonly", "home-ok", "/home/sandbox", "sandbox"]
         assert "No such file" in lines[6]  # the host's project tree is not visible
+        tty = await sb.run("exec 3</dev/tty && echo has-tty || echo no-tty")
+        assert tty.stdout == "no-tty\n"  # nothing to inject keystrokes into (TIOCSTI)
     finally:
         await sb.kill()
