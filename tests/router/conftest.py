@@ -28,6 +28,11 @@ class Clock:
         self.t += seconds
 
 
+def fired(events: list[Event], name: str) -> list[dict[str, object]]:
+    """The fields of every ``name`` event, in order."""
+    return [e.fields for e in events if e.name == name]
+
+
 @pytest.fixture
 def clock() -> Clock:
     return Clock()

@@ -13,15 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from router import Event
 from tests.polling import wait_until
-from tests.router.conftest import Clock
+from tests.router.conftest import Clock, fired
 
 CHAIN = [{"name": "flaky", "provider": "local", "quota": {"sessions": 10, "concurrent": 1}}]
-
-
-def fired(events: list[Event], name: str) -> list[dict[str, object]]:
-    return [e.fields for e in events if e.name == name]
 
 
 def test_acquire_returns_before_its_commit_lands(make_router, scripted, redis_url, events) -> None:

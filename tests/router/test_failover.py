@@ -18,15 +18,10 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
-from router import Event
 from tests.polling import wait_until
-from tests.router.conftest import NOW, Clock
+from tests.router.conftest import NOW, Clock, fired
 
 RESET = datetime(2026, 10, 1, tzinfo=UTC)
-
-
-def names(events: list[Event], name: str) -> list[dict[str, object]]:
-    return [e.fields for e in events if e.name == name]
 
 
 def entry(router, name):
@@ -77,14 +72,14 @@ def test_each_error_fails_over_once_and_refunds(
     if until is not None:
         assert view.until is not None
         assert view.until.timestamp() == pytest.approx(until)
-    assert names(events, "refund") == [
+    assert fired(events, "refund") == [
         {
             "entry": "flaky",
-            "lease_id": names(events, "refund")[0]["lease_id"],
-            "reason": names(events, "failover")[0]["reason"],
+            "lease_id": fired(events, "refund")[0]["lease_id"],
+            "reason": fired(events, "failover")[0]["reason"],
         }
     ]
-    assert names(events, "failover")[0]["to_entry"] == "local"
+    assert fired(events, "failover")[0]["to_entry"] == "local"
 
 
 def test_transient_errors_are_retried_with_backoff_then_fail_over(
@@ -97,9 +92,9 @@ def test_transient_errors_are_retried_with_backoff_then_fail_over(
     assert flaky.creates == 3
     assert clock.t > NOW  # the backoff slept (on the fake clock)
     assert entry(router, "flaky").used["sessions"] == 0
-    assert len(names(events, "refund")) == 3
+    assert len(fired(events, "refund")) == 3
     # three consecutive transient failures open the breaker (threshold 3)
-    assert names(events, "breaker") == [
+    assert fired(events, "breaker") == [
         {"entry": "flaky", "from_state": "closed", "to_state": "open"}
     ]
 

@@ -7,16 +7,11 @@ import asyncio
 import pytest
 
 from providers.base import LABEL_ENTRY, LABEL_ROUTER, SandboxSpec
-from router import Event
-from tests.router.conftest import Clock
+from tests.router.conftest import Clock, fired
 
 
 def only(name: str = "flaky", **quota: int) -> list[dict[str, object]]:
     return [{"name": name, "provider": "local", "quota": quota or {"sessions": 10}}]
-
-
-def fired(events: list[Event], name: str) -> list[dict[str, object]]:
-    return [e.fields for e in events if e.name == name]
 
 
 def test_session_reconnects_to_its_sandbox_from_another_replica(make_router, scripted) -> None:

@@ -14,14 +14,10 @@ import time
 
 import redis
 
-from router import Event
 from tests.polling import wait_until
+from tests.router.conftest import fired
 
 CHAIN = [{"name": "flaky", "provider": "local", "quota": {"sessions": 10, "concurrent": 1}}]
-
-
-def fired(events: list[Event], name: str) -> list[dict[str, object]]:
-    return [e.fields for e in events if e.name == name]
 
 
 def test_release_returns_before_the_slot_is_freed(make_router, scripted, redis_url, events) -> None:
