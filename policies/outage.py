@@ -1,0 +1,100 @@
+"""A replica's share of a pool while the shared state store is unreachable.
+
+Under ``on_state_error: fail_open`` each replica keeps serving from a local
+ledger when the store goes away. A fixed share of each limit overspends as
+soon as the fleet has more replicas than 1 / share (8 replicas at 25 % each
+granted 2x the quota). So while the store is up every replica heartbeats into
+a fleet registry and learns two facts (a `Contact`): how many replicas are
+alive, and what each pool had used. During an outage a replica may spend only
+what was left at that contact divided by the fleet it saw, clamped by the
+configured floor and ceiling (fractions of what was left). With the default
+floor of 0 the whole fleet together never spends more than was left, whatever
+its size. A replica that never reached the store knows neither fact and falls
+back to ``blind`` (a fraction of each limit).
+
+Everything here is pure: the router feeds in the contact and the limits and
+gets back the limits of its outage ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from policies.quota import UNITS, Limits
+
+__all__ = ["Contact", "OutageShare", "outage_limits"]
+
+
+@dataclass(frozen=True, slots=True)
+class OutageShare:
+    """How much of what was left one replica may spend during an outage.
+
+    Attributes:
+        floor: the least share of what was left, whatever the fleet's size
+            (above 1 / fleet it lets the fleet overspend; 0 never does).
+        ceiling: the most share of what was left, even for a lone replica.
+        blind: the share of each limit a replica uses that never reached the
+            store (it knows neither the fleet nor the usage).
+    """
+
+    floor: float = 0.0
+    ceiling: float = 1.0
+    blind: float = 0.25
+
+    def __post_init__(self) -> None:
+        for name in ("floor", "ceiling", "blind"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} is a fraction in [0, 1], got {value!r}")
+        if self.floor > self.ceiling:
+            raise ValueError(f"floor {self.floor} is above ceiling {self.ceiling}")
+
+    def fraction(self, fleet: int) -> float:
+        """The part of what was left that one replica of ``fleet`` may spend."""
+        return min(self.ceiling, max(self.floor, 1.0 / max(1, fleet)))
+
+
+@dataclass(frozen=True, slots=True)
+class Contact:
+    """What a replica learned at its last heartbeat into the fleet registry.
+
+    Attributes:
+        at: when (the router's clock).
+        fleet: live replicas, this one included.
+        used: per pool, per unit, the pool's usage then (``concurrent`` is
+            its live leases).
+    """
+
+    at: float
+    fleet: int
+    used: Mapping[str, Mapping[str, float]]
+
+
+def outage_limits(limits: Limits, pool: str, contact: Contact | None, share: OutageShare) -> Limits:
+    """The limits of this replica's outage ledger for ``pool``.
+
+    Unlimited units stay unlimited. Counted units (sessions, concurrent)
+    round down, so a share of less than one unit is none.
+    """
+    if contact is None or pool not in contact.used:
+        used: Mapping[str, float] = {}
+        fraction = share.blind
+    else:
+        used = contact.used[pool]
+        fraction = share.fraction(contact.fleet)
+    parts: list[float | None] = []
+    for unit in UNITS:
+        limit = limits.get(unit)
+        if limit is None:
+            parts.append(None)
+            continue
+        part = max(0.0, limit - used.get(unit, 0.0)) * fraction
+        parts.append(part if unit == "sandbox_seconds" else math.floor(part + 1e-9))
+    sessions, seconds, concurrent = parts
+    return Limits(
+        None if sessions is None else int(sessions),
+        seconds,
+        None if concurrent is None else int(concurrent),
+    )
