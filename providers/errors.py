@@ -169,3 +169,19 @@ class SandboxError(ProviderError):
 
 class SandboxPathError(SandboxError, ValueError):
     """A file path escapes the sandbox's directory."""
+
+
+class Unsupported(SandboxError):
+    """The serving provider lacks a capability the caller used (e.g. ``pty.resize``).
+
+    Routing avoids it up front: ``acquire(requires=("pty.resize",))`` only
+    picks entries that declare it.
+    """
+
+    def __init__(self, provider: str, capability: str) -> None:
+        super().__init__(
+            f"{provider} does not support {capability}: acquire with "
+            f"requires=({capability!r},) to route to an entry that does",
+            provider=provider,
+        )
+        self.capability = capability
