@@ -27,6 +27,7 @@ import asyncio
 import collections
 import functools
 import ssl
+from collections.abc import Sequence
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
@@ -160,7 +161,7 @@ class ScriptConnection:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
 
-    async def evalsha(self, sha: str, script: str, keys: list[str], args: list[Any]) -> Any:
+    async def evalsha(self, sha: str, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a cached script (loading it on NOSCRIPT); transport errors raise redis-py's."""
         for attempt in range(_RETRIES + 1):
             try:
@@ -175,7 +176,7 @@ class ScriptConnection:
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _once(self, sha: str, script: str, keys: list[str], args: list[Any]) -> Any:
+    async def _once(self, sha: str, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         conn = self._conn
         if conn is None or conn.lost is not None or self._loop is not asyncio.get_running_loop():
             conn = await self._connection()
