@@ -22,6 +22,7 @@ from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import Limits, MonthlyWindow
 
 __all__ = [
+    "CALL_MEMORY",
     "EntryRef",
     "EntryStatus",
     "LedgerSupport",
@@ -34,6 +35,8 @@ __all__ = [
     "Snapshot",
     "StateStore",
 ]
+
+CALL_MEMORY = 300.0  # seconds a store keeps a call's answer for a retry of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,14 @@ class Snapshot:
 
 
 class LedgerSupport(abc.ABC):
-    """Quota units, lease slots and entry health: the decisions of an acquire."""
+    """Quota units, lease slots and entry health: the decisions of an acquire.
+
+    The calls that change the ledger take a ``call_id``: a call repeated with
+    the same id within `CALL_MEMORY` seconds (a retry after a lost reply)
+    returns the first answer and applies nothing. Without one, the store
+    gives the call its own id, which its internal retries share. A heartbeat
+    needs none: repeating it sets the same expiry.
+    """
 
     @abc.abstractmethod
     async def reserve(
@@ -122,6 +132,7 @@ class LedgerSupport(abc.ABC):
         hold: float,
         *,
         new_session: bool = True,
+        call_id: str = "",
     ) -> Reservation:
         """Admit through the breaker and reserve a session and a slot.
 
@@ -142,11 +153,14 @@ class LedgerSupport(abc.ABC):
         detail: str = "",
         until: float | None = None,
         sandbox_id: str = "",
+        call_id: str = "",
     ) -> Settlement:
         """Commit (outcome SUCCESS: the lease goes live for ``ttl``) or refund."""
 
     @abc.abstractmethod
-    async def release(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
+    async def release(
+        self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
+    ) -> float | None:
         """Free the lease's slot and meter its seconds; None if it was not held."""
 
     @abc.abstractmethod
@@ -163,6 +177,7 @@ class LedgerSupport(abc.ABC):
         *,
         detail: str = "",
         until: float | None = None,
+        call_id: str = "",
     ) -> tuple[str, str] | None:
         """Record a health outcome outside an acquire (a reconnect, a probe)."""
 

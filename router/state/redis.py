@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -36,6 +37,7 @@ from policies.quota import UNITS, Limits, MonthlyWindow
 from providers.errors import ConfigError, StateUnavailable
 from router.state import scripts
 from router.state.base import (
+    CALL_MEMORY,
     EntryRef,
     EntryStatus,
     PoolStatus,
@@ -60,6 +62,7 @@ _USAGE_TTL = 62 * 24 * 3600  # a window's usage outlives it by a month, for stat
 _DEFAULT_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 _POOL_SIZE = 64  # per router; ?max_connections=N in the URL overrides it
 _POOL_WAIT = 10.0
+_CALL_MS = int(CALL_MEMORY * 1000)
 
 
 class PoolKeys(NamedTuple):
@@ -125,8 +128,8 @@ def _client(url: str) -> Any:
 def _reconnect() -> Retry:
     """Reconnect after a dropped connection (a Redis restart, a failover).
 
-    A command may then run twice; every script is idempotent for that (a
-    reserve replays its grant, a settle or release applies once).
+    A command may then run twice: every script call carries a call id, and a
+    repeat returns the first answer (see `LedgerSupport`).
     """
     return Retry(ExponentialBackoff(cap=0.25, base=0.02), retries=2)
 
@@ -167,8 +170,15 @@ class RedisStore(StateStore):
             self._windows[window] = cached
         return cached[2]
 
+    def _tag(self, pool: str) -> str:
+        return f"{{{self.prefix}:{pool}}}"
+
+    def _memo(self, ref: EntryRef, call_id: str) -> str:
+        """Where a script keeps this call's answer for a retry (see `LedgerSupport`)."""
+        return f"{self._tag(ref.pool)}:call:{call_id or uuid.uuid4().hex}"
+
     def _keys(self, ref: EntryRef, now: float) -> PoolKeys:
-        tag = f"{{{self.prefix}:{ref.pool}}}"
+        tag = self._tag(ref.pool)
         return PoolKeys(
             f"{tag}:usage:{self._window_key(ref.window, now)}",
             f"{tag}:leases",
@@ -200,10 +210,11 @@ class RedisStore(StateStore):
         hold: float,
         *,
         new_session: bool = True,
+        call_id: str = "",
     ) -> Reservation:
         raw = await self._script(
             "reserve",
-            self._keys(ref, now),
+            [*self._keys(ref, now), self._memo(ref, call_id)],
             [
                 now,
                 lease_id,
@@ -214,6 +225,7 @@ class RedisStore(StateStore):
                 _cfg(cfg),
                 _USAGE_TTL,
                 "1" if new_session else "0",
+                _CALL_MS,
             ],
         )
         r = json.loads(raw)
@@ -245,10 +257,11 @@ class RedisStore(StateStore):
         detail: str = "",
         until: float | None = None,
         sandbox_id: str = "",
+        call_id: str = "",
     ) -> Settlement:
         raw = await self._script(
             "settle",
-            self._keys(ref, now),
+            [*self._keys(ref, now), self._memo(ref, call_id)],
             [
                 now,
                 lease_id,
@@ -259,13 +272,20 @@ class RedisStore(StateStore):
                 ref.fingerprint,
                 _cfg(cfg),
                 sandbox_id,
+                _CALL_MS,
             ],
         )
         r = json.loads(raw)
         return Settlement(bool(r["applied"]), (r["from"], r["to"]) if r["from"] else None)
 
-    async def release(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
-        raw = await self._script("release", self._keys(ref, now), [now, lease_id, _USAGE_TTL])
+    async def release(
+        self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
+    ) -> float | None:
+        raw = await self._script(
+            "release",
+            [*self._keys(ref, now), self._memo(ref, call_id)],
+            [now, lease_id, _USAGE_TTL, _CALL_MS],
+        )
         seconds = json.loads(raw)["seconds"]
         return None if seconds is False else float(seconds)
 
@@ -282,11 +302,12 @@ class RedisStore(StateStore):
         *,
         detail: str = "",
         until: float | None = None,
+        call_id: str = "",
     ) -> tuple[str, str] | None:
         raw = await self._script(
             "record",
-            [self._keys(ref, now).health],
-            [outcome.value, now, ref.fingerprint, detail, until or 0, _cfg(cfg)],
+            [self._keys(ref, now).health, self._memo(ref, call_id)],
+            [outcome.value, now, ref.fingerprint, detail, until or 0, _cfg(cfg), _CALL_MS],
         )
         r = json.loads(raw)
         return (r["from"], r["to"]) if r["from"] else None

@@ -10,14 +10,16 @@ which runs a function as one atomic transaction (a lock held in memory,
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from policies import breaker, quota
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import PoolState
 from router.state.base import (
+    CALL_MEMORY,
     EntryRef,
     EntryStatus,
     PoolStatus,
@@ -64,6 +66,27 @@ class TableStore(StateStore):
     async def _transact(self, fn: Callable[[Tables], T]) -> T:
         """Run ``fn`` in one transaction; StateUnavailable if the store cannot."""
 
+    async def _once(
+        self, call_id: str, now: float, fn: Callable[[Tables], T], decode: Callable[[Any], T]
+    ) -> T:
+        """`_transact`, answering a repeated ``call_id`` from the first call's answer.
+
+        Without an id there is nothing to remember: this store never retries
+        a call by itself.
+        """
+        if not call_id:
+            return await self._transact(fn)
+
+        def once(tx: Tables) -> T:
+            seen = tx.get("call", call_id)
+            if seen is not None and seen[1] > now:
+                return decode(json.loads(seen[0]))
+            answer = fn(tx)
+            tx.put("call", call_id, json.dumps(_plain(answer)), now + CALL_MEMORY, now)
+            return answer
+
+        return await self._transact(once)
+
     async def reserve(
         self,
         ref: EntryRef,
@@ -73,9 +96,13 @@ class TableStore(StateStore):
         hold: float,
         *,
         new_session: bool = True,
+        call_id: str = "",
     ) -> Reservation:
-        return await self._transact(
-            lambda tx: _reserve(tx, ref, cfg, lease_id, now, hold, new_session)
+        return await self._once(
+            call_id,
+            now,
+            lambda tx: _reserve(tx, ref, cfg, lease_id, now, hold, new_session),
+            _reservation,
         )
 
     async def settle(
@@ -90,6 +117,7 @@ class TableStore(StateStore):
         detail: str = "",
         until: float | None = None,
         sandbox_id: str = "",
+        call_id: str = "",
     ) -> Settlement:
         def settle(tx: Tables) -> Settlement:
             pool = tx.load_pool(ref.pool, ref.window.key(now))
@@ -100,9 +128,11 @@ class TableStore(StateStore):
             tx.save_pool(ref.pool, pool)
             return Settlement(applied, _record(tx, ref, cfg, outcome, now, detail, until))
 
-        return await self._transact(settle)
+        return await self._once(call_id, now, settle, _settlement)
 
-    async def release(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
+    async def release(
+        self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
+    ) -> float | None:
         def release(tx: Tables) -> float | None:
             pool = tx.load_pool(ref.pool, ref.window.key(now))
             seconds = quota.release(pool, lease_id, now)
@@ -115,7 +145,7 @@ class TableStore(StateStore):
                 tx.save_entry(ref.entry, health)
             return seconds
 
-        return await self._transact(release)
+        return await self._once(call_id, now, release, lambda seconds: seconds)
 
     async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
         def heartbeat(tx: Tables) -> bool:
@@ -135,8 +165,11 @@ class TableStore(StateStore):
         *,
         detail: str = "",
         until: float | None = None,
+        call_id: str = "",
     ) -> tuple[str, str] | None:
-        return await self._transact(lambda tx: _record(tx, ref, cfg, outcome, now, detail, until))
+        return await self._once(
+            call_id, now, lambda tx: _record(tx, ref, cfg, outcome, now, detail, until), _pair
+        )
 
     async def snapshot(self, refs: list[EntryRef], now: float) -> Snapshot:
         return await self._transact(lambda tx: _snapshot(tx, refs, now))
@@ -204,6 +237,24 @@ class TableStore(StateStore):
         await self._transact(lambda tx: None)
 
 
+def _plain(answer: object) -> object:
+    if dataclasses.is_dataclass(answer) and not isinstance(answer, type):
+        return dataclasses.asdict(answer)
+    return answer
+
+
+def _pair(value: list[str] | None) -> tuple[str, str] | None:
+    return (value[0], value[1]) if value else None
+
+
+def _reservation(fields: dict[str, Any]) -> Reservation:
+    return Reservation(**{**fields, "transition": _pair(fields["transition"])})
+
+
+def _settlement(fields: dict[str, Any]) -> Settlement:
+    return Settlement(fields["applied"], _pair(fields["transition"]))
+
+
 def _reserve(
     tx: Tables,
     ref: EntryRef,
@@ -214,7 +265,7 @@ def _reserve(
     new_session: bool,
 ) -> Reservation:
     pool = tx.load_pool(ref.pool, ref.window.key(now))
-    if lease_id in pool.leases:  # a retried call whose reply was lost: already granted
+    if lease_id in pool.leases:  # granted before (a repeat the call memo forgot)
         return Reservation(True)
     health = tx.load_entry(ref.entry)
     admission = breaker.admit(health, cfg, now, ref.fingerprint)

@@ -190,3 +190,30 @@ async def test_record_outside_acquire(store: StateStore) -> None:
 
 async def test_ping(store: StateStore) -> None:
     await store.ping()
+
+
+async def test_a_repeated_call_id_gets_the_first_answer_and_applies_once(
+    store: StateStore,
+) -> None:
+    r = ref(sessions=5)
+    for _ in range(2):
+        assert (await store.reserve(r, CFG, "l1", NOW, 30, call_id="reserve-1")).granted
+    settled = [
+        await store.settle(r, CFG, "l1", NOW, outcome=Outcome.TRANSIENT, call_id="settle-1")
+        for _ in range(2)
+    ]
+    assert settled == [settled[0]] * 2
+    assert settled[0].applied
+    for _ in range(2):
+        await store.record(r, CFG, Outcome.TRANSIENT, NOW, call_id="record-1")
+    snap = await store.snapshot([r], NOW)
+    assert snap.entries["a"].breaker.failures == 2  # one settle, one record
+    assert snap.pools["p"].used["sessions"] == 0
+
+    await store.reserve(r, CFG, "l2", NOW, 30)
+    await store.settle(r, CFG, "l2", NOW, outcome=Outcome.SUCCESS, ttl=60)
+    released = [await store.release(r, "l2", NOW + 4, call_id="release-1") for _ in range(2)]
+    assert released == [pytest.approx(4)] * 2
+    assert await store.release(r, "l2", NOW + 5) is None  # a new call finds it gone
+    snap = await store.snapshot([r], NOW + 5)
+    assert snap.pools["p"].used["sandbox_seconds"] == pytest.approx(4)
