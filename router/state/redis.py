@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -58,6 +59,14 @@ _UNAVAILABLE = (
     redis_errors.TryAgainError,
     OSError,
 )
+_REFUSALS = {
+    "NOREPLICAS": "fewer replicas than min-replicas-to-write acknowledge writes",
+    "READONLY": "it is a read-only replica (a failover moved the master?)",
+    "OOM": "memory is full (maxmemory) and the policy evicts nothing",
+    "MISCONF": "its last RDB snapshot failed and stop-writes-on-bgsave-error is on",
+}
+# At the start of a reply, or inside redis-py's note on a failed pipeline command.
+_REFUSAL_CODE = re.compile(r"(?:^|caused error: \(['\"])(NOREPLICAS|READONLY|OOM|MISCONF)\b")
 _USAGE_TTL = 62 * 24 * 3600  # a window's usage outlives it by a month, for status
 _DEFAULT_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 _POOL_SIZE = 64  # per router; ?max_connections=N in the URL overrides it
@@ -76,11 +85,26 @@ class PoolKeys(NamedTuple):
 
 @contextlib.contextmanager
 def _state_errors(url: str) -> Iterator[None]:
-    """Turn a failure of Redis itself into StateUnavailable naming the store."""
+    """Turn a failure of Redis itself into StateUnavailable naming the store.
+
+    Unreachable, and refusing writes (too few replicas, a replica after a
+    failover, memory full, a failed snapshot): either way the ledger cannot
+    decide, which is the router's fail_closed/fail_open case, not a provider's.
+    """
     try:
         yield
     except _UNAVAILABLE as exc:
         raise StateUnavailable(f"state store {url}: {exc}") from exc
+    except redis_errors.ResponseError as exc:
+        code = getattr(exc, "status_code", None)  # redis-py strips the codes it knows
+        if code not in _REFUSALS:
+            found = _REFUSAL_CODE.search(str(exc))
+            code = found.group(1) if found else None
+        if code is None:
+            raise
+        raise StateUnavailable(
+            f"state store {url} refused the write ({code}): {_REFUSALS[code]}"
+        ) from exc
 
 
 def _client(url: str) -> Any:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from emulators.redis_server import RedisServer
 from providers.errors import NoProviderAvailable, StateUnavailable
@@ -167,3 +168,20 @@ def test_app_killed_holding_leases_leaks_nothing(redis_url: str, tmp_path: Path)
         assert list((tmp_path / "sb").glob("local-*")) == []
         with survivor.acquire() as lease:
             assert lease.entry == "local"
+
+
+@pytest.mark.parametrize("mode", ["fail_closed", "fail_open"])
+def test_redis_refusing_writes_is_a_state_error_not_a_provider_failure(
+    aof_redis: RedisServer, tmp_path: Path, mode: str
+) -> None:
+    events: list[Event] = []
+    with router(aof_redis.url, tmp_path, events, on_state_error=mode) as r:
+        r.acquire().release()
+        with redis.Redis(port=aof_redis.port) as admin:
+            admin.config_set("min-replicas-to-write", 1)
+        if mode == "fail_closed":
+            with pytest.raises(StateUnavailable, match="NOREPLICAS"):
+                r.acquire()
+        else:
+            r.acquire().release()  # served from the fallback ledger
+    assert any(e.name == "state_error" and e.fields["mode"] == mode for e in events)
