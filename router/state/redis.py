@@ -57,6 +57,7 @@ _UNAVAILABLE = (
     redis_errors.BusyLoadingError,
     redis_errors.ClusterDownError,
     redis_errors.TryAgainError,
+    redis_errors.RedisClusterException,  # no node of the cluster answers
     OSError,
 )
 _REFUSALS = {

@@ -237,7 +237,8 @@ class ScriptConnection:
         kw = self._kwargs
         context = ssl.create_default_context(cafile=kw.get("ssl_ca_certs"))
         reqs = kw.get("ssl_cert_reqs", "required")
-        context.check_hostname = _flag(kw.get("ssl_check_hostname", False)) and reqs != "none"
+        # The certificate must name the host we dialled, as redis-py checks by default.
+        context.check_hostname = _flag(kw.get("ssl_check_hostname", True)) and reqs != "none"
         context.verify_mode = _SSL_REQS[str(reqs).lower()]
         if kw.get("ssl_certfile"):
             context.load_cert_chain(kw["ssl_certfile"], kw.get("ssl_keyfile"))

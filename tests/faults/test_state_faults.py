@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -185,3 +186,15 @@ def test_redis_refusing_writes_is_a_state_error_not_a_provider_failure(
         else:
             r.acquire().release()  # served from the fallback ledger
     assert any(e.name == "state_error" and e.fields["mode"] == mode for e in events)
+
+
+def test_a_cluster_down_at_start_is_served_by_fail_open(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    events: list[Event] = []
+    url = f"redis+cluster://127.0.0.1:{dead}/0"
+    with router(url, tmp_path, events, on_state_error="fail_open") as r:
+        r.acquire().release()
+        assert not r.status().state_ok
+    assert any(e.name == "state_error" and e.fields["mode"] == "fail_open" for e in events)

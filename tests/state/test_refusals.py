@@ -1,4 +1,4 @@
-"""Redis refusing a write is a state-store failure, on both script runners.
+"""Redis refusing a write, or a cluster down, is a state-store failure.
 
 Each refusal is made for real on a private ``redis-server``: too few
 replicas (NOREPLICAS), a replica after a failover (READONLY), memory full
@@ -10,6 +10,7 @@ never a raw ResponseError that reads like a provider failure.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from emulators.redis_server import RedisServer
 from policies.breaker import BreakerConfig
 from policies.quota import Limits, MonthlyWindow
 from providers.errors import StateUnavailable
-from router.state import EntryRef
+from router.state import EntryRef, open_store
 from router.state.redis import RedisStore
 from router.state.scripts import RunnerName
 from tests.polling import wait_until
@@ -79,5 +80,19 @@ async def test_a_refused_write_is_state_unavailable(
             await store.reserve(REF, BreakerConfig(), "l2", NOW, 30)
         with pytest.raises(StateUnavailable, match=refusal):
             await store.bind_session("s", "a", "sb-1", NOW + 60, NOW)
+    finally:
+        await store.close()
+
+
+async def test_a_cluster_that_cannot_be_reached_is_state_unavailable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    store = open_store(f"redis+cluster://127.0.0.1:{dead}?socket_connect_timeout=0.5", "down")
+    try:
+        with pytest.raises(StateUnavailable, match="state store"):
+            await store.reserve(REF, BreakerConfig(), "l1", NOW, 30)
+        with pytest.raises(StateUnavailable, match="state store"):
+            await store.snapshot([REF], NOW)
     finally:
         await store.close()
