@@ -3,9 +3,10 @@
 A store is assembled from capabilities, each an abstract base holding the
 calls of one concern (limits' ``Storage`` with its ``MovingWindowSupport``
 is the model): `LedgerSupport` (quota units, lease slots, entry health),
-`SessionSupport` (sticky session bindings) and `LockSupport` (fleet-wide
-locks). `StateStore` is all of them plus the connection's upkeep; the router
-holds one.
+`SessionSupport` (sticky session bindings), `LockSupport` (fleet-wide
+locks) and `FleetSupport` (the replica registry and the reconcile of an
+outage's spend). `StateStore` is all of them plus the connection's upkeep;
+the router holds one.
 
 Each call is one atomic decision (a Lua script on Redis, one transaction on
 SQLite and memory, see `router.state.tables`) so replicas racing for the
@@ -23,8 +24,12 @@ from policies.quota import Limits, MonthlyWindow
 
 __all__ = [
     "CALL_MEMORY",
+    "JOURNAL_MEMORY",
     "EntryRef",
     "EntryStatus",
+    "FleetSupport",
+    "FleetView",
+    "HeldLease",
     "LedgerSupport",
     "LockSupport",
     "PoolStatus",
@@ -33,10 +38,12 @@ __all__ = [
     "SessionSupport",
     "Settlement",
     "Snapshot",
+    "Spend",
     "StateStore",
 ]
 
 CALL_MEMORY = 300.0  # seconds a store keeps a call's answer for a retry of it
+JOURNAL_MEMORY = 14 * 24 * 3600.0  # seconds a store remembers a reconciled journal id
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +117,39 @@ class Snapshot:
 
     pools: dict[str, PoolStatus] = field(default_factory=dict)
     entries: dict[str, EntryStatus] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What a replica learns at each contact: the live fleet and the pools' usage."""
+
+    replicas: int  # live replicas, the caller included
+    pools: dict[str, PoolStatus]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLease:
+    """A lease a replica granted while the store was down and still holds."""
+
+    lease_id: str
+    entry: str
+    started: float
+    ttl: float
+    sandbox_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What one replica spent from one pool while the store was down.
+
+    ``sandbox_seconds`` are those of leases already released; a lease still
+    held goes in ``leases`` and is metered from ``started`` when released.
+    """
+
+    ref: EntryRef
+    sessions: int = 0
+    sandbox_seconds: float = 0.0
+    leases: tuple[HeldLease, ...] = ()
 
 
 class LedgerSupport(abc.ABC):
@@ -227,7 +267,37 @@ class LockSupport(abc.ABC):
         """Release the lock if ``token`` still holds it."""
 
 
-class StateStore(LedgerSupport, SessionSupport, LockSupport):
+class FleetSupport(abc.ABC):
+    """The fleet of replicas, and the spend of an outage written back once.
+
+    While the store is up each replica registers itself with a TTL and learns
+    the live fleet size and what its pools had used; during an outage it can
+    serve its share of what was left (the router's fail_open). When the store
+    returns, it reconciles what it spent, keyed by a journal id.
+    """
+
+    @abc.abstractmethod
+    async def register_replica(
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float
+    ) -> FleetView:
+        """Mark ``replica`` live for ``ttl`` seconds; the live fleet and ``refs``' pools."""
+
+    @abc.abstractmethod
+    async def deregister_replica(self, replica: str) -> None:
+        """Leave the fleet at once (a clean shutdown) rather than at the TTL."""
+
+    @abc.abstractmethod
+    async def reconcile(self, journal_id: str, spends: list[Spend], now: float) -> int:
+        """Add each spend to its pool's current window, once per journal id and pool.
+
+        Returns how many pools it applied now: a repeat of a journal already
+        applied (within `JOURNAL_MEMORY`) applies nothing and returns 0 for it.
+        Held leases take their slots (live until ``now + ttl``) unless the
+        store already holds that lease id.
+        """
+
+
+class StateStore(LedgerSupport, SessionSupport, LockSupport, FleetSupport):
     """Shared state for one router configuration (namespaced by ``prefix``)."""
 
     url: str

@@ -39,13 +39,16 @@ from providers.errors import ConfigError, StateUnavailable
 from router.state import scripts
 from router.state.base import (
     CALL_MEMORY,
+    JOURNAL_MEMORY,
     EntryRef,
     EntryStatus,
+    FleetView,
     PoolStatus,
     Reservation,
     SessionBinding,
     Settlement,
     Snapshot,
+    Spend,
     StateStore,
 )
 
@@ -73,6 +76,7 @@ _DEFAULT_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 _POOL_SIZE = 64  # per router; ?max_connections=N in the URL overrides it
 _POOL_WAIT = 10.0
 _CALL_MS = int(CALL_MEMORY * 1000)
+_JOURNAL_MS = int(JOURNAL_MEMORY * 1000)
 
 
 class PoolKeys(NamedTuple):
@@ -446,6 +450,42 @@ class RedisStore(StateStore):
 
     async def unlock(self, name: str, token: str) -> None:
         await self._script("unlock", [self._lock_key(name)], [token])
+
+    def _fleet_key(self) -> str:
+        return f"{{{self.prefix}:fleet}}:replicas"
+
+    async def register_replica(
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float
+    ) -> FleetView:
+        key = self._fleet_key()
+        *_, replicas = await self._commands(
+            lambda pipe: (
+                pipe.zremrangebyscore(key, "-inf", now).zadd(key, {replica: now + ttl}).zcard(key)
+            ),
+            transaction=True,
+        )
+        return FleetView(int(replicas), (await self.snapshot(refs, now)).pools)
+
+    async def deregister_replica(self, replica: str) -> None:
+        await self._commands(lambda pipe: pipe.zrem(self._fleet_key(), replica))
+
+    async def reconcile(self, journal_id: str, spends: list[Spend], now: float) -> int:
+        applied = 0
+        for spend in spends:
+            held = [
+                {"id": h.lease_id, "entry": h.entry, "started": h.started, "ttl": h.ttl,
+                 "sandbox": h.sandbox_id}
+                for h in spend.leases
+            ]  # fmt: skip
+            keys = self._keys(spend.ref, now)
+            journal = f"{self._tag(spend.ref.pool)}:journal:{journal_id}"
+            applied += await self._script(
+                "reconcile",
+                [keys.usage, keys.leases, keys.meta, journal],
+                [now, spend.sessions, repr(float(spend.sandbox_seconds)), _USAGE_TTL,
+                 json.dumps(held), _JOURNAL_MS],
+            )  # fmt: skip
+        return applied
 
     async def ping(self) -> None:
         await self._commands(lambda pipe: pipe.ping())

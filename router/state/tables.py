@@ -17,16 +17,19 @@ from typing import Any, Protocol, TypeVar
 
 from policies import breaker, quota
 from policies.breaker import BreakerConfig, BreakerState, Outcome
-from policies.quota import PoolState
+from policies.quota import LeaseSlot, PoolState
 from router.state.base import (
     CALL_MEMORY,
+    JOURNAL_MEMORY,
     EntryRef,
     EntryStatus,
+    FleetView,
     PoolStatus,
     Reservation,
     SessionBinding,
     Settlement,
     Snapshot,
+    Spend,
     StateStore,
 )
 
@@ -39,7 +42,8 @@ class Tables(Protocol):
     """Rows inside one transaction.
 
     Pools and entry health have their own shape; everything else (sessions,
-    locks) is a keyed row of a named table with a value and an expiry.
+    locks, call answers, journal ids, replicas) is a keyed row of a named
+    table with a value and an expiry.
     """
 
     def load_pool(self, pool: str, window: str) -> PoolState: ...
@@ -232,6 +236,42 @@ class TableStore(StateStore):
                 tx.delete("lock", name)
 
         await self._transact(unlock)
+
+    async def register_replica(
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float
+    ) -> FleetView:
+        def register(tx: Tables) -> FleetView:
+            tx.put("replica", replica, "", now + ttl, now)
+            return FleetView(len(tx.live("replica", now)), _snapshot(tx, refs, now).pools)
+
+        return await self._transact(register)
+
+    async def deregister_replica(self, replica: str) -> None:
+        await self._transact(lambda tx: tx.delete("replica", replica))
+
+    async def reconcile(self, journal_id: str, spends: list[Spend], now: float) -> int:
+        def reconcile(tx: Tables) -> int:
+            applied = 0
+            for spend in spends:
+                key = f"{spend.ref.pool}:{journal_id}"
+                seen = tx.get("journal", key)
+                if seen is not None and seen[1] > now:
+                    continue
+                pool = tx.load_pool(spend.ref.pool, spend.ref.window.key(now))
+                pool.sessions += spend.sessions
+                pool.sandbox_seconds += spend.sandbox_seconds
+                for held in spend.leases:
+                    pool.leases.setdefault(
+                        held.lease_id,
+                        LeaseSlot(held.entry, held.started, now + held.ttl, held.ttl,
+                                  live=True, sandbox_id=held.sandbox_id),
+                    )  # fmt: skip
+                tx.save_pool(spend.ref.pool, pool)
+                tx.put("journal", key, "", now + JOURNAL_MEMORY, now)
+                applied += 1
+            return applied
+
+        return await self._transact(reconcile)
 
     async def ping(self) -> None:
         await self._transact(lambda tx: None)
