@@ -9,14 +9,26 @@ store for tests. An unknown scheme is a ConfigError naming the schemes.
 from __future__ import annotations
 
 from providers.errors import ConfigError
-from router.state.base import EntryRef, Reservation, Settlement, Snapshot, StateStore
+from router.state.base import (
+    EntryRef,
+    FleetView,
+    HeldLease,
+    Reservation,
+    Settlement,
+    Snapshot,
+    Spend,
+    StateStore,
+)
 
 __all__ = [
     "SCHEMES",
     "EntryRef",
+    "FleetView",
+    "HeldLease",
     "Reservation",
     "Settlement",
     "Snapshot",
+    "Spend",
     "StateStore",
     "open_store",
 ]

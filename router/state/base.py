@@ -1,32 +1,49 @@
 """The state store contract: quota ledger, leases and entry health, fleet-wide.
 
-Each method is one atomic decision (a Lua script on Redis, one IMMEDIATE
-transaction on SQLite) so replicas racing for the last unit never both win.
-Stores that apply the pure policies in-process (SQLite, memory) share
-`apply_reserve` and friends below; the Redis store runs the same rules in
-Lua. One contract suite (``tests/state``) runs against every store.
+A store is assembled from capabilities, each an abstract base holding the
+calls of one concern (limits' ``Storage`` with its ``MovingWindowSupport``
+is the model): `LedgerSupport` (quota units, lease slots, entry health),
+`SessionSupport` (sticky session bindings), `LockSupport` (fleet-wide
+locks) and `FleetSupport` (the replica registry and the reconcile of an
+outage's spend). `StateStore` is all of them plus the connection's upkeep;
+the router holds one.
+
+Each call is one atomic decision (a Lua script on Redis, one transaction on
+SQLite and memory, see `router.state.tables`) so replicas racing for the
+last unit never both win. One contract suite (``tests/state``) runs against
+every store.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from policies import breaker, quota
 from policies.breaker import BreakerConfig, BreakerState, Outcome
-from policies.quota import Limits, MonthlyWindow, PoolState
+from policies.quota import Limits, MonthlyWindow
 
 __all__ = [
+    "CALL_MEMORY",
+    "JOURNAL_MEMORY",
     "EntryRef",
     "EntryStatus",
+    "FleetSupport",
+    "FleetView",
+    "HeldLease",
+    "LedgerSupport",
+    "LockSupport",
     "PoolStatus",
     "Reservation",
     "SessionBinding",
+    "SessionSupport",
     "Settlement",
     "Snapshot",
+    "Spend",
     "StateStore",
 ]
+
+CALL_MEMORY = 300.0  # seconds a store keeps a call's answer for a retry of it
+JOURNAL_MEMORY = 14 * 24 * 3600.0  # seconds a store remembers a reconciled journal id
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +119,48 @@ class Snapshot:
     entries: dict[str, EntryStatus] = field(default_factory=dict)
 
 
-class StateStore(abc.ABC):
-    """Shared state for one router configuration (namespaced by ``prefix``)."""
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What a replica learns at each contact: the live fleet and the pools' usage."""
 
-    url: str
-    prefix: str
+    replicas: int  # live replicas, the caller included
+    pools: dict[str, PoolStatus]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLease:
+    """A lease a replica granted while the store was down and still holds."""
+
+    lease_id: str
+    entry: str
+    started: float
+    ttl: float
+    sandbox_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What one replica spent from one pool while the store was down.
+
+    ``sandbox_seconds`` are those of leases already released; a lease still
+    held goes in ``leases`` and is metered from ``started`` when released.
+    """
+
+    ref: EntryRef
+    sessions: int = 0
+    sandbox_seconds: float = 0.0
+    leases: tuple[HeldLease, ...] = ()
+
+
+class LedgerSupport(abc.ABC):
+    """Quota units, lease slots and entry health: the decisions of an acquire.
+
+    The calls that change the ledger take a ``call_id``: a call repeated with
+    the same id within `CALL_MEMORY` seconds (a retry after a lost reply)
+    returns the first answer and applies nothing. Without one, the store
+    gives the call its own id, which its internal retries share. A heartbeat
+    needs none: repeating it sets the same expiry.
+    """
 
     @abc.abstractmethod
     async def reserve(
@@ -118,6 +172,7 @@ class StateStore(abc.ABC):
         hold: float,
         *,
         new_session: bool = True,
+        call_id: str = "",
     ) -> Reservation:
         """Admit through the breaker and reserve a session and a slot.
 
@@ -138,11 +193,14 @@ class StateStore(abc.ABC):
         detail: str = "",
         until: float | None = None,
         sandbox_id: str = "",
+        call_id: str = "",
     ) -> Settlement:
         """Commit (outcome SUCCESS: the lease goes live for ``ttl``) or refund."""
 
     @abc.abstractmethod
-    async def release(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
+    async def release(
+        self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
+    ) -> float | None:
         """Free the lease's slot and meter its seconds; None if it was not held."""
 
     @abc.abstractmethod
@@ -159,6 +217,7 @@ class StateStore(abc.ABC):
         *,
         detail: str = "",
         until: float | None = None,
+        call_id: str = "",
     ) -> tuple[str, str] | None:
         """Record a health outcome outside an acquire (a reconnect, a probe)."""
 
@@ -173,6 +232,10 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
         """Ids of the pool's unexpired leases (reserved or live)."""
+
+
+class SessionSupport(abc.ABC):
+    """Sticky sessions: which sandbox a session name is bound to, until when."""
 
     @abc.abstractmethod
     async def bind_session(
@@ -191,6 +254,10 @@ class StateStore(abc.ABC):
     async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
         """(entry, sandbox_id) of every live session binding (the janitor keeps them)."""
 
+
+class LockSupport(abc.ABC):
+    """Fleet-wide locks with a TTL, so a crashed holder cannot keep one."""
+
     @abc.abstractmethod
     async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
         """Take a fleet-wide lock for ``ttl`` seconds; False when someone holds it."""
@@ -198,6 +265,43 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def unlock(self, name: str, token: str) -> None:
         """Release the lock if ``token`` still holds it."""
+
+
+class FleetSupport(abc.ABC):
+    """The fleet of replicas, and the spend of an outage written back once.
+
+    While the store is up each replica registers itself with a TTL and learns
+    the live fleet size and what its pools had used; during an outage it can
+    serve its share of what was left (the router's fail_open). When the store
+    returns, it reconciles what it spent, keyed by a journal id.
+    """
+
+    @abc.abstractmethod
+    async def register_replica(
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float
+    ) -> FleetView:
+        """Mark ``replica`` live for ``ttl`` seconds; the live fleet and ``refs``' pools."""
+
+    @abc.abstractmethod
+    async def deregister_replica(self, replica: str) -> None:
+        """Leave the fleet at once (a clean shutdown) rather than at the TTL."""
+
+    @abc.abstractmethod
+    async def reconcile(self, journal_id: str, spends: list[Spend], now: float) -> int:
+        """Add each spend to its pool's current window, once per journal id and pool.
+
+        Returns how many pools it applied now: a repeat of a journal already
+        applied (within `JOURNAL_MEMORY`) applies nothing and returns 0 for it.
+        Held leases take their slots (live until ``now + ttl``) unless the
+        store already holds that lease id.
+        """
+
+
+class StateStore(LedgerSupport, SessionSupport, LockSupport, FleetSupport):
+    """Shared state for one router configuration (namespaced by ``prefix``)."""
+
+    url: str
+    prefix: str
 
     @abc.abstractmethod
     async def ping(self) -> None:
@@ -207,156 +311,8 @@ class StateStore(abc.ABC):
         """Operational problems worth a warning at start (e.g. no persistence)."""
         return []
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         """Release connections."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url} prefix={self.prefix!r}>"
-
-
-class Ledger(Protocol):
-    """Row access inside one transaction, for stores applying the pure policies."""
-
-    def load_pool(self, pool: str, window: str) -> PoolState: ...
-    def save_pool(self, pool: str, state: PoolState) -> None: ...
-    def load_entry(self, entry: str) -> BreakerState: ...
-    def save_entry(self, entry: str, state: BreakerState) -> None: ...
-
-
-def apply_reserve(
-    tx: Ledger,
-    ref: EntryRef,
-    cfg: BreakerConfig,
-    lease_id: str,
-    now: float,
-    hold: float,
-    new_session: bool = True,
-) -> Reservation:
-    pool = tx.load_pool(ref.pool, ref.window.key(now))
-    if lease_id in pool.leases:  # a retried call whose reply was lost: already granted
-        return Reservation(True)
-    health = tx.load_entry(ref.entry)
-    admission = breaker.admit(health, cfg, now, ref.fingerprint)
-    if not admission.allowed:
-        tx.save_entry(ref.entry, health)
-        return Reservation(
-            False, reason=admission.reason, until=admission.until, detail=health.block_detail
-        )
-    verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold, new_session)
-    if isinstance(verdict, quota.QuotaDenial):
-        if admission.probe:
-            health.probe_until = 0.0
-        tx.save_entry(ref.entry, health)
-        tx.save_pool(ref.pool, pool)
-        return Reservation(
-            False,
-            reason="quota",
-            unit=verdict.unit,
-            used=verdict.used,
-            limit=verdict.limit,
-            until=ref.window.reset_at(now).timestamp(),
-        )
-    tx.save_entry(ref.entry, health)
-    tx.save_pool(ref.pool, pool)
-    return Reservation(True, probe=admission.probe, transition=admission.transition)
-
-
-def apply_settle(
-    tx: Ledger,
-    ref: EntryRef,
-    cfg: BreakerConfig,
-    lease_id: str,
-    now: float,
-    outcome: Outcome,
-    ttl: float,
-    detail: str,
-    until: float | None,
-    sandbox_id: str = "",
-) -> Settlement:
-    pool = tx.load_pool(ref.pool, ref.window.key(now))
-    if outcome is Outcome.SUCCESS:
-        applied = quota.commit(pool, lease_id, now, ttl, sandbox_id)
-    else:
-        applied = quota.refund(pool, lease_id)
-    tx.save_pool(ref.pool, pool)
-    health = tx.load_entry(ref.entry)
-    transition = breaker.record(
-        health, cfg, outcome, now, fingerprint=ref.fingerprint, detail=detail, until=until
-    )
-    tx.save_entry(ref.entry, health)
-    return Settlement(applied, transition)
-
-
-def apply_release(tx: Ledger, ref: EntryRef, lease_id: str, now: float) -> float | None:
-    pool = tx.load_pool(ref.pool, ref.window.key(now))
-    seconds = quota.release(pool, lease_id, now)
-    tx.save_pool(ref.pool, pool)
-    if seconds is None:
-        return None
-    health = tx.load_entry(ref.entry)
-    if health.block == breaker.CAPACITY:
-        breaker.clear_capacity(health)
-        tx.save_entry(ref.entry, health)
-    return seconds
-
-
-def apply_heartbeat(tx: Ledger, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
-    pool = tx.load_pool(ref.pool, ref.window.key(now))
-    alive = quota.heartbeat(pool, lease_id, now, ttl)
-    tx.save_pool(ref.pool, pool)
-    return alive
-
-
-def apply_record(
-    tx: Ledger,
-    ref: EntryRef,
-    cfg: BreakerConfig,
-    outcome: Outcome,
-    now: float,
-    detail: str,
-    until: float | None,
-) -> tuple[str, str] | None:
-    health = tx.load_entry(ref.entry)
-    transition = breaker.record(
-        health, cfg, outcome, now, fingerprint=ref.fingerprint, detail=detail, until=until
-    )
-    tx.save_entry(ref.entry, health)
-    return transition
-
-
-def apply_snapshot(tx: Ledger, refs: list[EntryRef], now: float) -> Snapshot:
-    snap = Snapshot()
-    live: dict[str, dict[str, int]] = {}
-    for ref in refs:
-        if ref.pool not in snap.pools:
-            pool = tx.load_pool(ref.pool, ref.window.key(now))
-            counts: dict[str, int] = {}
-            for slot in pool.leases.values():
-                if slot.expires > now:
-                    counts[slot.entry] = counts.get(slot.entry, 0) + 1
-            live[ref.pool] = counts
-            used = {u: pool.used(u) for u in quota.UNITS}
-            used["concurrent"] = float(sum(counts.values()))
-            snap.pools[ref.pool] = PoolStatus(
-                ref.pool, pool.window, used, {u: ref.limits.get(u) for u in quota.UNITS}
-            )
-        snap.entries[ref.entry] = EntryStatus(
-            ref.entry, tx.load_entry(ref.entry), live[ref.pool].get(ref.entry, 0)
-        )
-    return snap
-
-
-def apply_lease_ids(tx: Ledger, ref: EntryRef, now: float) -> set[str]:
-    pool = tx.load_pool(ref.pool, ref.window.key(now))
-    return {lid for lid, slot in pool.leases.items() if slot.expires > now}
-
-
-def apply_set_usage(tx: Ledger, ref: EntryRef, unit: str, value: float, now: float) -> None:
-    if unit not in ("sessions", "sandbox_seconds"):
-        raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
-    pool = tx.load_pool(ref.pool, ref.window.key(now))
-    if unit == "sessions":
-        pool.sessions = int(value)
-    else:
-        pool.sandbox_seconds = float(value)
-    tx.save_pool(ref.pool, pool)

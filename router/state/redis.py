@@ -4,9 +4,10 @@
 Every decision is one Lua script run with EVALSHA (reloaded on NOSCRIPT);
 the scripts live beside this module in ``lua/`` and share ``lib.lua``. The
 happy path of an acquire is two round trips (``reserve``, then ``settle``),
-a release is one. On ``redis://``, ``rediss://`` and ``unix://`` the scripts
-go through `router.state.resp.ScriptConnection` (one pipelined socket),
-everything else through redis-py.
+a release is one. Scripts go through a `router.state.scripts.ScriptRunner`
+(the lean socket of `router.state.resp` where it serves the URL, else
+redis-py); every other command goes through redis-py. Both paths raise
+through `_state_errors`, the one place that maps Redis failures.
 
 Keys of one pool share the hash tag ``{<prefix>:<pool>}`` (usage per window,
 the lease set, lease metadata, and the health of every entry drawing on the
@@ -19,9 +20,10 @@ import contextlib
 import dataclasses
 import functools
 import json
-from collections.abc import Iterator
-from importlib import resources
-from typing import Any
+import re
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from redis import exceptions as redis_errors
@@ -34,41 +36,80 @@ from redis.backoff import ExponentialBackoff
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import UNITS, Limits, MonthlyWindow
 from providers.errors import ConfigError, StateUnavailable
-from router.state import resp
+from router.state import scripts
 from router.state.base import (
+    CALL_MEMORY,
+    JOURNAL_MEMORY,
     EntryRef,
     EntryStatus,
+    FleetView,
     PoolStatus,
     Reservation,
     SessionBinding,
     Settlement,
     Snapshot,
+    Spend,
     StateStore,
 )
 
-__all__ = ["RedisStore"]
+__all__ = ["PoolKeys", "RedisStore"]
 
-_TRANSPORT_ERRORS = (
+_UNAVAILABLE = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     redis_errors.BusyLoadingError,
     redis_errors.ClusterDownError,
     redis_errors.TryAgainError,
+    redis_errors.RedisClusterException,  # no node of the cluster answers
     OSError,
 )
+_REFUSALS = {
+    "NOREPLICAS": "fewer replicas than min-replicas-to-write acknowledge writes",
+    "READONLY": "it is a read-only replica (a failover moved the master?)",
+    "OOM": "memory is full (maxmemory) and the policy evicts nothing",
+    "MISCONF": "its last RDB snapshot failed and stop-writes-on-bgsave-error is on",
+}
+# At the start of a reply, or inside redis-py's note on a failed pipeline command.
+_REFUSAL_CODE = re.compile(r"(?:^|caused error: \(['\"])(NOREPLICAS|READONLY|OOM|MISCONF)\b")
 _USAGE_TTL = 62 * 24 * 3600  # a window's usage outlives it by a month, for status
 _DEFAULT_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 _POOL_SIZE = 64  # per router; ?max_connections=N in the URL overrides it
 _POOL_WAIT = 10.0
+_CALL_MS = int(CALL_MEMORY * 1000)
+_JOURNAL_MS = int(JOURNAL_MEMORY * 1000)
 
 
-_WITH_LIB = frozenset({"reserve", "settle", "release", "heartbeat", "record"})
+class PoolKeys(NamedTuple):
+    """The keys of one pool, all under its hash tag (one Cluster slot)."""
+
+    usage: str  # hash: sessions, sandbox_seconds of the current window
+    leases: str  # zset: lease id -> expiry
+    meta: str  # hash: lease id -> slot (json)
+    health: str  # the entry's breaker state (json)
 
 
-def _script(name: str) -> str:
-    lua = resources.files("router.state") / "lua"
-    text = (lua / f"{name}.lua").read_text()
-    return (lua / "lib.lua").read_text() + "\n" + text if name in _WITH_LIB else text
+@contextlib.contextmanager
+def _state_errors(url: str) -> Iterator[None]:
+    """Turn a failure of Redis itself into StateUnavailable naming the store.
+
+    Unreachable, and refusing writes (too few replicas, a replica after a
+    failover, memory full, a failed snapshot): either way the ledger cannot
+    decide, which is the router's fail_closed/fail_open case, not a provider's.
+    """
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise StateUnavailable(f"state store {url}: {exc}") from exc
+    except redis_errors.ResponseError as exc:
+        code = getattr(exc, "status_code", None)  # redis-py strips the codes it knows
+        if code not in _REFUSALS:
+            found = _REFUSAL_CODE.search(str(exc))
+            code = found.group(1) if found else None
+        if code is None:
+            raise
+        raise StateUnavailable(
+            f"state store {url} refused the write ({code}): {_REFUSALS[code]}"
+        ) from exc
 
 
 def _client(url: str) -> Any:
@@ -116,8 +157,8 @@ def _client(url: str) -> Any:
 def _reconnect() -> Retry:
     """Reconnect after a dropped connection (a Redis restart, a failover).
 
-    A command may then run twice; every script is idempotent for that (a
-    reserve replays its grant, a settle or release applies once).
+    A command may then run twice: every script call carries a call id, and a
+    repeat returns the first answer (see `LedgerSupport`).
     """
     return Retry(ExponentialBackoff(cap=0.25, base=0.02), retries=2)
 
@@ -130,26 +171,24 @@ def _redact(url: str) -> str:
 
 
 class RedisStore(StateStore):
-    """State in Redis, shared by every replica pointed at it."""
+    """State in Redis, shared by every replica pointed at it.
 
-    def __init__(self, url: str, prefix: str = "sandbox-router") -> None:
+    ``runner`` picks the script runner (see `router.state.scripts.runner`).
+    """
+
+    def __init__(
+        self, url: str, prefix: str = "sandbox-router", runner: scripts.RunnerName = "auto"
+    ) -> None:
         self.url = _redact(url)
         self.prefix = prefix
         self._redis = _client(url)
+        self._runner = scripts.runner(url, self._redis, runner)
         self._windows: dict[MonthlyWindow, tuple[float, float, str]] = {}
-        self._scripts = {
-            name: self._redis.register_script(_script(name))
-            for name in (*_WITH_LIB, "session_prune", "unlock")
-        }
-        self._lean = resp.ScriptConnection(url) if resp.supports(url) else None
 
     @property
     def client(self) -> Any:
         """The redis-py client (for the CLI and tests)."""
         return self._redis
-
-    def _tag(self, pool: str) -> str:
-        return f"{{{self.prefix}:{pool}}}"
 
     def _window_key(self, window: MonthlyWindow, now: float) -> str:
         """The window's key, recomputed only when ``now`` leaves the cached window."""
@@ -160,29 +199,36 @@ class RedisStore(StateStore):
             self._windows[window] = cached
         return cached[2]
 
-    def _keys(self, ref: EntryRef, now: float) -> list[str]:
+    def _tag(self, pool: str) -> str:
+        return f"{{{self.prefix}:{pool}}}"
+
+    def _memo(self, ref: EntryRef, call_id: str) -> str:
+        """Where a script keeps this call's answer for a retry (see `LedgerSupport`)."""
+        return f"{self._tag(ref.pool)}:call:{call_id or uuid.uuid4().hex}"
+
+    def _keys(self, ref: EntryRef, now: float) -> PoolKeys:
         tag = self._tag(ref.pool)
-        return [
+        return PoolKeys(
             f"{tag}:usage:{self._window_key(ref.window, now)}",
             f"{tag}:leases",
             f"{tag}:lease",
             f"{tag}:entry:{ref.entry}",
-        ]
+        )
 
-    @contextlib.contextmanager
-    def _reachable(self) -> Iterator[None]:
-        """Turn a transport failure into StateUnavailable naming this store."""
-        try:
-            yield
-        except _TRANSPORT_ERRORS as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        script = scripts.script(name)
+        with _state_errors(self.url):
+            return await self._runner.evalsha(script.sha, script.text, keys, args)
 
-    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts[name]
-        with self._reachable():
-            if self._lean is not None:
-                return await self._lean.evalsha(script.sha, script.script, keys, args)
-            return await script(keys=keys, args=args)
+    async def _commands(
+        self, queue: Callable[[Any], object], *, transaction: bool = False
+    ) -> list[Any]:
+        """Run the commands ``queue`` adds to a redis-py pipeline; their replies."""
+        with _state_errors(self.url):
+            async with self._redis.pipeline(transaction=transaction) as pipe:
+                queue(pipe)
+                replies: list[Any] = await pipe.execute()
+                return replies
 
     async def reserve(
         self,
@@ -193,10 +239,11 @@ class RedisStore(StateStore):
         hold: float,
         *,
         new_session: bool = True,
+        call_id: str = "",
     ) -> Reservation:
-        raw = await self._call(
+        raw = await self._script(
             "reserve",
-            self._keys(ref, now),
+            [*self._keys(ref, now), self._memo(ref, call_id)],
             [
                 now,
                 lease_id,
@@ -207,6 +254,7 @@ class RedisStore(StateStore):
                 _cfg(cfg),
                 _USAGE_TTL,
                 "1" if new_session else "0",
+                _CALL_MS,
             ],
         )
         r = json.loads(raw)
@@ -238,10 +286,11 @@ class RedisStore(StateStore):
         detail: str = "",
         until: float | None = None,
         sandbox_id: str = "",
+        call_id: str = "",
     ) -> Settlement:
-        raw = await self._call(
+        raw = await self._script(
             "settle",
-            self._keys(ref, now),
+            [*self._keys(ref, now), self._memo(ref, call_id)],
             [
                 now,
                 lease_id,
@@ -252,19 +301,26 @@ class RedisStore(StateStore):
                 ref.fingerprint,
                 _cfg(cfg),
                 sandbox_id,
+                _CALL_MS,
             ],
         )
         r = json.loads(raw)
         return Settlement(bool(r["applied"]), (r["from"], r["to"]) if r["from"] else None)
 
-    async def release(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
-        raw = await self._call("release", self._keys(ref, now), [now, lease_id, _USAGE_TTL])
+    async def release(
+        self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
+    ) -> float | None:
+        raw = await self._script(
+            "release",
+            [*self._keys(ref, now), self._memo(ref, call_id)],
+            [now, lease_id, _USAGE_TTL, _CALL_MS],
+        )
         seconds = json.loads(raw)["seconds"]
         return None if seconds is False else float(seconds)
 
     async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
         keys = self._keys(ref, now)
-        return bool(await self._call("heartbeat", keys[1:3], [now, lease_id, ttl]))
+        return bool(await self._script("heartbeat", [keys.leases, keys.meta], [now, lease_id, ttl]))
 
     async def record(
         self,
@@ -275,43 +331,48 @@ class RedisStore(StateStore):
         *,
         detail: str = "",
         until: float | None = None,
+        call_id: str = "",
     ) -> tuple[str, str] | None:
-        raw = await self._call(
+        raw = await self._script(
             "record",
-            self._keys(ref, now)[3:],
-            [outcome.value, now, ref.fingerprint, detail, until or 0, _cfg(cfg)],
+            [self._keys(ref, now).health, self._memo(ref, call_id)],
+            [outcome.value, now, ref.fingerprint, detail, until or 0, _cfg(cfg), _CALL_MS],
         )
         r = json.loads(raw)
         return (r["from"], r["to"]) if r["from"] else None
 
     async def snapshot(self, refs: list[EntryRef], now: float) -> Snapshot:
-        pools = {ref.pool: ref for ref in refs}
-        with self._reachable():
-            pipe = self._redis.pipeline(transaction=False)
-            for ref in pools.values():
-                usage, leases, _, _ = self._keys(ref, now)
-                pipe.hmget(usage, ["sessions", "sandbox_seconds"])
-                pipe.zrangebyscore(leases, f"({now}", "+inf")
+        pools = {ref.pool: self._keys(ref, now) for ref in refs}
+
+        def usage_and_health(pipe: Any) -> None:
+            for keys in pools.values():
+                pipe.hmget(keys.usage, ["sessions", "sandbox_seconds"])
+                pipe.zrangebyscore(keys.leases, f"({now}", "+inf")
             for ref in refs:
-                pipe.get(self._keys(ref, now)[3])
-            results = await pipe.execute()
-            live_ids: list[list[bytes]] = results[1 : 2 * len(pools) : 2]
-            meta_pipe = self._redis.pipeline(transaction=False)
-            for ref, ids in zip(pools.values(), live_ids, strict=True):
+                pipe.get(self._keys(ref, now).health)
+
+        results = await self._commands(usage_and_health)
+        live_ids: list[list[bytes]] = results[1 : 2 * len(pools) : 2]
+
+        def lease_entries(pipe: Any) -> None:
+            for keys, ids in zip(pools.values(), live_ids, strict=True):
                 if ids:
-                    meta_pipe.hmget(self._keys(ref, now)[2], ids)
-            metas = iter(await meta_pipe.execute())
+                    pipe.hmget(keys.meta, ids)
+
+        metas = iter(await self._commands(lease_entries))
         snap = Snapshot()
         live_by_entry: dict[str, int] = {}
-        for i, ref in enumerate(pools.values()):
+        by_pool = {ref.pool: ref for ref in refs}
+        for i, pool in enumerate(pools):
             sessions, seconds = results[2 * i]
             ids = live_ids[i]
             for raw in next(metas) if ids else []:
                 if raw:
                     entry = json.loads(raw)["entry"]
                     live_by_entry[entry] = live_by_entry.get(entry, 0) + 1
-            snap.pools[ref.pool] = PoolStatus(
-                ref.pool,
+            ref = by_pool[pool]
+            snap.pools[pool] = PoolStatus(
+                pool,
                 ref.window.key(now),
                 {
                     "sessions": float(sessions or 0),
@@ -331,14 +392,12 @@ class RedisStore(StateStore):
     async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
         if unit not in ("sessions", "sandbox_seconds"):
             raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
-        with self._reachable():
-            amount = int(value) if unit == "sessions" else float(value)
-            await self._redis.hset(self._keys(ref, now)[0], unit, amount)
+        amount = int(value) if unit == "sessions" else float(value)
+        await self._commands(lambda pipe: pipe.hset(self._keys(ref, now).usage, unit, amount))
 
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
-        leases = self._keys(ref, now)[1]
-        with self._reachable():
-            ids = await self._redis.zrangebyscore(leases, f"({now}", "+inf")
+        leases = self._keys(ref, now).leases
+        [ids] = await self._commands(lambda pipe: pipe.zrangebyscore(leases, f"({now}", "+inf"))
         return {i.decode() for i in ids}
 
     def _session_keys(self) -> tuple[str, str]:
@@ -350,15 +409,16 @@ class RedisStore(StateStore):
     ) -> None:
         index, bindings = self._session_keys()
         value = json.dumps({"entry": entry, "sandbox_id": sandbox_id})
-        with self._reachable():
-            async with self._redis.pipeline(transaction=True) as pipe:
-                await pipe.hset(bindings, session, value).zadd(index, {session: expires}).execute()
+        await self._commands(
+            lambda pipe: pipe.hset(bindings, session, value).zadd(index, {session: expires}),
+            transaction=True,
+        )
 
     async def session(self, session: str, now: float) -> SessionBinding | None:
         index, bindings = self._session_keys()
-        with self._reachable():
-            async with self._redis.pipeline(transaction=True) as pipe:
-                raw, expires = await pipe.hget(bindings, session).zscore(index, session).execute()
+        raw, expires = await self._commands(
+            lambda pipe: pipe.hget(bindings, session).zscore(index, session), transaction=True
+        )
         if raw is None or expires is None or expires <= now:
             return None
         data = json.loads(raw)
@@ -366,15 +426,14 @@ class RedisStore(StateStore):
 
     async def unbind_session(self, session: str) -> None:
         index, bindings = self._session_keys()
-        with self._reachable():
-            async with self._redis.pipeline(transaction=True) as pipe:
-                await pipe.hdel(bindings, session).zrem(index, session).execute()
+        await self._commands(
+            lambda pipe: pipe.hdel(bindings, session).zrem(index, session), transaction=True
+        )
 
     async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
         index, bindings = self._session_keys()
-        await self._call("session_prune", [index, bindings], [now])
-        with self._reachable():
-            values = await self._redis.hvals(bindings)
+        await self._script("session_prune", [index, bindings], [now])
+        [values] = await self._commands(lambda pipe: pipe.hvals(bindings))
         found = set()
         for raw in values:
             data = json.loads(raw)
@@ -385,22 +444,57 @@ class RedisStore(StateStore):
         return f"{{{self.prefix}:locks}}:{name}"
 
     async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
-        with self._reachable():
-            taken = await self._redis.set(self._lock_key(name), token, nx=True, px=int(ttl * 1000))
+        key, ms = self._lock_key(name), int(ttl * 1000)
+        [taken] = await self._commands(lambda pipe: pipe.set(key, token, nx=True, px=ms))
         return bool(taken)
 
     async def unlock(self, name: str, token: str) -> None:
-        await self._call("unlock", [self._lock_key(name)], [token])
+        await self._script("unlock", [self._lock_key(name)], [token])
+
+    def _fleet_key(self) -> str:
+        return f"{{{self.prefix}:fleet}}:replicas"
+
+    async def register_replica(
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float
+    ) -> FleetView:
+        key = self._fleet_key()
+        *_, replicas = await self._commands(
+            lambda pipe: (
+                pipe.zremrangebyscore(key, "-inf", now).zadd(key, {replica: now + ttl}).zcard(key)
+            ),
+            transaction=True,
+        )
+        return FleetView(int(replicas), (await self.snapshot(refs, now)).pools)
+
+    async def deregister_replica(self, replica: str) -> None:
+        await self._commands(lambda pipe: pipe.zrem(self._fleet_key(), replica))
+
+    async def reconcile(self, journal_id: str, spends: list[Spend], now: float) -> int:
+        applied = 0
+        for spend in spends:
+            held = [
+                {"id": h.lease_id, "entry": h.entry, "started": h.started, "ttl": h.ttl,
+                 "sandbox": h.sandbox_id}
+                for h in spend.leases
+            ]  # fmt: skip
+            keys = self._keys(spend.ref, now)
+            journal = f"{self._tag(spend.ref.pool)}:journal:{journal_id}"
+            applied += await self._script(
+                "reconcile",
+                [keys.usage, keys.leases, keys.meta, journal],
+                [now, spend.sessions, repr(float(spend.sandbox_seconds)), _USAGE_TTL,
+                 json.dumps(held), _JOURNAL_MS],
+            )  # fmt: skip
+        return applied
 
     async def ping(self) -> None:
-        with self._reachable():
-            await self._redis.ping()
+        await self._commands(lambda pipe: pipe.ping())
 
     async def warnings(self) -> list[str]:
         try:
-            with self._reachable():
-                info: dict[str, Any] = await self._redis.info("persistence")
-                save = await self._redis.config_get("save")
+            info, save = await self._commands(
+                lambda pipe: pipe.info("persistence").config_get("save")
+            )
         except redis_errors.ResponseError:  # CONFIG disabled (managed Redis): cannot tell
             return []
         snapshots = bool(save.get("save") or save.get(b"save"))
@@ -412,8 +506,7 @@ class RedisStore(StateStore):
         return []
 
     async def close(self) -> None:
-        if self._lean is not None:
-            await self._lean.aclose()
+        await self._runner.aclose()
         await self._redis.aclose()
 
 

@@ -27,6 +27,7 @@ import asyncio
 import collections
 import functools
 import ssl
+from collections.abc import Sequence
 from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
@@ -160,7 +161,7 @@ class ScriptConnection:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Task[_Protocol] | None = None
 
-    async def evalsha(self, sha: str, script: str, keys: list[str], args: list[Any]) -> Any:
+    async def evalsha(self, sha: str, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a cached script (loading it on NOSCRIPT); transport errors raise redis-py's."""
         for attempt in range(_RETRIES + 1):
             try:
@@ -175,7 +176,7 @@ class ScriptConnection:
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _once(self, sha: str, script: str, keys: list[str], args: list[Any]) -> Any:
+    async def _once(self, sha: str, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         conn = self._conn
         if conn is None or conn.lost is not None or self._loop is not asyncio.get_running_loop():
             conn = await self._connection()
@@ -236,7 +237,8 @@ class ScriptConnection:
         kw = self._kwargs
         context = ssl.create_default_context(cafile=kw.get("ssl_ca_certs"))
         reqs = kw.get("ssl_cert_reqs", "required")
-        context.check_hostname = _flag(kw.get("ssl_check_hostname", False)) and reqs != "none"
+        # The certificate must name the host we dialled, as redis-py checks by default.
+        context.check_hostname = _flag(kw.get("ssl_check_hostname", True)) and reqs != "none"
         context.verify_mode = _SSL_REQS[str(reqs).lower()]
         if kw.get("ssl_certfile"):
             context.load_cert_chain(kw["ssl_certfile"], kw.get("ssl_keyfile"))

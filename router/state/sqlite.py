@@ -14,21 +14,12 @@ import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from policies.breaker import BreakerConfig, BreakerState, Outcome
+from policies.breaker import BreakerState
 from policies.quota import LeaseSlot, PoolState
 from providers.errors import ConfigError, StateUnavailable
-from router.state import base
-from router.state.base import (
-    EntryRef,
-    Ledger,
-    Reservation,
-    SessionBinding,
-    Settlement,
-    Snapshot,
-    StateStore,
-)
+from router.state.tables import Tables, TableStore
 
 __all__ = ["SQLiteStore"]
 
@@ -44,12 +35,10 @@ CREATE TABLE IF NOT EXISTS leases (
     started REAL NOT NULL, expires REAL NOT NULL, ttl REAL NOT NULL, live INTEGER NOT NULL,
     counted INTEGER NOT NULL, sandbox_id TEXT NOT NULL,
     PRIMARY KEY (ns, pool, lease_id));
-CREATE TABLE IF NOT EXISTS sessions (
-    ns TEXT NOT NULL, name TEXT NOT NULL, entry TEXT NOT NULL, sandbox_id TEXT NOT NULL,
-    expires REAL NOT NULL, PRIMARY KEY (ns, name));
-CREATE TABLE IF NOT EXISTS locks (
-    ns TEXT NOT NULL, name TEXT NOT NULL, token TEXT NOT NULL, expires REAL NOT NULL,
-    PRIMARY KEY (ns, name));
+CREATE TABLE IF NOT EXISTS rows (
+    ns TEXT NOT NULL, tbl TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+    expires REAL NOT NULL, PRIMARY KEY (ns, tbl, key));
+CREATE INDEX IF NOT EXISTS rows_expiry ON rows (ns, tbl, expires);
 CREATE TABLE IF NOT EXISTS entries (
     ns TEXT NOT NULL, entry TEXT NOT NULL, state TEXT NOT NULL,
     PRIMARY KEY (ns, entry));
@@ -57,7 +46,7 @@ CREATE TABLE IF NOT EXISTS entries (
 
 
 class _Tx:
-    """`Ledger` rows of one namespace inside the open transaction."""
+    """`Tables` of one namespace inside the open transaction."""
 
     def __init__(self, conn: sqlite3.Connection, ns: str) -> None:
         self.conn = conn
@@ -119,8 +108,38 @@ class _Tx:
             (self.ns, entry, json.dumps(state.to_dict())),
         )
 
+    def get(self, table: str, key: str) -> tuple[str, float] | None:
+        row: tuple[str, float] | None = self.conn.execute(
+            "SELECT value, expires FROM rows WHERE ns=? AND tbl=? AND key=?",
+            (self.ns, table, key),
+        ).fetchone()
+        return row
 
-class SQLiteStore(StateStore):
+    def put(self, table: str, key: str, value: str, expires: float, now: float) -> None:
+        self._prune(table, now)
+        self.conn.execute(
+            "INSERT INTO rows VALUES (?,?,?,?,?) ON CONFLICT (ns, tbl, key) DO UPDATE SET "
+            "value=excluded.value, expires=excluded.expires",
+            (self.ns, table, key, value, expires),
+        )
+
+    def delete(self, table: str, key: str) -> None:
+        self.conn.execute("DELETE FROM rows WHERE ns=? AND tbl=? AND key=?", (self.ns, table, key))
+
+    def live(self, table: str, now: float) -> dict[str, tuple[str, float]]:
+        self._prune(table, now)
+        rows = self.conn.execute(
+            "SELECT key, value, expires FROM rows WHERE ns=? AND tbl=?", (self.ns, table)
+        )
+        return {key: (value, expires) for key, value, expires in rows}
+
+    def _prune(self, table: str, now: float) -> None:
+        self.conn.execute(
+            "DELETE FROM rows WHERE ns=? AND tbl=? AND expires<=?", (self.ns, table, now)
+        )
+
+
+class SQLiteStore(TableStore):
     """State in one SQLite file shared by every process on the host."""
 
     def __init__(self, url: str, prefix: str = "sandbox-router") -> None:
@@ -146,134 +165,23 @@ class SQLiteStore(StateStore):
             self._conn = conn
         return self._conn
 
-    def _transaction(self, fn: Callable[[Ledger], T]) -> T:
+    def _transaction(self, fn: Callable[[Tables], T]) -> T:
         try:
             conn = self._connect()
             conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StateUnavailable(f"state store {self.url}: {exc}") from exc
-        try:
-            result = fn(_Tx(conn, self.prefix))
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        try:
+            try:
+                result = fn(_Tx(conn, self.prefix))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise StateUnavailable(f"state store {self.url}: {exc}") from exc
         return result
 
-    async def _run(self, fn: Callable[[Ledger], T]) -> T:
+    async def _transact(self, fn: Callable[[Tables], T]) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._transaction, fn)
-
-    async def reserve(
-        self,
-        ref: EntryRef,
-        cfg: BreakerConfig,
-        lease_id: str,
-        now: float,
-        hold: float,
-        *,
-        new_session: bool = True,
-    ) -> Reservation:
-        return await self._run(
-            lambda tx: base.apply_reserve(tx, ref, cfg, lease_id, now, hold, new_session)
-        )
-
-    async def settle(
-        self,
-        ref: EntryRef,
-        cfg: BreakerConfig,
-        lease_id: str,
-        now: float,
-        *,
-        outcome: Outcome,
-        ttl: float = 0.0,
-        detail: str = "",
-        until: float | None = None,
-        sandbox_id: str = "",
-    ) -> Settlement:
-        return await self._run(
-            lambda tx: base.apply_settle(
-                tx, ref, cfg, lease_id, now, outcome, ttl, detail, until, sandbox_id
-            )
-        )
-
-    async def release(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
-        return await self._run(lambda tx: base.apply_release(tx, ref, lease_id, now))
-
-    async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
-        return await self._run(lambda tx: base.apply_heartbeat(tx, ref, lease_id, now, ttl))
-
-    async def record(
-        self,
-        ref: EntryRef,
-        cfg: BreakerConfig,
-        outcome: Outcome,
-        now: float,
-        *,
-        detail: str = "",
-        until: float | None = None,
-    ) -> tuple[str, str] | None:
-        return await self._run(
-            lambda tx: base.apply_record(tx, ref, cfg, outcome, now, detail, until)
-        )
-
-    async def snapshot(self, refs: list[EntryRef], now: float) -> Snapshot:
-        return await self._run(lambda tx: base.apply_snapshot(tx, refs, now))
-
-    async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
-        await self._run(lambda tx: base.apply_set_usage(tx, ref, unit, value, now))
-
-    async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
-        return await self._run(lambda tx: base.apply_lease_ids(tx, ref, now))
-
-    async def _sql(self, sql: str, args: tuple[object, ...]) -> list[tuple[Any, ...]]:
-        def run(tx: Ledger) -> list[tuple[Any, ...]]:
-            assert isinstance(tx, _Tx)
-            return tx.conn.execute(sql, (tx.ns, *args)).fetchall()
-
-        return await self._run(run)
-
-    async def bind_session(
-        self, session: str, entry: str, sandbox_id: str, expires: float, now: float
-    ) -> None:
-        await self._sql(
-            "INSERT INTO sessions VALUES (?,?,?,?,?) ON CONFLICT (ns, name) DO UPDATE SET "
-            "entry=excluded.entry, sandbox_id=excluded.sandbox_id, expires=excluded.expires",
-            (session, entry, sandbox_id, expires),
-        )
-
-    async def session(self, session: str, now: float) -> SessionBinding | None:
-        rows = await self._sql(
-            "SELECT entry, sandbox_id, expires FROM sessions WHERE ns=? AND name=? AND expires>?",
-            (session, now),
-        )
-        return SessionBinding(*rows[0]) if rows else None
-
-    async def unbind_session(self, session: str) -> None:
-        await self._sql("DELETE FROM sessions WHERE ns=? AND name=?", (session,))
-
-    async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
-        await self._sql("DELETE FROM sessions WHERE ns=? AND expires<=?", (now,))
-        rows = await self._sql("SELECT entry, sandbox_id FROM sessions WHERE ns=?", ())
-        return {(entry, sandbox_id) for entry, sandbox_id in rows}
-
-    async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
-        rows = await self._sql(
-            "INSERT INTO locks VALUES (?,?,?,?) ON CONFLICT (ns, name) DO UPDATE SET "
-            "token=excluded.token, expires=excluded.expires WHERE locks.expires<=? "
-            "RETURNING token",
-            (name, token, now + ttl, now),
-        )
-        return bool(rows)
-
-    async def unlock(self, name: str, token: str) -> None:
-        await self._sql("DELETE FROM locks WHERE ns=? AND name=? AND token=?", (name, token))
-
-    async def ping(self) -> None:
-        await self._run(lambda tx: None)
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from emulators.redis_server import RedisServer
 from providers.errors import NoProviderAvailable, StateUnavailable
@@ -167,3 +169,32 @@ def test_app_killed_holding_leases_leaks_nothing(redis_url: str, tmp_path: Path)
         assert list((tmp_path / "sb").glob("local-*")) == []
         with survivor.acquire() as lease:
             assert lease.entry == "local"
+
+
+@pytest.mark.parametrize("mode", ["fail_closed", "fail_open"])
+def test_redis_refusing_writes_is_a_state_error_not_a_provider_failure(
+    aof_redis: RedisServer, tmp_path: Path, mode: str
+) -> None:
+    events: list[Event] = []
+    with router(aof_redis.url, tmp_path, events, on_state_error=mode) as r:
+        r.acquire().release()
+        with redis.Redis(port=aof_redis.port) as admin:
+            admin.config_set("min-replicas-to-write", 1)
+        if mode == "fail_closed":
+            with pytest.raises(StateUnavailable, match="NOREPLICAS"):
+                r.acquire()
+        else:
+            r.acquire().release()  # served from the fallback ledger
+    assert any(e.name == "state_error" and e.fields["mode"] == mode for e in events)
+
+
+def test_a_cluster_down_at_start_is_served_by_fail_open(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    events: list[Event] = []
+    url = f"redis+cluster://127.0.0.1:{dead}/0"
+    with router(url, tmp_path, events, on_state_error="fail_open") as r:
+        r.acquire().release()
+        assert not r.status().state_ok
+    assert any(e.name == "state_error" and e.fields["mode"] == "fail_open" for e in events)

@@ -6,7 +6,7 @@ import pytest
 
 from policies.breaker import BreakerConfig, Outcome
 from policies.quota import Limits, MonthlyWindow
-from router.state import EntryRef, StateStore
+from router.state import EntryRef, HeldLease, Spend, StateStore
 
 NOW = 1_790_000_000.0  # 2026-09-21, mid-window
 CFG = BreakerConfig(failure_threshold=3, cooldown_base=10, cooldown_max=25, probe_timeout=5)
@@ -190,3 +190,60 @@ async def test_record_outside_acquire(store: StateStore) -> None:
 
 async def test_ping(store: StateStore) -> None:
     await store.ping()
+
+
+async def test_a_repeated_call_id_gets_the_first_answer_and_applies_once(
+    store: StateStore,
+) -> None:
+    r = ref(sessions=5)
+    for _ in range(2):
+        assert (await store.reserve(r, CFG, "l1", NOW, 30, call_id="reserve-1")).granted
+    settled = [
+        await store.settle(r, CFG, "l1", NOW, outcome=Outcome.TRANSIENT, call_id="settle-1")
+        for _ in range(2)
+    ]
+    assert settled == [settled[0]] * 2
+    assert settled[0].applied
+    for _ in range(2):
+        await store.record(r, CFG, Outcome.TRANSIENT, NOW, call_id="record-1")
+    snap = await store.snapshot([r], NOW)
+    assert snap.entries["a"].breaker.failures == 2  # one settle, one record
+    assert snap.pools["p"].used["sessions"] == 0
+
+    await store.reserve(r, CFG, "l2", NOW, 30)
+    await store.settle(r, CFG, "l2", NOW, outcome=Outcome.SUCCESS, ttl=60)
+    released = [await store.release(r, "l2", NOW + 4, call_id="release-1") for _ in range(2)]
+    assert released == [pytest.approx(4)] * 2
+    assert await store.release(r, "l2", NOW + 5) is None  # a new call finds it gone
+    snap = await store.snapshot([r], NOW + 5)
+    assert snap.pools["p"].used["sandbox_seconds"] == pytest.approx(4)
+
+
+async def test_replicas_register_with_a_ttl_and_learn_the_fleet(store: StateStore) -> None:
+    r = ref(sessions=10)
+    await store.reserve(r, CFG, "l1", NOW, 30)
+    first = await store.register_replica("r1", 10, [r], NOW)
+    assert first.replicas == 1
+    assert first.pools["p"].used["sessions"] == 1
+    assert (await store.register_replica("r2", 10, [r], NOW + 1)).replicas == 2
+    assert (await store.register_replica("r1", 10, [r], NOW + 9)).replicas == 2
+    assert (await store.register_replica("r1", 10, [r], NOW + 12)).replicas == 1  # r2 expired
+    await store.deregister_replica("r1")
+    assert (await store.register_replica("r3", 10, [], NOW + 12)).replicas == 1
+
+
+async def test_an_outage_spend_is_reconciled_once_per_journal(store: StateStore) -> None:
+    a, b = ref("a", "p", sessions=10, concurrent=5), ref("b", "q")
+    held = HeldLease("held-1", "a", NOW - 5, 30, "sb-1")
+    spends = [Spend(a, sessions=3, sandbox_seconds=40, leases=(held,)), Spend(b, sessions=1)]
+    assert await store.reconcile("replica-1:7", spends, NOW) == 2
+    assert await store.reconcile("replica-1:7", spends, NOW + 1) == 0  # a repeat counts once
+    assert await store.reconcile("replica-2:1", [Spend(b, sessions=2)], NOW + 1) == 1
+    snap = await store.snapshot([a, b], NOW + 1)
+    assert snap.pools["p"].used == {"sessions": 3, "sandbox_seconds": 40, "concurrent": 1}
+    assert snap.pools["q"].used["sessions"] == 3
+    assert await store.lease_ids(a, NOW + 1) == {"held-1"}
+    assert await store.release(a, "held-1", NOW + 5) == pytest.approx(10)  # since it started
+    assert await store.release(a, "held-1", NOW + 6) is None  # a repeated free frees nothing
+    snap = await store.snapshot([a], NOW + 6)
+    assert snap.pools["p"].used == {"sessions": 3, "sandbox_seconds": 50, "concurrent": 0}

@@ -19,8 +19,11 @@ import pytest
 
 from policies.breaker import BreakerConfig, Outcome
 from policies.quota import Limits, MonthlyWindow
+from providers.errors import StateUnavailable
 from router import Router
 from router.state import EntryRef, open_store
+from router.state.redis import RedisStore
+from router.state.scripts import RunnerName
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("redis-server") and shutil.which("redis-cli")),
@@ -101,46 +104,47 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
     p.stop()
 
 
-def tls_url(procs: Processes, tmp_path: Path) -> str:
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
+def certificate(
+    tmp_path: Path, name: str, san: str, ca: tuple[Path, Path] | None = None
+) -> tuple[Path, Path]:
+    """A key and certificate for ``san``: self-signed, or issued by ``ca`` (key, cert)."""
+    key, cert = tmp_path / f"{name}.key", tmp_path / f"{name}.pem"
+    subject = ["-nodes", "-keyout", str(key), "-subj", f"/CN={name}"]
+    if ca is None:
+        openssl("req", "-x509", "-newkey", "rsa:2048", *subject, "-out", str(cert),
+                "-days", "1", "-addext", f"subjectAltName={san}")  # fmt: skip
+        return key, cert
+    csr, ext = tmp_path / f"{name}.csr", tmp_path / f"{name}.ext"
+    ext.write_text(f"subjectAltName={san}\n")
+    openssl("req", "-newkey", "rsa:2048", *subject, "-out", str(csr))
+    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca[1]), "-CAkey", str(ca[0]),
+            "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(ext))  # fmt: skip
+    return key, cert
+
+
+def openssl(*args: str) -> None:
+    if not shutil.which("openssl"):
+        pytest.skip("needs the openssl command to make certificates")
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def tls_server(procs: Processes, key: Path, cert: Path, ca: Path) -> int:
+    """A redis-server speaking only TLS with ``cert``; skips if it was built without TLS."""
     port = free_port()
-    procs.redis(
-        "--port",
-        "0",
-        "--tls-port",
-        str(port),
-        "--tls-cert-file",
-        str(cert),
-        "--tls-key-file",
-        str(key),
-        "--tls-ca-cert-file",
-        str(cert),
-        "--tls-auth-clients",
-        "no",
-        port=port,
-    )
+    try:
+        procs.redis("--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert),
+                    "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
+                    "--tls-auth-clients", "no", port=port)  # fmt: skip
+    except RuntimeError:
+        if procs.procs[-1].poll() is not None:
+            pytest.skip("the redis-server on PATH was built without TLS (BUILD_TLS=yes)")
+        raise
+    return port
+
+
+def tls_url(procs: Processes, tmp_path: Path) -> str:
+    key, cert = certificate(tmp_path, "127.0.0.1", "IP:127.0.0.1")
+    port = tls_server(procs, key, cert, cert)
     return f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}&ssl_cert_reqs=required"
 
 
@@ -259,3 +263,27 @@ def test_router_acquires_through_sentinel(procs: Processes, tmp_path: Path) -> N
         with router.acquire() as lease:
             assert lease.sandbox.run("echo via-sentinel").stdout == "via-sentinel\n"
         assert router.status().entries[0].used["sessions"] == 1
+
+
+@pytest.mark.parametrize("runner", ["resp", "redis-py"])
+async def test_tls_refuses_a_certificate_for_another_host(
+    procs: Processes, tmp_path: Path, runner: RunnerName
+) -> None:
+    ca = certificate(tmp_path, "test-ca", "DNS:ca.invalid")
+    ref = EntryRef("e", "pool", Limits(sessions=1), MonthlyWindow())
+    for name, san, trusted in (
+        ("wrong", "DNS:wrong.example", False),
+        ("right", "IP:127.0.0.1", True),
+    ):
+        key, cert = certificate(tmp_path, name, san, ca)
+        port = tls_server(procs, key, cert, ca[1])
+        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca[1]}&socket_connect_timeout=1"
+        store = RedisStore(url, "tls", runner=runner)
+        try:
+            if trusted:
+                assert (await store.reserve(ref, BreakerConfig(), "l1", NOW, 30)).granted
+            else:
+                with pytest.raises(StateUnavailable, match="certificate"):
+                    await store.reserve(ref, BreakerConfig(), "l1", NOW, 30)
+        finally:
+            await store.close()

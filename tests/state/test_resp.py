@@ -22,8 +22,11 @@ from redis import exceptions as redis_errors
 from emulators.redis_server import RedisServer
 from policies.breaker import BreakerConfig
 from policies.quota import Limits, MonthlyWindow
+from providers.errors import ConfigError
 from router.state import EntryRef, open_store
+from router.state.redis import RedisStore
 from router.state.resp import ScriptConnection, supports
+from router.state.scripts import RedisPyRunner, RunnerName
 from tests.polling import until
 
 ECHO = "redis.call('SET', KEYS[1], ARGV[1]) return ARGV[1]"
@@ -186,3 +189,25 @@ async def test_a_closed_store_leaves_no_connection_open(tmp_path: Path) -> None:
         await until(lambda: admin.info("clients")["connected_clients"] == before)
         assert admin.info("clients")["connected_clients"] == before
         admin.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "chosen"),
+    [
+        ("redis://127.0.0.1:6379/0", "auto", ScriptConnection),
+        ("redis://127.0.0.1:6379/0", "redis-py", RedisPyRunner),
+        ("redis://h/0?health_check_interval=5", "auto", RedisPyRunner),
+        ("redis+cluster://h:7000", "auto", RedisPyRunner),
+    ],
+)
+async def test_the_store_chooses_its_script_runner(
+    url: str, kind: RunnerName, chosen: type
+) -> None:
+    store = RedisStore(url, "choice", runner=kind)
+    assert isinstance(store._runner, chosen)
+    await store.close()
+
+
+def test_the_lean_runner_refuses_a_url_it_cannot_serve() -> None:
+    with pytest.raises(ConfigError, match="serves redis://"):
+        RedisStore("redis+sentinel://h:26379/main", "choice", runner="resp")

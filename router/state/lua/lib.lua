@@ -3,6 +3,18 @@
 -- them (tests/state/test_lua_matches_policies.py checks the two agree).
 -- `until` is a Lua keyword, hence `until_` in tables and JSON.
 
+-- A call retried after its reply was lost (a timeout, a dropped connection)
+-- gets the first answer again instead of applying twice. The caller's last
+-- key holds this call's answer, kept for the milliseconds of its last ARGV.
+local function once(body)
+  local memo = KEYS[#KEYS]
+  local seen = redis.call('GET', memo)
+  if seen then return seen end
+  local reply = body()
+  redis.call('SET', memo, reply, 'PX', ARGV[#ARGV])
+  return reply
+end
+
 local function load_health(key)
   local raw = redis.call('GET', key)
   local s = {}

@@ -1,19 +1,22 @@
 -- Free a lease's slot, meter its seconds, and lift a capacity block.
--- KEYS: usage, leases, lease meta, health ; ARGV: now, lease_id, usage ttl
-local now, lid = tonumber(ARGV[1]), ARGV[2]
-local raw = redis.call('HGET', KEYS[3], lid)
-if not raw then return cjson.encode({seconds = false}) end
-local m = cjson.decode(raw)
-local expires = tonumber(redis.call('ZSCORE', KEYS[2], lid) or now)
-local seconds = 0
-if m.live == 1 then seconds = math.max(0, math.min(now, expires) - m.started) end
-redis.call('HINCRBYFLOAT', KEYS[1], 'sandbox_seconds', seconds)
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-redis.call('HDEL', KEYS[3], lid)
-redis.call('ZREM', KEYS[2], lid)
-local s = load_health(KEYS[4])
-if s.block == 'capacity' then
-  clear_block(s)
-  save_health(KEYS[4], s)
-end
-return cjson.encode({seconds = tostring(seconds)})
+-- KEYS: usage, leases, lease meta, health, call memo
+-- ARGV: now, lease_id, usage ttl, call memo ttl (ms)
+return once(function()
+  local now, lid = tonumber(ARGV[1]), ARGV[2]
+  local raw = redis.call('HGET', KEYS[3], lid)
+  if not raw then return cjson.encode({seconds = false}) end
+  local m = cjson.decode(raw)
+  local expires = tonumber(redis.call('ZSCORE', KEYS[2], lid) or now)
+  local seconds = 0
+  if m.live == 1 then seconds = math.max(0, math.min(now, expires) - m.started) end
+  redis.call('HINCRBYFLOAT', KEYS[1], 'sandbox_seconds', seconds)
+  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+  redis.call('HDEL', KEYS[3], lid)
+  redis.call('ZREM', KEYS[2], lid)
+  local s = load_health(KEYS[4])
+  if s.block == 'capacity' then
+    clear_block(s)
+    save_health(KEYS[4], s)
+  end
+  return cjson.encode({seconds = tostring(seconds)})
+end)

@@ -1,45 +1,48 @@
 -- Admit through the entry's breaker, then reserve one session and one slot.
--- KEYS: usage, leases, lease meta, health
+-- KEYS: usage, leases, lease meta, health, call memo
 -- ARGV: now, lease_id, entry, hold, limit sessions, limit seconds,
 --       limit concurrent ('' = unlimited), fingerprint, breaker config, usage ttl,
---       new session ('1'; '0' reconnects to a session's sandbox: a slot, no session)
-local now, lid, entry, hold = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
--- A retried call (the reply was lost on a dropped connection) must not count twice.
-if redis.call('HEXISTS', KEYS[3], lid) == 1 then
-  return cjson.encode({granted = true, probe = false, from = '', to = ''})
-end
-local cfg = cjson.decode(ARGV[9])
-local s = load_health(KEYS[4])
-local a = admit(s, cfg, now, ARGV[8])
-if not a.allowed then
-  if a.changed then save_health(KEYS[4], s) end
-  return cjson.encode({granted = false, reason = a.reason, until_ = a.until_, detail = s.block_detail})
-end
-purge(KEYS[1], KEYS[2], KEYS[3], now)
-local used = {
-  tonumber(redis.call('HGET', KEYS[1], 'sessions') or '0'),
-  tonumber(redis.call('HGET', KEYS[1], 'sandbox_seconds') or '0'),
-  redis.call('ZCARD', KEYS[2]),
-}
-local units = {'sessions', 'sandbox_seconds', 'concurrent'}
-local counted = ARGV[11] == '1'
-local first = 1
-if not counted then first = 2 end
-for i = first, 3 do
-  local limit = ARGV[4 + i]
-  if limit ~= '' and used[i] >= tonumber(limit) then
-    if a.probe then s.probe_until = 0 end
-    if a.changed then save_health(KEYS[4], s) end
-    return cjson.encode({granted = false, reason = 'quota', unit = units[i],
-                         used = used[i], limit = tonumber(limit)})
+--       new session ('1'; '0' reconnects to a session's sandbox: a slot, no session),
+--       call memo ttl (ms)
+return once(function()
+  local now, lid, entry, hold = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
+  -- A lease id already held was granted before (a repeat the call memo forgot).
+  if redis.call('HEXISTS', KEYS[3], lid) == 1 then
+    return cjson.encode({granted = true, probe = false, from = '', to = ''})
   end
-end
-if counted then
-  redis.call('HINCRBY', KEYS[1], 'sessions', 1)
-  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[10]))
-end
-redis.call('ZADD', KEYS[2], now + hold, lid)
-redis.call('HSET', KEYS[3], lid, cjson.encode({entry = entry, started = now, ttl = hold, live = 0,
-                                              counted = counted and 1 or 0, sandbox = ''}))
-if a.changed then save_health(KEYS[4], s) end
-return cjson.encode({granted = true, probe = a.probe, from = a.from or '', to = a.to or ''})
+  local cfg = cjson.decode(ARGV[9])
+  local s = load_health(KEYS[4])
+  local a = admit(s, cfg, now, ARGV[8])
+  if not a.allowed then
+    if a.changed then save_health(KEYS[4], s) end
+    return cjson.encode({granted = false, reason = a.reason, until_ = a.until_, detail = s.block_detail})
+  end
+  purge(KEYS[1], KEYS[2], KEYS[3], now)
+  local used = {
+    tonumber(redis.call('HGET', KEYS[1], 'sessions') or '0'),
+    tonumber(redis.call('HGET', KEYS[1], 'sandbox_seconds') or '0'),
+    redis.call('ZCARD', KEYS[2]),
+  }
+  local units = {'sessions', 'sandbox_seconds', 'concurrent'}
+  local counted = ARGV[11] == '1'
+  local first = 1
+  if not counted then first = 2 end
+  for i = first, 3 do
+    local limit = ARGV[4 + i]
+    if limit ~= '' and used[i] >= tonumber(limit) then
+      if a.probe then s.probe_until = 0 end
+      if a.changed then save_health(KEYS[4], s) end
+      return cjson.encode({granted = false, reason = 'quota', unit = units[i],
+                           used = used[i], limit = tonumber(limit)})
+    end
+  end
+  if counted then
+    redis.call('HINCRBY', KEYS[1], 'sessions', 1)
+    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[10]))
+  end
+  redis.call('ZADD', KEYS[2], now + hold, lid)
+  redis.call('HSET', KEYS[3], lid, cjson.encode({entry = entry, started = now, ttl = hold, live = 0,
+                                                counted = counted and 1 or 0, sandbox = ''}))
+  if a.changed then save_health(KEYS[4], s) end
+  return cjson.encode({granted = true, probe = a.probe, from = a.from or '', to = a.to or ''})
+end)

@@ -1,0 +1,372 @@
+"""The store logic applied in-process, written once for SQLite and memory.
+
+`TableStore` implements every capability of `StateStore` with the pure
+policies (``policies/``) over `Tables`, the rows one transaction sees. A
+store built on it supplies only those rows and `TableStore._transact`,
+which runs a function as one atomic transaction (a lock held in memory,
+``BEGIN IMMEDIATE`` on SQLite). The Redis store runs the same rules in Lua.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from policies import breaker, quota
+from policies.breaker import BreakerConfig, BreakerState, Outcome
+from policies.quota import LeaseSlot, PoolState
+from router.state.base import (
+    CALL_MEMORY,
+    JOURNAL_MEMORY,
+    EntryRef,
+    EntryStatus,
+    FleetView,
+    PoolStatus,
+    Reservation,
+    SessionBinding,
+    Settlement,
+    Snapshot,
+    Spend,
+    StateStore,
+)
+
+__all__ = ["TableStore", "Tables"]
+
+T = TypeVar("T")
+
+
+class Tables(Protocol):
+    """Rows inside one transaction.
+
+    Pools and entry health have their own shape; everything else (sessions,
+    locks, call answers, journal ids, replicas) is a keyed row of a named
+    table with a value and an expiry.
+    """
+
+    def load_pool(self, pool: str, window: str) -> PoolState: ...
+    def save_pool(self, pool: str, state: PoolState) -> None: ...
+    def load_entry(self, entry: str) -> BreakerState: ...
+    def save_entry(self, entry: str, state: BreakerState) -> None: ...
+
+    def get(self, table: str, key: str) -> tuple[str, float] | None:
+        """The row's value and expiry, expired or not."""
+
+    def put(self, table: str, key: str, value: str, expires: float, now: float) -> None:
+        """Write the row; rows of ``table`` expired at ``now`` may be dropped."""
+
+    def delete(self, table: str, key: str) -> None: ...
+
+    def live(self, table: str, now: float) -> dict[str, tuple[str, float]]:
+        """The rows unexpired at ``now`` (the expired ones are dropped)."""
+
+
+class TableStore(StateStore):
+    """Every store capability over `Tables`; a subclass supplies `_transact`."""
+
+    @abc.abstractmethod
+    async def _transact(self, fn: Callable[[Tables], T]) -> T:
+        """Run ``fn`` in one transaction; StateUnavailable if the store cannot."""
+
+    async def _once(
+        self, call_id: str, now: float, fn: Callable[[Tables], T], decode: Callable[[Any], T]
+    ) -> T:
+        """`_transact`, answering a repeated ``call_id`` from the first call's answer.
+
+        Without an id there is nothing to remember: this store never retries
+        a call by itself.
+        """
+        if not call_id:
+            return await self._transact(fn)
+
+        def once(tx: Tables) -> T:
+            seen = tx.get("call", call_id)
+            if seen is not None and seen[1] > now:
+                return decode(json.loads(seen[0]))
+            answer = fn(tx)
+            tx.put("call", call_id, json.dumps(_plain(answer)), now + CALL_MEMORY, now)
+            return answer
+
+        return await self._transact(once)
+
+    async def reserve(
+        self,
+        ref: EntryRef,
+        cfg: BreakerConfig,
+        lease_id: str,
+        now: float,
+        hold: float,
+        *,
+        new_session: bool = True,
+        call_id: str = "",
+    ) -> Reservation:
+        return await self._once(
+            call_id,
+            now,
+            lambda tx: _reserve(tx, ref, cfg, lease_id, now, hold, new_session),
+            _reservation,
+        )
+
+    async def settle(
+        self,
+        ref: EntryRef,
+        cfg: BreakerConfig,
+        lease_id: str,
+        now: float,
+        *,
+        outcome: Outcome,
+        ttl: float = 0.0,
+        detail: str = "",
+        until: float | None = None,
+        sandbox_id: str = "",
+        call_id: str = "",
+    ) -> Settlement:
+        def settle(tx: Tables) -> Settlement:
+            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            if outcome is Outcome.SUCCESS:
+                applied = quota.commit(pool, lease_id, now, ttl, sandbox_id)
+            else:
+                applied = quota.refund(pool, lease_id)
+            tx.save_pool(ref.pool, pool)
+            return Settlement(applied, _record(tx, ref, cfg, outcome, now, detail, until))
+
+        return await self._once(call_id, now, settle, _settlement)
+
+    async def release(
+        self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
+    ) -> float | None:
+        def release(tx: Tables) -> float | None:
+            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            seconds = quota.release(pool, lease_id, now)
+            tx.save_pool(ref.pool, pool)
+            if seconds is None:
+                return None
+            health = tx.load_entry(ref.entry)
+            if health.block == breaker.CAPACITY:
+                breaker.clear_capacity(health)
+                tx.save_entry(ref.entry, health)
+            return seconds
+
+        return await self._once(call_id, now, release, lambda seconds: seconds)
+
+    async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
+        def heartbeat(tx: Tables) -> bool:
+            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            alive = quota.heartbeat(pool, lease_id, now, ttl)
+            tx.save_pool(ref.pool, pool)
+            return alive
+
+        return await self._transact(heartbeat)
+
+    async def record(
+        self,
+        ref: EntryRef,
+        cfg: BreakerConfig,
+        outcome: Outcome,
+        now: float,
+        *,
+        detail: str = "",
+        until: float | None = None,
+        call_id: str = "",
+    ) -> tuple[str, str] | None:
+        return await self._once(
+            call_id, now, lambda tx: _record(tx, ref, cfg, outcome, now, detail, until), _pair
+        )
+
+    async def snapshot(self, refs: list[EntryRef], now: float) -> Snapshot:
+        return await self._transact(lambda tx: _snapshot(tx, refs, now))
+
+    async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
+        if unit not in ("sessions", "sandbox_seconds"):
+            raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
+
+        def set_usage(tx: Tables) -> None:
+            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            if unit == "sessions":
+                pool.sessions = int(value)
+            else:
+                pool.sandbox_seconds = float(value)
+            tx.save_pool(ref.pool, pool)
+
+        await self._transact(set_usage)
+
+    async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
+        def lease_ids(tx: Tables) -> set[str]:
+            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            return {lid for lid, slot in pool.leases.items() if slot.expires > now}
+
+        return await self._transact(lease_ids)
+
+    async def bind_session(
+        self, session: str, entry: str, sandbox_id: str, expires: float, now: float
+    ) -> None:
+        value = json.dumps([entry, sandbox_id])
+        await self._transact(lambda tx: tx.put("session", session, value, expires, now))
+
+    async def session(self, session: str, now: float) -> SessionBinding | None:
+        row = await self._transact(lambda tx: tx.get("session", session))
+        if row is None or row[1] <= now:
+            return None
+        entry, sandbox_id = json.loads(row[0])
+        return SessionBinding(entry, sandbox_id, row[1])
+
+    async def unbind_session(self, session: str) -> None:
+        await self._transact(lambda tx: tx.delete("session", session))
+
+    async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
+        rows = await self._transact(lambda tx: tx.live("session", now))
+        return {tuple(json.loads(value)) for value, _ in rows.values()}
+
+    async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
+        def lock(tx: Tables) -> bool:
+            holder = tx.get("lock", name)
+            if holder is not None and holder[1] > now:
+                return False
+            tx.put("lock", name, token, now + ttl, now)
+            return True
+
+        return await self._transact(lock)
+
+    async def unlock(self, name: str, token: str) -> None:
+        def unlock(tx: Tables) -> None:
+            holder = tx.get("lock", name)
+            if holder is not None and holder[0] == token:
+                tx.delete("lock", name)
+
+        await self._transact(unlock)
+
+    async def register_replica(
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float
+    ) -> FleetView:
+        def register(tx: Tables) -> FleetView:
+            tx.put("replica", replica, "", now + ttl, now)
+            return FleetView(len(tx.live("replica", now)), _snapshot(tx, refs, now).pools)
+
+        return await self._transact(register)
+
+    async def deregister_replica(self, replica: str) -> None:
+        await self._transact(lambda tx: tx.delete("replica", replica))
+
+    async def reconcile(self, journal_id: str, spends: list[Spend], now: float) -> int:
+        def reconcile(tx: Tables) -> int:
+            applied = 0
+            for spend in spends:
+                key = f"{spend.ref.pool}:{journal_id}"
+                seen = tx.get("journal", key)
+                if seen is not None and seen[1] > now:
+                    continue
+                pool = tx.load_pool(spend.ref.pool, spend.ref.window.key(now))
+                pool.sessions += spend.sessions
+                pool.sandbox_seconds += spend.sandbox_seconds
+                for held in spend.leases:
+                    pool.leases.setdefault(
+                        held.lease_id,
+                        LeaseSlot(held.entry, held.started, now + held.ttl, held.ttl,
+                                  live=True, sandbox_id=held.sandbox_id),
+                    )  # fmt: skip
+                tx.save_pool(spend.ref.pool, pool)
+                tx.put("journal", key, "", now + JOURNAL_MEMORY, now)
+                applied += 1
+            return applied
+
+        return await self._transact(reconcile)
+
+    async def ping(self) -> None:
+        await self._transact(lambda tx: None)
+
+
+def _plain(answer: object) -> object:
+    if dataclasses.is_dataclass(answer) and not isinstance(answer, type):
+        return dataclasses.asdict(answer)
+    return answer
+
+
+def _pair(value: list[str] | None) -> tuple[str, str] | None:
+    return (value[0], value[1]) if value else None
+
+
+def _reservation(fields: dict[str, Any]) -> Reservation:
+    return Reservation(**{**fields, "transition": _pair(fields["transition"])})
+
+
+def _settlement(fields: dict[str, Any]) -> Settlement:
+    return Settlement(fields["applied"], _pair(fields["transition"]))
+
+
+def _reserve(
+    tx: Tables,
+    ref: EntryRef,
+    cfg: BreakerConfig,
+    lease_id: str,
+    now: float,
+    hold: float,
+    new_session: bool,
+) -> Reservation:
+    pool = tx.load_pool(ref.pool, ref.window.key(now))
+    if lease_id in pool.leases:  # granted before (a repeat the call memo forgot)
+        return Reservation(True)
+    health = tx.load_entry(ref.entry)
+    admission = breaker.admit(health, cfg, now, ref.fingerprint)
+    if not admission.allowed:
+        tx.save_entry(ref.entry, health)
+        return Reservation(
+            False, reason=admission.reason, until=admission.until, detail=health.block_detail
+        )
+    verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold, new_session)
+    if isinstance(verdict, quota.QuotaDenial):
+        if admission.probe:
+            health.probe_until = 0.0
+        tx.save_entry(ref.entry, health)
+        tx.save_pool(ref.pool, pool)
+        return Reservation(
+            False,
+            reason="quota",
+            unit=verdict.unit,
+            used=verdict.used,
+            limit=verdict.limit,
+            until=ref.window.reset_at(now).timestamp(),
+        )
+    tx.save_entry(ref.entry, health)
+    tx.save_pool(ref.pool, pool)
+    return Reservation(True, probe=admission.probe, transition=admission.transition)
+
+
+def _record(
+    tx: Tables,
+    ref: EntryRef,
+    cfg: BreakerConfig,
+    outcome: Outcome,
+    now: float,
+    detail: str,
+    until: float | None,
+) -> tuple[str, str] | None:
+    health = tx.load_entry(ref.entry)
+    transition = breaker.record(
+        health, cfg, outcome, now, fingerprint=ref.fingerprint, detail=detail, until=until
+    )
+    tx.save_entry(ref.entry, health)
+    return transition
+
+
+def _snapshot(tx: Tables, refs: list[EntryRef], now: float) -> Snapshot:
+    snap = Snapshot()
+    live: dict[str, dict[str, int]] = {}
+    for ref in refs:
+        if ref.pool not in snap.pools:
+            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            counts: dict[str, int] = {}
+            for slot in pool.leases.values():
+                if slot.expires > now:
+                    counts[slot.entry] = counts.get(slot.entry, 0) + 1
+            live[ref.pool] = counts
+            used = {u: pool.used(u) for u in quota.UNITS}
+            used["concurrent"] = float(sum(counts.values()))
+            snap.pools[ref.pool] = PoolStatus(
+                ref.pool, pool.window, used, {u: ref.limits.get(u) for u in quota.UNITS}
+            )
+        snap.entries[ref.entry] = EntryStatus(
+            ref.entry, tx.load_entry(ref.entry), live[ref.pool].get(ref.entry, 0)
+        )
+    return snap

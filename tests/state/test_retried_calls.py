@@ -1,0 +1,92 @@
+"""A script call retried after a timeout applies once.
+
+A proxy in front of Redis loses one reply, as a network can: the script ran,
+the runner times out waiting and sends the call again on a new connection,
+and the server runs it a second time. The call id the store gives each call
+makes that second run return the first answer instead of applying again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from policies.breaker import BreakerConfig, Outcome
+from policies.quota import Limits, MonthlyWindow
+from router.state import EntryRef
+from router.state.redis import RedisStore
+from router.state.scripts import RunnerName
+
+NOW = 1_790_000_000.0
+CFG = BreakerConfig(failure_threshold=100)
+
+
+class LossyProxy:
+    """TCP to Redis; `lose_next_reply` drops the next chunk Redis sends back."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.lose_next_reply = False
+        self.lost = 0
+        self.port = 0
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> LossyProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        for pipe in self._pipes:
+            pipe.cancel()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(*self.target)
+        for pipe in (self._pump(client_r, server_w, False), self._pump(server_r, client_w, True)):
+            task = asyncio.ensure_future(pipe)
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
+
+    async def _pump(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while data := await src.read(65536):
+                if replies and self.lose_next_reply:
+                    self.lose_next_reply = False
+                    self.lost += 1
+                    continue
+                dst.write(data)
+                await dst.drain()
+        dst.close()
+
+
+@pytest.fixture
+async def proxy(redis_url: str) -> AsyncIterator[LossyProxy]:
+    host, port = redis_url.removeprefix("redis://").split("/")[0].rsplit(":", 1)
+    async with LossyProxy((host, int(port))) as p:
+        yield p
+
+
+@pytest.mark.parametrize("runner", ["resp", "redis-py"])
+async def test_a_settle_retried_after_a_lost_reply_counts_once(
+    proxy: LossyProxy, key_prefix: str, runner: RunnerName
+) -> None:
+    store = RedisStore(f"redis://127.0.0.1:{proxy.port}/0?socket_timeout=0.2", key_prefix, runner)
+    r = EntryRef("a", "p", Limits(), MonthlyWindow(), fingerprint="f")
+    try:
+        await store.reserve(r, CFG, "warm", NOW, 30)  # Redis knows both scripts now
+        await store.settle(r, CFG, "warm", NOW, outcome=Outcome.SUCCESS, ttl=30)
+        assert (await store.reserve(r, CFG, "l1", NOW, 30)).granted
+        proxy.lose_next_reply = True
+        settled = await store.settle(r, CFG, "l1", NOW, outcome=Outcome.TRANSIENT)
+        assert proxy.lost == 1
+        assert settled.applied
+        snap = await store.snapshot([r], NOW)
+        assert snap.entries["a"].breaker.failures == 1
+    finally:
+        await store.close()
