@@ -19,7 +19,7 @@ call) so a RESOURCE_EXHAUSTED comes back at once and the router decides.
 The SDK still retries UNAVAILABLE/INTERNAL answers three times, quickly
 (0.1 s to 0.4 s apart): it has no switch for that.
 
-Every SDK exception goes through `_to_error`, the one mapping to
+Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``: AuthError `AuthError`; ResourceExhaustedError
 `RateLimited` when Modal attaches a retry policy or speaks of a rate,
 `CapacityExceeded` when it speaks of concurrency or capacity, else
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import math
 import os
 import posixpath
@@ -66,6 +67,7 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
+from providers.mapping import ErrorMap, Where
 
 __all__ = ["TOKEN_ID_ENV", "TOKEN_SECRET_ENV", "ModalOptions", "ModalProvider", "ModalSandbox"]
 
@@ -194,7 +196,7 @@ class ModalProvider(Provider):
     async def create(self, spec: SandboxSpec, *, timeout: float) -> ModalSandbox:
         modal = _sdk()
         workdir = spec.workdir or self.opts.workdir
-        try:
+        with sdk_errors(self.name):
             async with asyncio.timeout(timeout):
                 client = await self._native_client()
                 native = await modal.Sandbox.create.aio(
@@ -211,8 +213,6 @@ class ModalProvider(Provider):
                     gpu=spec.gpu,
                     client=client,
                 )
-        except Exception as exc:
-            raise _to_error(exc, self.name) from exc
         log.debug("sandbox_router.modal.created", entry=self.name, sandbox_id=native.object_id)
         return ModalSandbox(native, self.name, workdir=workdir, request_timeout=self._timeout)
 
@@ -221,12 +221,10 @@ class ModalProvider(Provider):
         return self.opts.request_timeout
 
     async def connect(self, sandbox_id: str) -> ModalSandbox:
-        try:
+        with sdk_errors(self.name, sandbox_id):
             async with asyncio.timeout(self._timeout):
                 client = await self._native_client()
                 native = await _sdk().Sandbox.from_id.aio(sandbox_id, client=client)
-        except Exception as exc:
-            raise _to_error(exc, self.name, sandbox_id) from exc
         if native.returncode is not None:
             raise NotFound(
                 f"Modal sandbox has finished (exit code {native.returncode})",
@@ -239,7 +237,7 @@ class ModalProvider(Provider):
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
         found: builtins.list[SandboxInfo] = []
-        try:
+        with sdk_errors(self.name):
             async with asyncio.timeout(self._timeout):
                 client = await self._native_client()
                 app = await self._native_app(client)
@@ -248,23 +246,19 @@ class ModalProvider(Provider):
                 ):
                     tags = await native.get_tags.aio()
                     found.append(SandboxInfo(id=native.object_id, labels=tags))
-        except Exception as exc:
-            raise _to_error(exc, self.name) from exc
         return found
 
     async def kill(self, sandbox_id: str) -> bool:
         try:
-            async with asyncio.timeout(self._timeout):
-                client = await self._native_client()
-                native = await _sdk().Sandbox.from_id.aio(sandbox_id, client=client)
-                if native.returncode is not None:
-                    return False
-                await native.terminate.aio()
-        except Exception as exc:
-            error = _to_error(exc, self.name, sandbox_id)
-            if isinstance(error, NotFound):
-                return False
-            raise error from exc
+            with sdk_errors(self.name, sandbox_id):
+                async with asyncio.timeout(self._timeout):
+                    client = await self._native_client()
+                    native = await _sdk().Sandbox.from_id.aio(sandbox_id, client=client)
+                    if native.returncode is not None:
+                        return False
+                    await native.terminate.aio()
+        except NotFound:
+            return False
         await _detach(native)
         log.debug("sandbox_router.modal.killed", entry=self.name, sandbox_id=sandbox_id)
         return True
@@ -298,8 +292,8 @@ class ModalSandbox(Sandbox):
     def native(self) -> Any:
         return self._native
 
-    def _error(self, exc: BaseException) -> ProviderError:
-        return _to_error(exc, self.provider, self.id, in_sandbox=True)
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        return sdk_errors(self.provider, self.id, in_sandbox=True)
 
     def _path(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self._workdir, path))
@@ -331,26 +325,26 @@ class ModalSandbox(Sandbox):
         from modal.exception import ExecTimeoutError
 
         started = time.monotonic()
-        try:
-            async with asyncio.timeout(self._deadline(timeout)):
-                process = await self._native.exec.aio(
-                    *argv,
-                    timeout=math.ceil(timeout) if timeout else None,
-                    workdir=self._path(cwd or "."),
-                    env=dict(env) if env else None,
-                    text=False,
-                )
-                if stdin is not None:
-                    process.stdin.write(stdin)
-                    process.stdin.write_eof()
-                    await process.stdin.drain.aio()
-                out, err, code = await asyncio.gather(
-                    process.stdout.read.aio(), process.stderr.read.aio(), process.wait.aio()
-                )
-        except ExecTimeoutError:
-            return CommandResult("", "", _TIMED_OUT, time.monotonic() - started, timed_out=True)
-        except Exception as exc:
-            raise self._error(exc) from exc
+        with self._errors():
+            try:
+                async with asyncio.timeout(self._deadline(timeout)):
+                    process = await self._native.exec.aio(
+                        *argv,
+                        timeout=math.ceil(timeout) if timeout else None,
+                        workdir=self._path(cwd or "."),
+                        env=dict(env) if env else None,
+                        text=False,
+                    )
+                    if stdin is not None:
+                        process.stdin.write(stdin)
+                        process.stdin.write_eof()
+                        await process.stdin.drain.aio()
+                    out, err, code = await asyncio.gather(
+                        process.stdout.read.aio(), process.stderr.read.aio(), process.wait.aio()
+                    )
+            except ExecTimeoutError:
+                elapsed = time.monotonic() - started
+                return CommandResult("", "", _TIMED_OUT, elapsed, timed_out=True)
         elapsed = time.monotonic() - started
         timed_out = code == _TIMED_OUT or bool(timeout and code == 137 and elapsed >= timeout)
         return CommandResult(
@@ -363,26 +357,20 @@ class ModalSandbox(Sandbox):
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else data
-        try:
+        with self._errors():
             async with asyncio.timeout(self._timeout):
                 await self._native.filesystem.write_bytes.aio(payload, self._path(path))
-        except Exception as exc:
-            raise self._error(exc) from exc
 
     async def read_file(self, path: str) -> bytes:
-        try:
+        with self._errors():
             async with asyncio.timeout(self._timeout):
                 data: bytes = await self._native.filesystem.read_bytes.aio(self._path(path))
-        except Exception as exc:
-            raise self._error(exc) from exc
         return data
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
-        try:
+        with self._errors():
             async with asyncio.timeout(self._timeout):
                 entries = await self._native.filesystem.list_files.aio(self._path(path))
-        except Exception as exc:
-            raise self._error(exc) from exc
         return [FileInfo(name=e.name, path=e.path, is_dir=e.is_dir(), size=e.size) for e in entries]
 
     async def run_code(
@@ -396,27 +384,15 @@ class ModalSandbox(Sandbox):
                 sandbox_id=self.id,
             )
         res = await self._exec(_INTERPRETERS[language], timeout=timeout, stdin=code.encode())
-        error = None
-        if res.timed_out:
-            error = f"timed out after {timeout}s"
-        elif res.exit_code != 0:
-            lines = [line for line in res.stderr.splitlines() if line.strip()]
-            error = lines[-1] if lines else f"exit code {res.exit_code}"
-        return CodeResult(
-            res.stdout, res.stderr, res.exit_code, res.duration, res.timed_out, (), error
-        )
+        return CodeResult.of_command(res, timeout)
 
     async def kill(self) -> None:
         """Terminate the sandbox, then release this handle's connection to it."""
         if self._killed:
             return
-        try:
+        with contextlib.suppress(NotFound), self._errors():
             async with asyncio.timeout(self._timeout):
                 await self._native.terminate.aio()
-        except Exception as exc:
-            error = self._error(exc)
-            if not isinstance(error, NotFound):
-                raise error from exc
         self._killed = True
         await _detach(self._native)
 
@@ -440,71 +416,52 @@ def _retry_after(exc: BaseException) -> float | None:
     return None
 
 
-def _to_error(
-    exc: BaseException,
-    provider: str,
-    sandbox_id: str | None = None,
-    *,
-    in_sandbox: bool = False,
-) -> ProviderError:
-    """The one mapping of Modal SDK (and grpclib) exceptions to router errors.
-
-    Args:
-        exc: what the SDK raised.
-        provider: the chain entry's name.
-        sandbox_id: the sandbox concerned, when there is one.
-        in_sandbox: the call was an operation inside a live sandbox (a
-            command, a file), where an invalid request is the caller's.
-    """
+def _to_error(exc: Exception, where: Where) -> ProviderError:
+    """The one mapping of Modal SDK (and grpclib) exceptions to router errors."""
     from grpclib.exceptions import GRPCError, StreamTerminatedError
     from modal import exception as mx
 
     message = str(exc) or type(exc).__name__
-    where: dict[str, Any] = {"provider": provider, "sandbox_id": sandbox_id}
-
     if isinstance(exc, mx.AuthError):
-        return AuthError(message, status=401, **where)
+        return where.error(AuthError, message, status=401)
     if isinstance(exc, mx.PermissionDeniedError):
-        return AuthError(message, status=403, **where)
+        return where.error(AuthError, message, status=403)
     if isinstance(exc, mx.ResourceExhaustedError):
         return _exhausted(exc, message, where)
     if isinstance(exc, mx.SandboxFilesystemNotFoundError):
-        return SandboxError(f"no such file or directory: {message}", status=404, **where)
+        return where.error(SandboxError, f"no such file or directory: {message}", status=404)
     if isinstance(exc, mx.SandboxFilesystemError):
-        return SandboxError(message, **where)
+        return where.error(SandboxError, message)
     if isinstance(exc, mx.NotFoundError):
-        return NotFound(message, status=404, **where)
-    if isinstance(exc, mx.ConflictError) and in_sandbox and "finished" in message:
-        return NotFound(f"Modal sandbox has finished: {message}", status=409, **where)
-    if isinstance(exc, mx.ClientClosed) and in_sandbox:
-        return NotFound(f"this handle on the Modal sandbox was killed: {message}", **where)
+        return where.error(NotFound, message, status=404)
+    if isinstance(exc, mx.ConflictError) and where.in_sandbox and "finished" in message:
+        return where.error(NotFound, f"Modal sandbox has finished: {message}", status=409)
+    if isinstance(exc, mx.ClientClosed) and where.in_sandbox:
+        return where.error(NotFound, f"this handle on the Modal sandbox was killed: {message}")
     if isinstance(exc, mx.InvalidError):
-        return SandboxError(message, status=400, **where)
+        return where.error(SandboxError, message, status=400)
     if isinstance(exc, mx.ImageBuildError):
-        return NotFound(f"image build failed: {message}", **where)
+        return where.error(NotFound, f"image build failed: {message}")
     if isinstance(exc, mx.ServiceError | mx.InternalError | mx.ConnectionError | mx.TimeoutError):
-        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+        return where.error(Unavailable, f"{type(exc).__name__}: {message}")
     if isinstance(exc, mx.Error):
-        return ProviderError(f"{type(exc).__name__}: {message}", **where)
+        return where.error(ProviderError, f"{type(exc).__name__}: {message}")
     if isinstance(exc, StreamTerminatedError | GRPCError | OSError | ConnectionError):
-        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+        return where.error(Unavailable, f"{type(exc).__name__}: {message}")
     if isinstance(exc, TimeoutError):
-        return Unavailable("Modal did not answer in time", **where)
-    return ProviderError(f"{type(exc).__name__}: {message}", **where)
+        return where.error(Unavailable, "Modal did not answer in time")
+    return where.error(ProviderError, f"{type(exc).__name__}: {message}")
 
 
-def _exhausted(exc: BaseException, message: str, where: dict[str, Any]) -> ProviderError:
+def _exhausted(exc: BaseException, message: str, where: Where) -> ProviderError:
     """RESOURCE_EXHAUSTED: throttling, the concurrency cap or the workspace's quota."""
     retry_after = _retry_after(exc)
     lowered = message.lower()
     if retry_after is not None or "rate limit" in lowered:
-        limited = RateLimited(
-            message, retry_after=retry_after, provider=where["provider"], status=429
-        )
-        limited.sandbox_id = where["sandbox_id"]
-        return limited
+        return where.error(RateLimited, message, status=429, retry_after=retry_after)
     if any(word in lowered for word in _CAPACITY_WORDS):
-        return CapacityExceeded(message, status=429, **where)
-    quota = QuotaExceeded(message, provider=where["provider"], status=429)
-    quota.sandbox_id = where["sandbox_id"]
-    return quota
+        return where.error(CapacityExceeded, message, status=429)
+    return where.error(QuotaExceeded, message, status=429)
+
+
+sdk_errors = ErrorMap(_to_error)
