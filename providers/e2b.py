@@ -9,9 +9,10 @@ retries and a dead endpoint must fail over at once.
 
 Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``. Notable there: E2B answers 429 both for rate limits
-and for its cap on concurrent sandboxes (told apart by the message); with
-retries off the SDK drops the response's ``Retry-After``, so
-`RateLimited.retry_after` is only set when the message states a delay; raw
+and for its cap on concurrent sandboxes (told apart by the message); the
+SDK raises without the response, so a 429's ``Retry-After`` is read from
+the response the raising SDK frame still holds (`_answer_headers`), else
+from a delay stated in the message; raw
 ``httpx`` transport errors and ``connectrpc`` errors leak through the SDK on
 a slow or dead endpoint and are `Unavailable`. A command that exits non-zero
 (the SDK raises ``CommandExitException``) or runs out of its own timeout is a
@@ -28,6 +29,7 @@ import os
 import re
 import shlex
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -51,7 +53,7 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
-from providers.mapping import ErrorMap, Where, from_status
+from providers.mapping import ErrorMap, Where, from_status, retry_after
 
 if TYPE_CHECKING:
     from e2b_code_interpreter import AsyncSandbox
@@ -322,6 +324,21 @@ def _status_of(exc: BaseException) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _answer_headers(exc: BaseException, status: int) -> Mapping[str, Any]:
+    """The headers of the HTTP answer an SDK error was made from, when a frame still holds it.
+
+    The SDK builds its exception from the response (``handle_api_exception``)
+    and keeps only the status and message; the response stays a local of
+    the frame that raised, which the traceback keeps.
+    """
+    for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        for value in frame.f_locals.values():
+            headers = getattr(value, "headers", None)
+            if getattr(value, "status_code", None) == status and isinstance(headers, Mapping):
+                return headers
+    return {}
+
+
 def _to_error(exc: Exception, where: Where) -> ProviderError:
     """The one mapping of E2B SDK (and leaked transport) exceptions to router errors."""
     import httpx
@@ -340,12 +357,13 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
     elif isinstance(exc, e2b.RateLimitException):
         status = 429
     if status in (401, 429, 503):
-        retry = _RETRY_AFTER.search(message)
+        stated = _RETRY_AFTER.search(message)
         return from_status(
             status,
             message,
             where,
-            retry_after=float(retry.group(1)) if retry else None,
+            retry_after=retry_after(_answer_headers(exc, status))
+            or (float(stated.group(1)) if stated else None),
             capacity=_CONCURRENCY_CAP in lowered,
         )
     if isinstance(exc, e2b.SandboxNotFoundException | e2b.SandboxNotRunningException):
