@@ -364,7 +364,7 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
             where,
             retry_after=retry_after(_answer_headers(exc, status))
             or (float(stated.group(1)) if stated else None),
-            capacity=_CONCURRENCY_CAP in lowered,
+            capacity=status == 429 and _CONCURRENCY_CAP in lowered,
         )
     if isinstance(exc, e2b.SandboxNotFoundException | e2b.SandboxNotRunningException):
         return where.error(NotFound, message, status=status or 404)

@@ -120,8 +120,9 @@ def from_status(
         retry_after: the answer's ``Retry-After`` in seconds (a 429's wait,
             a spent quota's reset).
         quota: the answer says the account's quota is spent.
-        capacity: a 429 that speaks of the cap on concurrent sandboxes, not
-            of a request rate.
+        capacity: the answer speaks of the cap on what runs at once
+            (sandboxes, or the CPU they hold), not of a rate or a quota: a
+            release frees it.
         missing: the answer says what was asked for does not exist, whatever
             its status.
         callers: a 403 or 404 came from inside the sandbox (its own
@@ -129,12 +130,12 @@ def from_status(
     """
     if status == 401:
         return where.error(AuthError, message, status=status)
+    if capacity:
+        return where.error(CapacityExceeded, message, status=status)
     if quota:
         reset_at = datetime.now(UTC) + timedelta(seconds=retry_after) if retry_after else None
         return where.error(QuotaExceeded, message, status=status, reset_at=reset_at)
     if status == 429:
-        if capacity:
-            return where.error(CapacityExceeded, message, status=status)
         return where.error(RateLimited, message, status=status, retry_after=retry_after)
     if status == 403 and not callers:
         return where.error(AuthError, message, status=status)

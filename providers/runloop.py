@@ -517,7 +517,7 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
             where,
             retry_after=retry_after(exc.response.headers),
             quota=exc.status_code == 403 and any(word in lowered for word in _QUOTA_WORDS),
-            capacity=any(word in lowered for word in _CONCURRENCY_WORDS),
+            capacity=exc.status_code == 429 and any(word in lowered for word in _CONCURRENCY_WORDS),
         )
     if isinstance(exc, RunloopError) and "terminal state" in message:
         return where.error(Unavailable, message)

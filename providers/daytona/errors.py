@@ -3,8 +3,10 @@
 The SDK hides statuses (a download error keeps it on an ``aiohttp`` error
 two levels down; ``code_run`` raises the generated client's error
 unwrapped), so `facts` reads the ``__cause__`` chain. Then: 401
-`AuthError`; 400 or 403 saying "limit exceeded" or "quota" `QuotaExceeded`
-(Daytona's resource limits: 403 before API v0.170, 400 since), other 403
+`AuthError`; 400 or 403 saying "Total CPU (memory, disk, GPU) limit
+exceeded" `CapacityExceeded` (the organization's cap on what its live
+sandboxes hold: a release frees it), other "limit exceeded" or "quota"
+`QuotaExceeded` (Daytona's limits: 403 before API v0.170, 400 since), other 403
 `AuthError`; 429 `RateLimited` with ``Retry-After``; 404, and a 400 "not
 found" on create (an unknown snapshot), `NotFound`; 408, 5xx, connection
 errors, timeouts and a sandbox that failed to start `Unavailable`; a runner
@@ -31,6 +33,7 @@ __all__ = ["DAEMON", "EXECUTION_TIMEOUT", "Facts", "facts", "sdk_errors"]
 DAEMON = "DAYTONA_DAEMON"
 EXECUTION_TIMEOUT = "PROCESS_EXECUTION_TIMEOUT"
 _QUOTA_WORDS = ("limit exceeded", "quota")
+_RESOURCE_CAP = re.compile(r"total (cpu|memory|disk|gpu) limit exceeded", re.IGNORECASE)
 _ERROR_STATE = re.compile(r"Sandbox (\S+) entered error state")
 
 
@@ -132,12 +135,14 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
         return where.error(CapacityExceeded, message)
     if found.status is not None:
         lowered = message.lower()
+        limit = found.status in (400, 403)
         return from_status(
             found.status,
             message,
             where,
             retry_after=retry_after(found.headers),
-            quota=found.status in (400, 403) and any(word in lowered for word in _QUOTA_WORDS),
+            capacity=limit and _RESOURCE_CAP.search(message) is not None,
+            quota=limit and any(word in lowered for word in _QUOTA_WORDS),
             missing=found.status == 400 and not where.in_sandbox and "not found" in lowered,
             callers=where.in_sandbox and found.source == DAEMON,
         )

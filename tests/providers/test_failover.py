@@ -119,10 +119,12 @@ VENDORS = {
         set_attr("snapshots"),
         "no-such-snapshot",
         [
-            *common(DAYTONA_KEY, cap="exhausted"),  # Daytona's cap is an account limit
+            *common(DAYTONA_KEY),  # the CPU limit caps live sandboxes: a release frees it
             *sdk_http_errors(),
-            Fault("quota-403", "exhausted", inject={"create": {"status": 403}}),
-            Fault("quota-400", "exhausted", inject={"create": {"status": 400, "message": LIMIT}}),
+            Fault("cpu-403", "capacity", inject={"create": {"status": 403}}),
+            Fault(
+                "cpu-limit-400", "capacity", inject={"create": {"status": 400, "message": LIMIT}}
+            ),
             Fault("boot-hangs", "closed", **transient("boot", hang=True)),
             Fault("boot-fails", "closed", **transient("boot", status=500)),
             Fault("unknown-snapshot", "closed", catalog=["base"]),
