@@ -2,10 +2,11 @@
 
 Each chain entry is one E2B account (one API key: ``api_key``, else
 ``E2B_API_KEY``); its SDK params are bound once in an ``E2B`` client,
-created on first use. The SDK's own retries are off (``retries=0``) and,
-unless ``E2B_CONNECTION_RETRIES`` is already set, so are its connect
-retries (that knob is read once, when the SDK is imported): the router owns
-retries and a dead endpoint must fail over at once.
+created on first use. The SDK's own retries are off (``retries=0``): the
+router owns retries. Its connect retries (up to three, only of a connection
+that was refused before any request was written, so they never repeat a
+create) have no switch per client: ``E2B_CONNECTION_RETRIES`` is read once,
+process-wide, and is left to the app.
 
 Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``. Notable there: E2B answers 429 both for rate limits
@@ -25,7 +26,6 @@ import asyncio
 import builtins
 import contextlib
 import math
-import os
 import re
 import shlex
 import time
@@ -63,7 +63,6 @@ __all__ = ["API_KEY_ENV", "E2BOptions", "E2BProvider", "E2BSandbox"]
 log = structlog.get_logger("sandbox_router.e2b")
 
 API_KEY_ENV = "E2B_API_KEY"
-_CONNECTION_RETRIES_ENV = "E2B_CONNECTION_RETRIES"
 _CONCURRENCY_CAP = "maximum number of concurrent"
 _QUOTA_WORDS = ("blocked", "quota", "credit", "billing limit")
 _STATUS_PREFIX = re.compile(r"^(\d{3})\b")
@@ -85,7 +84,6 @@ _RESULT_FORMATS = (
 
 def _sdk() -> Any:
     """Import ``e2b_code_interpreter`` (lazily: the adapter imports without it)."""
-    os.environ.setdefault(_CONNECTION_RETRIES_ENV, "0")
     import e2b_code_interpreter
 
     return e2b_code_interpreter

@@ -13,11 +13,14 @@ the SDK picks by itself.
 
 Every Modal call runs under the router's own deadline (``asyncio.timeout``):
 against a dead endpoint the SDK keeps reconnecting for about a minute, and a
-hung create never returns. The SDK's silent sleeps on throttling are off
-(``MODAL_MAX_THROTTLE_WAIT=0`` unless already set, read by the SDK at each
-call) so a RESOURCE_EXHAUSTED comes back at once and the router decides.
-The SDK still retries UNAVAILABLE/INTERNAL answers three times, quickly
-(0.1 s to 0.4 s apart): it has no switch for that.
+hung create never returns. The router owns retries: the SDK retries
+UNAVAILABLE/INTERNAL answers and dropped streams three times and sleeps on
+throttling, with no switch per client (only the process-wide
+``MODAL_MAX_THROTTLE_WAIT``, which would change the app's own Modal calls
+too). So `_stop_sdk_retries` listens on this entry's control-plane channel
+(grpclib's events): an answer the SDK would retry is raised at once, and a
+retry the SDK tries after a dropped stream is never sent. One router
+attempt is one request on the wire.
 
 Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``: AuthError `AuthError`; ResourceExhaustedError
@@ -37,7 +40,6 @@ import asyncio
 import builtins
 import contextlib
 import math
-import os
 import posixpath
 import time
 from collections.abc import Mapping, Sequence
@@ -75,18 +77,57 @@ log = structlog.get_logger("sandbox_router.modal")
 
 TOKEN_ID_ENV = "MODAL_TOKEN_ID"
 TOKEN_SECRET_ENV = "MODAL_TOKEN_SECRET"
-_THROTTLE_ENV = "MODAL_MAX_THROTTLE_WAIT"
 _CAPACITY_WORDS = ("concurren", "capacity", "running sandboxes")
 _INTERPRETERS = {"python": ("python3", "-"), "bash": ("bash", "-s")}
 _TIMED_OUT = -1
 
 
 def _sdk() -> Any:
-    """Import ``modal`` (lazily: the adapter imports without it), throttle waits off."""
-    os.environ.setdefault(_THROTTLE_ENV, "0")
+    """Import ``modal`` (lazily: the adapter imports without it)."""
     import modal
 
     return modal
+
+
+class _SdkRetryStopped(Exception):
+    """An answer Modal's SDK would have retried (or slept on), raised to the router instead.
+
+    Not one of the exceptions the SDK's retry loop catches, so it leaves the
+    SDK at once; `_to_error` maps it.
+    """
+
+    def __init__(self, status: Any = None, message: str | None = None, details: Any = None):
+        super().__init__(message or "the connection to Modal failed")
+        self.status = status
+        self.details = details
+
+
+async def _stop_sdk_retries(client: Any, server_url: str) -> None:
+    """Make each SDK call on ``client``'s control-plane channel one request on the wire."""
+    import grpclib.events
+    from grpclib.const import Status
+
+    again = {
+        Status.DEADLINE_EXCEEDED,
+        Status.UNAVAILABLE,
+        Status.CANCELLED,
+        Status.INTERNAL,
+        Status.UNKNOWN,
+    }
+
+    async def answered(event: grpclib.events.RecvTrailingMetadata) -> None:
+        policy = _retry_policy(event.status_details)
+        throttled = event.status is Status.RESOURCE_EXHAUSTED and policy is not None
+        if event.status in again or throttled:
+            raise _SdkRetryStopped(event.status, event.status_message, event.status_details)
+
+    async def sending(event: grpclib.events.SendRequest) -> None:
+        if event.metadata.get("x-retry-attempt", "0") != "0":
+            raise _SdkRetryStopped()
+
+    channel = await client._get_channel.aio(server_url)
+    grpclib.events.listen(channel, grpclib.events.RecvTrailingMetadata, answered)
+    grpclib.events.listen(channel, grpclib.events.SendRequest, sending)
 
 
 class ModalOptions(ProviderOptions):
@@ -174,11 +215,14 @@ class ModalProvider(Provider):
             raise AuthError(str(self.unconfigured_reason()), provider=self.name)
         modal = _sdk()
         if self.opts.server_url is None:
-            return await modal.Client.from_credentials.aio(*credentials)
+            client = await modal.Client.from_credentials.aio(*credentials)
+            await _stop_sdk_retries(client, modal.config.config["server_url"])
+            return client
         from modal_proto import api_pb2
 
         client = modal.Client(self.opts.server_url, api_pb2.CLIENT_TYPE_CLIENT, credentials)
         await client.__aenter__()
+        await _stop_sdk_retries(client, self.opts.server_url)
         return client
 
     async def _native_app(self, client: Any) -> Any:
@@ -407,9 +451,9 @@ async def _detach(native: Any) -> None:
         )
 
 
-def _retry_after(exc: BaseException) -> float | None:
-    """The delay of the ``RPCRetryPolicy`` detail Modal attached to an error, if any."""
-    for detail in getattr(exc, "_grpc_details", None) or ():
+def _retry_policy(details: Any) -> float | None:
+    """The delay of the ``RPCRetryPolicy`` detail Modal attached to an answer, if any."""
+    for detail in details or ():
         seconds = getattr(detail, "retry_after_secs", None)
         if isinstance(seconds, int | float):
             return float(seconds)
@@ -418,16 +462,22 @@ def _retry_after(exc: BaseException) -> float | None:
 
 def _to_error(exc: Exception, where: Where) -> ProviderError:
     """The one mapping of Modal SDK (and grpclib) exceptions to router errors."""
+    from grpclib.const import Status
     from grpclib.exceptions import GRPCError, StreamTerminatedError
     from modal import exception as mx
 
     message = str(exc) or type(exc).__name__
+    if isinstance(exc, _SdkRetryStopped):
+        if exc.status is Status.RESOURCE_EXHAUSTED:
+            return _exhausted(message, _retry_policy(exc.details), where)
+        what = exc.status.name if exc.status is not None else "ConnectionError"
+        return where.error(Unavailable, f"{what}: {message}")
     if isinstance(exc, mx.AuthError):
         return where.error(AuthError, message, status=401)
     if isinstance(exc, mx.PermissionDeniedError):
         return where.error(AuthError, message, status=403)
     if isinstance(exc, mx.ResourceExhaustedError):
-        return _exhausted(exc, message, where)
+        return _exhausted(message, _retry_policy(getattr(exc, "_grpc_details", None)), where)
     if isinstance(exc, mx.SandboxFilesystemNotFoundError):
         return where.error(SandboxError, f"no such file or directory: {message}", status=404)
     if isinstance(exc, mx.SandboxFilesystemError):
@@ -453,9 +503,8 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
     return where.error(ProviderError, f"{type(exc).__name__}: {message}")
 
 
-def _exhausted(exc: BaseException, message: str, where: Where) -> ProviderError:
+def _exhausted(message: str, retry_after: float | None, where: Where) -> ProviderError:
     """RESOURCE_EXHAUSTED: throttling, the concurrency cap or the workspace's quota."""
-    retry_after = _retry_after(exc)
     lowered = message.lower()
     if retry_after is not None or "rate limit" in lowered:
         return where.error(RateLimited, message, status=429, retry_after=retry_after)

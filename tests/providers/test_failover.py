@@ -2,8 +2,8 @@
 
 One table of faults per vendor: each must fail over to local, refund the
 reservation, leave the entry in the expected health state, hit the emulator
-the expected number of times (the router retries transient errors once;
-Modal's SDK retries some itself) and leave no sandbox alive.
+the expected number of times (the router retries transient errors once, and
+no SDK retries under it) and leave no sandbox alive.
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ def set_attr(attr: str) -> Callable[[Any, list[str]], None]:
     return lambda emu, names: setattr(emu, attr, set(names))
 
 
-# The SDK itself tries UNAVAILABLE / INTERNAL / dropped streams up to 4 times (0.7 s of
-# backoff), the router twice: a loaded machine fits fewer SDK tries in the budget.
-MODAL_TRIES = (2, 8)
+# The router owns retries: the adapter stops the SDK's own (up to 4 tries of UNAVAILABLE,
+# INTERNAL and dropped streams), so the router's 2 attempts are 2 requests.
+MODAL_TRIES = (2, 2)
 
 VENDORS = {
     "e2b": Vendor(

@@ -418,7 +418,7 @@ def test_no_sdk_import_until_used() -> None:
         assert not [m for m in sys.modules if m.split(".")[0] in ("modal", "modal_proto")]
         assert "MODAL_MAX_THROTTLE_WAIT" not in os.environ
         providers.modal._sdk()
-        assert os.environ["MODAL_MAX_THROTTLE_WAIT"] == "0"
+        assert "MODAL_MAX_THROTTLE_WAIT" not in os.environ
         """
     )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
@@ -460,3 +460,22 @@ async def test_a_429_keeps_its_retry_after(
     with pytest.raises(RateLimited) as limited:
         await (provider.create(SandboxSpec(), timeout=2) if op == "create" else provider.list())
     assert (limited.value.retry_after, limited.value.status) == (30, 429)
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ({"status": 503}, Unavailable),
+        ({"status": 500}, Unavailable),
+        ({"drop": True}, Unavailable),
+        ({"status": 429, "retry_after": 9}, RateLimited),
+    ],
+)
+async def test_one_create_is_one_request(
+    emu: ModalEmulator, provider: ModalProvider, fault: dict[str, Any], error: type[ProviderError]
+) -> None:
+    """The SDK's own retries (and throttle sleeps) are stopped: the router owns retries."""
+    emu.inject("create", times=None, **fault)
+    with pytest.raises(error):
+        await provider.create(SandboxSpec(), timeout=5)
+    assert emu.core.faults.hits["create"] == 1
