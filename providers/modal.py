@@ -20,7 +20,9 @@ throttling, with no switch per client (only the process-wide
 too). So `_stop_sdk_retries` listens on this entry's control-plane channel
 (grpclib's events): an answer the SDK would retry is raised at once, and a
 retry the SDK tries after a dropped stream is never sent. One router
-attempt is one request on the wire.
+attempt is one request on the wire. And since the SDK sends the token on
+every request, which hpack's DEBUG log prints, the adapter puts a filter on
+that logger (`_RedactTokens`) that masks Modal's credential headers.
 
 Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``: AuthError `AuthError`; ResourceExhaustedError
@@ -39,8 +41,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import logging
 import math
 import posixpath
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -79,6 +83,13 @@ TOKEN_ID_ENV = "MODAL_TOKEN_ID"
 TOKEN_SECRET_ENV = "MODAL_TOKEN_SECRET"
 _CAPACITY_WORDS = ("concurren", "capacity", "running sandboxes")
 _INTERPRETERS = {"python": ("python3", "-"), "bash": ("bash", "-s")}
+_HEADER_LOG = "hpack.hpack"
+_SECRET_HEADER = re.compile(
+    r"""(['"]?(?:x-modal-token-id|x-modal-token-secret|x-modal-auth-token|authorization)['"]?"""
+    r"""\s*[=,:]\s*b?)(['"]).*?\2""",
+    re.IGNORECASE,
+)
+_RAW_BLOCKS = frozenset({"Encoded header block to %s", "Decoding %s"})
 _TIMED_OUT = -1
 
 
@@ -87,6 +98,29 @@ def _sdk() -> Any:
     import modal
 
     return modal
+
+
+class _RedactTokens(logging.Filter):
+    """Masks Modal's credentials in the HTTP/2 header log (``hpack`` at DEBUG).
+
+    The SDK sends the workspace token on every request; hpack logs each
+    header it encodes or decodes, and the raw header blocks. A filter on that
+    one logger rewrites those lines, so an app logging at DEBUG never prints
+    a token while its own log levels stay as it set them.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in _RAW_BLOCKS:
+            record.msg, record.args = str(record.msg) % "<header block redacted>", None
+            return True
+        text = record.getMessage()
+        redacted = _SECRET_HEADER.sub(r"\1\2<redacted>\2", text)
+        if redacted != text:
+            record.msg, record.args = redacted, None
+        return True
+
+
+_REDACT_TOKENS = _RedactTokens()
 
 
 class _SdkRetryStopped(Exception):
@@ -213,6 +247,7 @@ class ModalProvider(Provider):
         credentials = self._credentials()
         if credentials is None:
             raise AuthError(str(self.unconfigured_reason()), provider=self.name)
+        logging.getLogger(_HEADER_LOG).addFilter(_REDACT_TOKENS)
         modal = _sdk()
         if self.opts.server_url is None:
             client = await modal.Client.from_credentials.aio(*credentials)

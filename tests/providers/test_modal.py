@@ -479,3 +479,16 @@ async def test_one_create_is_one_request(
     with pytest.raises(error):
         await provider.create(SandboxSpec(), timeout=5)
     assert emu.core.faults.hits["create"] == 1
+
+
+async def test_debug_logging_never_shows_the_token(
+    emu: ModalEmulator, provider: ModalProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An app logging everything at DEBUG sees no token in the HTTP/2 header log (hpack)."""
+    caplog.set_level(logging.DEBUG)
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    await sbx.run("echo hi")
+    await sbx.kill()
+    assert "x-modal-token-secret" in caplog.text, "the header log is on"
+    assert TEST_TOKEN_SECRET not in caplog.text
+    assert TEST_TOKEN_ID not in caplog.text
