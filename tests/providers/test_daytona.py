@@ -556,16 +556,6 @@ async def test_secrets_never_leak(
     assert [text for text in seen if secret in text] == []
 
 
-@pytest.mark.parametrize("op", ["create", "list"])
-async def test_a_429_keeps_its_retry_after(
-    emu: DaytonaEmulator, provider: DaytonaProvider, op: str
-) -> None:
-    emu.inject(op, status=429, retry_after=30)
-    with pytest.raises(RateLimited) as limited:
-        await (provider.create(SandboxSpec(), timeout=2) if op == "create" else provider.list())
-    assert (limited.value.retry_after, limited.value.status) == (30, 429)
-
-
 def test_a_released_sandbox_frees_the_cpu_limit_for_the_next_acquire(
     emu: DaytonaEmulator, redis_url: str, key_prefix: str, tmp_path: Path, new_router: Any
 ) -> None:

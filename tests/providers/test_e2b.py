@@ -353,13 +353,3 @@ async def test_secrets_never_leak(
         seen += [str(err), repr(err), str(err.__cause__), repr(err.__cause__)]
     seen += [repr(e) for e in events] + [caplog.text] + list(capsys.readouterr())
     assert [text for text in seen if secret in text] == []
-
-
-@pytest.mark.parametrize("op", ["create", "list"])
-async def test_a_429_keeps_its_retry_after(
-    emu: E2BEmulator, provider: E2BProvider, op: str
-) -> None:
-    emu.inject(op, status=429, retry_after=30)
-    with pytest.raises(RateLimited) as limited:
-        await (provider.create(SandboxSpec(), timeout=2) if op == "create" else provider.list())
-    assert (limited.value.retry_after, limited.value.status) == (30, 429)

@@ -21,7 +21,9 @@ from emulators.e2b import TEST_API_KEY as E2B_KEY
 from emulators.harness import Emulator
 from emulators.modal import TEST_TOKEN_ID, TEST_TOKEN_SECRET
 from emulators.runloop import TEST_API_KEY as RUNLOOP_KEY
+from providers import provider_class
 from providers.base import SandboxSpec
+from providers.errors import RateLimited
 from router import Router
 
 RouterFactory = Callable[..., Router]
@@ -265,3 +267,17 @@ def test_gpu_requirement_picks_modal_over_entries_without_it(
     with router.acquire() as lease:
         assert lease.entry == "local"
     assert entry_view(router, "modal").used["sessions"] == 1
+
+
+@pytest.mark.parametrize("op", ["create", "list"])
+async def test_a_429_keeps_its_retry_after(vendor: Vendor, emu: Any, op: str) -> None:
+    """The router blocks a rate-limited entry for as long as the vendor's Retry-After says."""
+    cls = provider_class(vendor.name)
+    provider = cls(vendor.name, cls.Options(**vendor.options(emu)))
+    emu.inject(op, status=429, retry_after=30)
+    try:
+        with pytest.raises(RateLimited) as limited:
+            await (provider.create(SandboxSpec(), timeout=2) if op == "create" else provider.list())
+    finally:
+        await provider.aclose()
+    assert (limited.value.retry_after, limited.value.status) == (30, 429)

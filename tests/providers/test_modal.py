@@ -452,16 +452,6 @@ async def test_secrets_never_leak(
     assert [text for text in seen if TEST_TOKEN_SECRET in text] == []
 
 
-@pytest.mark.parametrize("op", ["create", "list"])
-async def test_a_429_keeps_its_retry_after(
-    emu: ModalEmulator, provider: ModalProvider, op: str
-) -> None:
-    emu.inject(op, status=429, retry_after=30)
-    with pytest.raises(RateLimited) as limited:
-        await (provider.create(SandboxSpec(), timeout=2) if op == "create" else provider.list())
-    assert (limited.value.retry_after, limited.value.status) == (30, 429)
-
-
 @pytest.mark.parametrize(
     ("fault", "error"),
     [
