@@ -120,6 +120,29 @@ class CodeResult(CommandResult):
     results: tuple[Any, ...] = ()
     error: str | None = None
 
+    @classmethod
+    def of_command(cls, res: CommandResult, timeout: float | None) -> CodeResult:
+        """The result of code run as a command: a failure's error is stderr's last line."""
+        return cls(
+            res.stdout,
+            res.stderr,
+            res.exit_code,
+            res.duration,
+            res.timed_out,
+            (),
+            failure(res.stderr, res.exit_code, res.timed_out, timeout),
+        )
+
+
+def failure(output: str, exit_code: int, timed_out: bool, timeout: float | None) -> str | None:
+    """What went wrong in a run of code, from its output: None when nothing did."""
+    if timed_out:
+        return f"timed out after {timeout}s"
+    if exit_code == 0:
+        return None
+    lines = [line for line in output.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit code {exit_code}"
+
 
 @dataclass(frozen=True, slots=True)
 class FileInfo:

@@ -2,16 +2,18 @@
 
 Each chain entry is one E2B account (one API key: ``api_key``, else
 ``E2B_API_KEY``); its SDK params are bound once in an ``E2B`` client,
-created on first use. The SDK's own retries are off (``retries=0``) and,
-unless ``E2B_CONNECTION_RETRIES`` is already set, so are its connect
-retries (that knob is read once, when the SDK is imported): the router owns
-retries and a dead endpoint must fail over at once.
+created on first use. The SDK's own retries are off (``retries=0``): the
+router owns retries. Its connect retries (up to three, only of a connection
+that was refused before any request was written, so they never repeat a
+create) have no switch per client: ``E2B_CONNECTION_RETRIES`` is read once,
+process-wide, and is left to the app.
 
-Every SDK exception goes through `_to_error`, the one mapping to
+Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``. Notable there: E2B answers 429 both for rate limits
-and for its cap on concurrent sandboxes (told apart by the message); with
-retries off the SDK drops the response's ``Retry-After``, so
-`RateLimited.retry_after` is only set when the message states a delay; raw
+and for its cap on concurrent sandboxes (told apart by the message); the
+SDK raises without the response, so a 429's ``Retry-After`` is read from
+the response the raising SDK frame still holds (`_answer_headers`), else
+from a delay stated in the message; raw
 ``httpx`` transport errors and ``connectrpc`` errors leak through the SDK on
 a slow or dead endpoint and are `Unavailable`. A command that exits non-zero
 (the SDK raises ``CommandExitException``) or runs out of its own timeout is a
@@ -24,38 +26,34 @@ import asyncio
 import builtins
 import contextlib
 import math
-import os
 import re
 import shlex
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import structlog
-from pydantic import SecretStr
 
+from providers.account import KeyedOptions, KeyedProvider
 from providers.base import (
     CodeResult,
     CommandResult,
     FileInfo,
-    Provider,
     ProviderOptions,
     Sandbox,
     SandboxInfo,
     SandboxSpec,
-    credential,
-    missing_api_key,
 )
 from providers.errors import (
     AuthError,
-    CapacityExceeded,
     NotFound,
     ProviderError,
-    QuotaExceeded,
     RateLimited,
     SandboxError,
     Unavailable,
 )
+from providers.mapping import ErrorMap, Where, from_status, retry_after
 
 if TYPE_CHECKING:
     from e2b_code_interpreter import AsyncSandbox
@@ -65,7 +63,6 @@ __all__ = ["API_KEY_ENV", "E2BOptions", "E2BProvider", "E2BSandbox"]
 log = structlog.get_logger("sandbox_router.e2b")
 
 API_KEY_ENV = "E2B_API_KEY"
-_CONNECTION_RETRIES_ENV = "E2B_CONNECTION_RETRIES"
 _CONCURRENCY_CAP = "maximum number of concurrent"
 _QUOTA_WORDS = ("blocked", "quota", "credit", "billing limit")
 _STATUS_PREFIX = re.compile(r"^(\d{3})\b")
@@ -87,13 +84,12 @@ _RESULT_FORMATS = (
 
 def _sdk() -> Any:
     """Import ``e2b_code_interpreter`` (lazily: the adapter imports without it)."""
-    os.environ.setdefault(_CONNECTION_RETRIES_ENV, "0")
     import e2b_code_interpreter
 
     return e2b_code_interpreter
 
 
-class E2BOptions(ProviderOptions):
+class E2BOptions(KeyedOptions):
     """Options of an ``e2b`` chain entry.
 
     Attributes:
@@ -110,7 +106,6 @@ class E2BOptions(ProviderOptions):
         request_timeout: seconds for each API request.
     """
 
-    api_key: SecretStr | None = None
     api_url: str | None = None
     sandbox_url: str | None = None
     domain: str | None = None
@@ -119,7 +114,7 @@ class E2BOptions(ProviderOptions):
     request_timeout: float = 30.0
 
 
-class E2BProvider(Provider):
+class E2BProvider(KeyedProvider[Any]):
     """One E2B account.
 
     Args:
@@ -130,44 +125,37 @@ class E2BProvider(Provider):
     kind: ClassVar[str] = "e2b"
     Options: ClassVar[type[ProviderOptions]] = E2BOptions
     capabilities = frozenset({"run_code", "files"})
+    api_key_env = API_KEY_ENV
 
     def __init__(self, name: str = "e2b", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
-        self._client: Any = None
 
     @property
     def opts(self) -> E2BOptions:
         assert isinstance(self.options, E2BOptions)
         return self.options
 
-    def _api_key(self) -> str | None:
-        return credential(self.opts.api_key, API_KEY_ENV)
-
-    def unconfigured_reason(self) -> str | None:
-        return missing_api_key(API_KEY_ENV) if self._api_key() is None else None
+    def _open_client(self, api_key: str) -> Any:
+        """The SDK's ``E2B``: its params bound once (it holds no connections)."""
+        params: dict[str, Any] = {
+            "api_key": api_key,
+            "request_timeout": self.opts.request_timeout,
+            "retries": 0,
+        }
+        for option in ("api_url", "sandbox_url", "domain"):
+            if getattr(self.opts, option) is not None:
+                params[option] = getattr(self.opts, option)
+        return _sdk().E2B(**params)
 
     def _sandboxes(self) -> type[AsyncSandbox]:
         """The SDK's AsyncSandbox class bound to this entry's account."""
-        if self._client is None:
-            api_key = self._api_key()
-            if api_key is None:
-                raise AuthError(str(self.unconfigured_reason()), provider=self.name)
-            params: dict[str, Any] = {
-                "api_key": api_key,
-                "request_timeout": self.opts.request_timeout,
-                "retries": 0,
-            }
-            for option in ("api_url", "sandbox_url", "domain"):
-                if getattr(self.opts, option) is not None:
-                    params[option] = getattr(self.opts, option)
-            self._client = _sdk().E2B(**params)
-        sandboxes: type[AsyncSandbox] = self._client.AsyncSandbox
+        sandboxes: type[AsyncSandbox] = self._api().AsyncSandbox
         return sandboxes
 
     async def create(self, spec: SandboxSpec, *, timeout: float) -> E2BSandbox:
         sandboxes = self._sandboxes()
         lifetime = spec.lifetime or self.opts.lifetime
-        try:
+        with sdk_errors(self.name):
             async with asyncio.timeout(timeout):
                 native = await sandboxes.create(
                     template=spec.template or self.opts.template,
@@ -176,24 +164,20 @@ class E2BProvider(Provider):
                     envs=dict(spec.env),
                     request_timeout=min(timeout, self.opts.request_timeout),
                 )
-        except Exception as exc:
-            raise _to_error(exc, self.name) from exc
         log.debug("sandbox_router.e2b.created", entry=self.name, sandbox_id=native.sandbox_id)
         return E2BSandbox(native, self.name, workdir=spec.workdir)
 
     async def connect(self, sandbox_id: str) -> E2BSandbox:
         sandboxes = self._sandboxes()
-        try:
+        with sdk_errors(self.name, sandbox_id):
             native = await sandboxes.connect(sandbox_id)
-        except Exception as exc:
-            raise _to_error(exc, self.name, sandbox_id) from exc
         return E2BSandbox(native, self.name)
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
         sandboxes = self._sandboxes()
         query = _sdk().SandboxQuery(metadata=dict(labels)) if labels else None
         found: builtins.list[SandboxInfo] = []
-        try:
+        with sdk_errors(self.name):
             pages = sandboxes.list(query=query)
             while pages.has_next:
                 found.extend(
@@ -205,21 +189,14 @@ class E2BProvider(Provider):
                     )
                     for info in await pages.next_items()
                 )
-        except Exception as exc:
-            raise _to_error(exc, self.name) from exc
         return found
 
     async def kill(self, sandbox_id: str) -> bool:
         sandboxes = self._sandboxes()
-        try:
+        with sdk_errors(self.name, sandbox_id):
             killed: bool = await sandboxes.kill(sandbox_id)
-        except Exception as exc:
-            raise _to_error(exc, self.name, sandbox_id) from exc
         log.debug("sandbox_router.e2b.killed", entry=self.name, sandbox_id=sandbox_id)
         return killed
-
-    async def aclose(self) -> None:
-        self._client = None
 
 
 class E2BSandbox(Sandbox):
@@ -235,8 +212,8 @@ class E2BSandbox(Sandbox):
     def native(self) -> AsyncSandbox:
         return self._native
 
-    def _error(self, exc: BaseException) -> ProviderError:
-        return _to_error(exc, self.provider, self.id, in_sandbox=True)
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        return sdk_errors(self.provider, self.id, in_sandbox=True)
 
     async def run(
         self,
@@ -250,7 +227,7 @@ class E2BSandbox(Sandbox):
 
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
         started = time.monotonic()
-        try:
+        with self._errors():
             handle = await self._native.commands.run(
                 command,
                 background=True,
@@ -258,44 +235,35 @@ class E2BSandbox(Sandbox):
                 cwd=cwd or self._workdir,
                 timeout=timeout or 0,
             )
-        except Exception as exc:
-            raise self._error(exc) from exc
-        try:
-            done = await handle.wait()
-        except CommandExitException as exc:
-            return CommandResult(exc.stdout, exc.stderr, exc.exit_code, time.monotonic() - started)
-        except TimeoutException as exc:
-            elapsed = time.monotonic() - started
-            if type(exc) is not TimeoutException or not timeout or elapsed < timeout:
-                raise self._error(exc) from exc
-            with contextlib.suppress(Exception):  # best effort: envd kills it at the deadline too
-                await handle.kill()
-            return CommandResult(
-                handle.stdout or "", handle.stderr or "", -1, elapsed, timed_out=True
-            )
-        except Exception as exc:
-            raise self._error(exc) from exc
+            try:
+                done = await handle.wait()
+            except CommandExitException as exc:
+                elapsed = time.monotonic() - started
+                return CommandResult(exc.stdout, exc.stderr, exc.exit_code, elapsed)
+            except TimeoutException as exc:
+                elapsed = time.monotonic() - started
+                if type(exc) is not TimeoutException or not timeout or elapsed < timeout:
+                    raise
+                with contextlib.suppress(Exception):  # best effort: envd kills it then too
+                    await handle.kill()
+                return CommandResult(
+                    handle.stdout or "", handle.stderr or "", -1, elapsed, timed_out=True
+                )
         return CommandResult(done.stdout, done.stderr, done.exit_code, time.monotonic() - started)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
-        try:
+        with self._errors():
             await self._native.files.write(path, data)
-        except Exception as exc:
-            raise self._error(exc) from exc
 
     async def read_file(self, path: str) -> bytes:
-        try:
+        with self._errors():
             return bytes(await self._native.files.read(path, format="bytes"))
-        except Exception as exc:
-            raise self._error(exc) from exc
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         from e2b import FileType
 
-        try:
+        with self._errors():
             entries = await self._native.files.list(path)
-        except Exception as exc:
-            raise self._error(exc) from exc
         return [
             FileInfo(name=e.name, path=e.path, is_dir=e.type == FileType.DIR, size=e.size)
             for e in entries
@@ -307,17 +275,18 @@ class E2BSandbox(Sandbox):
         from e2b import TimeoutException
 
         started = time.monotonic()
-        try:
-            execution = await self._native.run_code(code, language=language, timeout=timeout or 0)
-        except TimeoutException as exc:
-            elapsed = time.monotonic() - started
-            if type(exc) is not TimeoutException or not timeout or elapsed < timeout:
-                raise self._error(exc) from exc
-            return CodeResult(
-                "", "", -1, elapsed, True, (), f"execution timed out after {timeout}s"
-            )
-        except Exception as exc:
-            raise self._error(exc) from exc
+        with self._errors():
+            try:
+                execution = await self._native.run_code(
+                    code, language=language, timeout=timeout or 0
+                )
+            except TimeoutException as exc:
+                elapsed = time.monotonic() - started
+                if type(exc) is not TimeoutException or not timeout or elapsed < timeout:
+                    raise
+                return CodeResult(
+                    "", "", -1, elapsed, True, (), f"execution timed out after {timeout}s"
+                )
         error = execution.error
         return CodeResult(
             stdout="".join(execution.logs.stdout),
@@ -329,19 +298,13 @@ class E2BSandbox(Sandbox):
         )
 
     async def kill(self) -> None:
-        try:
+        with contextlib.suppress(NotFound), self._errors():
             await self._native.kill()
-        except Exception as exc:
-            err = self._error(exc)
-            if not isinstance(err, NotFound):
-                raise err from exc
 
     async def keepalive(self, seconds: float) -> None:
         """Extend the sandbox's E2B timeout to ``seconds`` from now."""
-        try:
+        with self._errors():
             await self._native.set_timeout(max(1, math.ceil(seconds)))
-        except Exception as exc:
-            raise self._error(exc) from exc
 
 
 def _result(result: Any) -> dict[str, Any]:
@@ -359,23 +322,23 @@ def _status_of(exc: BaseException) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _to_error(
-    exc: BaseException,
-    provider: str,
-    sandbox_id: str | None = None,
-    *,
-    in_sandbox: bool = False,
-) -> ProviderError:
-    """The one mapping of E2B SDK (and leaked transport) exceptions to router errors.
+def _answer_headers(exc: BaseException, status: int) -> Mapping[str, Any]:
+    """The headers of the HTTP answer an SDK error was made from, when a frame still holds it.
 
-    Args:
-        exc: what the SDK raised.
-        provider: the chain entry's name.
-        sandbox_id: the sandbox concerned, when there is one.
-        in_sandbox: the call was an operation inside a live sandbox (a
-            command, a file, code), where a client error is the caller's
-            (`SandboxError`) rather than the account's.
+    The SDK builds its exception from the response (``handle_api_exception``)
+    and keeps only the status and message; the response stays a local of
+    the frame that raised, which the traceback keeps.
     """
+    for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        for value in frame.f_locals.values():
+            headers = getattr(value, "headers", None)
+            if getattr(value, "status_code", None) == status and isinstance(headers, Mapping):
+                return headers
+    return {}
+
+
+def _to_error(exc: Exception, where: Where) -> ProviderError:
+    """The one mapping of E2B SDK (and leaked transport) exceptions to router errors."""
     import httpx
     import pyqwest
     from connectrpc.errors import ConnectError
@@ -383,38 +346,37 @@ def _to_error(
 
     message = str(exc) or type(exc).__name__
     status = _status_of(exc)
-    where: dict[str, Any] = {"provider": provider, "sandbox_id": sandbox_id}
+    lowered = message.lower()
 
     if isinstance(exc, e2b.AuthenticationException):
-        return AuthError(message, status=401, **where)
-    if isinstance(exc, e2b.ServiceBusyException):
-        return Unavailable(message, status=503, **where)
-    if isinstance(exc, e2b.RateLimitException) or status == 429:
-        if _CONCURRENCY_CAP in message.lower():
-            return CapacityExceeded(message, status=429, **where)
-        retry = _RETRY_AFTER.search(message)
-        limited = RateLimited(
+        status = 401
+    elif isinstance(exc, e2b.ServiceBusyException):
+        status = 503
+    elif isinstance(exc, e2b.RateLimitException):
+        status = 429
+    if status in (401, 429, 503):
+        stated = _RETRY_AFTER.search(message)
+        return from_status(
+            status,
             message,
-            retry_after=float(retry.group(1)) if retry else None,
-            provider=provider,
-            status=429,
+            where,
+            retry_after=retry_after(_answer_headers(exc, status))
+            or (float(stated.group(1)) if stated else None),
+            capacity=status == 429 and _CONCURRENCY_CAP in lowered,
         )
-        limited.sandbox_id = sandbox_id
-        return limited
     if isinstance(exc, e2b.SandboxNotFoundException | e2b.SandboxNotRunningException):
-        return NotFound(message, status=status or 404, **where)
+        return where.error(NotFound, message, status=status or 404)
     if isinstance(exc, e2b.TimeoutException):
-        return Unavailable(message, status=status, **where)
+        return where.error(Unavailable, message, status=status)
     if isinstance(exc, e2b.NotFoundException):
-        if in_sandbox:
-            return SandboxError(message, status=404, **where)
-        return NotFound(message, status=404, **where)
-    if isinstance(exc, e2b.InvalidArgumentException | e2b.NotEnoughSpaceException) and in_sandbox:
-        return SandboxError(message, status=status, **where)
+        return where.error(SandboxError if where.in_sandbox else NotFound, message, status=404)
+    in_sandbox_only = e2b.InvalidArgumentException | e2b.NotEnoughSpaceException
+    if isinstance(exc, in_sandbox_only) and where.in_sandbox:
+        return where.error(SandboxError, message, status=status)
     if isinstance(exc, ConnectError):
-        return _connect_error(exc, message, where, in_sandbox=in_sandbox)
+        return _connect_error(exc, message, where)
     if isinstance(exc, TimeoutError) and not str(exc):
-        return Unavailable("E2B did not answer in time", **where)
+        return where.error(Unavailable, "E2B did not answer in time")
     if isinstance(
         exc,
         httpx.TransportError
@@ -423,38 +385,21 @@ def _to_error(
         | pyqwest.RemoteProtocolError
         | OSError,
     ):
-        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+        return where.error(Unavailable, f"{type(exc).__name__}: {message}")
     if isinstance(exc, e2b.SandboxException) and status is not None:
-        return _by_status(status, message, where, in_sandbox=in_sandbox)
-    if isinstance(exc, e2b.SandboxException) and in_sandbox:
-        return SandboxError(message, **where)
-    return ProviderError(f"{type(exc).__name__}: {message}", status=status, **where)
+        return from_status(
+            status,
+            message,
+            where,
+            quota=status == 403 and any(word in lowered for word in _QUOTA_WORDS),
+            callers=where.in_sandbox,
+        )
+    if isinstance(exc, e2b.SandboxException) and where.in_sandbox:
+        return where.error(SandboxError, message)
+    return where.error(ProviderError, f"{type(exc).__name__}: {message}", status=status)
 
 
-def _by_status(
-    status: int, message: str, where: dict[str, Any], *, in_sandbox: bool
-) -> ProviderError:
-    if status >= 500:
-        return Unavailable(message, status=status, **where)
-    if status == 401:
-        return AuthError(message, status=status, **where)
-    if status == 403:
-        if any(word in message.lower() for word in _QUOTA_WORDS):
-            quota = QuotaExceeded(message, provider=where["provider"], status=status)
-            quota.sandbox_id = where["sandbox_id"]
-            return quota
-        if not in_sandbox:
-            return AuthError(message, status=status, **where)
-    if status == 404 and not in_sandbox:
-        return NotFound(message, status=status, **where)
-    if in_sandbox:
-        return SandboxError(message, status=status, **where)
-    return ProviderError(message, status=status, **where)
-
-
-def _connect_error(
-    exc: Any, message: str, where: dict[str, Any], *, in_sandbox: bool
-) -> ProviderError:
+def _connect_error(exc: Any, message: str, where: Where) -> ProviderError:
     """An envd RPC error the SDK passed through unmapped (a dropped connection)."""
     from connectrpc.code import Code
 
@@ -467,11 +412,14 @@ def _connect_error(
         Code.DATA_LOSS,
     }
     if exc.code in transient:
-        return Unavailable(message, **where)
+        return where.error(Unavailable, message)
     if exc.code is Code.UNAUTHENTICATED:
-        return AuthError(message, status=401, **where)
+        return where.error(AuthError, message, status=401)
     if exc.code is Code.RESOURCE_EXHAUSTED:
-        return RateLimited(message, provider=where["provider"], status=429)
-    if in_sandbox:
-        return SandboxError(message, **where)
-    return ProviderError(message, **where)
+        return where.error(RateLimited, message, status=429)
+    if where.in_sandbox:
+        return where.error(SandboxError, message)
+    return where.error(ProviderError, message)
+
+
+sdk_errors = ErrorMap(_to_error)

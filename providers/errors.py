@@ -90,6 +90,7 @@ class ProviderError(SandboxRouterError):
     Attributes:
         provider: the chain entry or provider name that raised it.
         status: the HTTP/gRPC status the provider answered, when there was one.
+        sandbox_id: the sandbox concerned, when there is one.
         attempt: which attempt on this entry raised it (set by the router).
     """
 
@@ -131,8 +132,9 @@ class QuotaExceeded(ProviderError):
         reset_at: datetime | None = None,
         provider: str | None = None,
         status: int | None = None,
+        sandbox_id: str | None = None,
     ) -> None:
-        super().__init__(message, provider=provider, status=status)
+        super().__init__(message, provider=provider, status=status, sandbox_id=sandbox_id)
         self.reset_at = reset_at
 
 
@@ -146,8 +148,9 @@ class RateLimited(ProviderError):
         retry_after: float | None = None,
         provider: str | None = None,
         status: int | None = None,
+        sandbox_id: str | None = None,
     ) -> None:
-        super().__init__(message, provider=provider, status=status)
+        super().__init__(message, provider=provider, status=status, sandbox_id=sandbox_id)
         self.retry_after = retry_after
 
 

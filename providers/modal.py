@@ -13,13 +13,18 @@ the SDK picks by itself.
 
 Every Modal call runs under the router's own deadline (``asyncio.timeout``):
 against a dead endpoint the SDK keeps reconnecting for about a minute, and a
-hung create never returns. The SDK's silent sleeps on throttling are off
-(``MODAL_MAX_THROTTLE_WAIT=0`` unless already set, read by the SDK at each
-call) so a RESOURCE_EXHAUSTED comes back at once and the router decides.
-The SDK still retries UNAVAILABLE/INTERNAL answers three times, quickly
-(0.1 s to 0.4 s apart): it has no switch for that.
+hung create never returns. The router owns retries: the SDK retries
+UNAVAILABLE/INTERNAL answers and dropped streams three times and sleeps on
+throttling, with no switch per client (only the process-wide
+``MODAL_MAX_THROTTLE_WAIT``, which would change the app's own Modal calls
+too). So `_stop_sdk_retries` listens on this entry's control-plane channel
+(grpclib's events): an answer the SDK would retry is raised at once, and a
+retry the SDK tries after a dropped stream is never sent. One router
+attempt is one request on the wire. And since the SDK sends the token on
+every request, which hpack's DEBUG log prints, the adapter puts a filter on
+that logger (`_RedactTokens`) that masks Modal's credential headers.
 
-Every SDK exception goes through `_to_error`, the one mapping to
+Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``: AuthError `AuthError`; ResourceExhaustedError
 `RateLimited` when Modal attaches a retry policy or speaks of a rate,
 `CapacityExceeded` when it speaks of concurrency or capacity, else
@@ -35,9 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
+import logging
 import math
-import os
 import posixpath
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -66,6 +73,7 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
+from providers.mapping import ErrorMap, Where
 
 __all__ = ["TOKEN_ID_ENV", "TOKEN_SECRET_ENV", "ModalOptions", "ModalProvider", "ModalSandbox"]
 
@@ -73,18 +81,87 @@ log = structlog.get_logger("sandbox_router.modal")
 
 TOKEN_ID_ENV = "MODAL_TOKEN_ID"
 TOKEN_SECRET_ENV = "MODAL_TOKEN_SECRET"
-_THROTTLE_ENV = "MODAL_MAX_THROTTLE_WAIT"
 _CAPACITY_WORDS = ("concurren", "capacity", "running sandboxes")
 _INTERPRETERS = {"python": ("python3", "-"), "bash": ("bash", "-s")}
+_HEADER_LOG = "hpack.hpack"
+_SECRET_HEADER = re.compile(
+    r"""(['"]?(?:x-modal-token-id|x-modal-token-secret|x-modal-auth-token|authorization)['"]?"""
+    r"""\s*[=,:]\s*b?)(['"]).*?\2""",
+    re.IGNORECASE,
+)
+_RAW_BLOCKS = frozenset({"Encoded header block to %s", "Decoding %s"})
 _TIMED_OUT = -1
 
 
 def _sdk() -> Any:
-    """Import ``modal`` (lazily: the adapter imports without it), throttle waits off."""
-    os.environ.setdefault(_THROTTLE_ENV, "0")
+    """Import ``modal`` (lazily: the adapter imports without it)."""
     import modal
 
     return modal
+
+
+class _RedactTokens(logging.Filter):
+    """Masks Modal's credentials in the HTTP/2 header log (``hpack`` at DEBUG).
+
+    The SDK sends the workspace token on every request; hpack logs each
+    header it encodes or decodes, and the raw header blocks. A filter on that
+    one logger rewrites those lines, so an app logging at DEBUG never prints
+    a token while its own log levels stay as it set them.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg in _RAW_BLOCKS:
+            record.msg, record.args = str(record.msg) % "<header block redacted>", None
+            return True
+        text = record.getMessage()
+        redacted = _SECRET_HEADER.sub(r"\1\2<redacted>\2", text)
+        if redacted != text:
+            record.msg, record.args = redacted, None
+        return True
+
+
+_REDACT_TOKENS = _RedactTokens()
+
+
+class _SdkRetryStopped(Exception):
+    """An answer Modal's SDK would have retried (or slept on), raised to the router instead.
+
+    Not one of the exceptions the SDK's retry loop catches, so it leaves the
+    SDK at once; `_to_error` maps it.
+    """
+
+    def __init__(self, status: Any = None, message: str | None = None, details: Any = None):
+        super().__init__(message or "the connection to Modal failed")
+        self.status = status
+        self.details = details
+
+
+async def _stop_sdk_retries(client: Any, server_url: str) -> None:
+    """Make each SDK call on ``client``'s control-plane channel one request on the wire."""
+    import grpclib.events
+    from grpclib.const import Status
+
+    again = {
+        Status.DEADLINE_EXCEEDED,
+        Status.UNAVAILABLE,
+        Status.CANCELLED,
+        Status.INTERNAL,
+        Status.UNKNOWN,
+    }
+
+    async def answered(event: grpclib.events.RecvTrailingMetadata) -> None:
+        policy = _retry_policy(event.status_details)
+        throttled = event.status is Status.RESOURCE_EXHAUSTED and policy is not None
+        if event.status in again or throttled:
+            raise _SdkRetryStopped(event.status, event.status_message, event.status_details)
+
+    async def sending(event: grpclib.events.SendRequest) -> None:
+        if event.metadata.get("x-retry-attempt", "0") != "0":
+            raise _SdkRetryStopped()
+
+    channel = await client._get_channel.aio(server_url)
+    grpclib.events.listen(channel, grpclib.events.RecvTrailingMetadata, answered)
+    grpclib.events.listen(channel, grpclib.events.SendRequest, sending)
 
 
 class ModalOptions(ProviderOptions):
@@ -170,13 +247,17 @@ class ModalProvider(Provider):
         credentials = self._credentials()
         if credentials is None:
             raise AuthError(str(self.unconfigured_reason()), provider=self.name)
+        logging.getLogger(_HEADER_LOG).addFilter(_REDACT_TOKENS)
         modal = _sdk()
         if self.opts.server_url is None:
-            return await modal.Client.from_credentials.aio(*credentials)
+            client = await modal.Client.from_credentials.aio(*credentials)
+            await _stop_sdk_retries(client, modal.config.config["server_url"])
+            return client
         from modal_proto import api_pb2
 
         client = modal.Client(self.opts.server_url, api_pb2.CLIENT_TYPE_CLIENT, credentials)
         await client.__aenter__()
+        await _stop_sdk_retries(client, self.opts.server_url)
         return client
 
     async def _native_app(self, client: Any) -> Any:
@@ -194,7 +275,7 @@ class ModalProvider(Provider):
     async def create(self, spec: SandboxSpec, *, timeout: float) -> ModalSandbox:
         modal = _sdk()
         workdir = spec.workdir or self.opts.workdir
-        try:
+        with sdk_errors(self.name):
             async with asyncio.timeout(timeout):
                 client = await self._native_client()
                 native = await modal.Sandbox.create.aio(
@@ -211,8 +292,6 @@ class ModalProvider(Provider):
                     gpu=spec.gpu,
                     client=client,
                 )
-        except Exception as exc:
-            raise _to_error(exc, self.name) from exc
         log.debug("sandbox_router.modal.created", entry=self.name, sandbox_id=native.object_id)
         return ModalSandbox(native, self.name, workdir=workdir, request_timeout=self._timeout)
 
@@ -221,12 +300,10 @@ class ModalProvider(Provider):
         return self.opts.request_timeout
 
     async def connect(self, sandbox_id: str) -> ModalSandbox:
-        try:
+        with sdk_errors(self.name, sandbox_id):
             async with asyncio.timeout(self._timeout):
                 client = await self._native_client()
                 native = await _sdk().Sandbox.from_id.aio(sandbox_id, client=client)
-        except Exception as exc:
-            raise _to_error(exc, self.name, sandbox_id) from exc
         if native.returncode is not None:
             raise NotFound(
                 f"Modal sandbox has finished (exit code {native.returncode})",
@@ -239,7 +316,7 @@ class ModalProvider(Provider):
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
         found: builtins.list[SandboxInfo] = []
-        try:
+        with sdk_errors(self.name):
             async with asyncio.timeout(self._timeout):
                 client = await self._native_client()
                 app = await self._native_app(client)
@@ -248,23 +325,19 @@ class ModalProvider(Provider):
                 ):
                     tags = await native.get_tags.aio()
                     found.append(SandboxInfo(id=native.object_id, labels=tags))
-        except Exception as exc:
-            raise _to_error(exc, self.name) from exc
         return found
 
     async def kill(self, sandbox_id: str) -> bool:
         try:
-            async with asyncio.timeout(self._timeout):
-                client = await self._native_client()
-                native = await _sdk().Sandbox.from_id.aio(sandbox_id, client=client)
-                if native.returncode is not None:
-                    return False
-                await native.terminate.aio()
-        except Exception as exc:
-            error = _to_error(exc, self.name, sandbox_id)
-            if isinstance(error, NotFound):
-                return False
-            raise error from exc
+            with sdk_errors(self.name, sandbox_id):
+                async with asyncio.timeout(self._timeout):
+                    client = await self._native_client()
+                    native = await _sdk().Sandbox.from_id.aio(sandbox_id, client=client)
+                    if native.returncode is not None:
+                        return False
+                    await native.terminate.aio()
+        except NotFound:
+            return False
         await _detach(native)
         log.debug("sandbox_router.modal.killed", entry=self.name, sandbox_id=sandbox_id)
         return True
@@ -298,8 +371,8 @@ class ModalSandbox(Sandbox):
     def native(self) -> Any:
         return self._native
 
-    def _error(self, exc: BaseException) -> ProviderError:
-        return _to_error(exc, self.provider, self.id, in_sandbox=True)
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        return sdk_errors(self.provider, self.id, in_sandbox=True)
 
     def _path(self, path: str) -> str:
         return posixpath.normpath(posixpath.join(self._workdir, path))
@@ -331,26 +404,26 @@ class ModalSandbox(Sandbox):
         from modal.exception import ExecTimeoutError
 
         started = time.monotonic()
-        try:
-            async with asyncio.timeout(self._deadline(timeout)):
-                process = await self._native.exec.aio(
-                    *argv,
-                    timeout=math.ceil(timeout) if timeout else None,
-                    workdir=self._path(cwd or "."),
-                    env=dict(env) if env else None,
-                    text=False,
-                )
-                if stdin is not None:
-                    process.stdin.write(stdin)
-                    process.stdin.write_eof()
-                    await process.stdin.drain.aio()
-                out, err, code = await asyncio.gather(
-                    process.stdout.read.aio(), process.stderr.read.aio(), process.wait.aio()
-                )
-        except ExecTimeoutError:
-            return CommandResult("", "", _TIMED_OUT, time.monotonic() - started, timed_out=True)
-        except Exception as exc:
-            raise self._error(exc) from exc
+        with self._errors():
+            try:
+                async with asyncio.timeout(self._deadline(timeout)):
+                    process = await self._native.exec.aio(
+                        *argv,
+                        timeout=math.ceil(timeout) if timeout else None,
+                        workdir=self._path(cwd or "."),
+                        env=dict(env) if env else None,
+                        text=False,
+                    )
+                    if stdin is not None:
+                        process.stdin.write(stdin)
+                        process.stdin.write_eof()
+                        await process.stdin.drain.aio()
+                    out, err, code = await asyncio.gather(
+                        process.stdout.read.aio(), process.stderr.read.aio(), process.wait.aio()
+                    )
+            except ExecTimeoutError:
+                elapsed = time.monotonic() - started
+                return CommandResult("", "", _TIMED_OUT, elapsed, timed_out=True)
         elapsed = time.monotonic() - started
         timed_out = code == _TIMED_OUT or bool(timeout and code == 137 and elapsed >= timeout)
         return CommandResult(
@@ -363,26 +436,20 @@ class ModalSandbox(Sandbox):
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else data
-        try:
+        with self._errors():
             async with asyncio.timeout(self._timeout):
                 await self._native.filesystem.write_bytes.aio(payload, self._path(path))
-        except Exception as exc:
-            raise self._error(exc) from exc
 
     async def read_file(self, path: str) -> bytes:
-        try:
+        with self._errors():
             async with asyncio.timeout(self._timeout):
                 data: bytes = await self._native.filesystem.read_bytes.aio(self._path(path))
-        except Exception as exc:
-            raise self._error(exc) from exc
         return data
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
-        try:
+        with self._errors():
             async with asyncio.timeout(self._timeout):
                 entries = await self._native.filesystem.list_files.aio(self._path(path))
-        except Exception as exc:
-            raise self._error(exc) from exc
         return [FileInfo(name=e.name, path=e.path, is_dir=e.is_dir(), size=e.size) for e in entries]
 
     async def run_code(
@@ -396,27 +463,15 @@ class ModalSandbox(Sandbox):
                 sandbox_id=self.id,
             )
         res = await self._exec(_INTERPRETERS[language], timeout=timeout, stdin=code.encode())
-        error = None
-        if res.timed_out:
-            error = f"timed out after {timeout}s"
-        elif res.exit_code != 0:
-            lines = [line for line in res.stderr.splitlines() if line.strip()]
-            error = lines[-1] if lines else f"exit code {res.exit_code}"
-        return CodeResult(
-            res.stdout, res.stderr, res.exit_code, res.duration, res.timed_out, (), error
-        )
+        return CodeResult.of_command(res, timeout)
 
     async def kill(self) -> None:
         """Terminate the sandbox, then release this handle's connection to it."""
         if self._killed:
             return
-        try:
+        with contextlib.suppress(NotFound), self._errors():
             async with asyncio.timeout(self._timeout):
                 await self._native.terminate.aio()
-        except Exception as exc:
-            error = self._error(exc)
-            if not isinstance(error, NotFound):
-                raise error from exc
         self._killed = True
         await _detach(self._native)
 
@@ -431,80 +486,66 @@ async def _detach(native: Any) -> None:
         )
 
 
-def _retry_after(exc: BaseException) -> float | None:
-    """The delay of the ``RPCRetryPolicy`` detail Modal attached to an error, if any."""
-    for detail in getattr(exc, "_grpc_details", None) or ():
+def _retry_policy(details: Any) -> float | None:
+    """The delay of the ``RPCRetryPolicy`` detail Modal attached to an answer, if any."""
+    for detail in details or ():
         seconds = getattr(detail, "retry_after_secs", None)
         if isinstance(seconds, int | float):
             return float(seconds)
     return None
 
 
-def _to_error(
-    exc: BaseException,
-    provider: str,
-    sandbox_id: str | None = None,
-    *,
-    in_sandbox: bool = False,
-) -> ProviderError:
-    """The one mapping of Modal SDK (and grpclib) exceptions to router errors.
-
-    Args:
-        exc: what the SDK raised.
-        provider: the chain entry's name.
-        sandbox_id: the sandbox concerned, when there is one.
-        in_sandbox: the call was an operation inside a live sandbox (a
-            command, a file), where an invalid request is the caller's.
-    """
+def _to_error(exc: Exception, where: Where) -> ProviderError:
+    """The one mapping of Modal SDK (and grpclib) exceptions to router errors."""
+    from grpclib.const import Status
     from grpclib.exceptions import GRPCError, StreamTerminatedError
     from modal import exception as mx
 
     message = str(exc) or type(exc).__name__
-    where: dict[str, Any] = {"provider": provider, "sandbox_id": sandbox_id}
-
+    if isinstance(exc, _SdkRetryStopped):
+        if exc.status is Status.RESOURCE_EXHAUSTED:
+            return _exhausted(message, _retry_policy(exc.details), where)
+        what = exc.status.name if exc.status is not None else "ConnectionError"
+        return where.error(Unavailable, f"{what}: {message}")
     if isinstance(exc, mx.AuthError):
-        return AuthError(message, status=401, **where)
+        return where.error(AuthError, message, status=401)
     if isinstance(exc, mx.PermissionDeniedError):
-        return AuthError(message, status=403, **where)
+        return where.error(AuthError, message, status=403)
     if isinstance(exc, mx.ResourceExhaustedError):
-        return _exhausted(exc, message, where)
+        return _exhausted(message, _retry_policy(getattr(exc, "_grpc_details", None)), where)
     if isinstance(exc, mx.SandboxFilesystemNotFoundError):
-        return SandboxError(f"no such file or directory: {message}", status=404, **where)
+        return where.error(SandboxError, f"no such file or directory: {message}", status=404)
     if isinstance(exc, mx.SandboxFilesystemError):
-        return SandboxError(message, **where)
+        return where.error(SandboxError, message)
     if isinstance(exc, mx.NotFoundError):
-        return NotFound(message, status=404, **where)
-    if isinstance(exc, mx.ConflictError) and in_sandbox and "finished" in message:
-        return NotFound(f"Modal sandbox has finished: {message}", status=409, **where)
-    if isinstance(exc, mx.ClientClosed) and in_sandbox:
-        return NotFound(f"this handle on the Modal sandbox was killed: {message}", **where)
+        return where.error(NotFound, message, status=404)
+    if isinstance(exc, mx.ConflictError) and where.in_sandbox and "finished" in message:
+        return where.error(NotFound, f"Modal sandbox has finished: {message}", status=409)
+    if isinstance(exc, mx.ClientClosed) and where.in_sandbox:
+        return where.error(NotFound, f"this handle on the Modal sandbox was killed: {message}")
     if isinstance(exc, mx.InvalidError):
-        return SandboxError(message, status=400, **where)
+        return where.error(SandboxError, message, status=400)
     if isinstance(exc, mx.ImageBuildError):
-        return NotFound(f"image build failed: {message}", **where)
+        return where.error(NotFound, f"image build failed: {message}")
     if isinstance(exc, mx.ServiceError | mx.InternalError | mx.ConnectionError | mx.TimeoutError):
-        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+        return where.error(Unavailable, f"{type(exc).__name__}: {message}")
     if isinstance(exc, mx.Error):
-        return ProviderError(f"{type(exc).__name__}: {message}", **where)
+        return where.error(ProviderError, f"{type(exc).__name__}: {message}")
     if isinstance(exc, StreamTerminatedError | GRPCError | OSError | ConnectionError):
-        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+        return where.error(Unavailable, f"{type(exc).__name__}: {message}")
     if isinstance(exc, TimeoutError):
-        return Unavailable("Modal did not answer in time", **where)
-    return ProviderError(f"{type(exc).__name__}: {message}", **where)
+        return where.error(Unavailable, "Modal did not answer in time")
+    return where.error(ProviderError, f"{type(exc).__name__}: {message}")
 
 
-def _exhausted(exc: BaseException, message: str, where: dict[str, Any]) -> ProviderError:
+def _exhausted(message: str, retry_after: float | None, where: Where) -> ProviderError:
     """RESOURCE_EXHAUSTED: throttling, the concurrency cap or the workspace's quota."""
-    retry_after = _retry_after(exc)
     lowered = message.lower()
     if retry_after is not None or "rate limit" in lowered:
-        limited = RateLimited(
-            message, retry_after=retry_after, provider=where["provider"], status=429
-        )
-        limited.sandbox_id = where["sandbox_id"]
-        return limited
+        return where.error(RateLimited, message, status=429, retry_after=retry_after)
     if any(word in lowered for word in _CAPACITY_WORDS):
-        return CapacityExceeded(message, status=429, **where)
-    quota = QuotaExceeded(message, provider=where["provider"], status=429)
-    quota.sandbox_id = where["sandbox_id"]
-    return quota
+        return where.error(CapacityExceeded, message, status=429)
+    return where.error(QuotaExceeded, message, status=429)
+
+
+sdk_errors = ErrorMap(_to_error)

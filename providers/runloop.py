@@ -18,7 +18,7 @@ cwd, which the API does not take per command, become a shell prelude.
 Binary files go through ``upload_file`` / ``download_file``; the listing is
 ``find`` run in the devbox, as the API has none.
 
-Every SDK exception goes through `_to_error`, the one mapping to
+Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``: 401 `AuthError`; 403 `QuotaExceeded` when the message
 speaks of a quota or limit, else `AuthError`; 429 `CapacityExceeded` for the
 concurrent-devbox cap, else `RateLimited` with ``Retry-After``; 404
@@ -29,45 +29,31 @@ concurrent-devbox cap, else `RateLimited` with ``Retry-After``; 404
 from __future__ import annotations
 
 import asyncio
-import base64
 import builtins
 import contextlib
 import math
 import os
-import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import structlog
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 
+from providers.account import KeyedOptions, KeyedProvider
 from providers.base import (
     CodeResult,
     CommandResult,
     FileInfo,
-    LoopBound,
-    Provider,
     ProviderOptions,
     Sandbox,
     SandboxInfo,
     SandboxSpec,
-    credential,
-    missing_api_key,
 )
-from providers.errors import (
-    AuthError,
-    CapacityExceeded,
-    NotFound,
-    ProviderError,
-    QuotaExceeded,
-    RateLimited,
-    SandboxError,
-    Unavailable,
-)
+from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
+from providers.mapping import ErrorMap, Where, from_status, retry_after
+from providers.shell import piped, script
 
 if TYPE_CHECKING:
     from runloop_api_client import AsyncRunloop
@@ -95,7 +81,6 @@ _GONE = frozenset({"shutdown", "failure"})
 _EXEC_HOLD_MAX = 25
 _QUOTA_WORDS = ("quota", "limit", "usage", "credit", "billing", "plan")
 _CONCURRENCY_WORDS = ("concurrent", "at once")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _KILL_TIMEOUT = 10.0
 
 ResourceSize = Literal["X_SMALL", "SMALL", "MEDIUM", "LARGE", "X_LARGE", "XX_LARGE"]
@@ -108,7 +93,7 @@ def _sdk() -> Any:
     return runloop_api_client
 
 
-class RunloopOptions(ProviderOptions):
+class RunloopOptions(KeyedOptions):
     """Options of a ``runloop`` chain entry.
 
     Attributes:
@@ -132,7 +117,6 @@ class RunloopOptions(ProviderOptions):
         python: the interpreter `RunloopSandbox.run_code` uses for python.
     """
 
-    api_key: SecretStr | None = None
     base_url: str | None = None
     blueprint_id: str | None = None
     blueprint_name: str | None = None
@@ -152,7 +136,7 @@ class RunloopOptions(ProviderOptions):
         return self
 
 
-class RunloopProvider(Provider):
+class RunloopProvider(KeyedProvider["AsyncRunloop"]):
     """One Runloop account.
 
     Args:
@@ -163,31 +147,17 @@ class RunloopProvider(Provider):
     kind: ClassVar[str] = "runloop"
     Options: ClassVar[type[ProviderOptions]] = RunloopOptions
     capabilities = frozenset({"run_code", "files"})
+    api_key_env = API_KEY_ENV
 
     def __init__(self, name: str = "runloop", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
-        self._client: LoopBound[AsyncRunloop] = LoopBound()
-        self._discards: set[asyncio.Task[None]] = set()
 
     @property
     def opts(self) -> RunloopOptions:
         assert isinstance(self.options, RunloopOptions)
         return self.options
 
-    def _api_key(self) -> str | None:
-        return credential(self.opts.api_key, API_KEY_ENV)
-
-    def unconfigured_reason(self) -> str | None:
-        return missing_api_key(API_KEY_ENV) if self._api_key() is None else None
-
-    def _api(self) -> AsyncRunloop:
-        """The entry's SDK client on this event loop (its connection pools)."""
-        return self._client.get(self._open_client)
-
-    def _open_client(self) -> AsyncRunloop:
-        api_key = self._api_key()
-        if api_key is None:
-            raise AuthError(str(self.unconfigured_reason()), provider=self.name)
+    def _open_client(self, api_key: str) -> AsyncRunloop:
         shards = self.opts.pool_shards
         pools = (
             {}
@@ -202,6 +172,9 @@ class RunloopProvider(Provider):
             **pools,
         )
         return client
+
+    async def _close_client(self, client: AsyncRunloop) -> None:
+        await client.close()
 
     def _create_params(self, spec: SandboxSpec) -> dict[str, Any]:
         opts = self.opts
@@ -269,12 +242,13 @@ class RunloopProvider(Provider):
                     view = await api.devboxes.await_running(view.id, polling_config=polling)
         except asyncio.CancelledError:
             if devbox_id is not None:
-                self._discard_later(devbox_id)
+                self._in_background(self._discard(devbox_id))
             raise
-        except Exception as exc:
+        except Exception:
             if devbox_id is not None:
                 await self._discard(devbox_id)
-            raise _to_error(exc, self.name, devbox_id) from exc
+            with sdk_errors(self.name, devbox_id):
+                raise
         log.debug("sandbox_router.runloop.created", entry=self.name, sandbox_id=view.id)
         return self._sandbox(view.id, workdir=spec.workdir)
 
@@ -291,29 +265,22 @@ class RunloopProvider(Provider):
     async def _discard(self, devbox_id: str) -> None:
         """Shut down a devbox whose create failed; a failure here is only logged."""
         try:
-            async with asyncio.timeout(_KILL_TIMEOUT):
-                await self._api().devboxes.shutdown(devbox_id)
-        except Exception as exc:
+            with sdk_errors(self.name, devbox_id):
+                async with asyncio.timeout(_KILL_TIMEOUT):
+                    await self._api().devboxes.shutdown(devbox_id)
+        except ProviderError as err:
             log.warning(
                 "sandbox_router.runloop.discard_failed",
                 entry=self.name,
                 sandbox_id=devbox_id,
-                error=str(_to_error(exc, self.name, devbox_id)),
+                error=str(err),
             )
         else:
             log.debug("sandbox_router.runloop.discarded", entry=self.name, sandbox_id=devbox_id)
 
-    def _discard_later(self, devbox_id: str) -> None:
-        """Discard from a task of its own: the create itself was cancelled."""
-        task = asyncio.get_running_loop().create_task(self._discard(devbox_id))
-        self._discards.add(task)
-        task.add_done_callback(self._discards.discard)
-
     async def connect(self, sandbox_id: str) -> RunloopSandbox:
-        try:
+        with sdk_errors(self.name, sandbox_id):
             view = await self._api().devboxes.retrieve(sandbox_id)
-        except Exception as exc:
-            raise _to_error(exc, self.name, sandbox_id) from exc
         if view.status in _GONE:
             raise NotFound(
                 f"devbox {sandbox_id} is {view.status}", provider=self.name, sandbox_id=sandbox_id
@@ -336,33 +303,22 @@ class RunloopProvider(Provider):
                 if all(view.metadata.get(k) == v for k, v in wanted.items())
             ]
 
-        try:
+        with sdk_errors(self.name):
             pages = await asyncio.gather(*(of_status(s) for s in LIVE_STATUSES))
-        except Exception as exc:
-            raise _to_error(exc, self.name) from exc
         return sorted((i for page in pages for i in page), key=lambda i: i.created_at or 0.0)
 
     async def kill(self, sandbox_id: str) -> bool:
         api = self._api()
         try:
-            view = await api.devboxes.retrieve(sandbox_id)
-            if view.status in _GONE:
-                return False
-            await api.devboxes.shutdown(sandbox_id)
-        except Exception as exc:
-            err = _to_error(exc, self.name, sandbox_id)
-            if isinstance(err, NotFound):
-                return False
-            raise err from exc
+            with sdk_errors(self.name, sandbox_id):
+                view = await api.devboxes.retrieve(sandbox_id)
+                if view.status in _GONE:
+                    return False
+                await api.devboxes.shutdown(sandbox_id)
+        except NotFound:
+            return False
         log.debug("sandbox_router.runloop.killed", entry=self.name, sandbox_id=sandbox_id)
         return True
-
-    async def aclose(self) -> None:
-        if self._discards:
-            await asyncio.gather(*self._discards, return_exceptions=True)
-        client = self._client.take()
-        if client is not None:
-            await client.close()
 
 
 class RunloopSandbox(Sandbox):
@@ -391,8 +347,8 @@ class RunloopSandbox(Sandbox):
 
         return AsyncDevbox(self._api, self.id)
 
-    def _error(self, exc: BaseException) -> ProviderError:
-        return _to_error(exc, self.provider, self.id, in_sandbox=True)
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        return sdk_errors(self.provider, self.id, in_sandbox=True)
 
     async def run(
         self,
@@ -402,10 +358,10 @@ class RunloopSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> CommandResult:
-        command = self._command(cmd, env, cwd or self._workdir)
+        command = script(cmd, env, cwd or self._workdir, Where(self.provider, self.id))
         started = time.monotonic()
         deadline = started + timeout if timeout else None
-        try:
+        with self._errors():
             view = await self._execute(command, deadline)
             timed_out = view.status != "completed"
             if timed_out:
@@ -413,8 +369,6 @@ class RunloopSandbox(Sandbox):
                     view.execution_id, devbox_id=self.id, kill_process_group=True
                 )
             stdout, stderr = await self._output(view)
-        except Exception as exc:
-            raise self._error(exc) from exc
         exit_code = view.exit_status if view.exit_status is not None else -1
         return CommandResult(
             stdout, stderr, exit_code, time.monotonic() - started, timed_out=timed_out
@@ -465,42 +419,20 @@ class RunloopSandbox(Sandbox):
         result = AsyncExecutionResult(self._api, self.id, view)
         return await result.stdout(), await result.stderr()
 
-    def _command(
-        self, cmd: str | Sequence[str], env: Mapping[str, str] | None, cwd: str | None
-    ) -> str:
-        """The command with the env and cwd the API does not take per command, as a prelude."""
-        lines = []
-        for name, value in (env or {}).items():
-            if not _ENV_NAME.fullmatch(name):
-                raise SandboxError(
-                    f"invalid environment variable name {name!r}",
-                    provider=self.provider,
-                    sandbox_id=self.id,
-                )
-            lines.append(f"export {name}={shlex.quote(value)}")
-        if cwd:
-            lines.append(f"cd -- {shlex.quote(cwd)} || exit 1")
-        lines.append(cmd if isinstance(cmd, str) else shlex.join(cmd))
-        return "\n".join(lines)
-
     async def write_file(self, path: str, data: bytes | str) -> None:
         devboxes = self._api.devboxes
-        try:
+        with self._errors():
             if isinstance(data, str):
                 await devboxes.write_file_contents(self.id, file_path=path, contents=data)
             else:
                 await devboxes.upload_file(
                     self.id, path=path, file=(os.path.basename(path) or "file", data)
                 )
-        except Exception as exc:
-            raise self._error(exc) from exc
 
     async def read_file(self, path: str) -> bytes:
-        try:
+        with self._errors():
             response = await self._api.devboxes.download_file(self.id, path=path)
             return await response.read()
-        except Exception as exc:
-            raise self._error(exc) from exc
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         listing = await self.run(
@@ -541,34 +473,17 @@ class RunloopSandbox(Sandbox):
                 provider=self.provider,
                 sandbox_id=self.id,
             )
-        encoded = base64.b64encode(code.encode()).decode()
-        res = await self.run(
-            f"printf %s {encoded} | base64 -d | {interpreters[language]}", timeout=timeout
-        )
-        error = None
-        if res.timed_out:
-            error = f"timed out after {timeout}s"
-        elif res.exit_code != 0:
-            lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-            error = lines[-1] if lines else f"exit code {res.exit_code}"
-        return CodeResult(
-            res.stdout, res.stderr, res.exit_code, res.duration, res.timed_out, (), error
-        )
+        res = await self.run(piped(code, interpreters[language]), timeout=timeout)
+        return CodeResult.of_command(res, timeout)
 
     async def kill(self) -> None:
-        try:
+        with contextlib.suppress(NotFound), self._errors():
             await self._api.devboxes.shutdown(self.id)
-        except Exception as exc:
-            err = self._error(exc)
-            if not isinstance(err, NotFound):
-                raise err from exc
 
     async def keepalive(self, seconds: float) -> None:
         """Reset the devbox's idle timer (Runloop cannot extend its keep-alive time)."""
-        try:
+        with self._errors():
             await self._api.devboxes.keep_alive(self.id)
-        except Exception as exc:
-            raise self._error(exc) from exc
 
 
 def _left(deadline: float) -> float:
@@ -582,93 +497,33 @@ def _message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _retry_after(exc: BaseException) -> float | None:
-    """Seconds from ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP date)."""
-    response = getattr(exc, "response", None)
-    if response is None:
-        return None
-    headers = response.headers
-    with contextlib.suppress(TypeError, ValueError):
-        if headers.get("retry-after-ms") is not None:
-            return float(headers["retry-after-ms"]) / 1000
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    with contextlib.suppress(TypeError, ValueError):
-        when = parsedate_to_datetime(value)
-        return max((when - datetime.now(UTC)).total_seconds(), 0.0)
-    return None
-
-
-def _to_error(
-    exc: BaseException,
-    provider: str,
-    sandbox_id: str | None = None,
-    *,
-    in_sandbox: bool = False,
-) -> ProviderError:
-    """The one mapping of Runloop SDK exceptions to router errors.
-
-    Args:
-        exc: what the SDK raised.
-        provider: the chain entry's name.
-        sandbox_id: the devbox concerned, when there is one.
-        in_sandbox: the call was an operation inside a live devbox (a
-            command or a file), where a client error is the caller's
-            (`SandboxError`) rather than the account's.
-    """
+def _to_error(exc: Exception, where: Where) -> ProviderError:
+    """The one mapping of Runloop SDK exceptions to router errors."""
     from runloop_api_client import APIConnectionError, APIStatusError, RunloopError
     from runloop_api_client.lib.polling import PollingTimeout
 
     message = _message(exc)
-    where: dict[str, Any] = {"provider": provider, "sandbox_id": sandbox_id}
     if isinstance(exc, PollingTimeout):
-        return Unavailable(f"devbox did not reach running in time: {exc.args[0]}", **where)
+        return where.error(Unavailable, f"devbox did not reach running in time: {exc.args[0]}")
     if isinstance(exc, TimeoutError):
-        return Unavailable("Runloop did not answer in time", **where)
+        return where.error(Unavailable, "Runloop did not answer in time")
     if isinstance(exc, APIConnectionError):
-        return Unavailable(f"{type(exc).__name__}: {message}", **where)
+        return where.error(Unavailable, f"{type(exc).__name__}: {message}")
     if isinstance(exc, APIStatusError):
-        return _by_status(exc, exc.status_code, message, where, in_sandbox=in_sandbox)
-    if isinstance(exc, RunloopError) and "terminal state" in message:
-        return Unavailable(message, **where)
-    if isinstance(exc, ValueError) and in_sandbox:
-        return SandboxError(message, **where)
-    return ProviderError(f"{type(exc).__name__}: {message}", **where)
-
-
-def _by_status(
-    exc: BaseException, status: int, message: str, where: dict[str, Any], *, in_sandbox: bool
-) -> ProviderError:
-    lowered = message.lower()
-    if status == 401:
-        return AuthError(message, status=status, **where)
-    if status == 403:
-        if any(word in lowered for word in _QUOTA_WORDS):
-            retry = _retry_after(exc)
-            reset_at = datetime.now(UTC) + timedelta(seconds=retry) if retry else None
-            quota = QuotaExceeded(
-                message, reset_at=reset_at, provider=where["provider"], status=status
-            )
-            quota.sandbox_id = where["sandbox_id"]
-            return quota
-        return AuthError(message, status=status, **where)
-    if status == 429:
-        if any(word in lowered for word in _CONCURRENCY_WORDS):
-            return CapacityExceeded(message, status=status, **where)
-        limited = RateLimited(
-            message, retry_after=_retry_after(exc), provider=where["provider"], status=status
+        lowered = message.lower()
+        return from_status(
+            exc.status_code,
+            message,
+            where,
+            retry_after=retry_after(exc.response.headers),
+            quota=exc.status_code == 403 and any(word in lowered for word in _QUOTA_WORDS),
+            capacity=exc.status_code == 429 and any(word in lowered for word in _CONCURRENCY_WORDS),
         )
-        limited.sandbox_id = where["sandbox_id"]
-        return limited
-    if status == 404:
-        return NotFound(message, status=status, **where)
-    if status == 408 or status >= 500:
-        return Unavailable(message, status=status, **where)
-    if in_sandbox:
-        return SandboxError(message, status=status, **where)
-    return ProviderError(message, status=status, **where)
+    if isinstance(exc, RunloopError) and "terminal state" in message:
+        return where.error(Unavailable, message)
+    if isinstance(exc, ValueError) and where.in_sandbox:
+        return where.error(SandboxError, message)
+    return where.error(ProviderError, f"{type(exc).__name__}: {message}")
+
+
+sdk_errors = ErrorMap(_to_error)

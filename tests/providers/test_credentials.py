@@ -3,10 +3,15 @@
 The entry's option wins when set, even empty (an entry that names its key
 never borrows another account's key from the environment); else the vendor's
 environment variable; the reason an entry is unconfigured names what to set;
-no repr shows a secret.
+no repr shows a secret. Nor does an adapter touch the process environment
+(which the app's own SDK calls read too).
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from pydantic import SecretStr
@@ -67,3 +72,44 @@ def test_an_empty_option_does_not_fall_back_to_the_environment(kind: str, monkey
         monkeypatch.setenv(env, f"from-env-{env}")
     provider = make(kind, **dict.fromkeys(CREDENTIALS[kind], ""))
     assert not provider.configured()  # type: ignore[attr-defined]
+
+
+# kind -> options pointing the adapter at a dead loopback endpoint ({url})
+DEAD_ENDPOINT = {
+    "daytona": {"api_key": "k", "api_url": "{url}/api"},
+    "runloop": {"api_key": "k", "base_url": "{url}"},
+    "e2b": {"api_key": "k", "api_url": "{url}", "sandbox_url": "{url}"},
+    "modal": {"token_id": "ak-x", "token_secret": "as-x", "server_url": "{url}"},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_using_an_adapter_leaves_the_environment_untouched(kind: str) -> None:
+    script = textwrap.dedent(
+        f"""
+        import asyncio, os
+        from emulators.harness import free_port
+        from providers import provider_class
+        from providers.base import SandboxSpec
+        from providers.errors import ProviderError
+        before = dict(os.environ)
+        url = f"http://127.0.0.1:{{free_port()}}"
+        cls = provider_class({kind!r})
+        options = {{k: v.format(url=url) for k, v in {DEAD_ENDPOINT[kind]!r}.items()}}
+        provider = cls("dead", cls.Options(**options))
+        async def use():
+            try:
+                await provider.create(SandboxSpec(), timeout=2)
+            except ProviderError:
+                pass
+            await provider.aclose()
+        asyncio.run(use())
+        changed = sorted(k for k in before.keys() | os.environ.keys()
+                         if before.get(k) != os.environ.get(k))
+        print(changed)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

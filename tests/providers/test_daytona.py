@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from providers.base import LABEL_LEASE, SandboxSpec
 from providers.daytona import DaytonaOptions, DaytonaProvider, DaytonaSandbox
 from providers.errors import (
     AuthError,
+    CapacityExceeded,
     NotFound,
     ProviderError,
     QuotaExceeded,
@@ -328,8 +330,9 @@ LIMIT = "Total CPU limit exceeded. Maximum allowed: 10."
     [
         ({"status": 401}, AuthError, 401),
         ({"status": 429, "retry_after": 9}, RateLimited, 429),
-        ({"status": 403}, QuotaExceeded, 403),
-        ({"status": 400, "message": LIMIT}, QuotaExceeded, 400),
+        ({"status": 403}, CapacityExceeded, 403),
+        ({"status": 400, "message": LIMIT}, CapacityExceeded, 400),
+        ({"status": 400, "message": "Sandbox quota exceeded"}, QuotaExceeded, 400),
         ({"status": 403, "message": "Forbidden resource"}, AuthError, 403),
         ({"status": 503}, Unavailable, 503),
         ({"status": 500}, Unavailable, 500),
@@ -426,7 +429,7 @@ async def test_5xx_burst_then_recovery(emu: DaytonaEmulator, provider: DaytonaPr
 async def test_account_limits(emu: DaytonaEmulator, provider: DaytonaProvider) -> None:
     emu.set_quota(max_concurrent=1, api_key=TEST_API_KEY)
     first = await provider.create(SandboxSpec(), timeout=2)
-    with pytest.raises(QuotaExceeded, match=r"CPU limit exceeded\. Maximum allowed: 1\.") as cap:
+    with pytest.raises(CapacityExceeded, match=r"CPU limit exceeded\. Maximum allowed: 1\.") as cap:
         await provider.create(SandboxSpec(), timeout=2)
     assert cap.value.status == 403
     await first.kill()
@@ -551,3 +554,33 @@ async def test_secrets_never_leak(
         seen += [str(err), repr(err), str(err.__cause__), repr(err.__cause__)]
     seen += [repr(e) for e in events] + [caplog.text] + list(capsys.readouterr())
     assert [text for text in seen if secret in text] == []
+
+
+def test_a_released_sandbox_frees_the_cpu_limit_for_the_next_acquire(
+    emu: DaytonaEmulator, redis_url: str, key_prefix: str, tmp_path: Path, new_router: Any
+) -> None:
+    """Daytona's CPU limit is a cap on live sandboxes, not a quota spent until a reset."""
+    emu.set_quota(max_concurrent=1, api_key=TEST_API_KEY)
+    router = new_router(
+        {
+            "state_url": redis_url,
+            "key_prefix": key_prefix,
+            "create_timeout": 5,
+            "chain": [
+                {
+                    "name": "daytona",
+                    "provider": "daytona",
+                    "options": {"api_key": TEST_API_KEY, "api_url": emu.api_url},
+                },
+                {"name": "local", "provider": "local", "options": {"root": str(tmp_path)}},
+            ],
+        },
+        hooks=[],
+    )
+    first = router.acquire()
+    assert first.entry == "daytona"
+    with router.acquire() as second:
+        assert (second.entry, second.failovers) == ("local", ["daytona"])
+    first.release()
+    with router.acquire() as third:
+        assert third.entry == "daytona"

@@ -297,8 +297,12 @@ async def test_dead_endpoint_is_unavailable() -> None:
     assert "ConnectError" in refused.value.message
 
 
-def test_no_sdk_import_and_no_sdk_connection_retries() -> None:
-    """Importing the adapter imports no SDK; using it turns the SDK's connect retries off."""
+def test_no_sdk_import_until_used() -> None:
+    """Importing the adapter imports no SDK; a dead endpoint is Unavailable within the timeout.
+
+    The SDK's connect retries (a refused connection, never a repeated
+    request) are left on: their switch is process-wide.
+    """
     script = textwrap.dedent(
         """
         import asyncio, sys, time
@@ -315,16 +319,13 @@ def test_no_sdk_import_and_no_sdk_connection_retries() -> None:
                 await dead.create(SandboxSpec(), timeout=10)
             except Unavailable:
                 return time.monotonic() - started
-        async def twice():
-            await attempt()  # the first one imports the SDK
-            return await attempt()
-        print(round(asyncio.run(twice()), 3))
+        print(round(asyncio.run(attempt()), 3))
         """
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
-    assert float(done.stdout.strip()) < 0.5, done.stdout + done.stderr  # 3 retries take ~2.8 s
+    assert float(done.stdout.strip()) < 10, done.stdout + done.stderr
 
 
 async def test_secrets_never_leak(

@@ -2,8 +2,8 @@
 
 One table of faults per vendor: each must fail over to local, refund the
 reservation, leave the entry in the expected health state, hit the emulator
-the expected number of times (the router retries transient errors once;
-Modal's SDK retries some itself) and leave no sandbox alive.
+the expected number of times (the router retries transient errors once, and
+no SDK retries under it) and leave no sandbox alive.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from emulators.e2b import TEST_API_KEY as E2B_KEY
 from emulators.harness import Emulator
 from emulators.modal import TEST_TOKEN_ID, TEST_TOKEN_SECRET
 from emulators.runloop import TEST_API_KEY as RUNLOOP_KEY
+from providers import provider_class
 from providers.base import SandboxSpec
+from providers.errors import RateLimited
 from router import Router
 
 RouterFactory = Callable[..., Router]
@@ -78,9 +80,9 @@ def set_attr(attr: str) -> Callable[[Any, list[str]], None]:
     return lambda emu, names: setattr(emu, attr, set(names))
 
 
-# The SDK itself tries UNAVAILABLE / INTERNAL / dropped streams up to 4 times (0.7 s of
-# backoff), the router twice: a loaded machine fits fewer SDK tries in the budget.
-MODAL_TRIES = (2, 8)
+# The router owns retries: the adapter stops the SDK's own (up to 4 tries of UNAVAILABLE,
+# INTERNAL and dropped streams), so the router's 2 attempts are 2 requests.
+MODAL_TRIES = (2, 2)
 
 VENDORS = {
     "e2b": Vendor(
@@ -119,10 +121,12 @@ VENDORS = {
         set_attr("snapshots"),
         "no-such-snapshot",
         [
-            *common(DAYTONA_KEY, cap="exhausted"),  # Daytona's cap is an account limit
+            *common(DAYTONA_KEY),  # the CPU limit caps live sandboxes: a release frees it
             *sdk_http_errors(),
-            Fault("quota-403", "exhausted", inject={"create": {"status": 403}}),
-            Fault("quota-400", "exhausted", inject={"create": {"status": 400, "message": LIMIT}}),
+            Fault("cpu-403", "capacity", inject={"create": {"status": 403}}),
+            Fault(
+                "cpu-limit-400", "capacity", inject={"create": {"status": 400, "message": LIMIT}}
+            ),
             Fault("boot-hangs", "closed", **transient("boot", hang=True)),
             Fault("boot-fails", "closed", **transient("boot", status=500)),
             Fault("unknown-snapshot", "closed", catalog=["base"]),
@@ -263,3 +267,17 @@ def test_gpu_requirement_picks_modal_over_entries_without_it(
     with router.acquire() as lease:
         assert lease.entry == "local"
     assert entry_view(router, "modal").used["sessions"] == 1
+
+
+@pytest.mark.parametrize("op", ["create", "list"])
+async def test_a_429_keeps_its_retry_after(vendor: Vendor, emu: Any, op: str) -> None:
+    """The router blocks a rate-limited entry for as long as the vendor's Retry-After says."""
+    cls = provider_class(vendor.name)
+    provider = cls(vendor.name, cls.Options(**vendor.options(emu)))
+    emu.inject(op, status=429, retry_after=30)
+    try:
+        with pytest.raises(RateLimited) as limited:
+            await (provider.create(SandboxSpec(), timeout=2) if op == "create" else provider.list())
+    finally:
+        await provider.aclose()
+    assert (limited.value.retry_after, limited.value.status) == (30, 429)

@@ -418,7 +418,7 @@ def test_no_sdk_import_until_used() -> None:
         assert not [m for m in sys.modules if m.split(".")[0] in ("modal", "modal_proto")]
         assert "MODAL_MAX_THROTTLE_WAIT" not in os.environ
         providers.modal._sdk()
-        assert os.environ["MODAL_MAX_THROTTLE_WAIT"] == "0"
+        assert "MODAL_MAX_THROTTLE_WAIT" not in os.environ
         """
     )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
@@ -450,3 +450,35 @@ async def test_secrets_never_leak(
         seen += [str(err), repr(err), str(err.__cause__), repr(err.__cause__)]
     seen += [repr(e) for e in events] + [caplog.text] + list(capsys.readouterr())
     assert [text for text in seen if TEST_TOKEN_SECRET in text] == []
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        ({"status": 503}, Unavailable),
+        ({"status": 500}, Unavailable),
+        ({"drop": True}, Unavailable),
+        ({"status": 429, "retry_after": 9}, RateLimited),
+    ],
+)
+async def test_one_create_is_one_request(
+    emu: ModalEmulator, provider: ModalProvider, fault: dict[str, Any], error: type[ProviderError]
+) -> None:
+    """The SDK's own retries (and throttle sleeps) are stopped: the router owns retries."""
+    emu.inject("create", times=None, **fault)
+    with pytest.raises(error):
+        await provider.create(SandboxSpec(), timeout=5)
+    assert emu.core.faults.hits["create"] == 1
+
+
+async def test_debug_logging_never_shows_the_token(
+    emu: ModalEmulator, provider: ModalProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An app logging everything at DEBUG sees no token in the HTTP/2 header log (hpack)."""
+    caplog.set_level(logging.DEBUG)
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    await sbx.run("echo hi")
+    await sbx.kill()
+    assert "x-modal-token-secret" in caplog.text, "the header log is on"
+    assert TEST_TOKEN_SECRET not in caplog.text
+    assert TEST_TOKEN_ID not in caplog.text

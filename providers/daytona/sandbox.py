@@ -1,0 +1,304 @@
+"""`DaytonaSandbox`: commands, files and code in a live Daytona sandbox.
+
+Commands run in shell sessions, the one Daytona API that keeps stdout and
+stderr apart: each command in a subshell (env and cwd apply to it only), in
+a session of its own while it runs (sessions are pooled per handle), under
+the router's timeout, after which its session is dropped (which kills it)
+and the output so far is returned with ``timed_out=True``.
+`DaytonaSandbox.run_code` uses Daytona's code runner for the sandbox's own
+language (stdout and stderr merged, as Daytona gives them), a session for
+bash or for python in a sandbox of another language.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import posixpath
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from providers.base import CodeResult, CommandResult, FileInfo, Sandbox, failure
+from providers.daytona.errors import DAEMON, EXECUTION_TIMEOUT, facts, sdk_errors
+from providers.daytona.states import state
+from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
+from providers.mapping import Where
+from providers.shell import piped, script
+
+if TYPE_CHECKING:
+    from daytona import AsyncSandbox
+
+__all__ = ["DaytonaSandbox"]
+
+log = structlog.get_logger("sandbox_router.daytona")
+
+
+class DaytonaSandbox(Sandbox):
+    """A live Daytona sandbox; ``native`` is the SDK's ``AsyncSandbox``."""
+
+    def __init__(
+        self,
+        native: AsyncSandbox,
+        provider: str,
+        *,
+        workdir: str | None = None,
+        request_timeout: float = 30.0,
+        transfer_timeout: float = 300.0,
+    ) -> None:
+        self._native = native
+        self.id = native.id
+        self.provider = provider
+        self._workdir = workdir
+        self._request_timeout = request_timeout
+        self._transfer_timeout = transfer_timeout
+        self._idle_sessions: list[str] = []
+        self._work_dir: str | None = None
+
+    @property
+    def native(self) -> AsyncSandbox:
+        return self._native
+
+    @property
+    def language(self) -> str:
+        """The language Daytona's code runner uses in this sandbox."""
+        from daytona.common.daytona import CODE_TOOLBOX_LANGUAGE_LABEL
+
+        return (self._native.labels or {}).get(CODE_TOOLBOX_LANGUAGE_LABEL) or "python"
+
+    def _errors(self) -> contextlib.AbstractContextManager[None]:
+        return sdk_errors(self.provider, self.id, in_sandbox=True)
+
+    @contextlib.asynccontextmanager
+    async def _toolbox(self) -> AsyncIterator[None]:
+        """Map the errors of toolbox calls (commands and files).
+
+        A client error the daemon itself gave is the caller's; one from in
+        front of it (the proxy) is the caller's only while the sandbox still
+        runs, which the API is asked: a sandbox stopped or gone is `NotFound`.
+        """
+        try:
+            with self._errors():
+                yield
+        except SandboxError as err:
+            cause = err.__cause__
+            if cause is None or facts(cause).source == DAEMON or not await self._gone():
+                raise
+            raise NotFound(
+                f"sandbox {self.id} is not running ({err.message})",
+                provider=self.provider,
+                status=err.status,
+                sandbox_id=self.id,
+            ) from cause
+
+    async def _gone(self) -> bool:
+        """Whether the API says the sandbox no longer runs."""
+        try:
+            with self._errors():
+                async with asyncio.timeout(self._request_timeout):
+                    await self._native.refresh_data()
+        except NotFound:
+            return True
+        except ProviderError:
+            return False
+        return state(self._native.state) != "started"
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        lines = script(cmd, env, cwd or self._workdir, Where(self.provider, self.id))
+        command = f"(\n{lines}\n)"
+        started = time.monotonic()
+        async with self._toolbox():
+            session = await self._take_session()
+            try:
+                response = await self._execute(session, command, timeout)
+            except _SessionGone:
+                session = await self._take_session(fresh=True)
+                response = await self._execute(session, command, timeout)
+        if response is None:
+            stdout, stderr = await self._abandon(session)
+            return CommandResult(stdout, stderr, -1, time.monotonic() - started, timed_out=True)
+        self._idle_sessions.append(session)
+        exit_code = response.exit_code if response.exit_code is not None else -1
+        return CommandResult(
+            response.stdout or "", response.stderr or "", exit_code, time.monotonic() - started
+        )
+
+    async def _execute(self, session: str, command: str, timeout: float | None) -> Any:
+        """One command in the session; None when ``timeout`` passes first."""
+        from daytona import DaytonaGoneError, DaytonaNotFoundError, SessionExecuteRequest
+
+        request = SessionExecuteRequest(command=command)
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._native.process.execute_session_command(
+                    session, request, timeout=math.ceil(timeout) if timeout else None
+                )
+        except TimeoutError:
+            return None
+        except (DaytonaGoneError, DaytonaNotFoundError) as exc:
+            if isinstance(exc, DaytonaNotFoundError) and "session" not in exc.message.lower():
+                raise
+            raise _SessionGone from exc
+
+    async def _take_session(self, *, fresh: bool = False) -> str:
+        """An idle shell session of this handle, or a new one.
+
+        A session runs one command at a time, so each command in flight has
+        its own; a session goes back to the pool when its command finished.
+        """
+        if self._idle_sessions and not fresh:
+            return self._idle_sessions.pop()
+        session = "sandbox-router-" + secrets.token_hex(6)
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                await self._native.process.create_session(session)
+        except TimeoutError as exc:
+            raise Unavailable(
+                "Daytona did not start a shell session in time",
+                provider=self.provider,
+                sandbox_id=self.id,
+            ) from exc
+        return session
+
+    async def _abandon(self, session: str) -> tuple[str, str]:
+        """Drop the session of a command that timed out (which kills it); its output so far.
+
+        Unavailable when the command never reached the sandbox: then the
+        toolbox, not the command, is what did not answer in time.
+        """
+        process = self._native.process
+        try:
+            with self._errors():
+                async with asyncio.timeout(self._request_timeout):
+                    commands = (await process.get_session(session)).commands
+                    logs = (
+                        await process.get_session_command_logs(session, commands[-1].id)
+                        if commands
+                        else None
+                    )
+                    await process.delete_session(session)
+        except ProviderError as err:
+            log.warning(
+                "sandbox_router.daytona.session_cleanup_failed",
+                entry=self.provider,
+                sandbox_id=self.id,
+                error=str(err),
+            )
+            raise
+        if logs is None:
+            raise Unavailable(
+                "the sandbox's toolbox did not take the command in time",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        return logs.stdout or "", logs.stderr or ""
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        async with self._toolbox():
+            async with asyncio.timeout(self._transfer_timeout):
+                await self._native.fs.upload_file(
+                    payload, path, timeout=math.ceil(self._transfer_timeout)
+                )
+
+    async def read_file(self, path: str) -> bytes:
+        async with self._toolbox():
+            async with asyncio.timeout(self._transfer_timeout):
+                data = await self._native.fs.download_file(path, math.ceil(self._transfer_timeout))
+        return data if isinstance(data, bytes) else bytes(data or b"")
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        async with self._toolbox():
+            async with asyncio.timeout(self._request_timeout):
+                entries = await self._native.fs.list_files(path)
+                where = path if posixpath.isabs(path) else await self._absolute(path)
+        return sorted(
+            (
+                FileInfo(
+                    name=e.name,
+                    path=posixpath.join(where, e.name),
+                    is_dir=e.is_dir,
+                    size=0 if e.is_dir else e.size,
+                )
+                for e in entries
+            ),
+            key=lambda f: f.name,
+        )
+
+    async def _absolute(self, path: str) -> str:
+        """``path`` from the sandbox's working directory (asked once per handle)."""
+        if self._work_dir is None:
+            self._work_dir = await self._native.get_work_dir()
+        return posixpath.normpath(posixpath.join(self._work_dir, path))
+
+    async def run_code(
+        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+    ) -> CodeResult:
+        if language == self.language:
+            return await self._code_run(code, timeout)
+        if language not in ("python", "bash"):
+            raise SandboxError(
+                f"run_code: language {language!r} is not supported here "
+                f"(expected {self.language!r}, 'python' or 'bash')",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        interpreter = "python3 -" if language == "python" else "bash -s"
+        res = await self.run(piped(code, interpreter), timeout=timeout)
+        return CodeResult.of_command(res, timeout)
+
+    async def _code_run(self, code: str, timeout: float | None) -> CodeResult:
+        """Daytona's code runner (stdout and stderr merged, as it gives them)."""
+        started = time.monotonic()
+        slack = self._request_timeout
+        async with self._toolbox():
+            try:
+                async with asyncio.timeout(timeout + slack if timeout else None):
+                    response = await self._native.process.code_run(
+                        code, timeout=math.ceil(timeout) if timeout else None
+                    )
+            except Exception as exc:
+                if facts(exc).code != EXECUTION_TIMEOUT:
+                    raise
+                elapsed = time.monotonic() - started
+                return CodeResult("", "", -1, elapsed, True, (), f"timed out after {timeout}s")
+        output = response.result or ""
+        exit_code = response.exit_code if response.exit_code is not None else -1
+        charts = tuple(
+            chart.model_dump() for chart in (response.artifacts and response.artifacts.charts) or ()
+        )
+        return CodeResult(
+            output,
+            "",
+            exit_code,
+            time.monotonic() - started,
+            False,
+            charts,
+            failure(output, exit_code, False, timeout),
+        )
+
+    async def kill(self) -> None:
+        with contextlib.suppress(NotFound), self._errors():
+            async with asyncio.timeout(self._request_timeout):
+                await self._native.delete()
+
+    async def keepalive(self, seconds: float) -> None:
+        """Reset the sandbox's auto-stop timer (Daytona counts idle time from the last activity)."""
+        with self._errors():
+            async with asyncio.timeout(self._request_timeout):
+                await self._native.refresh_activity()
+
+
+class _SessionGone(Exception):
+    """The sandbox no longer has the shell session (it ended or was dropped)."""
