@@ -14,6 +14,7 @@ modal -> e2b -> local from the environment (see its docstring).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ from pydantic import (
     SecretStr,
     Strict,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -160,6 +162,19 @@ class EntryConfig(_Strict):
             raise ValueError(f"unknown provider {value!r}; expected one of {sorted(PROVIDERS)}")
         return value
 
+    @field_validator("options")
+    @classmethod
+    def _hide_secrets(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Wrap the values of the adapter's secret fields (``SecretStr`` in its
+        ``Options``) so that no repr, dump or log of the config shows them."""
+        kind = info.data.get("provider")
+        if kind is None:
+            return options
+        secret = _secret_fields(kind)
+        return {
+            k: SecretStr(v) if k in secret and isinstance(v, str) else v for k, v in options.items()
+        }
+
     @property
     def pool(self) -> str:
         return self.quota_pool or self.name
@@ -173,7 +188,7 @@ class EntryConfig(_Strict):
         raw = json.dumps(
             {"provider": self.provider, "template": self.template, "options": self.options},
             sort_keys=True,
-            default=str,
+            default=lambda v: v.get_secret_value() if isinstance(v, SecretStr) else str(v),
         )
         return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
@@ -365,6 +380,16 @@ def _check_port(host: str) -> None:
         raise ValueError("the port is not a number (expected host:port)")
     if not 1 <= int(port) <= 65535:
         raise ValueError("the port must be between 1 and 65535")
+
+
+@functools.cache
+def _secret_fields(kind: str) -> frozenset[str]:
+    fields = provider_class(kind).Options.model_fields
+    return frozenset(
+        name
+        for name, f in fields.items()
+        if SecretStr in (get_args(f.annotation) or (f.annotation,))
+    )
 
 
 def _no_bool_numbers(entry: EntryConfig) -> None:

@@ -177,3 +177,33 @@ def test_router_from_env_skips_providers_without_keys(
         reasons = {v.name: v.unconfigured_reason for v in router.status().entries}
     assert reasons.pop("local") is None
     assert all(reasons.values())
+
+
+@pytest.mark.parametrize(
+    ("provider", "options"),
+    [
+        ("e2b", {"api_key": "sk-live-4815"}),
+        ("daytona", {"api_key": "sk-live-4815"}),
+        ("runloop", {"api_key": "sk-live-4815"}),
+        ("modal", {"token_id": "ak-4815", "token_secret": "sk-live-4815"}),
+    ],
+)
+def test_provider_keys_never_show_in_a_repr_a_dump_or_a_log(
+    provider: str, options: dict[str, str], tmp_path: Path
+) -> None:
+    path = write(
+        tmp_path,
+        f"chain:\n  - name: a\n    provider: {provider}\n    options:\n"
+        + "".join(f"      {k}: '${{{k.upper()}}}'\n" for k in options),
+    )
+    cfg = load_config(path, env={k.upper(): v for k, v in options.items()})
+    [entry] = cfg.chain
+    shown = [repr(cfg), str(cfg), repr(entry), str(entry), repr(entry.options),
+             str(cfg.model_dump()), cfg.model_dump_json(), repr(entry.provider_options())]  # fmt: skip
+    for text in shown:
+        assert "4815" not in text, text
+    # ...and still reach the adapter, and count in the fingerprint.
+    given = entry.provider_options()
+    assert {k: getattr(given, k).get_secret_value() for k in options} == options
+    other = load_config(path, env={k.upper(): v + "0" for k, v in options.items()}).chain[0]
+    assert other.fingerprint() != entry.fingerprint()
