@@ -17,10 +17,12 @@ command's own output goes to stdout.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -29,10 +31,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from policies.quota import UNITS
 from providers.errors import ConfigError, NoProviderAvailable, SandboxRouterError
 from router import config as config_mod
 from router.core import EntryView, Router, RouterStatus
 from router.logs import configure_logging
+from router.state import EntryRef, open_store
 
 __all__ = ["main"]
 
@@ -158,31 +162,66 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 def cmd_quota(args: argparse.Namespace) -> int:
     with _router(args) as router:
+        pools = sorted({e.pool for e in router.config.chain if e.name in router.entries})
+        if args.pool is not None and args.pool not in pools:
+            err.print(
+                f"[red]no pool {args.pool!r} in this config (pools: {', '.join(pools)})[/red]"
+            )
+            return 2
         if args.action == "show":
-            status = router.status()
-            pools: dict[str, dict[str, Any]] = {}
-            for v in status.entries:
+            shown: dict[str, dict[str, Any]] = {}
+            for v in router.status().entries:
                 if args.pool in (None, v.pool):
-                    pools[v.pool] = {"used": v.used, "limits": v.limits,
+                    shown[v.pool] = {"used": v.used, "limits": v.limits,
                                      "reset_at": v.reset_at.isoformat()}  # fmt: skip
-            if args.pool and not pools:
-                err.print(f"[red]no pool {args.pool!r} in this config[/red]")
-                return 2
-            out.print_json(json.dumps(pools))
+            out.print_json(json.dumps(shown))
             return 0
         if args.pool is None:
             err.print(f"[red]quota {args.action}: name the pool[/red]")
             return 2
         if args.action == "set":
             if args.unit is None or args.value is None:
-                err.print("[red]quota set POOL UNIT VALUE (unit: sessions|sandbox_seconds)[/red]")
+                err.print(f"[red]quota set POOL UNIT VALUE (unit: {'|'.join(UNITS)})[/red]")
                 return 2
+            if args.unit == "concurrent":
+                return _free_slots(router.config, args.pool, int(args.value))
             router.set_usage(args.pool, args.unit, args.value)
         else:
             for unit in [args.unit] if args.unit else ["sessions", "sandbox_seconds"]:
                 router.set_usage(args.pool, unit, 0)
         out.print(f"pool {args.pool}: {args.action} done")
         return 0
+
+
+def _free_slots(cfg: config_mod.RouterConfig, pool: str, keep: int) -> int:
+    """``quota set POOL concurrent N``: free the pool's slots until N are held.
+
+    For slots a crashed app or a store outage left taken until ``lease_ttl``.
+    Which leases lose their slot is arbitrary; their holders find them lost at
+    the next heartbeat, and their seconds are metered now.
+    """
+    entry = next(e for e in cfg.chain if e.pool == pool)
+    ref = EntryRef(
+        entry.name, pool, cfg.pool_quota(entry).limits(), cfg.window(entry), entry.fingerprint()
+    )
+
+    async def free() -> tuple[int, int]:
+        store = open_store(cfg.resolved_state_url(), cfg.key_prefix)
+        try:
+            now = time.time()
+            held = sorted(await store.lease_ids(ref, now))
+            for lease_id in held[keep:]:
+                await store.release(ref, lease_id, now)
+            return len(held), max(0, len(held) - keep)
+        finally:
+            await store.close()
+
+    held, freed = asyncio.run(free())
+    if keep > held:
+        err.print(f"[red]pool {pool}: {held} slot(s) held; concurrent can only lower it[/red]")
+        return 2
+    out.print(f"pool {pool}: freed {freed} of {held} concurrency slot(s)")
+    return 0
 
 
 def cmd_janitor(args: argparse.Namespace) -> int:
@@ -276,7 +315,7 @@ def _parser() -> argparse.ArgumentParser:
     p = with_config(sub.add_parser("quota", help="show or correct the quota ledger"))
     p.add_argument("action", choices=["show", "set", "reset"])
     p.add_argument("pool", nargs="?")
-    p.add_argument("unit", nargs="?", choices=["sessions", "sandbox_seconds"])
+    p.add_argument("unit", nargs="?", choices=UNITS)
     p.add_argument("value", nargs="?", type=float)
     p.set_defaults(func=cmd_quota)
 
