@@ -23,9 +23,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -38,7 +38,10 @@ from router.core import EntryView, Router, RouterStatus
 from router.logs import configure_logging
 from router.state import EntryRef, open_store
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["main", "run_exporter"]
 
 # Tables stay readable when piped (rich would otherwise assume 80 columns).
 out = Console(width=None if sys.stdout.isatty() else 140)
@@ -240,10 +243,35 @@ def cmd_janitor(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from router.metrics import run_exporter
-
     with _router(args) as router:
         return run_exporter(router, args.port, args.addr, announce=out.print)
+
+
+def run_exporter(
+    router: Router,
+    port: int,
+    addr: str = "127.0.0.1",
+    *,
+    registry: CollectorRegistry | None = None,
+    stop: threading.Event | None = None,
+    announce: Callable[[str], None] = print,
+) -> int:
+    """``sandbox-router metrics``: `router.metrics.serve` until SIGTERM, SIGINT or ``stop``."""
+    from router.metrics import serve
+
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    server = serve(router, port, addr, registry=registry)
+    host = f"[{addr}]" if ":" in addr else addr
+    announce(f"serving http://{host}:{server.server_port}/metrics")
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -266,6 +294,8 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     if args.port and len(names) > 1:
         err.print("[red]--port applies to one emulator; with `all` the ports are picked[/red]")
         return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # before the "ready" lines
     running = []
     for name in names:
         emu = emulator_class(name)(port=args.port or 0, control_port=args.control_port or 0)
@@ -274,8 +304,6 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         out.print(f"[bold]{name}[/bold] emulator on {emu.url} (control API {emu.control_url})")
         for key, value in emu.sdk_env().items():
             out.print(f"  export {key}={value}")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         stop.wait()
     except KeyboardInterrupt:
@@ -329,10 +357,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
     p.set_defaults(func=cmd_demo)
 
-    from router.metrics import add_arguments
-
     p = with_config(sub.add_parser("metrics", help="serve Prometheus /metrics (a sidecar)"))
-    add_arguments(p)
+    p.add_argument("--port", type=int, default=9464, help="port to serve on (default 9464)")
+    p.add_argument(
+        "--addr",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; 0.0.0.0 to be scraped from another host)",
+    )
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("emulate", help="run provider emulators on loopback")
