@@ -10,8 +10,10 @@
     sandbox-router emulate daytona|runloop|modal|e2b|all [--port N]
 
 Without ``--config`` the router comes from the environment (see
-`router.config.from_env`). Logs go to stderr (JSON unless on a TTY); the
-command's own output goes to stdout.
+`router.config.from_env`). Logs go to stderr, readable on a terminal and
+JSON lines elsewhere (``--log-format`` or the config's ``log.format`` choose);
+the command's own output goes to stdout. The CLI configures logging; the
+library never does.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from rich.console import Console
 from rich.markup import escape
@@ -35,7 +38,7 @@ from policies.quota import UNITS
 from providers.errors import ConfigError, NoProviderAvailable, SandboxRouterError
 from router import config as config_mod
 from router.core import EntryView, Router, RouterStatus
-from router.logs import configure_logging
+from router.logs import LogFormat, configure_logging
 from router.state import EntryRef, open_store
 
 if TYPE_CHECKING:
@@ -50,8 +53,20 @@ err = Console(stderr=True)
 
 def _router(args: argparse.Namespace) -> Router:
     cfg = config_mod.load_config(args.config) if args.config else config_mod.from_env()
-    configure_logging(cfg.log.format, "info" if args.verbose else "warning")
+    if cfg.log.model_fields_set:
+        _configure_logging(args, cfg.log.format, cfg.log.level)
     return Router(cfg)
+
+
+def _configure_logging(
+    args: argparse.Namespace, fmt: LogFormat = "auto", level: str = "warning"
+) -> None:
+    """The command's logs: ``--log-format``, else the config's ``log.format``, else
+    readable on a terminal and JSON lines off one; warnings, the config's
+    ``log.level``, and at least info (routing events) with ``-v``."""
+    if args.verbose and logging.getLevelNamesMapping()[level.upper()] > logging.INFO:
+        level = "info"
+    configure_logging(args.log_format or fmt, level)
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -277,7 +292,6 @@ def run_exporter(
 def cmd_demo(args: argparse.Namespace) -> int:
     from router.demo import run_demo, summary_table
 
-    configure_logging("auto", "warning")
     summary = run_demo(redis_url=args.redis, live=not args.json, metrics_port=args.metrics_port)
     if args.json:
         out.print_json(json.dumps(summary.to_json()))
@@ -289,7 +303,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_emulate(args: argparse.Namespace) -> int:
     from emulators import EMULATORS, emulator_class
 
-    configure_logging("auto", "info" if args.verbose else "warning")
     names = sorted(EMULATORS) if args.name == "all" else [args.name]
     if args.port and len(names) > 1:
         err.print("[red]--port applies to one emulator; with `all` the ports are picked[/red]")
@@ -317,6 +330,11 @@ def cmd_emulate(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox-router", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log routing events")
+    parser.add_argument(
+        "--log-format",
+        choices=get_args(LogFormat),
+        help="logs on stderr: json lines, console (readable) or auto (console on a terminal)",
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -376,6 +394,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _configure_logging(args)
     try:
         code: int = args.func(args)
     except ConfigError as exc:

@@ -45,6 +45,7 @@ from providers import PROVIDERS, provider_class
 from providers.base import ProviderOptions
 from providers.errors import ConfigError
 from router.config_file import MAX_DEPTH, read_yaml
+from router.logs import LogFormat
 from router.state import SCHEMES
 
 __all__ = [
@@ -194,7 +195,9 @@ class EntryConfig(_Strict):
 
 
 class LogSettings(_Strict):
-    format: Literal["auto", "json", "console"] = "auto"
+    """How the ``sandbox-router`` command logs (the library never configures logging)."""
+
+    format: LogFormat = "auto"
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
