@@ -3,7 +3,9 @@
     sandbox-router exec [--config FILE] -- CMD...   acquire, run, print, release
     sandbox-router status [--config FILE] [--json]  health and quota per entry
     sandbox-router config check FILE                validate a chain file
-    sandbox-router quota show|set|reset POOL [UNIT VALUE]
+    sandbox-router doctor [--create ENTRY|--create-all] [--json]  prove each entry works
+    sandbox-router quota show|set|reset POOL [UNIT VALUE]   (UNIT: sessions,
+                                                    sandbox_seconds, concurrent)
     sandbox-router janitor [--config FILE]           kill orphaned sandboxes
     sandbox-router demo [--json] [--redis URL]      a scripted day on the emulators
     sandbox-router metrics [--config FILE] [--port N]  serve Prometheus /metrics
@@ -27,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -242,6 +245,51 @@ def _free_slots(cfg: config_mod.RouterConfig, pool: str, keep: int) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from router.doctor import diagnose
+
+    cfg = config_mod.load_config(args.config) if args.config else config_mod.from_env()
+    create = [e.name for e in cfg.chain] if args.create_all else args.create
+    try:
+        checks = asyncio.run(diagnose(cfg, create, timeout=args.timeout))
+    except ValueError as exc:
+        err.print(f"[red]doctor: {escape(str(exc))}[/red]", highlight=False)
+        return 2
+    if args.json:
+        out.print_json(json.dumps([{**asdict(c), "failed": c.failed} for c in checks]))
+    else:
+        table = Table(title="sandbox-router doctor")
+        for column in ("entry", "provider", "state", "credentials", "create / run / kill",
+                       "quota left", "problems"):  # fmt: skip
+            table.add_column(column)
+        for c in checks:
+            steps = " / ".join(_secs(c.seconds.get(s)) for s in ("create", "run", "kill"))
+            table.add_row(
+                c.entry, c.provider, c.state,
+                f"{_mark(c.credentials)} {_secs(c.seconds.get('credentials'))}",
+                f"{_mark(c.cycle)} {steps}" if c.cycle != "skipped" else "skipped",
+                ", ".join(f"{u} {_amount(u, v)}" for u, v in c.quota_left.items()) or "unlimited",
+                escape("\n".join(c.problems)),
+            )  # fmt: skip
+        out.print(table)
+    return 1 if any(c.failed for c in checks) else 0
+
+
+def _mark(verdict: str) -> str:
+    colour = {"ok": "green", "missing": "yellow", "disabled": "dim"}.get(verdict, "red")
+    return f"[{colour}]{verdict}[/{colour}]"
+
+
+def _secs(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.1f}s"
+
+
+def _amount(unit: str, value: float) -> str:
+    return f"{value / 3600:.1f}h" if unit == "sandbox_seconds" else f"{value:.0f}"
+
+
 def cmd_janitor(args: argparse.Namespace) -> int:
     with _router(args) as router:
         report = router.reap()
@@ -368,6 +416,16 @@ def _parser() -> argparse.ArgumentParser:
     p = with_config(sub.add_parser("janitor", help="kill this router's orphaned sandboxes"))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_janitor)
+
+    p = with_config(sub.add_parser("doctor", help="prove each entry works, with real calls"))
+    p.add_argument(
+        "--create", action="append", default=[], metavar="ENTRY",
+        help="also create, run and kill a sandbox on ENTRY (spends a session; repeatable)",
+    )  # fmt: skip
+    p.add_argument("--create-all", action="store_true", help="--create every entry")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per step (default 60)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("demo", help="a scripted day of traffic on the emulators")
     p.add_argument("--redis", help="use this Redis instead of the embedded SQLite store")
