@@ -14,6 +14,7 @@ modal -> e2b -> local from the environment (see its docstring).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -110,37 +111,41 @@ class QuotaConfig(_Strict):
         return Limits(self.sessions, self.sandbox_seconds, self.concurrent)
 
 
+# The policies own their defaults; the settings read them from there.
+_RETRY = RetryPolicy()
+_BREAKER = BreakerConfig()
+_WINDOW = MonthlyWindow()
+
+
 class RetrySettings(_Strict):
-    attempts: Annotated[Int, Field(ge=1, le=20)] = 3
-    initial: Annotated[Float, Field(gt=0, le=60)] = 0.2
-    maximum: Annotated[Float, Field(gt=0, le=300)] = 5.0
+    """`policies.retry.RetryPolicy` as configured (its defaults)."""
+
+    attempts: Annotated[Int, Field(ge=1, le=20)] = _RETRY.attempts
+    initial: Annotated[Float, Field(gt=0, le=60)] = _RETRY.initial
+    maximum: Annotated[Float, Field(gt=0, le=300)] = _RETRY.maximum
 
     def policy(self) -> RetryPolicy:
-        return RetryPolicy(self.attempts, self.initial, self.maximum)
+        return RetryPolicy(**self.model_dump())
 
 
 class BreakerSettings(_Strict):
-    failure_threshold: Annotated[Int, Field(ge=1)] = 5
-    failure_rate: Annotated[Float, Field(gt=0, le=1)] = 0.5
-    window_seconds: Annotated[Float, Field(gt=0)] = 60.0
-    min_calls: Annotated[Int, Field(ge=1)] = 10
-    cooldown_base: Annotated[Float, Field(gt=0)] = 30.0
-    cooldown_max: Annotated[Float, Field(gt=0)] = 600.0
+    """`policies.breaker.BreakerConfig` as configured (its defaults); an unset
+    ``probe_timeout`` is the router's ``acquire_timeout``."""
+
+    failure_threshold: Annotated[Int, Field(ge=1)] = _BREAKER.failure_threshold
+    failure_rate: Annotated[Float, Field(gt=0, le=1)] = _BREAKER.failure_rate
+    window_seconds: Annotated[Float, Field(gt=0)] = _BREAKER.window_seconds
+    min_calls: Annotated[Int, Field(ge=1)] = _BREAKER.min_calls
+    cooldown_base: Annotated[Float, Field(gt=0)] = _BREAKER.cooldown_base
+    cooldown_max: Annotated[Float, Field(gt=0)] = _BREAKER.cooldown_max
     probe_timeout: Annotated[Float, Field(gt=0)] | None = None
-    capacity_cooldown: Annotated[Float, Field(ge=0)] = 10.0
-    rate_limit_default: Annotated[Float, Field(ge=0)] = 5.0
+    capacity_cooldown: Annotated[Float, Field(ge=0)] = _BREAKER.capacity_cooldown
+    rate_limit_default: Annotated[Float, Field(ge=0)] = _BREAKER.rate_limit_default
 
     def policy(self, probe_timeout: float) -> BreakerConfig:
-        return BreakerConfig(
-            failure_threshold=self.failure_threshold,
-            failure_rate=self.failure_rate,
-            window_seconds=self.window_seconds,
-            min_calls=self.min_calls,
-            cooldown_base=self.cooldown_base,
-            cooldown_max=self.cooldown_max,
-            probe_timeout=self.probe_timeout or probe_timeout,
-            capacity_cooldown=self.capacity_cooldown,
-            rate_limit_default=self.rate_limit_default,
+        return dataclasses.replace(
+            _BREAKER,
+            **{**self.model_dump(), "probe_timeout": self.probe_timeout or probe_timeout},
         )
 
 
@@ -226,8 +231,8 @@ class RouterConfig(_Strict):
     on_state_error: Literal["fail_closed", "fail_open"] = "fail_closed"
     fail_open_share: Annotated[Float, Field(gt=0, le=1)] = 0.25
     strategy: Literal["ordered", "balanced"] = "ordered"
-    timezone: str = "UTC"
-    reset_day: Annotated[Int, Field(ge=1, le=31)] = 1
+    timezone: str = _WINDOW.timezone
+    reset_day: Annotated[Int, Field(ge=1, le=31)] = _WINDOW.reset_day
     acquire_timeout: Annotated[Float, Field(gt=0, le=3600)] = 120.0
     create_timeout: Annotated[Float, Field(gt=0, le=3600)] = 60.0
     lease_ttl: Annotated[Float, Field(ge=5, le=7 * 24 * 3600)] = 300.0

@@ -207,3 +207,25 @@ def test_provider_keys_never_show_in_a_repr_a_dump_or_a_log(
     assert {k: getattr(given, k).get_secret_value() for k in options} == options
     other = load_config(path, env={k.upper(): v + "0" for k, v in options.items()}).chain[0]
     assert other.fingerprint() != entry.fingerprint()
+
+
+def test_the_defaults_are_the_policies_own() -> None:
+    from dataclasses import fields
+
+    from policies.breaker import BreakerConfig
+    from policies.quota import MonthlyWindow
+    from policies.retry import RetryPolicy
+    from router.config import BreakerSettings, RetrySettings
+
+    cfg = load_config({"chain": [LOCAL]}, env={})
+    assert cfg.retry.policy() == RetryPolicy()
+    assert cfg.breaker.policy(BreakerConfig().probe_timeout) == BreakerConfig()
+    assert cfg.breaker_policy().probe_timeout == cfg.acquire_timeout
+    assert cfg.window(cfg.chain[0]) == MonthlyWindow()
+    settings = set(RetrySettings.model_fields) | set(BreakerSettings.model_fields)
+    # every tunable of the policies is configurable but quota_default (an exhausted block
+    # with no reset time from the provider), which stays the policy's own
+    unset = {f.name for f in fields(BreakerConfig)} | {f.name for f in fields(RetryPolicy)}
+    assert unset - settings == {"quota_default"}
+    tuned = load_config({"breaker": {"cooldown_max": 60}, "chain": [LOCAL]}, env={})
+    assert tuned.breaker_policy().cooldown_max == 60
