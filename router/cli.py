@@ -3,38 +3,51 @@
     sandbox-router exec [--config FILE] -- CMD...   acquire, run, print, release
     sandbox-router status [--config FILE] [--json]  health and quota per entry
     sandbox-router config check FILE                validate a chain file
-    sandbox-router quota show|set|reset POOL [UNIT VALUE]
+    sandbox-router doctor [--create ENTRY|--create-all] [--json]  prove each entry works
+    sandbox-router quota show|set|reset POOL [UNIT VALUE]   (UNIT: sessions,
+                                                    sandbox_seconds, concurrent)
     sandbox-router janitor [--config FILE]           kill orphaned sandboxes
     sandbox-router demo [--json] [--redis URL]      a scripted day on the emulators
     sandbox-router metrics [--config FILE] [--port N]  serve Prometheus /metrics
     sandbox-router emulate daytona|runloop|modal|e2b|all [--port N]
 
 Without ``--config`` the router comes from the environment (see
-`router.config.from_env`). Logs go to stderr (JSON unless on a TTY); the
-command's own output goes to stdout.
+`router.config.from_env`). Logs go to stderr, readable on a terminal and
+JSON lines elsewhere (``--log-format`` or the config's ``log.format`` choose);
+the command's own output goes to stdout. The CLI configures logging; the
+library never does.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from policies.quota import UNITS
 from providers.errors import ConfigError, NoProviderAvailable, SandboxRouterError
 from router import config as config_mod
 from router.core import EntryView, Router, RouterStatus
-from router.logs import configure_logging
+from router.logs import LogFormat, configure_logging
+from router.state import EntryRef, open_store
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["main", "run_exporter"]
 
 # Tables stay readable when piped (rich would otherwise assume 80 columns).
 out = Console(width=None if sys.stdout.isatty() else 140)
@@ -43,8 +56,20 @@ err = Console(stderr=True)
 
 def _router(args: argparse.Namespace) -> Router:
     cfg = config_mod.load_config(args.config) if args.config else config_mod.from_env()
-    configure_logging(cfg.log.format, "info" if args.verbose else "warning")
+    if cfg.log.model_fields_set:
+        _configure_logging(args, cfg.log.format, cfg.log.level)
     return Router(cfg)
+
+
+def _configure_logging(
+    args: argparse.Namespace, fmt: LogFormat = "auto", level: str = "warning"
+) -> None:
+    """The command's logs: ``--log-format``, else the config's ``log.format``, else
+    readable on a terminal and JSON lines off one; warnings, the config's
+    ``log.level``, and at least info (routing events) with ``-v``."""
+    if args.verbose and logging.getLevelNamesMapping()[level.upper()] > logging.INFO:
+        level = "info"
+    configure_logging(args.log_format or fmt, level)
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -158,31 +183,111 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 def cmd_quota(args: argparse.Namespace) -> int:
     with _router(args) as router:
+        pools = sorted({e.pool for e in router.config.chain if e.name in router.entries})
+        if args.pool is not None and args.pool not in pools:
+            err.print(
+                f"[red]no pool {args.pool!r} in this config (pools: {', '.join(pools)})[/red]"
+            )
+            return 2
         if args.action == "show":
-            status = router.status()
-            pools: dict[str, dict[str, Any]] = {}
-            for v in status.entries:
+            shown: dict[str, dict[str, Any]] = {}
+            for v in router.status().entries:
                 if args.pool in (None, v.pool):
-                    pools[v.pool] = {"used": v.used, "limits": v.limits,
+                    shown[v.pool] = {"used": v.used, "limits": v.limits,
                                      "reset_at": v.reset_at.isoformat()}  # fmt: skip
-            if args.pool and not pools:
-                err.print(f"[red]no pool {args.pool!r} in this config[/red]")
-                return 2
-            out.print_json(json.dumps(pools))
+            out.print_json(json.dumps(shown))
             return 0
         if args.pool is None:
             err.print(f"[red]quota {args.action}: name the pool[/red]")
             return 2
         if args.action == "set":
             if args.unit is None or args.value is None:
-                err.print("[red]quota set POOL UNIT VALUE (unit: sessions|sandbox_seconds)[/red]")
+                err.print(f"[red]quota set POOL UNIT VALUE (unit: {'|'.join(UNITS)})[/red]")
                 return 2
+            if args.unit == "concurrent":
+                return _free_slots(router.config, args.pool, int(args.value))
             router.set_usage(args.pool, args.unit, args.value)
         else:
             for unit in [args.unit] if args.unit else ["sessions", "sandbox_seconds"]:
                 router.set_usage(args.pool, unit, 0)
         out.print(f"pool {args.pool}: {args.action} done")
         return 0
+
+
+def _free_slots(cfg: config_mod.RouterConfig, pool: str, keep: int) -> int:
+    """``quota set POOL concurrent N``: free the pool's slots until N are held.
+
+    For slots a crashed app or a store outage left taken until ``lease_ttl``.
+    Which leases lose their slot is arbitrary; their holders find them lost at
+    the next heartbeat, and their seconds are metered now.
+    """
+    entry = next(e for e in cfg.chain if e.pool == pool)
+    ref = EntryRef(
+        entry.name, pool, cfg.pool_quota(entry).limits(), cfg.window(entry), entry.fingerprint()
+    )
+
+    async def free() -> tuple[int, int]:
+        store = open_store(cfg.resolved_state_url(), cfg.key_prefix)
+        try:
+            now = time.time()
+            held = sorted(await store.lease_ids(ref, now))
+            for lease_id in held[keep:]:
+                await store.release(ref, lease_id, now)
+            return len(held), max(0, len(held) - keep)
+        finally:
+            await store.close()
+
+    held, freed = asyncio.run(free())
+    if keep > held:
+        err.print(f"[red]pool {pool}: {held} slot(s) held; concurrent can only lower it[/red]")
+        return 2
+    out.print(f"pool {pool}: freed {freed} of {held} concurrency slot(s)")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from router.doctor import diagnose
+
+    cfg = config_mod.load_config(args.config) if args.config else config_mod.from_env()
+    create = [e.name for e in cfg.chain] if args.create_all else args.create
+    try:
+        checks = asyncio.run(diagnose(cfg, create, timeout=args.timeout))
+    except ValueError as exc:
+        err.print(f"[red]doctor: {escape(str(exc))}[/red]", highlight=False)
+        return 2
+    if args.json:
+        out.print_json(json.dumps([{**asdict(c), "failed": c.failed} for c in checks]))
+    else:
+        table = Table(title="sandbox-router doctor")
+        for column in ("entry", "provider", "state", "credentials", "create / run / kill",
+                       "quota left", "problems"):  # fmt: skip
+            table.add_column(column)
+        for c in checks:
+            steps = " / ".join(_secs(c.seconds.get(s)) for s in ("create", "run", "kill"))
+            table.add_row(
+                c.entry, c.provider, c.state,
+                f"{_mark(c.credentials)} {_secs(c.seconds.get('credentials'))}",
+                f"{_mark(c.cycle)} {steps}" if c.cycle != "skipped" else "skipped",
+                ", ".join(f"{u} {_amount(u, v)}" for u, v in c.quota_left.items()) or "unlimited",
+                escape("\n".join(c.problems)),
+            )  # fmt: skip
+        out.print(table)
+    return 1 if any(c.failed for c in checks) else 0
+
+
+def _mark(verdict: str) -> str:
+    colour = {"ok": "green", "missing": "yellow", "disabled": "dim"}.get(verdict, "red")
+    return f"[{colour}]{verdict}[/{colour}]"
+
+
+def _secs(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.1f}s"
+
+
+def _amount(unit: str, value: float) -> str:
+    return f"{value / 3600:.1f}h" if unit == "sandbox_seconds" else f"{value:.0f}"
 
 
 def cmd_janitor(args: argparse.Namespace) -> int:
@@ -201,16 +306,40 @@ def cmd_janitor(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from router.metrics import run_exporter
-
     with _router(args) as router:
         return run_exporter(router, args.port, args.addr, announce=out.print)
+
+
+def run_exporter(
+    router: Router,
+    port: int,
+    addr: str = "127.0.0.1",
+    *,
+    registry: CollectorRegistry | None = None,
+    stop: threading.Event | None = None,
+    announce: Callable[[str], None] = print,
+) -> int:
+    """``sandbox-router metrics``: `router.metrics.serve` until SIGTERM, SIGINT or ``stop``."""
+    from router.metrics import serve
+
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    server = serve(router, port, addr, registry=registry)
+    host = f"[{addr}]" if ":" in addr else addr
+    announce(f"serving http://{host}:{server.server_port}/metrics")
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from router.demo import run_demo, summary_table
 
-    configure_logging("auto", "warning")
     summary = run_demo(redis_url=args.redis, live=not args.json, metrics_port=args.metrics_port)
     if args.json:
         out.print_json(json.dumps(summary.to_json()))
@@ -222,11 +351,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_emulate(args: argparse.Namespace) -> int:
     from emulators import EMULATORS, emulator_class
 
-    configure_logging("auto", "info" if args.verbose else "warning")
     names = sorted(EMULATORS) if args.name == "all" else [args.name]
     if args.port and len(names) > 1:
         err.print("[red]--port applies to one emulator; with `all` the ports are picked[/red]")
         return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # before the "ready" lines
     running = []
     for name in names:
         emu = emulator_class(name)(port=args.port or 0, control_port=args.control_port or 0)
@@ -235,8 +365,6 @@ def cmd_emulate(args: argparse.Namespace) -> int:
         out.print(f"[bold]{name}[/bold] emulator on {emu.url} (control API {emu.control_url})")
         for key, value in emu.sdk_env().items():
             out.print(f"  export {key}={value}")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         stop.wait()
     except KeyboardInterrupt:
@@ -250,6 +378,11 @@ def cmd_emulate(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox-router", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log routing events")
+    parser.add_argument(
+        "--log-format",
+        choices=get_args(LogFormat),
+        help="logs on stderr: json lines, console (readable) or auto (console on a terminal)",
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -276,7 +409,7 @@ def _parser() -> argparse.ArgumentParser:
     p = with_config(sub.add_parser("quota", help="show or correct the quota ledger"))
     p.add_argument("action", choices=["show", "set", "reset"])
     p.add_argument("pool", nargs="?")
-    p.add_argument("unit", nargs="?", choices=["sessions", "sandbox_seconds"])
+    p.add_argument("unit", nargs="?", choices=UNITS)
     p.add_argument("value", nargs="?", type=float)
     p.set_defaults(func=cmd_quota)
 
@@ -284,16 +417,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_janitor)
 
+    p = with_config(sub.add_parser("doctor", help="prove each entry works, with real calls"))
+    p.add_argument(
+        "--create", action="append", default=[], metavar="ENTRY",
+        help="also create, run and kill a sandbox on ENTRY (spends a session; repeatable)",
+    )  # fmt: skip
+    p.add_argument("--create-all", action="store_true", help="--create every entry")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per step (default 60)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_doctor)
+
     p = sub.add_parser("demo", help="a scripted day of traffic on the emulators")
     p.add_argument("--redis", help="use this Redis instead of the embedded SQLite store")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
     p.set_defaults(func=cmd_demo)
 
-    from router.metrics import add_arguments
-
     p = with_config(sub.add_parser("metrics", help="serve Prometheus /metrics (a sidecar)"))
-    add_arguments(p)
+    p.add_argument("--port", type=int, default=9464, help="port to serve on (default 9464)")
+    p.add_argument(
+        "--addr",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1; 0.0.0.0 to be scraped from another host)",
+    )
     p.set_defaults(func=cmd_metrics)
 
     p = sub.add_parser("emulate", help="run provider emulators on loopback")
@@ -306,6 +452,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _configure_logging(args)
     try:
         code: int = args.func(args)
     except ConfigError as exc:

@@ -13,21 +13,28 @@ modal -> e2b -> local from the environment (see its docstring).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import hashlib
 import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
+from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
+    Strict,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -38,6 +45,9 @@ from policies.retry import RetryPolicy
 from providers import PROVIDERS, provider_class
 from providers.base import ProviderOptions
 from providers.errors import ConfigError
+from router.config_file import MAX_DEPTH, read_yaml
+from router.logs import LogFormat
+from router.state import SCHEMES
 
 __all__ = [
     "DEFAULT_CHAIN",
@@ -54,20 +64,41 @@ DEFAULT_CHAIN = ("daytona", "runloop", "modal", "e2b")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SAFE_PERSISTENT_DIR = "sandbox-router"
+_SECRET_WORD = re.compile(r"key|secret|token|password")
+
+
+class _FromEnv(str):
+    """A string made by ``${VAR}`` substitution: a number or boolean field reads it
+    as YAML would have read the same text written in the file."""
+
+
+def _env_scalar(value: Any) -> Any:
+    if isinstance(value, _FromEnv):
+        with contextlib.suppress(yaml.YAMLError):
+            parsed = yaml.safe_load(value)
+            if isinstance(parsed, bool | int | float):
+                return parsed
+    return value
+
+
+# Strict: YAML already typed the value, so `true` is not 1 and "5" is not 5.
+Int = Annotated[int, Strict(), BeforeValidator(_env_scalar)]
+Float = Annotated[float, Strict(), BeforeValidator(_env_scalar)]
+Bool = Annotated[bool, Strict(), BeforeValidator(_env_scalar)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class QuotaConfig(_Strict):
     """A pool's monthly limits; an absent unit is unlimited."""
 
-    sessions: Annotated[int, Field(ge=0)] | None = None
-    sandbox_seconds: Annotated[float, Field(ge=0)] | None = None
-    concurrent: Annotated[int, Field(ge=0)] | None = None
+    sessions: Annotated[Int, Field(ge=0)] | None = None
+    sandbox_seconds: Annotated[Float, Field(ge=0)] | None = None
+    concurrent: Annotated[Int, Field(ge=0)] | None = None
     timezone: str | None = None
-    reset_day: Annotated[int, Field(ge=1, le=31)] | None = None
+    reset_day: Annotated[Int, Field(ge=1, le=31)] | None = None
 
     @field_validator("timezone")
     @classmethod
@@ -80,37 +111,41 @@ class QuotaConfig(_Strict):
         return Limits(self.sessions, self.sandbox_seconds, self.concurrent)
 
 
+# The policies own their defaults; the settings read them from there.
+_RETRY = RetryPolicy()
+_BREAKER = BreakerConfig()
+_WINDOW = MonthlyWindow()
+
+
 class RetrySettings(_Strict):
-    attempts: Annotated[int, Field(ge=1, le=20)] = 3
-    initial: Annotated[float, Field(gt=0, le=60)] = 0.2
-    maximum: Annotated[float, Field(gt=0, le=300)] = 5.0
+    """`policies.retry.RetryPolicy` as configured (its defaults)."""
+
+    attempts: Annotated[Int, Field(ge=1, le=20)] = _RETRY.attempts
+    initial: Annotated[Float, Field(gt=0, le=60)] = _RETRY.initial
+    maximum: Annotated[Float, Field(gt=0, le=300)] = _RETRY.maximum
 
     def policy(self) -> RetryPolicy:
-        return RetryPolicy(self.attempts, self.initial, self.maximum)
+        return RetryPolicy(**self.model_dump())
 
 
 class BreakerSettings(_Strict):
-    failure_threshold: Annotated[int, Field(ge=1)] = 5
-    failure_rate: Annotated[float, Field(gt=0, le=1)] = 0.5
-    window_seconds: Annotated[float, Field(gt=0)] = 60.0
-    min_calls: Annotated[int, Field(ge=1)] = 10
-    cooldown_base: Annotated[float, Field(gt=0)] = 30.0
-    cooldown_max: Annotated[float, Field(gt=0)] = 600.0
-    probe_timeout: Annotated[float, Field(gt=0)] | None = None
-    capacity_cooldown: Annotated[float, Field(ge=0)] = 10.0
-    rate_limit_default: Annotated[float, Field(ge=0)] = 5.0
+    """`policies.breaker.BreakerConfig` as configured (its defaults); an unset
+    ``probe_timeout`` is the router's ``acquire_timeout``."""
+
+    failure_threshold: Annotated[Int, Field(ge=1)] = _BREAKER.failure_threshold
+    failure_rate: Annotated[Float, Field(gt=0, le=1)] = _BREAKER.failure_rate
+    window_seconds: Annotated[Float, Field(gt=0)] = _BREAKER.window_seconds
+    min_calls: Annotated[Int, Field(ge=1)] = _BREAKER.min_calls
+    cooldown_base: Annotated[Float, Field(gt=0)] = _BREAKER.cooldown_base
+    cooldown_max: Annotated[Float, Field(gt=0)] = _BREAKER.cooldown_max
+    probe_timeout: Annotated[Float, Field(gt=0)] | None = None
+    capacity_cooldown: Annotated[Float, Field(ge=0)] = _BREAKER.capacity_cooldown
+    rate_limit_default: Annotated[Float, Field(ge=0)] = _BREAKER.rate_limit_default
 
     def policy(self, probe_timeout: float) -> BreakerConfig:
-        return BreakerConfig(
-            failure_threshold=self.failure_threshold,
-            failure_rate=self.failure_rate,
-            window_seconds=self.window_seconds,
-            min_calls=self.min_calls,
-            cooldown_base=self.cooldown_base,
-            cooldown_max=self.cooldown_max,
-            probe_timeout=self.probe_timeout or probe_timeout,
-            capacity_cooldown=self.capacity_cooldown,
-            rate_limit_default=self.rate_limit_default,
+        return dataclasses.replace(
+            _BREAKER,
+            **{**self.model_dump(), "probe_timeout": self.probe_timeout or probe_timeout},
         )
 
 
@@ -123,7 +158,7 @@ class EntryConfig(_Strict):
     quota: QuotaConfig | None = None
     template: str | None = None
     capabilities: list[str] | None = None
-    enabled: bool = True
+    enabled: Bool = True
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("provider")
@@ -132,6 +167,19 @@ class EntryConfig(_Strict):
         if value not in PROVIDERS:
             raise ValueError(f"unknown provider {value!r}; expected one of {sorted(PROVIDERS)}")
         return value
+
+    @field_validator("options")
+    @classmethod
+    def _hide_secrets(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Wrap the values of the adapter's secret fields (``SecretStr`` in its
+        ``Options``) so that no repr, dump or log of the config shows them."""
+        kind = info.data.get("provider")
+        if kind is None:
+            return options
+        secret = _secret_fields(kind)
+        return {
+            k: SecretStr(v) if k in secret and isinstance(v, str) else v for k, v in options.items()
+        }
 
     @property
     def pool(self) -> str:
@@ -146,13 +194,15 @@ class EntryConfig(_Strict):
         raw = json.dumps(
             {"provider": self.provider, "template": self.template, "options": self.options},
             sort_keys=True,
-            default=str,
+            default=lambda v: v.get_secret_value() if isinstance(v, SecretStr) else str(v),
         )
         return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 class LogSettings(_Strict):
-    format: Literal["auto", "json", "console"] = "auto"
+    """How the ``sandbox-router`` command logs (the library never configures logging)."""
+
+    format: LogFormat = "auto"
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
@@ -175,18 +225,18 @@ class RouterConfig(_Strict):
         session_idle_ttl: how long a released session sandbox stays bound.
     """
 
-    version: Literal[1] = 1
+    version: Int = 1
     state_url: SecretStr | None = None
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "sandbox-router"
     on_state_error: Literal["fail_closed", "fail_open"] = "fail_closed"
-    fail_open_share: Annotated[float, Field(gt=0, le=1)] = 0.25
+    fail_open_share: Annotated[Float, Field(gt=0, le=1)] = 0.25
     strategy: Literal["ordered", "balanced"] = "ordered"
-    timezone: str = "UTC"
-    reset_day: Annotated[int, Field(ge=1, le=31)] = 1
-    acquire_timeout: Annotated[float, Field(gt=0, le=3600)] = 120.0
-    create_timeout: Annotated[float, Field(gt=0, le=3600)] = 60.0
-    lease_ttl: Annotated[float, Field(ge=5, le=7 * 24 * 3600)] = 300.0
-    session_idle_ttl: Annotated[float, Field(ge=0, le=7 * 24 * 3600)] = 900.0
+    timezone: str = _WINDOW.timezone
+    reset_day: Annotated[Int, Field(ge=1, le=31)] = _WINDOW.reset_day
+    acquire_timeout: Annotated[Float, Field(gt=0, le=3600)] = 120.0
+    create_timeout: Annotated[Float, Field(gt=0, le=3600)] = 60.0
+    lease_ttl: Annotated[Float, Field(ge=5, le=7 * 24 * 3600)] = 300.0
+    session_idle_ttl: Annotated[Float, Field(ge=0, le=7 * 24 * 3600)] = 900.0
     retry: RetrySettings = RetrySettings()
     breaker: BreakerSettings = BreakerSettings()
     pools: dict[Annotated[str, Field(pattern=_NAME)], QuotaConfig] = Field(default_factory=dict)
@@ -197,6 +247,20 @@ class RouterConfig(_Strict):
     @classmethod
     def _zone(cls, value: str) -> str:
         _check_zone(value)
+        return value
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"unknown config version {value}; this router reads version 1")
+        return value
+
+    @field_validator("state_url")
+    @classmethod
+    def _state_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            check_state_url(value.get_secret_value())
         return value
 
     @model_validator(mode="after")
@@ -225,9 +289,12 @@ class RouterConfig(_Strict):
                     )
                 inline_pools[entry.name] = where
             try:
+                _no_bool_numbers(entry)
                 entry.provider_options()
             except ValidationError as exc:
                 raise ValueError(_format_errors(exc, f"{where}.options")) from None
+            except ValueError as exc:
+                raise ValueError(f"{where}.options.{exc}") from None
         return self
 
     def pool_quota(self, entry: EntryConfig) -> QuotaConfig:
@@ -253,6 +320,96 @@ def _check_zone(value: str) -> None:
         ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError):
         raise ValueError(f"unknown timezone {value!r} (expected an IANA name like UTC)") from None
+
+
+def check_state_url(url: str) -> None:
+    """Refuse a state URL the store would refuse later, or worse, misread.
+
+    Only the scheme is ever quoted back: a malformed URL may have its
+    password where the port or host should be.
+
+    Raises:
+        ValueError: what is wrong, in a sentence.
+    """
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or not re.fullmatch(r"[a-z][a-z0-9+.-]{0,19}", scheme):
+        raise ValueError("expected a URL (redis://host:port/db, sqlite:///path/state.db, ...)")
+    kind = SCHEMES.get(scheme)
+    if kind is None:
+        raise ValueError(
+            f"unsupported scheme {scheme!r}; expected one of "
+            + ", ".join(f"{s}://" for s in sorted(SCHEMES))
+        )
+    if kind == "sqlite":
+        if not rest.startswith("/") or rest == "/" or any(c in rest for c in "?#\0"):
+            raise ValueError("expected sqlite:///absolute/path/to/file.db")
+        if Path(rest).is_dir():
+            raise ValueError("the sqlite path is a directory; name a file in it")
+        return
+    if kind == "memory":
+        return
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise ValueError("the host is malformed (an unclosed IPv6 bracket?)") from None
+    segments = [p for p in parts.path.split("/") if p]
+    if scheme == "unix":
+        if not segments:
+            raise ValueError("expected unix:///path/to/redis.sock[?db=N]")
+        segments = []
+    hosts = parts.netloc.rpartition("@")[2]
+    for host in hosts.split(",") if "sentinel" in scheme else [hosts]:
+        _check_port(host)
+    if "sentinel" in scheme:
+        if not segments:
+            raise ValueError("name the Sentinel service: redis+sentinel://host:port/service[/db]")
+        segments = segments[1:]
+    if len(segments) > 1:
+        raise ValueError("expected at most one path segment, the database number")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    if segments and not segments[0].isdigit():
+        raise ValueError("the database must be a number (redis://host:port/0)")
+    for name in ("db", "socket_timeout", "socket_connect_timeout", "health_check_interval",
+                 "max_connections"):  # fmt: skip
+        if name in query:
+            try:
+                float(query[name])
+            except ValueError:
+                raise ValueError(f"{name} must be a number") from None
+
+
+def _check_port(host: str) -> None:
+    port = host.rpartition("]")[2] if host.startswith("[") else host
+    if ":" not in port:
+        return
+    port = port.rpartition(":")[2]
+    if not port.isdigit():
+        raise ValueError("the port is not a number (expected host:port)")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError("the port must be between 1 and 65535")
+
+
+@functools.cache
+def _secret_fields(kind: str) -> frozenset[str]:
+    fields = provider_class(kind).Options.model_fields
+    return frozenset(
+        name
+        for name, f in fields.items()
+        if SecretStr in (get_args(f.annotation) or (f.annotation,))
+    )
+
+
+def _no_bool_numbers(entry: EntryConfig) -> None:
+    """YAML's `true` is not a number: reject it for an adapter option that is one
+    (the adapters' models are lax, and pydantic reads a bool as 0 or 1)."""
+    fields = provider_class(entry.provider).Options.model_fields
+    for name, value in entry.options.items():
+        if isinstance(value, bool) and name in fields:
+            annotation = fields[name].annotation
+            kinds = get_args(annotation) or (annotation,)
+            if bool not in kinds and any(k in kinds for k in (int, float)):
+                raise ValueError(f"{name}: expected a number, got a boolean")
 
 
 def default_state_url(env: Mapping[str, str] | None = None) -> str:
@@ -283,37 +440,26 @@ def _format_errors(exc: ValidationError, prefix: str = "") -> str:
 
 
 def _shown(value: Any, path: str) -> str:
-    if any(word in path.lower() for word in ("key", "secret", "token", "password")):
-        return "<redacted>"
+    """The wrong value for an error message, unless it may be a secret: the state
+    URL and provider options may carry credentials, typed where another field was."""
+    lowered = path.lower()
+    if lowered.startswith("state_url") or ".options" in lowered or _SECRET_WORD.search(lowered):
+        return f"a value of type {type(value).__name__}, not shown"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader (no Python tags) that also rejects duplicate mapping keys."""
-
-
-def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
-def interpolate(value: Any, env: Mapping[str, str], path: str = "") -> Any:
+def interpolate(value: Any, env: Mapping[str, str], path: str = "", depth: int = 0) -> Any:
     """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a YAML tree."""
-    if isinstance(value, dict):
-        return {k: interpolate(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env, f"{path}[{i}]") for i, v in enumerate(value)]
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, Mapping):
+        return {
+            k: interpolate(v, env, f"{path}.{k}" if path else str(k), depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [interpolate(v, env, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
 
@@ -329,7 +475,9 @@ def interpolate(value: Any, env: Mapping[str, str], path: str = "") -> Any:
         )
 
     result = _ENV_REF.sub(substitute, value)
-    return None if result == "" and _ENV_REF.fullmatch(value) else result
+    if result == value:
+        return value
+    return None if result == "" and _ENV_REF.fullmatch(value) else _FromEnv(result)
 
 
 def load_config(
@@ -345,14 +493,7 @@ def load_config(
         where, raw = "<config>", dict(source)
     else:
         where = str(source)
-        try:
-            text = Path(source).read_text()
-        except OSError as exc:
-            raise ConfigError(f"{where}: cannot read config: {exc.strerror}") from exc
-        try:
-            raw = yaml.load(text, Loader=_UniqueKeyLoader)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{where}: invalid YAML: {exc}") from exc
+        raw = read_yaml(source)
         if not isinstance(raw, dict):
             raise ConfigError(
                 f"{where}: expected a mapping at the top level, got {type(raw).__name__}"

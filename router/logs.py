@@ -1,7 +1,9 @@
-"""structlog setup: JSON lines when not on a TTY, pretty console on one.
+"""structlog setup for the ``sandbox-router`` command: JSON lines off a terminal,
+a readable console on one.
 
 `configure_logging` is called by the CLI and may be called by apps; the
-library itself never reconfigures logging on import. A redaction processor
+library itself never configures logging (not on import, not in `Router`):
+an app's setup is the app's. A redaction processor
 masks any field whose name looks like a secret, as a last line of defence
 (no code path puts a secret into an event in the first place).
 """
@@ -16,7 +18,9 @@ from typing import Any, Literal
 
 import structlog
 
-__all__ = ["configure_logging", "redact_secrets"]
+__all__ = ["LogFormat", "configure_logging", "redact_secrets"]
+
+LogFormat = Literal["auto", "json", "console"]
 
 _SECRET_NAME = re.compile(r"(api_?key|token|secret|password|authorization)", re.IGNORECASE)
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]+@")
@@ -47,10 +51,13 @@ def _stderr_logger(*_args: Any) -> _Stderr:
     return _Stderr()
 
 
-def configure_logging(
-    fmt: Literal["auto", "json", "console"] = "auto", level: str = "info"
-) -> None:
-    """Route structlog through stdlib logging on stderr, JSON or pretty."""
+def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
+    """Send structlog's events to stderr, as JSON lines or for people to read.
+
+    Args:
+        fmt: ``json``, ``console``, or ``auto``: console when stderr is a terminal.
+        level: the least severe level shown (``debug``, ``info``, ``warning``...).
+    """
     pretty = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer: Any = (
         structlog.dev.ConsoleRenderer() if pretty else structlog.processors.JSONRenderer()

@@ -17,7 +17,7 @@ Ways to run it:
 
 * in an app: ``instrument(router)`` (or ``instrument(router, registry=...)``
   for an app's own registry) and expose the registry as the app already does;
-* a sidecar: ``sandbox-router metrics --port N`` (`run_exporter`), or
+* a sidecar: ``sandbox-router metrics --port N`` (`router.cli.run_exporter`), or
   ``serve(router, port)`` from Python;
 * gunicorn and other pre-fork servers: set ``PROMETHEUS_MULTIPROC_DIR`` for
   every worker, call ``instrument(router)`` in each, and serve
@@ -28,9 +28,7 @@ Ways to run it:
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
 import threading
 import time
 import weakref
@@ -57,11 +55,8 @@ __all__ = [
     "PREFIX",
     "RouterMetrics",
     "StateCollector",
-    "add_arguments",
     "instrument",
-    "main",
     "multiprocess_registry",
-    "run_exporter",
     "serve",
 ]
 
@@ -80,8 +75,6 @@ ENTRY_STATES = ("closed", "half_open", "open", *BLOCKS)
 
 # Operations that report a state_error (pre-set to 0 so the first error shows as an increase).
 STATE_OPERATIONS = ("reserve", "commit", "refund", "release", "heartbeat", "session", "snapshot")
-
-DEFAULT_PORT = 9464
 
 
 class RouterMetrics:
@@ -450,62 +443,3 @@ def serve(
         instrument(router, registry)
     server, _thread = start_http_server(port, addr, registry)
     return server
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The ``metrics`` subcommand's own options (``--config`` comes from the CLI)."""
-    parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port to serve on (default {DEFAULT_PORT})"
-    )
-    parser.add_argument(
-        "--addr",
-        default="127.0.0.1",
-        help="address to bind (default 127.0.0.1; 0.0.0.0 to be scraped from another host)",
-    )
-    return parser
-
-
-def run_exporter(
-    router: Router,
-    port: int,
-    addr: str = "127.0.0.1",
-    *,
-    registry: CollectorRegistry | None = None,
-    stop: threading.Event | None = None,
-    announce: Callable[[str], None] = print,
-) -> int:
-    """``sandbox-router metrics``: `serve` until SIGTERM, SIGINT or ``stop`` is set."""
-    stop = stop or threading.Event()
-    server = serve(router, port, addr, registry=registry)
-    host = f"[{addr}]" if ":" in addr else addr
-    announce(f"serving http://{host}:{server.server_port}/metrics")
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-    try:
-        stop.wait()
-    finally:
-        server.shutdown()
-        server.server_close()
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m router.metrics [--config FILE] [--port N] [--addr A]``."""
-    from router import config as config_mod
-    from router.core import Router
-    from router.logs import configure_logging
-
-    parser = argparse.ArgumentParser(
-        prog="python -m router.metrics", description="Serve sandbox-router's Prometheus /metrics"
-    )
-    parser.add_argument("--config", help="chain YAML (default: $SANDBOX_ROUTER_CONFIG or env)")
-    args = add_arguments(parser).parse_args(argv)
-    cfg = config_mod.load_config(args.config) if args.config else config_mod.from_env()
-    configure_logging(cfg.log.format, "warning")
-    with Router(cfg) as router:
-        return run_exporter(router, args.port, args.addr, announce=lambda s: print(s, flush=True))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -58,6 +58,40 @@ def test_status_json_and_quota_admin(chain: Path, capsys: pytest.CaptureFixture[
     assert json.loads(capsys.readouterr().out)["local"]["used"]["sessions"] == 0
 
 
+def test_quota_set_on_an_unknown_pool_is_a_clear_error(
+    chain: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["quota", "set", "nope", "sessions", "5", "--config", str(chain)]) == 2
+    err = capsys.readouterr().err
+    assert "no pool 'nope' in this config (pools: local)" in err
+    assert "Traceback" not in err
+
+
+def test_quota_set_concurrent_frees_stuck_slots(
+    chain: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from router import Router
+
+    def live() -> float:
+        assert main(["quota", "show", "local", "--config", str(chain)]) == 0
+        used: float = json.loads(capsys.readouterr().out)["local"]["used"]["concurrent"]
+        return used
+
+    with Router.from_config(chain, hooks=[]) as app:  # an app whose leases stay held
+        first, second = app.acquire(), app.acquire()
+        assert live() == 2
+        assert main(["quota", "set", "local", "concurrent", "1", "--config", str(chain)]) == 0
+        assert "freed 1 of 2 concurrency slot(s)" in capsys.readouterr().out
+        assert live() == 1
+        assert main(["quota", "set", "local", "concurrent", "3", "--config", str(chain)]) == 2
+        assert "can only lower" in capsys.readouterr().err
+        assert main(["quota", "set", "local", "concurrent", "0", "--config", str(chain)]) == 0
+        assert "freed 1 of 1 concurrency slot(s)" in capsys.readouterr().out
+        assert live() == 0
+        first.release()
+        second.release()
+
+
 def test_janitor(chain: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["janitor", "--config", str(chain), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"killed": [], "kept": 0, "skipped": {}}

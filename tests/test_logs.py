@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import structlog
@@ -53,3 +54,94 @@ def test_a_failing_hook_never_breaks_routing(capsys: pytest.CaptureFixture[str])
     emit([broken, seen.append], "acquired", entry="local")
     assert [e.name for e in seen] == ["acquired"]
     assert "sandbox_router.hook_failed" in capsys.readouterr().err
+
+
+def test_importing_the_library_configures_no_logging() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import logging, structlog\n"
+        "import router, router.cli, router.config, router.logs, router.metrics, providers\n"
+        "from router import Router\n"
+        "print(structlog.is_configured(), logging.getLogger().handlers)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.split() == ["False", "[]"]
+
+
+def _cli(chain: Path, *flags: str, stderr: int | None = None, verbose: bool = True) -> str:
+    """Run ``sandbox-router [-v] [flags] exec`` and return what it wrote to stderr."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "sandbox-router"
+    result = subprocess.run(
+        [str(exe), *(["-v"] if verbose else []), *flags, "exec", "--config", str(chain),
+         "--", "true"],
+        stdout=subprocess.DEVNULL, stderr=stderr if stderr is not None else subprocess.PIPE,
+        text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return result.stderr or ""
+
+
+def _events(text: str) -> list[str]:
+    return [json.loads(line)["event"] for line in text.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def chain(tmp_path: Path) -> Path:
+    path = tmp_path / "chain.yaml"
+    path.write_text(
+        f"state_url: sqlite:///{tmp_path}/state.db\n"
+        f"chain:\n  - {{name: local, provider: local, options: {{root: {tmp_path}/sb}}}}\n"
+    )
+    return path
+
+
+def test_the_cli_logs_json_off_a_terminal_and_when_asked(chain: Path) -> None:
+    assert "sandbox_router.acquired" in _events(_cli(chain))
+    assert "sandbox_router.acquired" in _events(_cli(chain, "--log-format", "json"))
+
+
+def test_the_cli_logs_for_people_on_a_terminal_and_when_asked(chain: Path) -> None:
+    import os
+    import pty
+
+    console = _cli(chain, "--log-format", "console")
+    assert "sandbox_router.acquired" in console
+    assert _events(console) == []
+    controller, terminal = pty.openpty()
+    try:
+        _cli(chain, stderr=terminal)
+        os.close(terminal)
+        seen = b""
+        while chunk := _read(controller):
+            seen += chunk
+    finally:
+        os.close(controller)
+    text = seen.decode(errors="replace")
+    assert "sandbox_router.acquired" in text
+    assert _events(text) == []
+
+
+def _read(fd: int) -> bytes:
+    import os
+
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # the terminal's other end is closed
+        return b""
+
+
+def test_the_config_log_section_chooses_the_format_and_the_flag_wins(chain: Path) -> None:
+    base = chain.read_text()
+    chain.write_text(base + "log: {format: console}\n")
+    assert _events(_cli(chain)) == []
+    assert "sandbox_router.acquired" in _events(_cli(chain, "--log-format", "json"))
+    chain.write_text(base + "log: {level: info}\n")
+    assert "sandbox_router.acquired" in _events(_cli(chain, verbose=False))
+    chain.write_text(base)
+    assert _events(_cli(chain, verbose=False)) == []

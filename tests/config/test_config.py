@@ -177,3 +177,55 @@ def test_router_from_env_skips_providers_without_keys(
         reasons = {v.name: v.unconfigured_reason for v in router.status().entries}
     assert reasons.pop("local") is None
     assert all(reasons.values())
+
+
+@pytest.mark.parametrize(
+    ("provider", "options"),
+    [
+        ("e2b", {"api_key": "sk-live-4815"}),
+        ("daytona", {"api_key": "sk-live-4815"}),
+        ("runloop", {"api_key": "sk-live-4815"}),
+        ("modal", {"token_id": "ak-4815", "token_secret": "sk-live-4815"}),
+    ],
+)
+def test_provider_keys_never_show_in_a_repr_a_dump_or_a_log(
+    provider: str, options: dict[str, str], tmp_path: Path
+) -> None:
+    path = write(
+        tmp_path,
+        f"chain:\n  - name: a\n    provider: {provider}\n    options:\n"
+        + "".join(f"      {k}: '${{{k.upper()}}}'\n" for k in options),
+    )
+    cfg = load_config(path, env={k.upper(): v for k, v in options.items()})
+    [entry] = cfg.chain
+    dumps = [str(cfg.model_dump()), cfg.model_dump_json(), repr(entry.provider_options())]
+    shown = [repr(cfg), str(cfg), repr(entry), str(entry), repr(entry.options), *dumps]
+    for text in shown:
+        assert "4815" not in text, text
+    # ...and still reach the adapter, and count in the fingerprint.
+    given = entry.provider_options()
+    assert {k: getattr(given, k).get_secret_value() for k in options} == options
+    other = load_config(path, env={k.upper(): v + "0" for k, v in options.items()}).chain[0]
+    assert other.fingerprint() != entry.fingerprint()
+
+
+def test_the_defaults_are_the_policies_own() -> None:
+    from dataclasses import fields
+
+    from policies.breaker import BreakerConfig
+    from policies.quota import MonthlyWindow
+    from policies.retry import RetryPolicy
+    from router.config import BreakerSettings, RetrySettings
+
+    cfg = load_config({"chain": [LOCAL]}, env={})
+    assert cfg.retry.policy() == RetryPolicy()
+    assert cfg.breaker.policy(BreakerConfig().probe_timeout) == BreakerConfig()
+    assert cfg.breaker_policy().probe_timeout == cfg.acquire_timeout
+    assert cfg.window(cfg.chain[0]) == MonthlyWindow()
+    settings = set(RetrySettings.model_fields) | set(BreakerSettings.model_fields)
+    # every tunable of the policies is configurable but quota_default (an exhausted block
+    # with no reset time from the provider), which stays the policy's own
+    unset = {f.name for f in fields(BreakerConfig)} | {f.name for f in fields(RetryPolicy)}
+    assert unset - settings == {"quota_default"}
+    tuned = load_config({"breaker": {"cooldown_max": 60}, "chain": [LOCAL]}, env={})
+    assert tuned.breaker_policy().cooldown_max == 60

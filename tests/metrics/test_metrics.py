@@ -21,13 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from policies.quota import MonthlyWindow
 from providers.errors import AuthError, NoProviderAvailable, SandboxError, Unavailable
-from router.metrics import (
-    ENTRY_STATES,
-    instrument,
-    multiprocess_registry,
-    run_exporter,
-    serve,
-)
+from router.cli import run_exporter
+from router.metrics import ENTRY_STATES, instrument, multiprocess_registry, serve
 from tests.metrics.conftest import Clock, RouterFactory, chain_config, free_port
 from tests.polling import wait_until
 
@@ -206,7 +201,7 @@ def test_one_state_read_per_scrape(make_router: RouterFactory, redis_url: str) -
 
 def _start_exporter(config: Path, stack: ExitStack) -> str:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "router.metrics", "--config", str(config), "--port", "0"],
+        [sys.executable, "-m", "router.cli", "metrics", "--config", str(config), "--port", "0"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
