@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from providers.base import CodeResult, CommandResult, FileInfo, Sandbox
-from providers.errors import LeaseError
+from providers.base import CodeResult, CommandResult, FileInfo, Sandbox, check_env
+from providers.errors import InvalidArgument, LeaseError
 
 if TYPE_CHECKING:
     from router.engine import Engine
@@ -86,6 +86,7 @@ class AsyncSandboxHandle:
         cwd: str | None = None,
     ) -> CommandResult:
         """Run a shell command (a string) or an argv (a sequence); a non-zero exit is a result."""
+        _check_run(cmd, env, cwd)
         return await self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
 
     async def write_file(self, path: str, data: bytes | str) -> None:
@@ -106,6 +107,22 @@ class AsyncSandboxHandle:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._sandbox!r}>"
+
+
+def _check_run(cmd: str | Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> None:
+    """Refuse what no provider could run, the same everywhere, before any SDK sees it."""
+    if isinstance(cmd, str):
+        if "\x00" in cmd:
+            raise InvalidArgument("run(cmd=...): contains a NUL byte")
+    elif not cmd:
+        raise InvalidArgument("run(cmd=...): an empty argv")
+    else:
+        for index, arg in enumerate(cmd):
+            if "\x00" in arg:
+                raise InvalidArgument(f"run(cmd=...): argument {index} contains a NUL byte")
+    check_env(env or {}, "run(env=...)")
+    if cwd is not None and "\x00" in cwd:
+        raise InvalidArgument("run(cwd=...): contains a NUL byte")
 
 
 class blocking(Generic[P, R]):

@@ -8,7 +8,7 @@ gets a fresh adapter, and whatever it left alive is killed after it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ from router.testing import ScriptedProvider
 
 VENDORS = ("daytona", "e2b", "modal", "runloop")
 PROVIDERS = ("local", "scripted", *VENDORS)
+LOCAL_ID = "local-" + "0" * 16
+UUID0 = "00000000-0000-0000-0000-000000000000"
 
 
 @dataclass
@@ -38,11 +40,13 @@ class Backend:
     """One provider under test and what differs between providers by design.
 
     Attributes:
+        kind: the ``provider:`` of its chain entry in a config.
         home: the directory commands start in, as the sandbox sees it.
         unknown_id: shaped like this provider's sandbox ids, never created.
         template: a template the provider knows; None where templates are ignored.
         emulator: the vendor's emulator; None for ``local`` and ``scripted``.
-        only_templates: makes the emulator refuse every template but those given.
+        templates_at: the object and attribute where the emulator keeps the
+            templates it accepts (None: any).
     """
 
     name: str
@@ -52,105 +56,49 @@ class Backend:
     unknown_id: str
     template: str | None = None
     emulator: Emulator | None = None
-    only_templates: Callable[[set[str] | None], None] | None = None
+    templates_at: tuple[object, str] | None = None
 
     async def create(self, **spec: Any) -> Sandbox:
         return await self.provider.create(SandboxSpec(**spec), timeout=10)
 
-
-def _local(name: str, emu: Emulator | None, root: Path) -> Backend:
-    provider = LocalProvider(name, LocalOptions(root=root))
-    return Backend(name, "local", provider, HOME, "local-" + "0" * 16)
-
-
-def _scripted(name: str, emu: Emulator | None, root: Path) -> Backend:
-    return Backend(name, "local", ScriptedProvider(name, root), HOME, "local-" + "0" * 16)
+    def only_templates(self, templates: set[str] | None) -> None:
+        """Make the emulator refuse every template but ``templates`` (None: accept any)."""
+        assert self.templates_at is not None
+        setattr(*self.templates_at, templates)
 
 
-def _daytona(name: str, emu: Emulator | None, root: Path) -> Backend:
-    assert isinstance(emu, DaytonaEmulator)
-    options = DaytonaOptions(api_key=daytona.TEST_API_KEY, api_url=emu.api_url, request_timeout=5)
-
-    def only(templates: set[str] | None) -> None:
-        emu.snapshots = templates
-
-    return Backend(
-        name,
-        "daytona",
-        DaytonaProvider(name, options),
-        "/home/daytona",
-        "00000000-0000-0000-0000-000000000000",
-        "base",
-        only_templates=only,
-    )
-
-
-def _e2b(name: str, emu: Emulator | None, root: Path) -> Backend:
-    assert isinstance(emu, E2BEmulator)
-    options = E2BOptions(
-        api_key=e2b.TEST_API_KEY, api_url=emu.url, sandbox_url=emu.url, request_timeout=5
-    )
-
-    def only(templates: set[str] | None) -> None:
-        emu.templates = templates
-
-    return Backend(
-        name, "e2b", E2BProvider(name, options), "/home/user", "i" + "0" * 19, "base",
-        only_templates=only,
-    )  # fmt: skip
-
-
-def _modal(name: str, emu: Emulator | None, root: Path) -> Backend:
-    assert isinstance(emu, ModalEmulator)
-    options = ModalOptions(
-        token_id=modal.TEST_TOKEN_ID,
-        token_secret=modal.TEST_TOKEN_SECRET,
-        server_url=emu.url,
-        request_timeout=5,
-    )
-
-    def only(templates: set[str] | None) -> None:
-        emu.images.allowed = templates
-
-    return Backend(
-        name,
-        "modal",
-        ModalProvider(name, options),
-        "/root",
-        "sb-" + "x" * 26,
-        "python:3.12-slim",
-        only_templates=only,
-    )
-
-
-def _runloop(name: str, emu: Emulator | None, root: Path) -> Backend:
+def build(name: str, emu: Emulator | None, root: Path) -> Backend:
+    """The adapter of provider ``name``, pointed at its emulator ``emu``."""
+    if name == "local":
+        return Backend(name, "local", LocalProvider(name, LocalOptions(root=root)), HOME, LOCAL_ID)
+    if name == "scripted":
+        return Backend(name, "local", ScriptedProvider(name, root), HOME, LOCAL_ID)
+    if isinstance(emu, DaytonaEmulator):
+        opts = DaytonaOptions(api_key=daytona.TEST_API_KEY, api_url=emu.api_url, request_timeout=5)
+        made = DaytonaProvider(name, opts)
+        return Backend(
+            name, "daytona", made, "/home/daytona", UUID0, "base", emu, (emu, "snapshots")
+        )
+    if isinstance(emu, E2BEmulator):
+        url = emu.url
+        opts = E2BOptions(api_key=e2b.TEST_API_KEY, api_url=url, sandbox_url=url, request_timeout=5)
+        made = E2BProvider(name, opts)
+        return Backend(
+            name, "e2b", made, "/home/user", "i" + "0" * 19, "base", emu, (emu, "templates")
+        )
+    if isinstance(emu, ModalEmulator):
+        token = {"token_id": modal.TEST_TOKEN_ID, "token_secret": modal.TEST_TOKEN_SECRET}
+        made = ModalProvider(name, ModalOptions(**token, server_url=emu.url, request_timeout=5))
+        image, images = "python:3.12-slim", (emu.images, "allowed")
+        return Backend(name, "modal", made, "/root", "sb-" + "x" * 26, image, emu, images)
     assert isinstance(emu, RunloopEmulator)
-    options = RunloopOptions(
+    opts = RunloopOptions(
         api_key=runloop.TEST_API_KEY, base_url=emu.url, request_timeout=5, pool_shards=1
     )
-
-    def only(templates: set[str] | None) -> None:
-        emu.blueprints = templates
-
+    made = RunloopProvider(name, opts)
     return Backend(
-        name,
-        "runloop",
-        RunloopProvider(name, options),
-        "/home/user",
-        "dbx_never_made",
-        "base",
-        only_templates=only,
+        name, "runloop", made, "/home/user", "dbx_never_made", "base", emu, (emu, "blueprints")
     )
-
-
-BUILD: dict[str, Callable[[str, Emulator | None, Path], Backend]] = {
-    "local": _local,
-    "scripted": _scripted,
-    "daytona": _daytona,
-    "e2b": _e2b,
-    "modal": _modal,
-    "runloop": _runloop,
-}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -179,12 +127,11 @@ async def backend(
     if isinstance(emu, ModalEmulator):
         for key, value in emu.sdk_env().items():  # no ~/.modal.toml of the machine's user
             monkeypatch.setenv(key, value)
-    made = BUILD[name](name, emu, tmp_path)
-    made.emulator = emu
+    made = build(name, emu, tmp_path)
     yield made
     if emu is not None:
         emu.clear_faults()
-    if made.only_templates is not None:
+    if made.templates_at is not None:
         made.only_templates(None)
     for info in await made.provider.list():
         await made.provider.kill(info.id)

@@ -10,6 +10,7 @@ import pytest
 
 from providers.errors import (
     AuthError,
+    InvalidArgument,
     NotFound,
     ProviderError,
     RateLimited,
@@ -17,6 +18,7 @@ from providers.errors import (
     SandboxRouterError,
     Unavailable,
 )
+from router import Router
 from tests.contract.conftest import Backend
 
 
@@ -30,7 +32,6 @@ async def test_create_with_labels_env_and_template(backend: Backend) -> None:
 
 
 async def test_unknown_template_is_not_found(vendor: Backend) -> None:
-    assert vendor.only_templates is not None
     vendor.only_templates({str(vendor.template)})
     with pytest.raises(NotFound) as missing:
         await vendor.create(template="no-such-template")
@@ -197,3 +198,30 @@ async def test_create_faults_map_into_the_error_tree(
         assert raised.value.retry_after == 9
     vendor.emulator.clear_faults()
     await (await vendor.create()).kill()
+
+
+HOSTILE: list[tuple[dict[str, Any], str]] = [
+    ({"cmd": "echo a\x00b"}, "run(cmd=...): contains a NUL byte"),
+    ({"cmd": ["echo", "a\x00b"]}, "run(cmd=...): argument 1 contains a NUL byte"),
+    ({"cmd": []}, "run(cmd=...): an empty argv"),
+    ({"cmd": "true", "env": {"A=B": "x"}}, "run(env=...): 'A=B' is not"),
+    ({"cmd": "true", "env": {"A\nB": "x"}}, "run(env=...): 'A\\nB' is not"),
+    ({"cmd": "true", "env": {"": "x"}}, "run(env=...): '' is not"),
+    ({"cmd": "true", "env": {"TOKEN": "s3cr\x00t"}}, "run(env=...): the value of 'TOKEN' contains"),
+    ({"cmd": "true", "cwd": "a\x00b"}, "run(cwd=...): contains a NUL byte"),
+]
+
+
+async def test_hostile_run_arguments_are_refused_by_name(backend: Backend) -> None:
+    """Refused by the router's handle, the same on every provider, before any SDK sees them."""
+    config = {"state_url": "memory://", "chain": [{"name": backend.name, "provider": backend.kind}]}
+    router = Router.from_config(config, providers={backend.name: backend.provider}, hooks=[])
+    async with router, await router.aacquire() as lease:
+        for kwargs, message in HOSTILE:
+            with pytest.raises(InvalidArgument) as refused:
+                await lease.sandbox.run(**kwargs)
+            assert str(refused.value).startswith(message), kwargs
+            assert isinstance(refused.value, ValueError | SandboxRouterError)
+            assert "s3cr" not in str(refused.value)
+        assert (await lease.sandbox.run("echo still fine")).stdout == "still fine\n"
+        assert (await router.astatus()).entries[0].state == "closed"
