@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from providers.errors import (
     AuthError,
     CapacityExceeded,
+    InvalidArgument,
     NotFound,
     ProviderError,
     QuotaExceeded,
@@ -93,9 +95,31 @@ class SandboxSpec:
     gpu: str | None = None
     workdir: str | None = None
 
+    def __post_init__(self) -> None:
+        check_env(self.env, "SandboxSpec(env=...)")
+
     def with_labels(self, labels: Mapping[str, str]) -> SandboxSpec:
         """A copy with ``labels`` merged over the existing ones."""
         return replace(self, labels={**self.labels, **labels})
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env(env: Mapping[str, str], argument: str) -> None:
+    """Refuse an env no provider could set, naming ``argument`` but never a value.
+
+    A name is a shell identifier (some vendors export it in a shell, others
+    pass it to exec; only identifiers work on all); a value holds no NUL.
+    """
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise InvalidArgument(
+                f"{argument}: {name!r} is not an environment variable name "
+                "(letters, digits and _, not starting with a digit)"
+            )
+        if not isinstance(value, str) or "\x00" in value:
+            raise InvalidArgument(f"{argument}: the value of {name!r} contains a NUL byte")
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ map each vendor SDK exception to the most specific class here, always with
 
     SandboxRouterError
     ├── ConfigError                 bad config file, field or value (router.config)
+    ├── InvalidArgument             a hostile or impossible API argument (also a ValueError)
     ├── StateUnavailable            the shared state store cannot be reached
     ├── NoProviderAvailable         every chain entry was skipped or failed (router)
     ├── LeaseError                  a lease was used after release, or lost
@@ -33,6 +34,7 @@ __all__ = [
     "AuthError",
     "CapacityExceeded",
     "ConfigError",
+    "InvalidArgument",
     "LeaseError",
     "NoProviderAvailable",
     "NotFound",
@@ -56,6 +58,15 @@ class ConfigError(SandboxRouterError, ValueError):
 
     The message names the file, the field path and what was expected, so an
     operator can fix it without reading code.
+    """
+
+
+class InvalidArgument(SandboxRouterError, ValueError):
+    """An argument no provider could take (an env name with ``=``, a NUL byte...).
+
+    Refused by `SandboxSpec` and the lease's sandbox handle before any SDK
+    sees it, the same on every provider. The message names the argument and
+    what is wrong with it, never an env value (it may be a secret).
     """
 
 

@@ -10,13 +10,15 @@ Both flavours delegate to the same async handle on the router's loop.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from providers.base import CodeResult, CommandResult, FileInfo, Sandbox
-from providers.errors import LeaseError
+from providers.base import CodeResult, CommandResult, FileInfo, Sandbox, check_env
+from providers.errors import InvalidArgument, LeaseError
 
 if TYPE_CHECKING:
     from router.engine import Engine
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncLease", "AsyncSandboxHandle", "Held", "Lease", "SyncSandbox"]
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
 @dataclass(slots=True)
@@ -44,60 +48,12 @@ class Held:
     committing: asyncio.Task[None] | None = None
 
 
-class SyncSandbox:
-    """The sandbox handle for sync code: each call runs on the router's loop."""
-
-    def __init__(self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None]) -> None:
-        self._sandbox = sandbox
-        self._engine = engine
-        self._alive = alive
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            self._alive()
-        except LeaseError:
-            coro.close()
-            raise
-        return self._engine.run(coro)
-
-    @property
-    def id(self) -> str:
-        return self._sandbox.id
-
-    @property
-    def native(self) -> Any:
-        return self._sandbox.native
-
-    def run(
-        self,
-        cmd: str | Sequence[str],
-        *,
-        timeout: float | None = 60.0,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> CommandResult:
-        return self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
-
-    def write_file(self, path: str, data: bytes | str) -> None:
-        self._run(self._sandbox.write_file(path, data))
-
-    def read_file(self, path: str) -> bytes:
-        return self._run(self._sandbox.read_file(path))
-
-    def list_files(self, path: str = ".") -> list[FileInfo]:
-        return self._run(self._sandbox.list_files(path))
-
-    def run_code(
-        self, code: str, language: str = "python", *, timeout: float | None = 60.0
-    ) -> CodeResult:
-        return self._run(self._sandbox.run_code(code, language, timeout=timeout))
-
-    def __repr__(self) -> str:
-        return f"<SyncSandbox {self._sandbox!r}>"
-
-
 class AsyncSandboxHandle:
-    """The sandbox handle for async code: each call is awaited on the router's loop."""
+    """The sandbox handle for async code: each call is awaited on the router's loop.
+
+    This is where a method of the sandbox API is written; `SyncSandbox`
+    derives its sync twin with one `blocking` line.
+    """
 
     def __init__(self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None]) -> None:
         self._sandbox = sandbox
@@ -118,6 +74,7 @@ class AsyncSandboxHandle:
 
     @property
     def native(self) -> Any:
+        """The vendor SDK's own sandbox object: the escape hatch (no failover there)."""
         return self._sandbox.native
 
     async def run(
@@ -128,9 +85,12 @@ class AsyncSandboxHandle:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> CommandResult:
+        """Run a shell command (a string) or an argv (a sequence); a non-zero exit is a result."""
+        _check_run(cmd, env, cwd)
         return await self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
 
     async def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` to ``path`` (relative to the sandbox's home), making parent dirs."""
         await self._run(self._sandbox.write_file(path, data))
 
     async def read_file(self, path: str) -> bytes:
@@ -142,10 +102,101 @@ class AsyncSandboxHandle:
     async def run_code(
         self, code: str, language: str = "python", *, timeout: float | None = 60.0
     ) -> CodeResult:
+        """Run ``code`` in ``language``; its error is in the result, not raised."""
         return await self._run(self._sandbox.run_code(code, language, timeout=timeout))
 
     def __repr__(self) -> str:
-        return f"<AsyncSandboxHandle {self._sandbox!r}>"
+        return f"<{type(self).__name__} {self._sandbox!r}>"
+
+
+def _check_run(cmd: str | Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> None:
+    """Refuse what no provider could run, the same everywhere, before any SDK sees it."""
+    if isinstance(cmd, str):
+        if "\x00" in cmd:
+            raise InvalidArgument("run(cmd=...): contains a NUL byte")
+    elif not cmd:
+        raise InvalidArgument("run(cmd=...): an empty argv")
+    else:
+        for index, arg in enumerate(cmd):
+            if "\x00" in arg:
+                raise InvalidArgument(f"run(cmd=...): argument {index} contains a NUL byte")
+    check_env(env or {}, "run(env=...)")
+    if cwd is not None and "\x00" in cwd:
+        raise InvalidArgument("run(cwd=...): contains a NUL byte")
+
+
+class blocking(Generic[P, R]):
+    """The sync twin of one `AsyncSandboxHandle` method, as an attribute of `SyncSandbox`.
+
+    Like anyio's ``BlockingPortal.call``: calling it runs the async method on
+    the router's engine loop and waits for the result, so each method is
+    written once, async. The twin keeps the async method's parameters (a
+    ``ParamSpec``), so type checkers and ``help()`` show its real signature.
+    """
+
+    def __init__(
+        self, method: Callable[Concatenate[AsyncSandboxHandle, P], Coroutine[Any, Any, R]]
+    ) -> None:
+        self.method = method
+        params = list(inspect.signature(method).parameters.values())[1:]
+        returns = inspect.signature(method).return_annotation
+        self.signature = inspect.Signature(params, return_annotation=returns)
+
+    @overload
+    def __get__(self, handle: None, owner: type[SyncSandbox]) -> blocking[P, R]: ...
+
+    @overload
+    def __get__(self, handle: SyncSandbox, owner: type[SyncSandbox]) -> Callable[P, R]: ...
+
+    def __get__(
+        self, handle: SyncSandbox | None, owner: type[SyncSandbox]
+    ) -> blocking[P, R] | Callable[P, R]:
+        if handle is None:
+            return self
+        method, target = self.method, handle._async
+
+        @functools.wraps(method)
+        def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            return handle._call(method(target, *args, **kwargs))
+
+        call.__signature__ = self.signature  # type: ignore[attr-defined]
+        return call
+
+
+class SyncSandbox:
+    """The sandbox handle for sync code: `AsyncSandboxHandle`'s methods, waited for."""
+
+    def __init__(self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None]) -> None:
+        self._async = AsyncSandboxHandle(sandbox, engine, alive)
+        self._engine = engine
+        self._alive = alive
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        # Refused here, before the hop to the engine loop, when the lease is gone.
+        try:
+            self._alive()
+        except LeaseError:
+            coro.close()
+            raise
+        return self._engine.run(coro)
+
+    @property
+    def id(self) -> str:
+        return self._async.id
+
+    @property
+    def native(self) -> Any:
+        """The vendor SDK's own sandbox object: the escape hatch (no failover there)."""
+        return self._async.native
+
+    run = blocking(AsyncSandboxHandle.run)
+    write_file = blocking(AsyncSandboxHandle.write_file)
+    read_file = blocking(AsyncSandboxHandle.read_file)
+    list_files = blocking(AsyncSandboxHandle.list_files)
+    run_code = blocking(AsyncSandboxHandle.run_code)
+
+    def __repr__(self) -> str:
+        return f"<SyncSandbox {self._async._sandbox!r}>"
 
 
 class _LeaseBase:

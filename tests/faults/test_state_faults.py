@@ -19,8 +19,8 @@ import redis
 from emulators.redis_server import RedisServer
 from providers.errors import NoProviderAvailable, StateUnavailable
 from router import Event, Router
+from router.testing import ScriptedProvider
 from tests.polling import wait_until
-from tests.scripted import ScriptedProvider
 
 pytestmark = pytest.mark.slow
 

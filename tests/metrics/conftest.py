@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from router import Router
-from tests.scripted import ScriptedProvider
+from router.testing import ScriptedProvider
 
 RouterFactory = Callable[..., Router]
 

@@ -25,7 +25,6 @@ from providers.errors import (
     ProviderError,
     QuotaExceeded,
     RateLimited,
-    SandboxError,
     Unavailable,
 )
 from tests.polling import until
@@ -132,17 +131,6 @@ async def test_command_timeout_is_a_result(emu: E2BEmulator, sandbox: E2BSandbox
     slow = await sandbox.run_code("import time; time.sleep(30)", timeout=0.5)
     assert slow.timed_out
     assert slow.error is not None
-
-
-async def test_sandbox_errors_are_the_callers(sandbox: E2BSandbox) -> None:
-    with pytest.raises(SandboxError) as missing:
-        await sandbox.read_file("no/such/file")
-    assert missing.value.sandbox_id == sandbox.id
-    assert missing.value.status == 404
-    with pytest.raises(SandboxError):
-        await sandbox.write_file("/etc/passwd", b"x")
-    with pytest.raises(SandboxError):
-        await sandbox.list_files("no/such/dir")
 
 
 async def test_gone_sandbox_is_not_found(emu: E2BEmulator, provider: E2BProvider) -> None:

@@ -117,38 +117,6 @@ async def test_lifecycle(emu: ModalEmulator, provider: ModalProvider) -> None:
     assert [r.ended_by for r in emu.records()] == ["kill"]
 
 
-async def test_kill_by_id(emu: ModalEmulator, provider: ModalProvider) -> None:
-    sbx = await provider.create(SandboxSpec(), timeout=5)
-    assert await provider.kill(sbx.id) is True
-    assert emu.alive() == []
-    assert await provider.kill(sbx.id) is False
-    assert await provider.kill("sb-" + "x" * 26) is False
-    with pytest.raises(NotFound):
-        await provider.connect("sb-" + "x" * 26)
-
-
-async def test_files_round_trip(sandbox: ModalSandbox) -> None:
-    payload = bytes(range(256)) * 64
-    await sandbox.write_file("data/blob.bin", payload)
-    await sandbox.write_file("/root/data/note.txt", "text")
-    assert await sandbox.read_file("data/blob.bin") == payload
-    assert await sandbox.read_file("/root/data/note.txt") == b"text"
-    listed = {f.name: f for f in await sandbox.list_files("data")}
-    assert sorted(listed) == ["blob.bin", "note.txt"]
-    assert (listed["blob.bin"].size, listed["blob.bin"].is_dir) == (len(payload), False)
-    assert listed["note.txt"].path == "/root/data/note.txt"
-    assert [f.is_dir for f in await sandbox.list_files() if f.name == "data"] == [True]
-    assert (await sandbox.run("wc -c < data/blob.bin")).stdout.strip() == str(len(payload))
-
-    with pytest.raises(SandboxError, match="no such file or directory") as missing:
-        await sandbox.read_file("no/such/file")
-    assert (missing.value.status, missing.value.sandbox_id) == (404, sandbox.id)
-    with pytest.raises(SandboxError):
-        await sandbox.list_files("no/such/dir")
-    with pytest.raises(SandboxError):
-        await sandbox.read_file("data")
-
-
 async def test_command_timeout_is_a_result(emu: ModalEmulator, sandbox: ModalSandbox) -> None:
     started = time.monotonic()
     result = await sandbox.run("echo begun; sleep 30", timeout=1)
@@ -159,21 +127,6 @@ async def test_command_timeout_is_a_result(emu: ModalEmulator, sandbox: ModalSan
     assert all(e.done for e in execs.values())
     quick = await sandbox.run("exit 0", timeout=1)
     assert (quick.timed_out, quick.exit_code) == (False, 0)
-
-
-async def test_run_code(sandbox: ModalSandbox) -> None:
-    code = await sandbox.run_code("import os\nprint(os.environ['GLOBAL'], 21 * 2)\n")
-    assert (code.stdout, code.error, code.exit_code) == ("g 42\n", None, 0)
-    broken = await sandbox.run_code("undefined_name")
-    assert broken.exit_code == 1
-    assert broken.error == "NameError: name 'undefined_name' is not defined"
-    shell = await sandbox.run_code("echo from bash $GLOBAL", language="bash")
-    assert shell.stdout == "from bash g\n"
-    slow = await sandbox.run_code("import time; time.sleep(30)", timeout=1)
-    assert slow.timed_out
-    assert slow.error is not None
-    with pytest.raises(SandboxError, match="not supported"):
-        await sandbox.run_code("1", language="cobol")
 
 
 async def test_secrets_and_lifetime(provider: ModalProvider) -> None:

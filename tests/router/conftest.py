@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from router import Event, Router
-from tests.scripted import ScriptedProvider
+from router.testing import ScriptedProvider
 
 NOW = 1_790_000_000.0
 

@@ -10,7 +10,7 @@ import pytest
 
 from providers.errors import NoProviderAvailable, StateUnavailable
 from router import Event, Router
-from tests.scripted import ScriptedProvider
+from router.testing import ScriptedProvider
 
 
 def dead_redis_url() -> str:

@@ -1,0 +1,154 @@
+"""Test your app against the router without any cloud provider.
+
+`ScriptedProvider` is a real `Provider` whose sandboxes are ``local`` ones
+(real commands in a private directory) and whose ``create`` fails on
+demand, step by step, from a script. Put it in place of a chain entry's
+adapter (as httpx's ``MockTransport`` stands in for the network) and drive
+the router's failover, quota and error paths from your own tests::
+
+    from providers.errors import Unavailable
+    from router import Router
+    from router.testing import ScriptedProvider
+
+    flaky = ScriptedProvider("primary", script=[Unavailable("down"), "hang"])
+    router = Router.from_config(
+        {
+            "state_url": "memory://",
+            "create_timeout": 1,
+            "chain": [
+                {"name": "primary", "provider": "local"},  # the kind its options are checked as
+                {"name": "local", "provider": "local"},
+            ],
+        },
+        providers={"primary": flaky},
+    )
+
+A step is consumed by each ``create``: ``None`` succeeds, an exception is
+raised, ``"hang"`` never answers (until the router's deadline cancels it),
+``"late"`` creates the sandbox and then never answers (a create that lands
+on the provider's side after the caller gave up), and a `threading.Event`
+is waited for (set it from the test's thread). When the script is spent,
+every create succeeds. The project's own tests use it, and the adapter
+contract suite (tests/contract) runs over it like over every real adapter,
+so it behaves as they do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeAlias
+
+from providers.base import Provider, Sandbox, SandboxInfo, SandboxSpec
+from providers.local import LocalOptions, LocalProvider, LocalSandbox
+
+__all__ = ["ScriptedProvider", "Step"]
+
+Step: TypeAlias = BaseException | Literal["hang", "late"] | threading.Event | None
+"""One scripted answer to a ``create`` (see the module docstring)."""
+
+
+class ScriptedProvider(Provider):
+    """A provider that creates local sandboxes and fails on demand.
+
+    Args:
+        name: the chain entry it stands in for.
+        root: where its sandboxes' directories go (``root / name``); by
+            default a temporary directory removed by `aclose`.
+        script: the answers of the next creates, in order (`Step`).
+        capabilities: what the entry offers to ``acquire(requires=...)``.
+        unconfigured: a reason the entry is unusable (as a missing API key).
+        kill_gate: when given, each sandbox's own ``kill`` (the one a lease's
+            release makes) first waits for this event.
+
+    Attributes:
+        script: the steps not consumed yet; a test may replace it.
+        creates: how many creates were asked for.
+        created: the ids of every sandbox it created.
+    """
+
+    kind: ClassVar[str] = "scripted"
+
+    def __init__(
+        self,
+        name: str = "scripted",
+        root: Path | None = None,
+        script: Iterable[Step] = (),
+        *,
+        capabilities: Iterable[str] = ("run_code",),
+        unconfigured: str | None = None,
+        kill_gate: threading.Event | None = None,
+    ) -> None:
+        super().__init__(name)
+        self.script: list[Step] = list(script)
+        self.capabilities = frozenset(capabilities)
+        self._unconfigured = unconfigured
+        self._kill_gate = kill_gate
+        self._own_root = None
+        if root is None:
+            root = self._own_root = Path(tempfile.mkdtemp(prefix="sandbox-router-scripted-"))
+        self.local = LocalProvider(name, LocalOptions(root=root / name))
+        self.creates = 0
+        self.created: list[str] = []
+
+    def unconfigured_reason(self) -> str | None:
+        return self._unconfigured
+
+    async def create(self, spec: SandboxSpec, *, timeout: float) -> Sandbox:
+        self.creates += 1
+        step = self.script.pop(0) if self.script else None
+        if step == "hang":
+            await asyncio.Event().wait()
+        elif step == "late":
+            sandbox = await self.local.create(spec)
+            self.created.append(sandbox.id)
+            await asyncio.Event().wait()
+        elif isinstance(step, threading.Event):
+            await asyncio.to_thread(step.wait)
+        elif isinstance(step, BaseException):
+            raise step
+        sandbox = await self.local.create(spec)
+        self.created.append(sandbox.id)
+        return self._gated(sandbox)
+
+    async def connect(self, sandbox_id: str) -> Sandbox:
+        return self._gated(await self.local.connect(sandbox_id))
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        return await self.local.list(labels)
+
+    async def kill(self, sandbox_id: str) -> bool:
+        return await self.local.kill(sandbox_id)
+
+    async def aclose(self) -> None:
+        """Remove the temporary root it made (a given ``root`` is left alone)."""
+        if self._own_root is not None:
+            await asyncio.to_thread(shutil.rmtree, self._own_root, ignore_errors=True)
+
+    def alive(self) -> builtins.list[str]:
+        """The ids of the sandboxes it created that are not killed yet."""
+        return [s for s in self.created if (self.local.root / s).exists()]
+
+    def _gated(self, sandbox: LocalSandbox) -> Sandbox:
+        if self._kill_gate is None:
+            return sandbox
+        return _GatedSandbox(self.local, sandbox.id, sandbox.meta, self._kill_gate)
+
+
+class _GatedSandbox(LocalSandbox):
+    """A local sandbox whose kill first waits for the provider's ``kill_gate``."""
+
+    def __init__(
+        self, provider: LocalProvider, sandbox_id: str, meta: dict[str, Any], gate: threading.Event
+    ) -> None:
+        super().__init__(provider, sandbox_id, meta)
+        self._gate = gate
+
+    async def kill(self) -> None:
+        await asyncio.to_thread(self._gate.wait)
+        await super().kill()

@@ -1,0 +1,146 @@
+"""The providers the contract suite runs over: `local`, the scripted fake and the four
+vendors' adapters on their real SDKs against the emulators.
+
+Each test of the suite asks for ``backend`` and runs once per provider. An emulator
+is started once per module and parameter (pytest groups the tests by it); each test
+gets a fresh adapter, and whatever it left alive is killed after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulators import daytona, e2b, emulator_class, modal, runloop
+from emulators.daytona import DaytonaEmulator
+from emulators.e2b import E2BEmulator
+from emulators.harness import Emulator
+from emulators.modal import ModalEmulator
+from emulators.runloop import RunloopEmulator
+from providers.base import Provider, Sandbox, SandboxSpec
+from providers.daytona import DaytonaOptions, DaytonaProvider
+from providers.e2b import E2BOptions, E2BProvider
+from providers.local import HOME, LocalOptions, LocalProvider
+from providers.modal import ModalOptions, ModalProvider
+from providers.runloop import RunloopOptions, RunloopProvider
+from router.testing import ScriptedProvider
+
+VENDORS = ("daytona", "e2b", "modal", "runloop")
+PROVIDERS = ("local", "scripted", *VENDORS)
+LOCAL_ID = "local-" + "0" * 16
+UUID0 = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass
+class Backend:
+    """One provider under test and what differs between providers by design.
+
+    Attributes:
+        kind: the ``provider:`` of its chain entry in a config.
+        home: the directory commands start in, as the sandbox sees it.
+        unknown_id: shaped like this provider's sandbox ids, never created.
+        template: a template the provider knows; None where templates are ignored.
+        emulator: the vendor's emulator; None for ``local`` and ``scripted``.
+        templates_at: the object and attribute where the emulator keeps the
+            templates it accepts (None: any).
+    """
+
+    name: str
+    kind: str
+    provider: Provider
+    home: str
+    unknown_id: str
+    template: str | None = None
+    emulator: Emulator | None = None
+    templates_at: tuple[object, str] | None = None
+
+    async def create(self, **spec: Any) -> Sandbox:
+        return await self.provider.create(SandboxSpec(**spec), timeout=10)
+
+    def only_templates(self, templates: set[str] | None) -> None:
+        """Make the emulator refuse every template but ``templates`` (None: accept any)."""
+        assert self.templates_at is not None
+        setattr(*self.templates_at, templates)
+
+
+def build(name: str, emu: Emulator | None, root: Path) -> Backend:
+    """The adapter of provider ``name``, pointed at its emulator ``emu``."""
+    if name == "local":
+        return Backend(name, "local", LocalProvider(name, LocalOptions(root=root)), HOME, LOCAL_ID)
+    if name == "scripted":
+        return Backend(name, "local", ScriptedProvider(name, root), HOME, LOCAL_ID)
+    if isinstance(emu, DaytonaEmulator):
+        opts = DaytonaOptions(api_key=daytona.TEST_API_KEY, api_url=emu.api_url, request_timeout=5)
+        made = DaytonaProvider(name, opts)
+        return Backend(
+            name, "daytona", made, "/home/daytona", UUID0, "base", emu, (emu, "snapshots")
+        )
+    if isinstance(emu, E2BEmulator):
+        url = emu.url
+        opts = E2BOptions(api_key=e2b.TEST_API_KEY, api_url=url, sandbox_url=url, request_timeout=5)
+        made = E2BProvider(name, opts)
+        return Backend(
+            name, "e2b", made, "/home/user", "i" + "0" * 19, "base", emu, (emu, "templates")
+        )
+    if isinstance(emu, ModalEmulator):
+        token = {"token_id": modal.TEST_TOKEN_ID, "token_secret": modal.TEST_TOKEN_SECRET}
+        made = ModalProvider(name, ModalOptions(**token, server_url=emu.url, request_timeout=5))
+        image, images = "python:3.12-slim", (emu.images, "allowed")
+        return Backend(name, "modal", made, "/root", "sb-" + "x" * 26, image, emu, images)
+    assert isinstance(emu, RunloopEmulator)
+    opts = RunloopOptions(
+        api_key=runloop.TEST_API_KEY, base_url=emu.url, request_timeout=5, pool_shards=1
+    )
+    made = RunloopProvider(name, opts)
+    return Backend(
+        name, "runloop", made, "/home/user", "dbx_never_made", "base", emu, (emu, "blueprints")
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every provider; only the four vendors for a test that asks for ``vendor``."""
+    if "emulated" in metafunc.fixturenames:
+        names = VENDORS if "vendor" in metafunc.fixturenames else PROVIDERS
+        metafunc.parametrize("emulated", names, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def emulated(request: pytest.FixtureRequest) -> Iterator[tuple[str, Emulator | None]]:
+    """The provider's name and its emulator, running for the whole module."""
+    name: str = request.param
+    if name not in VENDORS:
+        yield name, None
+        return
+    with emulator_class(name)() as emu:
+        yield name, emu
+
+
+@pytest.fixture
+async def backend(
+    emulated: tuple[str, Emulator | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Backend]:
+    name, emu = emulated
+    if isinstance(emu, ModalEmulator):
+        for key, value in emu.sdk_env().items():  # no ~/.modal.toml of the machine's user
+            monkeypatch.setenv(key, value)
+    made = build(name, emu, tmp_path)
+    yield made
+    if emu is not None:
+        emu.clear_faults()
+    if made.templates_at is not None:
+        made.only_templates(None)
+    for info in await made.provider.list():
+        await made.provider.kill(info.id)
+    await made.provider.aclose()
+    if emu is not None:
+        assert emu.alive() == [], "a sandbox outlived its test"
+
+
+@pytest.fixture
+def vendor(backend: Backend) -> Backend:
+    """A vendor's adapter, whose emulator can refuse templates and inject faults."""
+    return backend
