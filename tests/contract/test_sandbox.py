@@ -184,12 +184,8 @@ async def test_create_faults_map_into_the_error_tree(
     vendor: Backend,
     fault: dict[str, Any],
     error: type[ProviderError],
-    request: pytest.FixtureRequest,
 ) -> None:
     assert vendor.emulator is not None
-    if fault.get("retry_after") and vendor.name == "e2b":
-        reason = "issue 14: the e2b adapter ignores a 429's Retry-After"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     vendor.emulator.inject("create", times=None, **fault)  # modal's SDK retries some itself
     with pytest.raises(error) as raised:
         await vendor.create()
