@@ -63,6 +63,7 @@ import os
 import re
 import resource
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -678,24 +679,38 @@ async def _cgroup_remove(cgroup: str) -> None:
 
 
 def _sweep(marker: bytes) -> None:
-    """SIGKILL every process whose environment holds ``marker`` until a scan finds none."""
+    """SIGKILL every process whose environment holds ``marker`` until a scan finds none.
+
+    After each round it waits for the killed processes to exit (their pidfds
+    turn readable) rather than scanning again at once: a scan of /proc is the
+    cost, and the next one only has to find what forked meanwhile.
+    """
     me = os.getpid()
     deadline = time.monotonic() + _REAP_SECONDS
     while found := [p for p in _pids() if p != me and _carries(p, marker)]:
         if time.monotonic() > deadline:
             _log.warning("processes %s outlived their sandbox's kill", found)
             return
+        killed = select.poll()
+        pidfds = []
         for pid in found:
             try:
                 pidfd = os.pidfd_open(pid)
             except OSError:  # already gone
                 continue
-            try:  # the pidfd pins the pid: asked again, the answer is about this process
+            pidfds.append(pidfd)
+            killed.register(pidfd, select.POLLIN)
+            with contextlib.suppress(OSError):  # the pidfd pins the pid: this is that process
                 if _carries(pid, marker):
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except OSError:
-                pass
-            finally:
+        try:
+            waiting = len(pidfds)
+            while waiting and (left := deadline - time.monotonic()) > 0:
+                for fd, _ in killed.poll(left * 1000):
+                    killed.unregister(fd)
+                    waiting -= 1
+        finally:
+            for pidfd in pidfds:
                 os.close(pidfd)
 
 

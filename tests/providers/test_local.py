@@ -180,6 +180,26 @@ async def test_release_ends_every_process_the_sandbox_started(reaper: LocalProvi
     await _all_gone(sleeps, proc)
 
 
+@pytest.mark.parametrize("head_start", [0, 1])
+async def test_a_command_starting_while_the_sandbox_is_killed_does_not_outlive_it(
+    reaper: LocalProvider, head_start: int
+) -> None:
+    """A start racing the kill: either it is refused or its process ends with the sandbox."""
+    sandbox = await reaper.create(SandboxSpec())
+    await sandbox.run("true")  # the kill knows commands ran here: only the new one is late
+    sleeps = [f"300.{secrets.randbelow(10**6):06d}"]
+    start = asyncio.create_task(sandbox.start(f"sleep {sleeps[0]}"))
+    for _ in range(head_start):
+        await asyncio.sleep(0)
+    await sandbox.kill()
+    try:
+        proc = (await start).proc
+    except NotFound:
+        assert not _sleepers(sleeps)
+    else:
+        await _all_gone(sleeps, proc)
+
+
 _JANITOR = """
 import asyncio, sys
 from pathlib import Path
