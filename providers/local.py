@@ -449,10 +449,8 @@ class LocalSandbox(Sandbox):
                 provider=self.provider,
                 sandbox_id=self.id,
             ) from exc
-        if not self.alive:  # killed meanwhile: that kill may have looked before it ran
+        if not self.alive:  # killed meanwhile, maybe before this command ran: end it here
             await self._end_processes()
-            await proc.communicate()
-            self._check_alive()
         return LocalProcess(proc, opts.max_output_bytes)
 
     async def run(
@@ -691,27 +689,39 @@ def _sweep(marker: bytes) -> None:
         if time.monotonic() > deadline:
             _log.warning("processes %s outlived their sandbox's kill", found)
             return
-        killed = select.poll()
-        pidfds = []
-        for pid in found:
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:  # already gone
-                continue
-            pidfds.append(pidfd)
-            killed.register(pidfd, select.POLLIN)
-            with contextlib.suppress(OSError):  # the pidfd pins the pid: this is that process
-                if _carries(pid, marker):
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        killed = [fd for pid in found if (fd := _kill_marked(pid, marker)) is not None]
         try:
-            waiting = len(pidfds)
+            exits = select.poll()
+            for pidfd in killed:
+                exits.register(pidfd, select.POLLIN)
+            waiting = len(killed)
             while waiting and (left := deadline - time.monotonic()) > 0:
-                for fd, _ in killed.poll(left * 1000):
-                    killed.unregister(fd)
+                for pidfd, _ in exits.poll(left * 1000):
+                    exits.unregister(pidfd)
                     waiting -= 1
         finally:
-            for pidfd in pidfds:
+            for pidfd in killed:
                 os.close(pidfd)
+
+
+def _kill_marked(pid: int, marker: bytes) -> int | None:
+    """SIGKILL ``pid`` if it carries ``marker``; its pidfd (to wait on) if it was killed.
+
+    The pidfd is opened first and pins the pid, so the environment read
+    after it is that very process's, never a newcomer's with a reused pid.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # gone already
+        return None
+    try:
+        if _carries(pid, marker):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return pidfd
+    except ProcessLookupError:
+        pass
+    os.close(pidfd)
+    return None
 
 
 def _pids() -> list[int]:
