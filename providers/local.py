@@ -438,16 +438,21 @@ class LocalSandbox(Sandbox):
                 start_new_session=True,
                 preexec_fn=_preexec(opts, self._cgroup),
             )
-        except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
+            if not self.alive:  # a kill moved the directory (or removed the cgroup) first
+                await self._end_processes()
+                self._check_alive()
+            if isinstance(exc, subprocess.SubprocessError):
+                raise SandboxError(
+                    f"cannot move the command into cgroup {self._cgroup}: "
+                    "set the entry's option cgroup: false",
+                    provider=self.provider,
+                    sandbox_id=self.id,
+                ) from exc
+            if not isinstance(exc, (FileNotFoundError, NotADirectoryError, PermissionError)):
+                raise
             raise SandboxError(
                 f"cannot start {argv[0]!r}: {exc}", provider=self.provider, sandbox_id=self.id
-            ) from exc
-        except subprocess.SubprocessError as exc:
-            raise SandboxError(
-                f"cannot move the command into cgroup {self._cgroup}: "
-                "set the entry's option cgroup: false",
-                provider=self.provider,
-                sandbox_id=self.id,
             ) from exc
         if not self.alive:  # killed meanwhile, maybe before this command ran: end it here
             await self._end_processes()
@@ -566,8 +571,14 @@ class LocalSandbox(Sandbox):
             os.unlink(os.path.join(self._provider.root, f"{self.id}.json"))
 
     def _ran_commands(self) -> bool:
-        """One stat, inline like the rest of a kill: a thread hop would cost more."""
-        return os.path.exists(self._procs)
+        """Whether commands ran: this handle started some, or ``<id>.procs`` or the cgroup
+        says another did (a stat or two, inline like the rest of a kill)."""
+        cgroup = self.meta.get("cgroup")
+        return (
+            self._tracked
+            or os.path.exists(self._procs)
+            or (cgroup is not None and os.path.isdir(cgroup))
+        )
 
     async def _end_processes(self) -> None:
         """Kill every process of the sandbox, wait until they are gone, forget the cgroup."""

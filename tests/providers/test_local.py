@@ -180,6 +180,17 @@ async def test_release_ends_every_process_the_sandbox_started(reaper: LocalProvi
     await _all_gone(sleeps, proc)
 
 
+async def test_release_ends_the_processes_even_when_the_sandbox_files_are_gone(
+    reaper: LocalProvider,
+) -> None:
+    """The handle that started them still ends them (an emulator removing its root first)."""
+    sandbox = await reaper.create(SandboxSpec())
+    sleeps, proc = await _start_escapees(reaper, sandbox)
+    shutil.rmtree(reaper.root)
+    await sandbox.kill()
+    await _all_gone(sleeps, proc)
+
+
 @pytest.mark.parametrize("head_start", [0, 1])
 async def test_a_command_starting_while_the_sandbox_is_killed_does_not_outlive_it(
     reaper: LocalProvider, head_start: int
