@@ -13,6 +13,38 @@ move its pid 1 out of the process group, where a kill that lands during
 bwrap's setup (before its pid 1 sets its parent-death signal) cannot reach
 it and the command runs on.
 
+Killing a sandbox ends every process it started, from this process or from
+another one (the janitor reaps by id): commands still running, their
+background children, and children that left the process group by a double
+fork or ``setsid``. A process group cannot do that, so the kill finds them
+by what every one of them inherits:
+
+* a cgroup v2 of the sandbox's own (``sandbox-router.<id>.<root hash>``
+  beside this process's cgroup), when this process may create one and move
+  processes into it. The first command makes it, each command joins it
+  before exec, and the kill writes ``cgroup.kill``: the kernel ends every
+  member, forks in flight included, whatever it did to its environment.
+  Its path is in the metadata, so any process can kill it.
+* otherwise the environment variable ``SANDBOX_ROUTER_SANDBOX`` naming the
+  sandbox (id and a hash of the root), which the kill looks for in
+  ``/proc/<pid>/environ`` of every process, killing what carries it and
+  scanning again until a scan finds none (a process may fork meanwhile). A
+  hit is signalled through a pidfd opened before its environment is read
+  again, so a reused pid is never signalled. That scan costs a few ms per
+  kill on a host of a few hundred processes, and runs in a thread, only
+  for a sandbox that ever ran a command (``<id>.procs`` beside its
+  metadata says so).
+* with bubblewrap, the command's pid namespace (``--unshare-pid``, and
+  ``--die-with-parent`` on its pid 1): killing bwrap or its pid 1 ends
+  every process in the namespace, even one that cleared its environment.
+
+Without bubblewrap or a writable cgroup a command that clears its
+environment (``env -i``) and leaves the process group outlives the kill:
+only isolation can stop a command that wants to escape. The kill first
+renames the sandbox directory away (atomically, so a command starting
+concurrently sees the sandbox dead after its spawn and ends itself), then
+ends the processes, then removes the tree no process writes into any more.
+
 The same machinery backs every emulator in ``emulators/``, so an emulated
 cloud sandbox runs real commands too.
 """
@@ -22,22 +54,25 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import errno
 import functools
+import hashlib
 import json
+import logging
 import os
 import re
 import resource
 import secrets
+import select
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
-
-import structlog
 
 from providers.base import (
     CodeResult,
@@ -53,9 +88,11 @@ from providers.errors import ConfigError, NotFound, SandboxError, SandboxPathErr
 
 __all__ = ["LocalOptions", "LocalProvider", "LocalSandbox", "bwrap_available"]
 
-log = structlog.get_logger("sandbox_router.local")
+_log = logging.getLogger(__name__)
 
 HOME = "/home/sandbox"
+MARKER = "SANDBOX_ROUTER_SANDBOX"
+_REAP_SECONDS = 5.0  # a process stuck in the kernel (state D) may take this long to die
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -80,6 +117,10 @@ class LocalOptions(ProviderOptions):
             to every command.
         max_output_bytes: stdout and stderr are each cut at this size.
         python: interpreter for ``run_code(language="python")``.
+        cgroup: give each sandbox a cgroup v2 of its own when this process
+            may make one, so a kill ends its every process whatever they
+            did to their environment; ``False`` leaves that to the
+            environment marker and, with bwrap, the pid namespace.
     """
 
     root: Path | None = None
@@ -90,6 +131,7 @@ class LocalOptions(ProviderOptions):
     max_processes: int = 512
     max_output_bytes: int = 10 * 1024 * 1024
     python: str = "python3"
+    cgroup: bool = True
 
 
 class LocalProvider(Provider):
@@ -104,6 +146,12 @@ class LocalProvider(Provider):
         opts = self.opts
         self.root = (opts.root or _default_root()).resolve()
         self.use_bwrap = _resolve_isolation(opts.isolation, name)
+        self.cgroup_base = _cgroup_base() if opts.cgroup else None
+        self._root_hash = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+
+    def marker(self, sandbox_id: str) -> str:
+        """The value of ``SANDBOX_ROUTER_SANDBOX`` in the sandbox's processes: unique per root."""
+        return f"{sandbox_id}.{self._root_hash}"
 
     @property
     def opts(self) -> LocalOptions:
@@ -123,6 +171,9 @@ class LocalProvider(Provider):
             "env": dict(spec.env),
             "created_at": time.time(),
             "language": spec.language,
+            "cgroup": os.path.join(self.cgroup_base, "sandbox-router." + self.marker(sandbox_id))
+            if self.cgroup_base
+            else None,
         }
         # A mkdir and a small file: cheaper inline than a hop to a worker thread.
         self._write_meta(sandbox_id, meta)
@@ -171,11 +222,16 @@ class LocalProvider(Provider):
         return found
 
     async def kill(self, sandbox_id: str) -> bool:
+        """Kill by id (the janitor's reap, maybe in another process than the creator's).
+
+        The metadata is enough: it names the cgroup, and a kill that stopped
+        halfway (its directory gone, the metadata left) is finished.
+        """
         try:
-            sandbox = await self.connect(sandbox_id)
+            meta = self._read_meta(sandbox_id)
         except NotFound:
             return False
-        await sandbox.kill()
+        await LocalSandbox(self, sandbox_id, meta).kill()
         return True
 
 
@@ -192,11 +248,11 @@ def _resolve_isolation(isolation: str, name: str) -> bool:
 
 @functools.cache
 def _warn_no_bwrap() -> None:
-    """Said once per process: every sandbox would otherwise repeat it."""
-    log.warning(
-        "sandbox_router.local.no_bwrap",
-        detail="bubblewrap (bwrap) not on PATH: local sandboxes run without namespace "
-        "isolation, with rlimits and a private directory only",
+    """Said once per process (every provider would otherwise repeat it), through the
+    standard ``logging`` module: the app's handlers if it set any, else one plain line."""
+    _log.warning(
+        "bubblewrap (bwrap) is not on PATH: local sandboxes run without namespace "
+        "isolation, with rlimits and a private directory only"
     )
 
 
@@ -266,6 +322,13 @@ class LocalSandbox(Sandbox):
         self.provider = provider.name
         self.meta = meta
         self.dir = provider.root / sandbox_id
+        self._cgroup: str | None = meta.get("cgroup")
+        self._tracked = False
+
+    @property
+    def _procs(self) -> str:
+        """Exists once a command was started: the kill looks for processes then only."""
+        return os.path.join(self._provider.root, f"{self.id}.procs")
 
     @property
     def native(self) -> Path:
@@ -331,7 +394,25 @@ class LocalSandbox(Sandbox):
             "LC_ALL": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
         }
-        return {**base, **self.meta.get("env", {}), **(env or {})}
+        marker = {MARKER: self._provider.marker(self.id)}
+        return {**base, **self.meta.get("env", {}), **(env or {}), **marker}
+
+    def _track(self) -> None:
+        """Before the first command: mark the sandbox as running commands, make its cgroup."""
+        if self._tracked:
+            return
+        if self._cgroup is not None:
+            try:
+                os.mkdir(self._cgroup)
+            except FileExistsError:
+                pass
+            except OSError:
+                self._cgroup = None
+            if self._cgroup is not None and not os.path.exists(self._cgroup + "/cgroup.kill"):
+                os.rmdir(self._cgroup)  # a kernel before 5.14: the marker has to do
+                self._cgroup = None
+        os.close(os.open(self._procs, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        self._tracked = True
 
     async def start(
         self,
@@ -342,6 +423,7 @@ class LocalSandbox(Sandbox):
     ) -> LocalProcess:
         """Start a command and return it running (stdin, stdout, stderr piped)."""
         self._check_alive()
+        self._track()
         argv = ["/bin/bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         full, workdir = self._argv(argv, cwd)
         opts = self._provider.opts
@@ -354,12 +436,26 @@ class LocalSandbox(Sandbox):
                 cwd=workdir,
                 env=self._env(env),
                 start_new_session=True,
-                preexec_fn=_limits(opts),
+                preexec_fn=_preexec(opts, self._cgroup),
             )
-        except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
+            if not self.alive:  # a kill moved the directory (or removed the cgroup) first
+                await self._end_processes()
+                self._check_alive()
+            if isinstance(exc, subprocess.SubprocessError):
+                raise SandboxError(
+                    f"cannot move the command into cgroup {self._cgroup}: "
+                    "set the entry's option cgroup: false",
+                    provider=self.provider,
+                    sandbox_id=self.id,
+                ) from exc
+            if not isinstance(exc, (FileNotFoundError, NotADirectoryError, PermissionError)):
+                raise
             raise SandboxError(
                 f"cannot start {argv[0]!r}: {exc}", provider=self.provider, sandbox_id=self.id
             ) from exc
+        if not self.alive:  # killed meanwhile, maybe before this command ran: end it here
+            await self._end_processes()
         return LocalProcess(proc, opts.max_output_bytes)
 
     async def run(
@@ -451,15 +547,49 @@ class LocalSandbox(Sandbox):
             ) from exc
 
     async def kill(self) -> None:
-        """Remove the directory, then the metadata; a thread only for a tree with files in it."""
+        """End the sandbox: see the module docstring for the order and why.
+
+        An empty directory goes with one rmdir; one with files is renamed
+        away first and removed by a thread once its processes are dead.
+        """
+        doomed = None
         try:
             os.rmdir(self.dir)
         except FileNotFoundError:
             pass
         except OSError:
-            await asyncio.to_thread(shutil.rmtree, self.dir, ignore_errors=True)
+            doomed = os.path.join(self._provider.root, f".{self.id}.{secrets.token_hex(4)}.dead")
+            try:
+                os.rename(self.dir, doomed)
+            except FileNotFoundError:
+                doomed = None
+        if self._ran_commands():
+            await self._end_processes()
+        if doomed is not None:
+            await asyncio.to_thread(shutil.rmtree, doomed, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self._provider.root, f"{self.id}.json"))
+
+    def _ran_commands(self) -> bool:
+        """Whether commands ran: this handle started some, or ``<id>.procs`` or the cgroup
+        says another did (a stat or two, inline like the rest of a kill)."""
+        cgroup = self.meta.get("cgroup")
+        return (
+            self._tracked
+            or os.path.exists(self._procs)
+            or (cgroup is not None and os.path.isdir(cgroup))
+        )
+
+    async def _end_processes(self) -> None:
+        """Kill every process of the sandbox, wait until they are gone, forget the cgroup."""
+        cgroup = self.meta.get("cgroup")
+        if cgroup and _cgroup_kill(cgroup):
+            await _cgroup_remove(cgroup)
+        else:
+            marker = f"\0{MARKER}={self._provider.marker(self.id)}\0".encode()
+            await asyncio.to_thread(_sweep, marker)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._procs)
 
     @property
     def alive(self) -> bool:
@@ -474,8 +604,13 @@ def _system_dirs() -> list[str]:
     return dirs
 
 
-def _limits(opts: LocalOptions) -> Any:
-    """A preexec_fn applying the rlimits in the child before exec."""
+def _preexec(opts: LocalOptions, cgroup: str | None) -> Any:
+    """A preexec_fn: in the child before exec, join the sandbox's cgroup, apply the rlimits.
+
+    A failed join raises (the start fails): a command outside the cgroup
+    would outlive the kill.
+    """
+    procs = os.path.join(cgroup, "cgroup.procs") if cgroup else None
     limits = [
         (resource.RLIMIT_CPU, opts.cpu_seconds),
         (resource.RLIMIT_AS, opts.memory_mb * 1024 * 1024),
@@ -484,8 +619,130 @@ def _limits(opts: LocalOptions) -> Any:
     ]
 
     def apply() -> None:
+        if procs is not None:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
         for which, value in limits:
             with contextlib.suppress(ValueError, OSError):
                 resource.setrlimit(which, (value, value))
 
     return apply
+
+
+@functools.cache
+def _cgroup_base() -> str | None:
+    """This process's cgroup v2 directory, if it may make children and move processes in."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((ln[3:] for ln in f.read().splitlines() if ln.startswith("0::/")), None)
+        with open("/proc/self/mountinfo") as f:
+            mounts = [ln.split() for ln in f]
+    except OSError:
+        return None
+    for fields in mounts:
+        if path is None or "-" not in fields or fields[fields.index("-") + 1] != "cgroup2":
+            continue
+        root, mountpoint = fields[3], fields[4]
+        if path != root and not path.startswith(root.rstrip("/") + "/"):
+            continue
+        base = os.path.normpath(mountpoint + "/" + path[len(root) :])
+        if os.access(base, os.W_OK) and os.access(base + "/cgroup.procs", os.W_OK):
+            return base
+    return None
+
+
+def _cgroup_kill(cgroup: str) -> bool:
+    """SIGKILL every member of ``cgroup`` (the kernel does, forks in flight included)."""
+    try:
+        fd = os.open(os.path.join(cgroup, "cgroup.kill"), os.O_WRONLY)
+    except OSError:  # never made (no command ran, or no cgroup here), or not ours
+        return False
+    try:
+        os.write(fd, b"1")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+async def _cgroup_remove(cgroup: str) -> None:
+    """Remove ``cgroup`` once its killed members have exited (EBUSY until then)."""
+    deadline = time.monotonic() + _REAP_SECONDS
+    delay = 0.0005
+    while True:
+        try:
+            os.rmdir(cgroup)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                _log.warning("cannot remove cgroup %s: %s", cgroup, exc.strerror)
+                return
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def _sweep(marker: bytes) -> None:
+    """SIGKILL every process whose environment holds ``marker`` until a scan finds none.
+
+    After each round it waits for the killed processes to exit (their pidfds
+    turn readable) rather than scanning again at once: a scan of /proc is the
+    cost, and the next one only has to find what forked meanwhile.
+    """
+    me = os.getpid()
+    deadline = time.monotonic() + _REAP_SECONDS
+    while found := [p for p in _pids() if p != me and _carries(p, marker)]:
+        if time.monotonic() > deadline:
+            _log.warning("processes %s outlived their sandbox's kill", found)
+            return
+        killed = [fd for pid in found if (fd := _kill_marked(pid, marker)) is not None]
+        try:
+            exits = select.poll()
+            for pidfd in killed:
+                exits.register(pidfd, select.POLLIN)
+            waiting = len(killed)
+            while waiting and (left := deadline - time.monotonic()) > 0:
+                for pidfd, _ in exits.poll(left * 1000):
+                    exits.unregister(pidfd)
+                    waiting -= 1
+        finally:
+            for pidfd in killed:
+                os.close(pidfd)
+
+
+def _kill_marked(pid: int, marker: bytes) -> int | None:
+    """SIGKILL ``pid`` if it carries ``marker``; its pidfd (to wait on) if it was killed.
+
+    The pidfd is opened first and pins the pid, so the environment read
+    after it is that very process's, never a newcomer's with a reused pid.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # gone already
+        return None
+    try:
+        if _carries(pid, marker):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return pidfd
+    except ProcessLookupError:
+        pass
+    os.close(pidfd)
+    return None
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _carries(pid: int, marker: bytes) -> bool:
+    """Whether ``pid`` is alive with ``marker`` in its environment (a zombie has none)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in b"\0" + f.read()
+    except OSError:
+        return False

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,6 +28,20 @@ def provider(request: pytest.FixtureRequest, tmp_path: Path) -> LocalProvider:
     opts = LocalOptions(root=tmp_path / "sb", isolation=request.param, file_size_mb=1,
                         max_output_bytes=100_000)  # fmt: skip
     return LocalProvider("local", opts)
+
+
+@pytest.fixture(params=[("bwrap", True), ("bwrap", False), ("none", True), ("none", False)],
+                ids=["bwrap-cgroup", "bwrap", "cgroup", "marker"])  # fmt: skip
+def reaper(request: pytest.FixtureRequest, tmp_path: Path) -> LocalProvider:
+    """Each way a kill finds a sandbox's processes: pid namespace, cgroup, environment."""
+    isolation, cgroup = request.param
+    if isolation == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bwrap not installed")
+    provider = LocalProvider("local", LocalOptions(root=tmp_path / "sb", isolation=isolation,
+                                                   cgroup=cgroup))  # fmt: skip
+    if cgroup and provider.cgroup_base is None:
+        pytest.skip("no cgroup v2 this process may create children in")
+    return provider
 
 
 @pytest.fixture
@@ -108,6 +126,123 @@ async def test_a_kill_reaches_every_process_of_a_command(sandbox: LocalSandbox) 
 
     await until(lambda: not running())
     assert not running()
+
+
+def _sleepers(durations: list[str]) -> set[int]:
+    """Live (not zombie) ``sleep`` processes of the host running one of ``durations``."""
+    wanted = {f"sleep\0{d}\0".encode() for d in durations}
+    found = set()
+    for pid, (_, _, state, name) in _processes().items():
+        if name != "sleep" or state == "Z":
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read() in wanted:
+                    found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
+async def _start_escapees(
+    provider: LocalProvider, sandbox: LocalSandbox
+) -> tuple[list[str], asyncio.subprocess.Process]:
+    """A command still running that left a background child, a double-forked one and a
+    ``setsid`` one behind (and, where the pid namespace or a cgroup can catch it, one that
+    cleared its environment too): durations unique to this test name them on the host."""
+    nonce = f"{secrets.randbelow(10**6):06d}"
+    sleeps = [f"{300 + i}.{nonce}" for i in range(5)]
+    cmd = [
+        f"sleep {sleeps[0]} &",
+        f"( setsid sleep {sleeps[1]} & ) &",
+        f"setsid sleep {sleeps[2]} &",
+        f"( env -i setsid sleep {sleeps[3]} & ) &",
+        f"exec sleep {sleeps[4]}",
+    ]
+    if not provider.use_bwrap and provider.cgroup_base is None:
+        del sleeps[3], cmd[3]  # the environment marker alone cannot find it (module docstring)
+    process = await sandbox.start(" ".join(cmd))
+    await until(lambda: len(_sleepers(sleeps)) == len(sleeps))
+    assert len(_sleepers(sleeps)) == len(sleeps)
+    return sleeps, process.proc
+
+
+async def _all_gone(sleeps: list[str], proc: asyncio.subprocess.Process) -> None:
+    await until(lambda: not _sleepers(sleeps))
+    assert not _sleepers(sleeps)
+    await asyncio.wait_for(proc.wait(), 5)
+
+
+async def test_release_ends_every_process_the_sandbox_started(reaper: LocalProvider) -> None:
+    sandbox = await reaper.create(SandboxSpec())
+    sleeps, proc = await _start_escapees(reaper, sandbox)
+    await sandbox.kill()
+    await _all_gone(sleeps, proc)
+
+
+async def test_release_ends_the_processes_even_when_the_sandbox_files_are_gone(
+    reaper: LocalProvider,
+) -> None:
+    """The handle that started them still ends them (an emulator removing its root first)."""
+    sandbox = await reaper.create(SandboxSpec())
+    sleeps, proc = await _start_escapees(reaper, sandbox)
+    shutil.rmtree(reaper.root)
+    await sandbox.kill()
+    await _all_gone(sleeps, proc)
+
+
+@pytest.mark.parametrize("head_start", [0, 1])
+async def test_a_command_starting_while_the_sandbox_is_killed_does_not_outlive_it(
+    reaper: LocalProvider, head_start: int
+) -> None:
+    """A start racing the kill: either it is refused or its process ends with the sandbox."""
+    sandbox = await reaper.create(SandboxSpec())
+    await sandbox.run("true")  # the kill knows commands ran here: only the new one is late
+    sleeps = [f"300.{secrets.randbelow(10**6):06d}"]
+    start = asyncio.create_task(sandbox.start(f"sleep {sleeps[0]}"))
+    for _ in range(head_start):
+        await asyncio.sleep(0)
+    await sandbox.kill()
+    try:
+        proc = (await start).proc
+    except NotFound:
+        assert not _sleepers(sleeps)
+    else:
+        await _all_gone(sleeps, proc)
+
+
+_JANITOR = """
+import asyncio, sys
+from pathlib import Path
+from providers.local import LocalOptions, LocalProvider
+
+async def reap() -> None:
+    options = LocalOptions(root=Path(sys.argv[1]), isolation=sys.argv[2], cgroup=sys.argv[3] == "1")
+    provider = LocalProvider("local", options)
+    for info in await provider.list():
+        assert await provider.kill(info.id)
+
+asyncio.run(reap())
+"""
+
+
+async def test_a_kill_by_id_from_another_process_ends_every_process(
+    reaper: LocalProvider,
+) -> None:
+    """The janitor's reap: ``list`` and ``kill(id)`` in a process that started nothing."""
+    sandbox = await reaper.create(SandboxSpec())
+    sleeps, proc = await _start_escapees(reaper, sandbox)
+    janitor = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _JANITOR,
+        str(reaper.root),
+        reaper.opts.isolation,
+        str(int(reaper.opts.cgroup)),
+    )
+    assert await asyncio.wait_for(janitor.wait(), 60) == 0
+    assert not sandbox.alive
+    await _all_gone(sleeps, proc)
 
 
 async def test_files_round_trip_binary_and_list(sandbox: LocalSandbox) -> None:
@@ -195,3 +330,24 @@ async def test_bwrap_isolates_network_pids_and_system_dirs(tmp_path: Path) -> No
         assert tty.stdout == "no-tty\n"  # nothing to inject keystrokes into (TIOCSTI)
     finally:
         await sb.kill()
+
+
+def test_missing_bwrap_is_one_plain_line_once_per_process(tmp_path: Path) -> None:
+    """Two providers, one warning, through the standard ``logging`` module unconfigured."""
+    script = (
+        "from providers.local import LocalOptions, LocalProvider\n"
+        f"for name in ('a', 'b'): LocalProvider(name, LocalOptions(root={str(tmp_path)!r}))\n"
+    )
+    env = {"PATH": str(tmp_path)}  # no bwrap on it
+    r = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    [line] = r.stderr.splitlines()
+    assert line.startswith("bubblewrap (bwrap) is not on PATH"), line
