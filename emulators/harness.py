@@ -15,7 +15,7 @@ the parts that do not depend on the protocol:
 * `Emulator`: runs the server on its own event loop in a background thread,
   on a free loopback port, with a small HTTP control API beside it
   (``/faults``, ``/quota``, ``/records``, ``/reset``) for emulators started
-  from the CLI. Sandboxes are real: `providers.local.LocalSandbox`.
+  from the CLI. Sandboxes are real: `emulators.filesystem.GuestSandbox`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from emulators.filesystem import GuestSandbox, isolated
 from providers.base import SandboxSpec
-from providers.local import LocalOptions, LocalProvider, LocalSandbox
+from providers.local import LocalOptions, LocalProvider
 
 __all__ = [
     "AccountQuota",
@@ -183,13 +184,14 @@ class EmulatorCore:
         self.faults = FaultBook()
         self.quotas: dict[str | None, AccountQuota] = {}
         self.records: dict[str, SandboxRecord] = {}
-        self.sandboxes: dict[str, LocalSandbox] = {}
+        self.sandboxes: dict[str, GuestSandbox] = {}
         self.accepted_keys: set[str] | None = None
         self._lock = threading.Lock()
-        self.local = LocalProvider(
-            f"{name}-emulator",
-            LocalOptions(root=root, isolation=isolation),  # type: ignore[arg-type]
-        )
+        self.isolation = isolation
+        self.isolate = isolated(isolation, name)
+        # Commands run in the sandbox's own root under bubblewrap (`GuestSandbox`), so the
+        # provider itself runs them bare.
+        self.local = LocalProvider(f"{name}-emulator", LocalOptions(root=root, isolation="none"))
 
     # -- accounts ---------------------------------------------------------
     def key_ok(self, api_key: str | None) -> bool:
@@ -221,10 +223,13 @@ class EmulatorCore:
         api_key: str | None,
         spec: SandboxSpec,
         *,
+        home: str,
         lifetime: float | None = None,
         sandbox_id: str | None = None,
-    ) -> LocalSandbox:
-        """Admit (quota), create a real local sandbox, record it."""
+        dirs: tuple[str, ...] = (),
+    ) -> GuestSandbox:
+        """Admit (quota), create a real local sandbox with the vendor's filesystem
+        (``home`` and ``dirs`` in it), record it."""
         with self._lock:
             quota = self._quota_for(api_key)
             if quota is not None:
@@ -235,7 +240,12 @@ class EmulatorCore:
                 if quota.max_created is not None and quota.created >= quota.max_created:
                     raise QuotaViolation("created", quota.max_created)
                 quota.created += 1
-        sandbox = await self.local.create(spec, sandbox_id=sandbox_id)
+        local = await self.local.create(spec, sandbox_id=sandbox_id)
+        try:
+            sandbox = GuestSandbox(local, home, isolate=self.isolate, dirs=dirs)
+        except OSError:
+            await local.kill()
+            raise
         now = time.time()
         with self._lock:
             self.sandboxes[sandbox.id] = sandbox
@@ -248,7 +258,7 @@ class EmulatorCore:
             )
         return sandbox
 
-    def get(self, sandbox_id: str) -> LocalSandbox | None:
+    def get(self, sandbox_id: str) -> GuestSandbox | None:
         record = self.records.get(sandbox_id)
         if record is None or not record.alive:
             return None

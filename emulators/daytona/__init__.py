@@ -130,7 +130,7 @@ class DaytonaEmulator(Emulator):
         self.core: DaytonaCore = DaytonaCore(
             self.name,
             self.core.local.root,
-            isolation=self.core.local.opts.isolation,
+            isolation=self.core.isolation,
             minute=minute,
         )
         self.core.on_state = self._state_changed

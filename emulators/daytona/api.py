@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from emulators.daytona.sandboxes import GONE, Box, iso, org_of
+from emulators.daytona.sandboxes import DAYTONA_HOME, GONE, Box, iso, org_of
 from emulators.harness import QuotaViolation, apply_delay_or_hang
 from providers.base import SandboxSpec
 
@@ -201,7 +201,7 @@ class SandboxApi:
         sandbox_id = str(uuid.uuid4())
         spec = SandboxSpec(env=env, labels=labels)
         try:
-            local = await self.core.create(key, spec, sandbox_id=sandbox_id)
+            local = await self.core.create(key, spec, home=DAYTONA_HOME, sandbox_id=sandbox_id)
         except QuotaViolation as exc:
             message = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else CREATED_MESSAGE
             cpu_limit = exc.limit * sizes["cpu"] if exc.kind == "concurrent" else exc.limit

@@ -101,9 +101,7 @@ class E2BEmulator(Emulator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.core: E2BCore = E2BCore(
-            self.name, self.core.local.root, isolation=self.core.local.opts.isolation
-        )
+        self.core: E2BCore = E2BCore(self.name, self.core.local.root, isolation=self.core.isolation)
         self.templates = set(templates) if templates is not None else None
         self.envd_version = envd_version
 

@@ -111,7 +111,7 @@ class RunloopEmulator(Emulator):
     ) -> None:
         super().__init__(**kwargs)
         self.core: RunloopCore = RunloopCore(
-            self.name, self.core.local.root, isolation=self.core.local.opts.isolation
+            self.name, self.core.local.root, isolation=self.core.isolation
         )
         self.blueprints = set(blueprints) if blueprints is not None else None
         self.snapshots = set(snapshots) if snapshots is not None else None
