@@ -23,25 +23,18 @@ or without bubblewrap, and never write into the host's system directories.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import posixpath
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
+from providers.errors import SandboxError
+from providers.local import LocalProcess, LocalProvider, LocalSandbox, _system_dirs
 
-from providers.errors import ConfigError, SandboxError
-from providers.local import LocalProcess, LocalProvider, LocalSandbox, bwrap_available
+__all__ = ["GuestSandbox", "PathRefused"]
 
-__all__ = ["SYSTEM_DIRS", "GuestSandbox", "PathRefused", "isolated"]
-
-log = structlog.get_logger("sandbox_router.emulators")
-
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 _OWN_DIRS = ("root", "tmp", "var/tmp", "opt", "mnt", "srv", "proc", "dev")
 _SYMLINK_HOPS = 40
 _CHUNK = 65536
@@ -52,38 +45,6 @@ class PathRefused(Exception):
     """A path the sandbox cannot use that way (a write into a read-only system directory)."""
 
 
-def isolated(isolation: str, emulator: str) -> bool:
-    """Whether an emulator runs its sandboxes' commands under bubblewrap."""
-    if isolation == "none":
-        return False
-    if bwrap_available():
-        return True
-    if isolation == "bwrap":
-        raise ConfigError(
-            f"{emulator} emulator: isolation 'bwrap' requested but bwrap is not on PATH"
-        )
-    _warn_no_bwrap()
-    return False
-
-
-@functools.cache
-def _warn_no_bwrap() -> None:
-    log.warning(
-        "sandbox_router.emulators.no_bwrap",
-        detail="bubblewrap (bwrap) not on PATH: emulated sandboxes run commands on the host, "
-        "with their vendor paths rewritten onto each sandbox's directory and no isolation",
-    )
-
-
-def _system_dirs() -> list[str]:
-    """The host directories a sandbox sees read-only: the system's, and Python's prefix."""
-    dirs = [d for d in SYSTEM_DIRS if os.path.lexists(d)]
-    prefix = sys.base_prefix
-    if not any(prefix == d or prefix.startswith(d + "/") for d in dirs):
-        dirs.append(prefix)
-    return dirs
-
-
 class GuestSandbox(LocalSandbox):
     """A local sandbox whose directory is the root of a vendor sandbox's filesystem.
 
@@ -92,7 +53,7 @@ class GuestSandbox(LocalSandbox):
             becomes the root; the provider runs commands without isolation of
             its own, `GuestSandbox` adds it).
         home: the vendor's home (``HOME``, where relative paths and commands start).
-        isolate: run commands under bubblewrap (see `isolated`).
+        isolate: run commands under bubblewrap.
         dirs: further directories the image has (a Modal workdir).
     """
 

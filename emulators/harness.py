@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from emulators.filesystem import GuestSandbox, isolated
+from emulators.filesystem import GuestSandbox
 from providers.base import SandboxSpec
 from providers.local import LocalOptions, LocalProvider
 
@@ -50,6 +50,7 @@ __all__ = [
     "SandboxRecord",
     "free_port",
     "http_fault_middleware",
+    "unknown_route_middleware",
 ]
 
 T = TypeVar("T")
@@ -188,9 +189,11 @@ class EmulatorCore:
         self.accepted_keys: set[str] | None = None
         self._lock = threading.Lock()
         self.isolation = isolation
-        self.isolate = isolated(isolation, name)
-        # Commands run in the sandbox's own root under bubblewrap (`GuestSandbox`), so the
-        # provider itself runs them bare.
+        # The local provider decides whether bubblewrap is used (and says so when it is
+        # missing); `GuestSandbox` applies it with the sandbox's own root, so the provider
+        # that runs the commands runs them bare.
+        options = LocalOptions(root=root, isolation=isolation)  # type: ignore[arg-type]
+        self.isolate = LocalProvider(f"{name}-emulator", options).use_bwrap
         self.local = LocalProvider(f"{name}-emulator", LocalOptions(root=root, isolation="none"))
 
     # -- accounts ---------------------------------------------------------
@@ -367,6 +370,33 @@ def http_fault_middleware(
         if fault.status is not None:
             return error_response(fault)
         return await handler(request)
+
+    return middleware
+
+
+def unknown_route_middleware(
+    answer: Callable[[web.Request, int, str], web.StreamResponse],
+    *,
+    skip: Callable[[web.Request], bool] = lambda _: False,
+) -> Any:
+    """An aiohttp middleware answering a request no route matches as the vendor does.
+
+    ``answer`` shapes the vendor's error (status 404, or 405 for a known path
+    with another method) from a message naming the method and path; requests
+    ``skip`` names are left to a middleware further in.
+    """
+
+    @web.middleware
+    async def middleware(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        missing = request.match_info.http_exception
+        if missing is None or skip(request):
+            return await handler(request)
+        response = answer(request, missing.status, f"Cannot {request.method} {request.path}")
+        if "Allow" in missing.headers:
+            response.headers["Allow"] = missing.headers["Allow"]
+        return response
 
     return middleware
 

@@ -146,7 +146,7 @@ class SandboxApi:
     async def errors(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        """Authenticate, and answer `ApiError` (and unmatched routes) in the API's shape."""
+        """Authenticate, and answer `ApiError` in the API's shape."""
         if not request.path.startswith("/api/") or request.path.startswith("/api/socket.io"):
             return await handler(request)
         if not self.core.key_ok(bearer(request)):
@@ -155,8 +155,6 @@ class SandboxApi:
             return await handler(request)
         except ApiError as exc:
             return api_error(exc.status, exc.message, request.path)
-        except web.HTTPNotFound:
-            return api_error(404, f"Cannot {request.method} {request.path}", request.path)
 
     def _key(self, request: web.Request) -> str:
         key = bearer(request)

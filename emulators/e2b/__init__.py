@@ -30,7 +30,7 @@ from emulators.e2b.control import ControlPlane, api_error
 from emulators.e2b.envd import Envd
 from emulators.e2b.interpreter import Interpreter
 from emulators.e2b.sandboxes import E2BCore
-from emulators.harness import Emulator, FaultSpec, http_fault_middleware
+from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
 
 __all__ = ["ENVD_VERSION", "TEST_API_KEY", "E2BEmulator"]
 
@@ -125,7 +125,10 @@ class E2BEmulator(Emulator):
 
     async def serve(self) -> Callable[[], Awaitable[None]]:
         app = web.Application(
-            middlewares=[http_fault_middleware(self.core, _op_for, self._key_for, _fault_response)],
+            middlewares=[
+                unknown_route_middleware(lambda _, status, message: api_error(status, message)),
+                http_fault_middleware(self.core, _op_for, self._key_for, _fault_response),
+            ],
             client_max_size=256 * 1024 * 1024,
         )
         envd = Envd(self)

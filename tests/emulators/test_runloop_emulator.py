@@ -282,3 +282,23 @@ async def test_refused_key(emu: RunloopEmulator) -> None:
     async with AsyncRunloop(**kwargs(emu, bearer_token="ak_wrong")) as api:
         with pytest.raises(AuthenticationError, match="invalid"):
             await api.devboxes.list()
+
+
+async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
+    """/tmp and / work as on Runloop, and a route it lacks is the SDK's NotFoundError."""
+    with RunloopEmulator(isolation=isolation) as emu:
+        client = AsyncRunloop(**kwargs(emu))
+        try:
+            view = await client.devboxes.create_and_await_running()
+            await client.devboxes.write_file_contents(view.id, file_path="/tmp/x", contents="t")
+            assert await client.devboxes.read_file_contents(view.id, file_path="/tmp/x") == "t"
+            ran = await client.devboxes.execute_and_await_completion(
+                view.id, command="pwd; cd / && pwd && cat /tmp/x && ls -d /tmp"
+            )
+            assert ran.stdout == "/home/user\n/\nt/tmp\n"
+            await client.devboxes.shutdown(view.id)
+            with pytest.raises(NotFoundError) as missing:
+                await client.blueprints.list()
+            assert missing.value.body == {"status": 404, "message": "Cannot GET /v1/blueprints"}
+        finally:
+            await client.close()
