@@ -15,7 +15,7 @@ the parts that do not depend on the protocol:
 * `Emulator`: runs the server on its own event loop in a background thread,
   on a free loopback port, with a small HTTP control API beside it
   (``/faults``, ``/quota``, ``/records``, ``/reset``) for emulators started
-  from the CLI. Sandboxes are real: `providers.local.LocalSandbox`.
+  from the CLI. Sandboxes are real: `emulators.filesystem.GuestSandbox`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from emulators.filesystem import GuestSandbox
 from providers.base import SandboxSpec
-from providers.local import LocalOptions, LocalProvider, LocalSandbox
+from providers.local import LocalOptions, LocalProvider
 
 __all__ = [
     "AccountQuota",
@@ -49,6 +50,7 @@ __all__ = [
     "SandboxRecord",
     "free_port",
     "http_fault_middleware",
+    "unknown_route_middleware",
 ]
 
 T = TypeVar("T")
@@ -183,13 +185,16 @@ class EmulatorCore:
         self.faults = FaultBook()
         self.quotas: dict[str | None, AccountQuota] = {}
         self.records: dict[str, SandboxRecord] = {}
-        self.sandboxes: dict[str, LocalSandbox] = {}
+        self.sandboxes: dict[str, GuestSandbox] = {}
         self.accepted_keys: set[str] | None = None
         self._lock = threading.Lock()
-        self.local = LocalProvider(
-            f"{name}-emulator",
-            LocalOptions(root=root, isolation=isolation),  # type: ignore[arg-type]
-        )
+        self.isolation = isolation
+        # The local provider decides whether bubblewrap is used (and says so when it is
+        # missing); `GuestSandbox` applies it with the sandbox's own root, so the provider
+        # that runs the commands runs them bare.
+        options = LocalOptions(root=root, isolation=isolation)  # type: ignore[arg-type]
+        self.isolate = LocalProvider(f"{name}-emulator", options).use_bwrap
+        self.local = LocalProvider(f"{name}-emulator", LocalOptions(root=root, isolation="none"))
 
     # -- accounts ---------------------------------------------------------
     def key_ok(self, api_key: str | None) -> bool:
@@ -221,10 +226,13 @@ class EmulatorCore:
         api_key: str | None,
         spec: SandboxSpec,
         *,
+        home: str,
         lifetime: float | None = None,
         sandbox_id: str | None = None,
-    ) -> LocalSandbox:
-        """Admit (quota), create a real local sandbox, record it."""
+        dirs: tuple[str, ...] = (),
+    ) -> GuestSandbox:
+        """Admit (quota), create a real local sandbox with the vendor's filesystem
+        (``home`` and ``dirs`` in it), record it."""
         with self._lock:
             quota = self._quota_for(api_key)
             if quota is not None:
@@ -235,7 +243,12 @@ class EmulatorCore:
                 if quota.max_created is not None and quota.created >= quota.max_created:
                     raise QuotaViolation("created", quota.max_created)
                 quota.created += 1
-        sandbox = await self.local.create(spec, sandbox_id=sandbox_id)
+        local = await self.local.create(spec, sandbox_id=sandbox_id)
+        try:
+            sandbox = GuestSandbox(local, home, isolate=self.isolate, dirs=dirs)
+        except OSError:
+            await local.kill()
+            raise
         now = time.time()
         with self._lock:
             self.sandboxes[sandbox.id] = sandbox
@@ -248,7 +261,7 @@ class EmulatorCore:
             )
         return sandbox
 
-    def get(self, sandbox_id: str) -> LocalSandbox | None:
+    def get(self, sandbox_id: str) -> GuestSandbox | None:
         record = self.records.get(sandbox_id)
         if record is None or not record.alive:
             return None
@@ -357,6 +370,33 @@ def http_fault_middleware(
         if fault.status is not None:
             return error_response(fault)
         return await handler(request)
+
+    return middleware
+
+
+def unknown_route_middleware(
+    answer: Callable[[web.Request, int, str], web.StreamResponse],
+    *,
+    skip: Callable[[web.Request], bool] = lambda _: False,
+) -> Any:
+    """An aiohttp middleware answering a request no route matches as the vendor does.
+
+    ``answer`` shapes the vendor's error (status 404, or 405 for a known path
+    with another method) from a message naming the method and path; requests
+    ``skip`` names are left to a middleware further in.
+    """
+
+    @web.middleware
+    async def middleware(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        missing = request.match_info.http_exception
+        if missing is None or skip(request):
+            return await handler(request)
+        response = answer(request, missing.status, f"Cannot {request.method} {request.path}")
+        if "Allow" in missing.headers:
+            response.headers["Allow"] = missing.headers["Allow"]
+        return response
 
     return middleware
 

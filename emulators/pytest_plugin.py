@@ -1,9 +1,14 @@
 """pytest fixtures starting the emulators, for this project and for users' CI.
 
-Installed as a pytest plugin (entry point ``sandbox_router_emulators``): a
-test asks for ``e2b_emulator`` (or ``daytona_emulator``, ``runloop_emulator``,
+Opt-in, so installing the package changes no one's pytest runs: load it with
+``pytest -p emulators.pytest_plugin`` or a ``pytest_plugins =
+["emulators.pytest_plugin"]`` line in a top-level ``conftest.py``. A test then
+asks for ``e2b_emulator`` (or ``daytona_emulator``, ``runloop_emulator``,
 ``modal_emulator``) and gets a running emulator on a free loopback port,
 stopped after the test with every sandbox it made killed.
+
+PYTEST_DONT_REWRITE: the fixtures assert nothing, and a conftest that imported
+the module before naming it in ``pytest_plugins`` gets no warning.
 """
 
 from __future__ import annotations

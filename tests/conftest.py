@@ -28,6 +28,8 @@ import router
 from emulators.redis_server import RedisServer
 from router import Router
 
+pytest_plugins = ["emulators.pytest_plugin"]
+
 # pytest assertion-rewrites the packages of every distribution with a pytest plugin:
 # hypothesis, and ours (emulators.pytest_plugin). A module imported lazily deep inside
 # a test is parsed then, and CPython 3.11.7 can fail that with "AST constructor

@@ -42,7 +42,7 @@ from aiohttp import web
 from emulators.daytona.api import CONCURRENCY_MESSAGE, SandboxApi, api_error, bearer
 from emulators.daytona.sandboxes import Box, DaytonaCore
 from emulators.daytona.toolbox import PROXY, Toolbox, daemon_error
-from emulators.harness import Emulator, FaultSpec, http_fault_middleware
+from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
 
 __all__ = ["TEST_API_KEY", "DaytonaEmulator"]
 
@@ -130,7 +130,7 @@ class DaytonaEmulator(Emulator):
         self.core: DaytonaCore = DaytonaCore(
             self.name,
             self.core.local.root,
-            isolation=self.core.local.opts.isolation,
+            isolation=self.core.isolation,
             minute=minute,
         )
         self.core.on_state = self._state_changed
@@ -199,6 +199,10 @@ class DaytonaEmulator(Emulator):
         toolbox = Toolbox(self)
         app = web.Application(
             middlewares=[
+                unknown_route_middleware(
+                    lambda request, status, message: api_error(status, message, request.path),
+                    skip=lambda request: request.path.startswith("/toolbox/"),
+                ),
                 http_fault_middleware(self.core, _op_for, bearer, _fault_response),
                 api.errors,
                 toolbox.errors,

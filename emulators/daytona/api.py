@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from emulators.daytona.sandboxes import GONE, Box, iso, org_of
+from emulators.daytona.sandboxes import DAYTONA_HOME, GONE, Box, iso, org_of
 from emulators.harness import QuotaViolation, apply_delay_or_hang
 from providers.base import SandboxSpec
 
@@ -146,7 +146,7 @@ class SandboxApi:
     async def errors(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        """Authenticate, and answer `ApiError` (and unmatched routes) in the API's shape."""
+        """Authenticate, and answer `ApiError` in the API's shape."""
         if not request.path.startswith("/api/") or request.path.startswith("/api/socket.io"):
             return await handler(request)
         if not self.core.key_ok(bearer(request)):
@@ -155,8 +155,6 @@ class SandboxApi:
             return await handler(request)
         except ApiError as exc:
             return api_error(exc.status, exc.message, request.path)
-        except web.HTTPNotFound:
-            return api_error(404, f"Cannot {request.method} {request.path}", request.path)
 
     def _key(self, request: web.Request) -> str:
         key = bearer(request)
@@ -201,7 +199,7 @@ class SandboxApi:
         sandbox_id = str(uuid.uuid4())
         spec = SandboxSpec(env=env, labels=labels)
         try:
-            local = await self.core.create(key, spec, sandbox_id=sandbox_id)
+            local = await self.core.create(key, spec, home=DAYTONA_HOME, sandbox_id=sandbox_id)
         except QuotaViolation as exc:
             message = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else CREATED_MESSAGE
             cpu_limit = exc.limit * sizes["cpu"] if exc.kind == "concurrent" else exc.limit

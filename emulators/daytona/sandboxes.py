@@ -18,10 +18,8 @@ Sessions are the daemon's: one long-running shell per session
 shell's streams by markers the session writes after it.
 
 Paths are Daytona's: the user's home and working directory is
-``/home/daytona`` and relative paths start there; the emulator maps that
-home onto the local sandbox directory. Under bubblewrap commands see it as
-``/home/daytona`` too (a symlink made as a shell starts); without bubblewrap
-they run in the host directory.
+``/home/daytona`` and relative paths start there; the rest of the sandbox's
+filesystem is `emulators.filesystem.GuestSandbox`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import secrets
 import shlex
 import time
@@ -40,9 +37,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
-from providers.errors import SandboxPathError
-from providers.local import LocalProcess, LocalSandbox
+from providers.local import LocalProcess
 
 __all__ = [
     "DAYTONA_HOME",
@@ -52,7 +49,6 @@ __all__ = [
     "Box",
     "Command",
     "DaytonaCore",
-    "PathRefused",
     "ShellSession",
     "iso",
     "org_of",
@@ -74,10 +70,6 @@ def iso(ts: float) -> str:
 def org_of(api_key: str) -> str:
     """The organization an API key belongs to (one per key in the emulator)."""
     return str(uuid.UUID(hashlib.sha256(api_key.encode()).hexdigest()[:32]))
-
-
-class PathRefused(Exception):
-    """A path outside the part of the sandbox the emulator models."""
 
 
 @dataclass
@@ -134,9 +126,12 @@ class ShellSession:
     a stream belongs to the command being run.
     """
 
-    def __init__(self, session_id: str, process: LocalProcess) -> None:
+    def __init__(
+        self, session_id: str, process: LocalProcess, rewrite: Callable[[str], str]
+    ) -> None:
         self.id = session_id
         self.process = process
+        self._rewrite = rewrite
         self.commands: dict[str, Command] = {}
         self.ended = False
         self._token = secrets.token_hex(8)
@@ -152,14 +147,6 @@ class ShellSession:
     def view(self) -> dict[str, Any]:
         return {"sessionId": self.id, "commands": [c.view() for c in self.commands.values()]}
 
-    async def write(self, text: str) -> None:
-        """Write raw shell input."""
-        stdin = self.process.proc.stdin
-        assert stdin is not None
-        stdin.write(text.encode())
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            await stdin.drain()
-
     def submit(self, command: str) -> Command:
         """Queue ``command``; its ``done`` is set once it ran (or the shell ended)."""
         cmd = Command(str(uuid.uuid4()), command)
@@ -170,7 +157,7 @@ class ShellSession:
         stdin = self.process.proc.stdin
         assert stdin is not None
         stdin.write(
-            f"{{\n{command}\n}} < /dev/null\n"
+            f"{{\n{self._rewrite(command)}\n}} < /dev/null\n"
             f"printf '{mark} {cmd.id} %s\\037' \"$?\"\n"
             f"printf '{mark} {cmd.id} -\\037' >&2\n".encode()
         )
@@ -233,7 +220,7 @@ class Box:
     id: str
     name: str
     api_key: str
-    local: LocalSandbox
+    local: GuestSandbox
     labels: dict[str, str]
     env: dict[str, str]
     snapshot: str | None
@@ -263,41 +250,16 @@ class Box:
     def organization_id(self) -> str:
         return org_of(self.api_key)
 
-    def host_path(self, path: str) -> Path:
-        """The host path of a sandbox path (absolute under the home, or relative to it)."""
-        if path == "~" or path.startswith("~/"):
-            path = DAYTONA_HOME + path[1:]
-        if path == DAYTONA_HOME or path.startswith(DAYTONA_HOME + "/"):
-            path = path[len(DAYTONA_HOME) :].lstrip("/") or "."
-        elif os.path.isabs(path):
-            raise PathRefused(
-                f"path {path!r} is outside {DAYTONA_HOME}, the only directory the emulator models"
-            )
-        try:
-            return self.local.resolve(path)
-        except SandboxPathError as exc:
-            raise PathRefused(exc.message) from None
+    def shell(self, command: str, cwd: str | None) -> str:
+        """A script running ``command`` in ``cwd`` (default: the home).
 
-    def shell(self, command: str, cwd: str | None) -> tuple[str, str | None]:
-        """A script running ``command`` in ``cwd`` (default: the home), and the local cwd.
+        The script starts by entering ``cwd``, so a missing directory is the
+        script's error, as on Daytona.
 
-        The script starts by entering ``cwd`` as the sandbox names it (under
-        bubblewrap, after making ``/home/daytona`` point at the home), so a
-        missing directory is the script's error, as on Daytona.
+        Raises:
+            PathRefused: ``cwd`` is not a path of the sandbox.
         """
-        target = self.host_path(cwd or ".")
-        root = self.local.dir.resolve()
-        relative = str(target.relative_to(root))
-        if self.local._provider.use_bwrap:
-            inner = DAYTONA_HOME + ("" if relative == "." else "/" + relative)
-            prelude = (
-                f'ln -s "$HOME" {DAYTONA_HOME} 2>/dev/null; export HOME={DAYTONA_HOME}; '
-                f"cd -- {shlex.quote(inner)} || exit 1\n"
-            )
-        else:
-            prelude = f"cd -- {shlex.quote(str(target))} || exit 1\n"
-        local_cwd = relative if relative != "." and target.is_dir() else None
-        return prelude + command, local_cwd
+        return f"cd -- {shlex.quote(self.local.inside(cwd or DAYTONA_HOME))} || exit 1\n{command}"
 
     def dto(self, toolbox_url: str, *, listed: bool = False) -> dict[str, Any]:
         """The sandbox as the API shows it: ``Sandbox``, or ``SandboxListItem`` when listed."""

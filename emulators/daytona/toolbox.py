@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import BodyPartReader, web
 
 from emulators.daytona.api import bearer
-from emulators.daytona.sandboxes import DAYTONA_HOME, Box, PathRefused, ShellSession, iso
+from emulators.daytona.sandboxes import DAYTONA_HOME, Box, ShellSession, iso
+from emulators.filesystem import PathRefused
 
 if TYPE_CHECKING:
     from emulators.daytona import DaytonaEmulator
@@ -198,7 +199,7 @@ class Toolbox:
     @staticmethod
     def _path(box: Box, path: str) -> Path:
         try:
-            return box.host_path(path)
+            return box.local.host(path)
         except PathRefused as exc:
             raise DaemonError(400, str(exc), "INVALID_FILE_PATH") from None
 
@@ -215,12 +216,11 @@ class Toolbox:
             raise DaemonError(400, "command is required", "INVALID_REQUEST_BODY")
         cwd = body.get("cwd")
         timeout = body.get("timeout") or EXECUTE_DEFAULT_TIMEOUT
-        script, local_cwd = self._shell(box, f"{{ {command}\n}} 2>&1", cwd)
+        script = self._shell(box, f"{{ {command}\n}} 2>&1", cwd)
         result = await box.local.run(
             ["/bin/bash", "-c", script],
             timeout=timeout,
             env=body.get("envs") or None,
-            cwd=local_cwd,
             stdin=b"",
         )
         if result.timed_out:
@@ -242,13 +242,12 @@ class Toolbox:
         if interpreter is None or shutil.which(interpreter[0]) is None:
             raise DaemonError(400, f"unsupported language: {language}", "BAD_REQUEST")
         timeout = body.get("timeout") or None
-        script, local_cwd = self._shell(box, 'exec "$@" 2>&1', None)
+        script = self._shell(box, 'exec "$@" 2>&1', None)
         result = await box.local.run(
             ["/bin/bash", "-c", script, "code-run", *interpreter, *map(str, argv)],
             timeout=timeout,
             env=body.get("envs") or None,
-            cwd=local_cwd,
-            stdin=code.encode(),
+            stdin=box.local.rewrite(code).encode(),
         )
         if result.timed_out:
             raise DaemonError(
@@ -264,7 +263,7 @@ class Toolbox:
             }
         )
 
-    def _shell(self, box: Box, command: str, cwd: Any) -> tuple[str, str | None]:
+    def _shell(self, box: Box, command: str, cwd: Any) -> str:
         if cwd is not None and not isinstance(cwd, str):
             raise DaemonError(400, "cwd must be a string", "INVALID_REQUEST_BODY")
         try:
@@ -287,12 +286,9 @@ class Toolbox:
             raise DaemonError(400, "sessionId is required", "INVALID_REQUEST_BODY")
         if session_id in box.sessions:
             raise DaemonError(409, f"session {session_id} already exists", "CONFLICT")
-        prelude, local_cwd = box.shell("", None)
-        process = await box.local.start(["/bin/bash", "--noprofile", "--norc", "-s"], cwd=local_cwd)
-        session = ShellSession(session_id, process)
+        process = await box.local.start(["/bin/bash", "--noprofile", "--norc", "-s"])
+        session = ShellSession(session_id, process, box.local.rewrite)
         box.sessions[session_id] = session
-        if prelude:
-            await session.write(prelude)
         return web.Response(status=201)
 
     async def list_sessions(self, request: web.Request) -> web.Response:
@@ -360,9 +356,12 @@ class Toolbox:
                 errors.append(f"files[{index}]: no destination path")
                 continue
             try:
-                target = box.host_path(dest)
+                target = box.local.host(dest, write=True)
                 await asyncio.to_thread(_write, target, data)
-            except (PathRefused, OSError) as exc:
+            except PathRefused as exc:
+                errors.append(str(exc))
+                continue
+            except OSError as exc:
                 errors.append(f"{dest}: {exc}")
                 continue
             written.append({"path": dest, "bytes": len(data)})
@@ -398,7 +397,7 @@ class Toolbox:
         self, box: Box, path: str, request: web.Request
     ) -> tuple[str, str, bytes]:
         try:
-            data = await asyncio.to_thread(box.host_path(path).read_bytes)
+            data = await asyncio.to_thread(box.local.host(path).read_bytes)
         except PathRefused as exc:
             error = daemon_error(400, str(exc), "INVALID_FILE_PATH", request)
         except FileNotFoundError:

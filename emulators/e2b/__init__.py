@@ -30,7 +30,7 @@ from emulators.e2b.control import ControlPlane, api_error
 from emulators.e2b.envd import Envd
 from emulators.e2b.interpreter import Interpreter
 from emulators.e2b.sandboxes import E2BCore
-from emulators.harness import Emulator, FaultSpec, http_fault_middleware
+from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
 
 __all__ = ["ENVD_VERSION", "TEST_API_KEY", "E2BEmulator"]
 
@@ -101,9 +101,7 @@ class E2BEmulator(Emulator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.core: E2BCore = E2BCore(
-            self.name, self.core.local.root, isolation=self.core.local.opts.isolation
-        )
+        self.core: E2BCore = E2BCore(self.name, self.core.local.root, isolation=self.core.isolation)
         self.templates = set(templates) if templates is not None else None
         self.envd_version = envd_version
 
@@ -127,7 +125,10 @@ class E2BEmulator(Emulator):
 
     async def serve(self) -> Callable[[], Awaitable[None]]:
         app = web.Application(
-            middlewares=[http_fault_middleware(self.core, _op_for, self._key_for, _fault_response)],
+            middlewares=[
+                unknown_route_middleware(lambda _, status, message: api_error(status, message)),
+                http_fault_middleware(self.core, _op_for, self._key_for, _fault_response),
+            ],
             client_max_size=256 * 1024 * 1024,
         )
         envd = Envd(self)

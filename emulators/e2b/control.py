@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, unquote
 
 from aiohttp import web
 
-from emulators.e2b.sandboxes import E2BSandbox
+from emulators.e2b.sandboxes import E2B_HOME, E2BSandbox
 from emulators.harness import QuotaViolation
 from providers.base import SandboxSpec
 
@@ -178,6 +178,7 @@ class ControlPlane:
             local = await self.core.create(
                 key,
                 SandboxSpec(template=template, env=env, labels=metadata),
+                home=E2B_HOME,
                 lifetime=timeout,
                 sandbox_id=sandbox_id,
             )

@@ -42,7 +42,8 @@ from emulators.e2b.connect import (
     serve_stream,
     serve_unary,
 )
-from emulators.e2b.sandboxes import E2BSandbox, PathRefused, RunningProcess
+from emulators.e2b.sandboxes import E2BSandbox, RunningProcess
+from emulators.filesystem import PathRefused
 from providers.errors import SandboxError
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def _end_event(code: int) -> Message:
 
 def _entry(sandbox: E2BSandbox, host: Path) -> Message:
     info = host.lstat()
-    entry: Message = {"name": host.name, "path": sandbox.e2b_path(host)}
+    entry: Message = {"name": host.name, "path": sandbox.local.vendor(host)}
     if stat.S_ISLNK(info.st_mode):
         entry["isSymlink"] = True
         entry["symlinkTarget"] = os.readlink(host)
@@ -161,14 +162,14 @@ class Envd:
             written.append(await self._write(sandbox, path, await request.read()))
         return web.json_response(written)
 
-    def _host(self, sandbox: E2BSandbox, path: str) -> Path:
+    def _host(self, sandbox: E2BSandbox, path: str, *, write: bool = False) -> Path:
         try:
-            return sandbox.host_path(path)
+            return sandbox.host(path, write=write)
         except PathRefused as exc:
             raise _json_error(400, str(exc)) from None
 
     async def _write(self, sandbox: E2BSandbox, path: str, data: bytes) -> Message:
-        host = self._host(sandbox, path)
+        host = self._host(sandbox, path, write=True)
         if host.is_dir():
             raise _json_error(400, f"path '{path}' is a directory")
 
@@ -177,7 +178,7 @@ class Envd:
             host.write_bytes(data)
 
         await asyncio.to_thread(write)
-        return {"name": host.name, "type": "file", "path": sandbox.e2b_path(host)}
+        return {"name": host.name, "type": "file", "path": sandbox.local.vendor(host)}
 
     # -- Connect RPC -------------------------------------------------------
     async def rpc(self, request: web.Request) -> web.StreamResponse:
@@ -209,9 +210,10 @@ class Envd:
         config = message.get("process") or {}
         argv = [config.get("cmd") or "/bin/bash", *config.get("args", [])]
         try:
-            cwd = sandbox.local_cwd(config.get("cwd"))
-            local = await sandbox.local.start(argv, env=config.get("envs") or {}, cwd=cwd)
-        except (PathRefused, SandboxError) as exc:
+            local = await sandbox.local.start(
+                argv, env=config.get("envs") or {}, cwd=config.get("cwd") or None
+            )
+        except SandboxError as exc:
             raise RpcError("invalid_argument", str(exc)) from None
         process = RunningProcess(sandbox.next_pid(), local, config, message.get("tag"))
         sandbox.processes[process.pid] = process
@@ -302,10 +304,10 @@ class Envd:
         return result
 
     def _stat(self, sandbox: E2BSandbox, message: Message) -> Message:
-        return {"entry": _entry(sandbox, sandbox.host_path(message.get("path")))}
+        return {"entry": _entry(sandbox, sandbox.host(message.get("path")))}
 
     def _list_dir(self, sandbox: E2BSandbox, message: Message) -> Message:
-        root = sandbox.host_path(message.get("path"))
+        root = sandbox.host(message.get("path"))
         if not root.is_dir():
             raise NotADirectoryError(root)
         depth = max(int(message.get("depth") or 1), 1)
@@ -321,12 +323,12 @@ class Envd:
         return {"entries": entries}
 
     def _make_dir(self, sandbox: E2BSandbox, message: Message) -> Message:
-        host = sandbox.host_path(message.get("path"))
+        host = sandbox.host(message.get("path"), write=True)
         host.mkdir(parents=True)
         return {"entry": _entry(sandbox, host)}
 
     def _remove(self, sandbox: E2BSandbox, message: Message) -> Message:
-        host = sandbox.host_path(message.get("path"))
+        host = sandbox.host(message.get("path"), write=True)
         if host.is_dir() and not host.is_symlink():
             shutil.rmtree(host)
         else:
@@ -334,8 +336,8 @@ class Envd:
         return {}
 
     def _move(self, sandbox: E2BSandbox, message: Message) -> Message:
-        source = sandbox.host_path(message.get("source"))
-        destination = sandbox.host_path(message.get("destination"))
+        source = sandbox.host(message.get("source"), write=True)
+        destination = sandbox.host(message.get("destination"), write=True)
         destination.parent.mkdir(parents=True, exist_ok=True)
         source.rename(destination)
         return {"entry": _entry(sandbox, destination)}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -107,14 +107,15 @@ def _message(**fields: object) -> bytes:
 class Kernel:
     """A Python interpreter kept running in a sandbox; one execution at a time."""
 
-    def __init__(self, process: LocalProcess) -> None:
+    def __init__(self, process: LocalProcess, rewrite: Callable[[str], str]) -> None:
         self.process = process
+        self.rewrite = rewrite
         self.lock = asyncio.Lock()
         self.dead = False
 
     @classmethod
     async def start(cls, sandbox: E2BSandbox, python: str) -> Kernel:
-        return cls(await sandbox.local.start([python, "-u", "-c", KERNEL]))
+        return cls(await sandbox.local.start([python, "-u", "-c", KERNEL]), sandbox.local.rewrite)
 
     async def execute(self, code: str, env: dict[str, str]) -> AsyncIterator[bytes]:
         """The NDJSON lines of one execution."""
@@ -123,7 +124,8 @@ class Kernel:
         assert stdout is not None
         async with self.lock:
             try:
-                stdin.write(json.dumps({"code": code, "env": env}).encode() + b"\n")
+                request = {"code": self.rewrite(code), "env": env}
+                stdin.write(json.dumps(request).encode() + b"\n")
                 await stdin.drain()
                 while (line := await stdout.readline()).strip() != _DONE:
                     if not line:

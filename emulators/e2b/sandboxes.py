@@ -4,33 +4,28 @@ An E2B sandbox is a `providers.local.LocalSandbox` (real commands, real
 files) plus what E2B adds around it: the API key that created it, the
 access token envd checks, the template, the processes started through envd
 and the code interpreter's kernel. Paths are E2B's: the user's home is
-``/home/user`` and relative paths start there; the emulator maps that home
-onto the local sandbox directory and refuses paths elsewhere.
+``/home/user`` and relative paths start there; the rest of the sandbox's
+filesystem is `emulators.filesystem.GuestSandbox`'s.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
-from providers.errors import SandboxPathError
-from providers.local import LocalProcess, LocalSandbox
+from providers.local import LocalProcess
 
 if TYPE_CHECKING:
     from emulators.e2b.interpreter import Kernel
 
-__all__ = ["E2B_HOME", "E2BCore", "E2BSandbox", "PathRefused", "RunningProcess"]
+__all__ = ["E2B_HOME", "E2BCore", "E2BSandbox", "RunningProcess"]
 
 E2B_HOME = "/home/user"
-
-
-class PathRefused(Exception):
-    """A path outside the part of the sandbox the emulator models."""
 
 
 @dataclass
@@ -51,7 +46,7 @@ class E2BSandbox:
     template: str
     api_key: str
     token: str
-    local: LocalSandbox
+    local: GuestSandbox
     started_at: float = field(default_factory=time.time)
     cpu_count: int = 2
     memory_mb: int = 512
@@ -62,29 +57,13 @@ class E2BSandbox:
     def next_pid(self) -> int:
         return next(self._pids)
 
-    def host_path(self, path: str | None) -> Path:
-        """The host path of an E2B path (absolute under /home/user, or relative to it)."""
-        path = path or E2B_HOME
-        if path == E2B_HOME or path.startswith(E2B_HOME + "/"):
-            path = path[len(E2B_HOME) :].lstrip("/") or "."
-        elif os.path.isabs(path):
-            raise PathRefused(
-                f"path {path!r} is outside {E2B_HOME}, the only directory the emulator models"
-            )
-        try:
-            return self.local.resolve(path)
-        except SandboxPathError as exc:
-            raise PathRefused(exc.message) from None
+    def host(self, path: str | None, *, write: bool = False) -> Path:
+        """The host path of an E2B path (none: the home).
 
-    def local_cwd(self, path: str | None) -> str | None:
-        """``path`` relative to the local sandbox directory (for `LocalSandbox.start`)."""
-        if not path:
-            return None
-        return str(self.host_path(path).relative_to(self.local.dir.resolve()))
-
-    def e2b_path(self, host: Path) -> str:
-        rel = host.relative_to(self.local.dir.resolve())
-        return E2B_HOME if str(rel) == "." else f"{E2B_HOME}/{rel}"
+        Raises:
+            PathRefused: a write into a read-only system directory.
+        """
+        return self.local.host(path or E2B_HOME, write=write)
 
     def shutdown(self) -> None:
         """Kill every process and the kernel (the sandbox is being destroyed)."""

@@ -75,7 +75,7 @@ class ModalEmulator(Emulator):
     ) -> None:
         super().__init__(**kwargs)
         self.core: ModalCore = ModalCore(
-            self.name, self.core.local.root, isolation=self.core.local.opts.isolation
+            self.name, self.core.local.root, isolation=self.core.isolation
         )
         self.tokens = dict(tokens) if tokens is not None else {TEST_TOKEN_ID: TEST_TOKEN_SECRET}
         for name, env in (secrets or {}).items():

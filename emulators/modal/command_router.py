@@ -85,7 +85,7 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
                 env.update(self.core.secrets.get(secret_id, {}))
             opts = self.core.local.opts
             process = await sandbox.local.start(
-                sandbox.argv(argv, request.workdir or sandbox.home, opts.python), env=env
+                sandbox.argv(argv, request.workdir or sandbox.workdir, opts.python), env=env
             )
             execution = Exec(request.exec_id, op, process)
             sandbox.execs[execution.id] = execution

@@ -26,7 +26,7 @@ from modal_proto import api_grpc, api_pb2
 
 from emulators.harness import QuotaViolation
 from emulators.modal.rpc import apply_fault, fill_unimplemented, metadata_value
-from emulators.modal.sandboxes import ModalSandbox, new_id
+from emulators.modal.sandboxes import MODAL_HOME, ModalSandbox, new_id
 from providers.base import SandboxSpec
 
 if TYPE_CHECKING:
@@ -204,6 +204,8 @@ class ControlPlane(api_grpc.ModalClientBase):
             local = await self.core.create(
                 workspace,
                 SandboxSpec(env=env, labels=tags),
+                home=MODAL_HOME,
+                dirs=(definition.workdir,) if definition.workdir else (),
                 lifetime=definition.timeout_secs or 300,
                 sandbox_id=sandbox_id,
             )

@@ -5,10 +5,12 @@ container, ``/__modal/.bin/modal-sandbox-fs-tools '<json command>'``: file
 contents on stdin (``WriteFile``) or stdout (``ReadFile``), listings and
 stats as JSON on stdout, and a failure as exit code 1 with
 ``{"error_kind", "message"}`` on stderr. This stdlib-only script keeps that
-contract; the emulator runs it with the sandbox's Python, from the sandbox
-directory, as ``python3 -c <this file> <json command> <home>``: paths under
-``<home>`` (the sandbox's Modal working directory) are that directory, other
-paths are refused as the only part of the container the emulator models.
+contract; the emulator runs it with the sandbox's Python, from the
+working directory, as ``python3 -c <this file> <json command> <json read-only
+dirs>``. The paths in the command are as the sandbox's processes see them
+(`emulators.filesystem.GuestSandbox.inside`); a write under one of the
+read-only directories (the system's, bound read-only under bubblewrap) fails
+as the read-only mount makes it fail, also where no mount enforces it.
 """
 
 from __future__ import annotations
@@ -48,26 +50,17 @@ def _oserror(exc: OSError) -> ToolError:
 
 
 class Tool:
-    def __init__(self, home: str) -> None:
-        self.home = home.rstrip("/") or "/"
+    def __init__(self, readonly: list[str]) -> None:
+        self.readonly = readonly
 
-    def local(self, path: str) -> str:
-        path = posixpath.normpath(path)
-        if path == self.home:
-            return "."
-        if path.startswith(self.home + "/"):
-            return path[len(self.home) + 1 :]
-        raise ToolError(
-            "PermissionDenied",
-            f"Permission denied: {path} is outside {self.home}, the only directory "
-            "the Modal emulator models",
-        )
+    def writable(self, path: str) -> str:
+        real = os.path.realpath(path)
+        if any(real == d or real.startswith(d + "/") for d in self.readonly):
+            raise ToolError("PermissionDenied", "Read-only file system (os error 30)")
+        return path
 
-    def modal(self, local: str) -> str:
-        return self.home if local == "." else f"{self.home}/{local}"
-
-    def entry(self, local: str) -> dict[str, Any]:
-        info = os.lstat(local)
+    def entry(self, path: str) -> dict[str, Any]:
+        info = os.lstat(path)
         kind = (
             "symlink"
             if stat.S_ISLNK(info.st_mode)
@@ -76,8 +69,8 @@ class Tool:
             else "file"
         )
         return {
-            "name": posixpath.basename(self.modal(local)),
-            "path": self.modal(local),
+            "name": posixpath.basename(path),
+            "path": path,
             "type": kind,
             "size": info.st_size,
             "mode": info.st_mode,
@@ -85,63 +78,57 @@ class Tool:
             "owner": str(info.st_uid),
             "group": str(info.st_gid),
             "modified_time": info.st_mtime,
-            "symlink_target": os.readlink(local) if kind == "symlink" else None,
+            "symlink_target": os.readlink(path) if kind == "symlink" else None,
         }
 
     def ReadFile(self, path: str) -> None:
-        local = self.local(path)
-        if os.path.isdir(local):
+        if os.path.isdir(path):
             raise ToolError("IsDirectory", "Is a directory (os error 21)")
-        with open(local, "rb") as source:
+        with open(path, "rb") as source:
             shutil.copyfileobj(source, sys.stdout.buffer)
 
     def WriteFile(self, path: str) -> None:
-        local = self.local(path)
-        if os.path.isdir(local):
+        if os.path.isdir(self.writable(path)):
             raise ToolError("IsDirectory", "Is a directory (os error 21)")
-        parent = posixpath.dirname(local)
+        parent = posixpath.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        with open(local, "wb") as target:
+        with open(path, "wb") as target:
             shutil.copyfileobj(sys.stdin.buffer, target)
 
     def ListFiles(self, path: str) -> None:
-        local = self.local(path)
-        if os.path.exists(local) and not os.path.isdir(local):
+        if os.path.exists(path) and not os.path.isdir(path):
             raise ToolError("NotDirectory", "Not a directory (os error 20)")
-        names = sorted(os.listdir(local))
-        entries = [self.entry(name if local == "." else f"{local}/{name}") for name in names]
+        entries = [self.entry(posixpath.join(path, name)) for name in sorted(os.listdir(path))]
         json.dump(entries, sys.stdout)
 
     def Stat(self, path: str) -> None:
-        json.dump(self.entry(self.local(path)), sys.stdout)
+        json.dump(self.entry(path), sys.stdout)
 
     def MakeDirectory(self, path: str, parents: bool = True) -> None:
-        local = self.local(path)
         if parents:
-            os.makedirs(local, exist_ok=True)
-        elif os.path.lexists(local):
+            os.makedirs(self.writable(path), exist_ok=True)
+        elif os.path.lexists(path):
             raise ToolError("PathAlreadyExists", "File exists (os error 17)")
         else:
-            os.mkdir(local)
+            os.mkdir(self.writable(path))
 
     def Remove(self, path: str, recursive: bool = False) -> None:
-        local = self.local(path)
-        if local == ".":
+        if os.path.realpath(self.writable(path)) == os.getcwd():
             raise ToolError("PermissionDenied", "Permission denied: the working directory itself")
-        if os.path.isdir(local) and not os.path.islink(local):
+        if os.path.isdir(path) and not os.path.islink(path):
             if recursive:
-                shutil.rmtree(local)
+                shutil.rmtree(path)
             else:
-                os.rmdir(local)
+                os.rmdir(path)
         else:
-            os.remove(local)
+            os.remove(path)
 
 
 def main(argv: list[str]) -> int:
     command = json.loads(argv[1])
     ((name, args),) = command.items()
-    tool = Tool(argv[2])
+    tool = Tool(json.loads(argv[2]))
     try:
         method = getattr(tool, name, None) if name[:1].isupper() else None
         if method is None:

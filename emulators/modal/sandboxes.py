@@ -10,12 +10,9 @@ Ids have Modal's shapes: ``sb-`` + 22 base62 characters is a V1 sandbox
 (the SDK routes such ids to the V1 RPCs), longer ids are V2 sandboxes;
 the task ids of V2 sandboxes end in ``V``.
 
-Paths are Modal's: a sandbox's working directory (its ``workdir``, else
-``/root``) is the local sandbox directory, and relative paths start there.
-Commands start in it; under bubblewrap they also reach it by its Modal path
-when that path is free inside the sandbox (a symlink made at the start of
-each command), otherwise through relative paths and ``$HOME``. Without
-bubblewrap commands run in the host directory.
+Paths are Modal's: the home is ``/root`` and commands start in the
+sandbox's working directory (its ``workdir``, else ``/root``); the rest of
+the sandbox's filesystem is `emulators.filesystem.GuestSandbox`'s.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import contextlib
 import hashlib
 import hmac
 import json
-import posixpath
 import secrets
 import shlex
 import signal
@@ -38,8 +34,9 @@ from pathlib import Path
 
 from modal_proto import api_pb2
 
+from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
-from providers.local import LocalProcess, LocalSandbox
+from providers.local import LocalProcess
 
 __all__ = [
     "FS_TOOLS",
@@ -190,7 +187,7 @@ class ModalSandbox:
     owner: str
     tags: dict[str, str]
     definition: api_pb2.Sandbox
-    local: LocalSandbox
+    local: GuestSandbox
     created_at: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.monotonic)
     result: api_pb2.GenericResult | None = None
@@ -198,7 +195,7 @@ class ModalSandbox:
     execs: dict[str, Exec] = field(default_factory=dict)
 
     @property
-    def home(self) -> str:
+    def workdir(self) -> str:
         return self.definition.workdir or MODAL_HOME
 
     @property
@@ -217,23 +214,23 @@ class ModalSandbox:
         """``command`` as the sandbox runs it: from ``workdir``, fs-tools included.
 
         The fs-tools command is `emulators.modal.fs_tools`, run by the
-        sandbox's Python; it reads its JSON request and the home path from argv.
+        sandbox's Python; it reads its JSON request, with its path as the
+        sandbox's processes see it, and the read-only directories from argv.
         """
         if command and command[0] == FS_TOOLS:
-            command = [python, "-c", _FS_TOOLS_SOURCE, *command[1:2], self.home]
-        rel = _relative(workdir, self.home)
-        if rel is None:
-            target = shlex.quote(workdir)
-        else:
-            target = '"$HOME"' if rel == "." else '"$HOME"/' + shlex.quote(rel)
-        prelude = f"cd {target} || exit 126"
-        if self.local._provider.use_bwrap:
-            link = shlex.quote(self.home)
-            prelude = (
-                f'[ -e {link} ] || {{ mkdir -p "$(dirname {link})" && ln -s "$HOME" {link}; }}'
-                f" 2>/dev/null; {prelude}"
-            )
+            request = self._fs_request(command[1] if len(command) > 1 else "", workdir)
+            readonly = json.dumps(self.local.system_dirs)
+            command = [python, "-c", _FS_TOOLS_SOURCE, request, readonly]
+        prelude = f"cd -- {shlex.quote(self.local.inside(workdir))} || exit 126"
         return ["/bin/bash", "-c", prelude + '; exec "$@"', "modal-exec", *command]
+
+    def _fs_request(self, raw: str, workdir: str) -> str:
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            ((name, args),) = json.loads(raw).items()
+            if isinstance(args, dict) and isinstance(args.get("path"), str):
+                path = self.local.inside(args["path"], workdir)
+                return json.dumps({name: {**args, "path": path}})
+        return raw
 
     def end(self, status: api_pb2.GenericResult.GenericStatus.ValueType, message: str) -> None:
         """Mark the sandbox finished and stop its commands (the local sandbox is killed apart)."""
@@ -275,16 +272,6 @@ class ModalSandbox:
         if self.result is not None:
             metadata.result.CopyFrom(self.result)
         return metadata
-
-
-def _relative(path: str, home: str) -> str | None:
-    """``path`` relative to ``home`` when it is inside it, else None."""
-    path = posixpath.normpath(path)
-    if path == home:
-        return "."
-    if path.startswith(home.rstrip("/") + "/"):
-        return path[len(home.rstrip("/")) + 1 :]
-    return None
 
 
 class ModalCore(EmulatorCore):

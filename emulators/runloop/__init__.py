@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from emulators.harness import Emulator, FaultSpec, http_fault_middleware
+from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
 from emulators.runloop.api import DevboxApi, api_error
 from emulators.runloop.devboxes import RunloopCore
 
@@ -111,7 +111,7 @@ class RunloopEmulator(Emulator):
     ) -> None:
         super().__init__(**kwargs)
         self.core: RunloopCore = RunloopCore(
-            self.name, self.core.local.root, isolation=self.core.local.opts.isolation
+            self.name, self.core.local.root, isolation=self.core.isolation
         )
         self.blueprints = set(blueprints) if blueprints is not None else None
         self.snapshots = set(snapshots) if snapshots is not None else None
@@ -127,6 +127,7 @@ class RunloopEmulator(Emulator):
     async def serve(self) -> Callable[[], Awaitable[None]]:
         app = web.Application(
             middlewares=[
+                unknown_route_middleware(lambda _, status, message: api_error(status, message)),
                 http_fault_middleware(self.core, _op_for, _key_for, _fault_response),
                 DevboxApi.errors,
             ],

@@ -38,13 +38,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from emulators.filesystem import PathRefused
 from emulators.harness import QuotaViolation, apply_delay_or_hang
 from emulators.runloop.devboxes import (
     DEFAULT_KEEP_ALIVE,
+    RUNLOOP_HOME,
     TERMINAL,
     Devbox,
     Execution,
-    PathRefused,
     new_id,
 )
 from providers.base import SandboxSpec
@@ -267,11 +268,11 @@ class DevboxApi:
             raise ApiError(400, f"statuses must be a non-empty list of {sorted(allowed)}")
         return set(statuses)
 
-    def path(self, devbox: Devbox, path: Any, name: str) -> Any:
+    def path(self, devbox: Devbox, path: Any, name: str, *, write: bool = False) -> Any:
         if not isinstance(path, str) or not path:
             raise ApiError(400, f"{name} is required")
         try:
-            return devbox.host_path(path)
+            return devbox.local.host(path, write=write)
         except PathRefused as exc:
             raise ApiError(400, str(exc)) from None
 
@@ -297,7 +298,7 @@ class DevboxApi:
         devbox_id = new_id("dbx")
         try:
             local = await self.core.create(
-                key, SandboxSpec(env=env, labels=metadata), sandbox_id=devbox_id
+                key, SandboxSpec(env=env, labels=metadata), home=RUNLOOP_HOME, sandbox_id=devbox_id
             )
         except QuotaViolation as violation:
             if violation.kind == "concurrent":
@@ -411,7 +412,7 @@ class DevboxApi:
         if isinstance(command_id, str) and command_id in devbox.by_command_id:
             return devbox.executions[devbox.by_command_id[command_id]]
         try:
-            process = await devbox.local.start(devbox.shell(command))
+            process = await devbox.local.start(command)
         except SandboxError as exc:
             raise ApiError(400, exc.message) from None
         if process.proc.stdin is not None:
@@ -504,7 +505,7 @@ class DevboxApi:
     async def write_file_contents(self, request: web.Request) -> web.Response:
         devbox = self.running(request)
         body = await self.body(request)
-        target = self.path(devbox, body.get("file_path"), "file_path")
+        target = self.path(devbox, body.get("file_path"), "file_path", write=True)
         contents = body.get("contents")
         if not isinstance(contents, str):
             raise ApiError(400, "contents must be a string")
@@ -528,7 +529,7 @@ class DevboxApi:
         upload = form.get("file")
         if not isinstance(upload, web.FileField):
             raise ApiError(400, "file is required (a file part)")
-        target = self.path(devbox, form.get("path"), "path")
+        target = self.path(devbox, form.get("path"), "path", write=True)
         await self._write(target, upload.file.read())
         return web.json_response({})
 

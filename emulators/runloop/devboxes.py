@@ -12,17 +12,14 @@ call). Both end up in the harness record's ``expires_at``, so the shared
 reaper ends them.
 
 Paths are Runloop's: the user's home is ``/home/user`` and relative paths
-start there; the emulator maps that home onto the local sandbox directory.
-Under bubblewrap commands see it as ``/home/user`` too (a symlink made at
-the start of each command); without bubblewrap they run in the host
-directory, and ``/home/user`` inside a command means the host's.
+start there; the rest of the devbox's filesystem is
+`emulators.filesystem.GuestSandbox`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import string
 import time
@@ -31,16 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
-from providers.errors import SandboxPathError
-from providers.local import LocalProcess, LocalSandbox
+from providers.local import LocalProcess
 
 __all__ = [
     "DEFAULT_KEEP_ALIVE",
     "RUNLOOP_HOME",
     "Devbox",
     "Execution",
-    "PathRefused",
     "RunloopCore",
     "new_id",
 ]
@@ -50,9 +46,6 @@ DEFAULT_KEEP_ALIVE = 3600
 TERMINAL = frozenset({"shutdown", "failure"})
 _ALPHABET = string.ascii_lowercase + string.digits
 _OUTPUT_CAP = 10 * 1024 * 1024
-_HOME_PRELUDE = (
-    'ln -s "$HOME" /home/user 2>/dev/null; export HOME=/home/user; cd /home/user || exit 1\n'
-)
 
 
 def new_id(prefix: str) -> str:
@@ -61,10 +54,6 @@ def new_id(prefix: str) -> str:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class PathRefused(Exception):
-    """A path outside the part of the devbox the emulator models."""
 
 
 class Changes:
@@ -145,7 +134,7 @@ class Devbox:
 
     id: str
     api_key: str
-    local: LocalSandbox
+    local: GuestSandbox
     metadata: dict[str, str]
     launch_parameters: dict[str, Any]
     keep_alive: int
@@ -206,27 +195,6 @@ class Devbox:
             "shutdown_reason": self.shutdown_reason,
             "initiator_type": "api",
         }
-
-    def host_path(self, path: str) -> Path:
-        """The host path of a devbox path (absolute under /home/user, or relative to it)."""
-        if path == "~" or path.startswith("~/"):
-            path = RUNLOOP_HOME + path[1:]
-        if path == RUNLOOP_HOME or path.startswith(RUNLOOP_HOME + "/"):
-            path = path[len(RUNLOOP_HOME) :].lstrip("/") or "."
-        elif os.path.isabs(path):
-            raise PathRefused(
-                f"path {path!r} is outside {RUNLOOP_HOME}, the only directory the emulator models"
-            )
-        try:
-            return self.local.resolve(path)
-        except SandboxPathError as exc:
-            raise PathRefused(exc.message) from None
-
-    def shell(self, command: str) -> str:
-        """``command`` as the devbox shell runs it: from the user's home."""
-        if self.local._provider.use_bwrap:
-            return _HOME_PRELUDE + command
-        return command
 
 
 class RunloopCore(EmulatorCore):

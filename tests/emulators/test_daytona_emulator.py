@@ -234,7 +234,7 @@ async def test_files_round_trip_with_exact_names(client: AsyncDaytona) -> None:
     listed = await sandbox.fs.list_files("tricky")
     assert sorted(f.name for f in listed) == sorted(names)
     assert {f.path for f in listed} == {f"tricky/{name}" for name in names}
-    with pytest.raises(DaytonaError, match="outside /home/daytona"):
+    with pytest.raises(DaytonaError, match="/etc/x: read-only file system"):
         await sandbox.fs.upload_file(b"x", "/etc/x")
 
 
@@ -339,3 +339,30 @@ async def test_toolbox_answers_like_the_daemon(emu: DaytonaEmulator, client: Asy
         async with http.get(f"{base}/files", params={"path": "."}) as response:
             body = await response.json()
         assert (response.status, body["source"]) == (404, "DAYTONA_PROXY")
+
+
+async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
+    """/tmp and cwd="/" work as on Daytona, and a route Daytona lacks is the SDK's not-found."""
+    with DaytonaEmulator(isolation=isolation) as emu:
+        daytona = AsyncDaytona(DaytonaConfig(**emu.sdk_config()))
+        try:
+            sandbox = await daytona.create(timeout=10)
+            await sandbox.fs.upload_file(b"tmp file", "/tmp/x")
+            assert await sandbox.fs.download_file("/tmp/x") == b"tmp file"
+            ran = await sandbox.process.exec("pwd; cat /tmp/x; echo; echo ~", cwd="/")
+            assert ran.result == "/\ntmp file\n/home/daytona\n"
+            assert {"home", "tmp", "usr"} <= {f.name for f in await sandbox.fs.list_files("/")}
+            await sandbox.process.create_session("s")
+            await sandbox.process.execute_session_command(
+                "s", SessionExecuteRequest(command="cd /tmp")
+            )
+            here = await sandbox.process.execute_session_command(
+                "s", SessionExecuteRequest(command="pwd")
+            )
+            assert here.stdout == "/tmp\n"
+            await sandbox.delete()
+            with pytest.raises(DaytonaNotFoundError, match="Cannot GET /api/volumes") as missing:
+                await daytona.volume.list()
+            assert missing.value.status_code == 404
+        finally:
+            await daytona.close()

@@ -13,6 +13,7 @@ import pytest
 from e2b import (
     AuthenticationException,
     CommandExitException,
+    ConnectionConfig,
     FileNotFoundException,
     InvalidArgumentException,
     RateLimitException,
@@ -22,6 +23,7 @@ from e2b import (
     ServiceBusyException,
     TimeoutException,
 )
+from e2b.api import ApiClient, handle_api_exception
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from emulators.e2b import TEST_API_KEY, E2BEmulator
@@ -239,3 +241,28 @@ def test_emulator_listens_on_the_port_it_is_given() -> None:
         sbx = Sandbox.create(**emu.sdk_kwargs())
         sbx.kill()
         assert emu.alive() == []
+
+
+async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
+    """/tmp and cwd="/" work as on E2B (code too), and a route it lacks is the SDK's not-found."""
+    with E2BEmulator(isolation=isolation) as emu:
+        sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+        try:
+            await sbx.files.write("/tmp/x", "t")
+            assert await sbx.files.read("/tmp/x") == "t"
+            ran = await sbx.commands.run("pwd; cat /tmp/x; echo; echo $HOME", cwd="/")
+            assert ran.stdout == "/\nt\n/home/user\n"
+            assert (await sbx.commands.run("pwd")).stdout == "/home/user\n"
+            assert {"home", "tmp"} <= {e.name for e in await sbx.files.list("/")}
+            code = await sbx.run_code(
+                "import os; open('/tmp/y', 'w').write('y'); print(os.getcwd())"
+            )
+            assert (code.error, code.logs.stdout) == (None, ["/home/user\n"])
+            assert await sbx.files.read("/tmp/y") == "y"
+        finally:
+            await sbx.kill()
+        with ApiClient(ConnectionConfig(api_key=TEST_API_KEY, api_url=emu.url)) as api:
+            response = api.get_httpx_client().get("/v2/nope")
+        error = handle_api_exception(response)  # how the SDK reads an error answer
+        assert isinstance(error, SandboxException)
+        assert str(error) == "404: Cannot GET /v2/nope"

@@ -322,3 +322,23 @@ def test_emulator_listens_on_the_port_it_is_given() -> None:
         with open(env["MODAL_CONFIG_PATH"]) as config:
             assert config.read() == ""
     assert not os.path.exists(env["MODAL_CONFIG_PATH"])
+
+
+def test_the_whole_filesystem(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/tmp and workdir="/" work as on Modal. (An unknown gRPC method is grpclib's own
+    UNIMPLEMENTED, the same as Modal's server answers.)"""
+    with ModalEmulator(isolation=isolation) as emu:
+        for key, value in emu.sdk_env().items():
+            monkeypatch.setenv(key, value)
+        sdk_client = modal.Client.from_credentials(TEST_TOKEN_ID, TEST_TOKEN_SECRET)
+        sb = create(sdk_client)
+        try:
+            sb.filesystem.write_text("t", "/tmp/x")
+            assert sb.filesystem.read_text("/tmp/x") == "t"
+            ran = sb.exec("bash", "-c", "pwd; cat /tmp/x; echo; echo $HOME", workdir="/")
+            assert ran.stdout.read() == "/\nt\n/root\n"
+            assert sb.exec("pwd").stdout.read() == "/root\n"
+            assert {"root", "tmp"} <= {e.name for e in sb.filesystem.list_files("/")}
+        finally:
+            sb.terminate()
+            sdk_client.close()

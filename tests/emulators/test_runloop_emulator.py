@@ -232,10 +232,11 @@ async def test_file_errors(client: AsyncRunloop) -> None:
     view = await client.devboxes.create_and_await_running()
     with pytest.raises(BadRequestError, match="No such file"):
         await client.devboxes.download_file(view.id, path="missing.bin")
-    with pytest.raises(BadRequestError, match="outside /home/user"):
+    with pytest.raises(BadRequestError, match="/etc/x: read-only file system"):
         await client.devboxes.write_file_contents(view.id, file_path="/etc/x", contents="x")
-    with pytest.raises(BadRequestError, match="escapes"):
-        await client.devboxes.read_file_contents(view.id, file_path="../../x")
+    # Above the home is the rest of the devbox's filesystem, and nothing is above its root.
+    await client.devboxes.write_file_contents(view.id, file_path="../../../../x", contents="up")
+    assert await client.devboxes.read_file_contents(view.id, file_path="/x") == "up"
 
 
 @pytest.mark.parametrize(
@@ -281,3 +282,23 @@ async def test_refused_key(emu: RunloopEmulator) -> None:
     async with AsyncRunloop(**kwargs(emu, bearer_token="ak_wrong")) as api:
         with pytest.raises(AuthenticationError, match="invalid"):
             await api.devboxes.list()
+
+
+async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
+    """/tmp and / work as on Runloop, and a route it lacks is the SDK's NotFoundError."""
+    with RunloopEmulator(isolation=isolation) as emu:
+        client = AsyncRunloop(**kwargs(emu))
+        try:
+            view = await client.devboxes.create_and_await_running()
+            await client.devboxes.write_file_contents(view.id, file_path="/tmp/x", contents="t")
+            assert await client.devboxes.read_file_contents(view.id, file_path="/tmp/x") == "t"
+            ran = await client.devboxes.execute_and_await_completion(
+                view.id, command="pwd; cd / && pwd && cat /tmp/x && ls -d /tmp"
+            )
+            assert ran.stdout == "/home/user\n/\nt/tmp\n"
+            await client.devboxes.shutdown(view.id)
+            with pytest.raises(NotFoundError) as missing:
+                await client.blueprints.list()
+            assert missing.value.body == {"status": 404, "message": "Cannot GET /v1/blueprints"}
+        finally:
+            await client.close()

@@ -1,0 +1,251 @@
+"""An emulated sandbox's whole filesystem, and its commands run inside it.
+
+A cloud sandbox is a machine of its own: ``/tmp``, the user's home
+(``/home/daytona``, ``/home/user``, ``/root``) and ``cwd="/"`` all work, and
+the file APIs take any absolute path. `GuestSandbox` models that on one host
+directory, the sandbox's root: its own directories (the home, ``/root``,
+``/tmp``, ...) are real directories in it, and the system directories
+(``/usr``, ``/etc``, ...) are the host's, read-only.
+
+With bubblewrap each command runs with that directory as ``/`` (the system
+directories bound read-only over it, no network), so paths are the vendor's
+exactly. Without it commands run on the host, and the emulator makes them
+look the same as far as text allows: vendor paths of the sandbox's own
+directories in a command (and in its environment) are rewritten onto the
+sandbox's host directory, the command starts in the host directory of its
+working directory with ``HOME`` and ``TMPDIR`` there, and the host directory
+is written back as ``/`` in its output. So ``pwd`` prints ``/home/daytona``;
+what a program computes from a path at run time (or reads from a file) is not
+rewritten, and nothing is isolated. The file APIs map paths the same way with
+or without bubblewrap, and never write into the host's system directories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from providers.errors import SandboxError
+from providers.local import LocalProcess, LocalProvider, LocalSandbox, _system_dirs
+
+__all__ = ["GuestSandbox", "PathRefused"]
+
+_OWN_DIRS = ("root", "tmp", "var/tmp", "opt", "mnt", "srv", "proc", "dev")
+_SYMLINK_HOPS = 40
+_CHUNK = 65536
+_HOLD_SECONDS = 0.05
+
+
+class PathRefused(Exception):
+    """A path the sandbox cannot use that way (a write into a read-only system directory)."""
+
+
+class GuestSandbox(LocalSandbox):
+    """A local sandbox whose directory is the root of a vendor sandbox's filesystem.
+
+    Args:
+        local: the sandbox the emulator's `LocalProvider` made (its directory
+            becomes the root; the provider runs commands without isolation of
+            its own, `GuestSandbox` adds it).
+        home: the vendor's home (``HOME``, where relative paths and commands start).
+        isolate: run commands under bubblewrap.
+        dirs: further directories the image has (a Modal workdir).
+    """
+
+    def __init__(
+        self, local: LocalSandbox, home: str, *, isolate: bool, dirs: Sequence[str] = ()
+    ) -> None:
+        provider: LocalProvider = local._provider
+        super().__init__(provider, local.id, local.meta)
+        self.home = posixpath.normpath(home)
+        self.isolate = isolate
+        self.root = self.dir.resolve()
+        self._system = _system_dirs()
+        self.system_dirs = [d for d in self._system if not os.path.islink(d)]
+        self._layout([self.home, *dirs])
+        own = sorted({*(d.split("/")[0] for d in _OWN_DIRS), "home", self.home.split("/")[1]})
+        # The host directory itself first, so a path `inside` made is left as it is.
+        self._own = re.compile(
+            re.escape(str(self.root))
+            + r"|(?<![\w.~/-])/(?:"
+            + "|".join(map(re.escape, own))
+            + r")(?![\w.-])"
+        )
+        root = re.escape(str(self.root).encode())
+        self._host_text = re.compile(root + rb"(?:/|(?=[^\w.-]))")
+        self._host_text_end = re.compile(root + rb"\Z")
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    def _layout(self, dirs: Sequence[str]) -> None:
+        """The usual directories, and the host's system directory symlinks (``/bin -> usr/bin``)."""
+        for system in self._system:
+            inside = self.root / system.lstrip("/")
+            if os.path.islink(system) and not os.path.lexists(inside):
+                os.symlink(os.readlink(system), inside)
+            elif not os.path.lexists(inside):
+                inside.mkdir(parents=True)
+        for own in [*_OWN_DIRS, *(d.lstrip("/") for d in dirs)]:
+            (self.root / own).mkdir(parents=True, exist_ok=True)
+
+    # -- paths --------------------------------------------------------------
+    def absolute(self, path: str, cwd: str | None = None) -> str:
+        """``path`` as an absolute, normalized sandbox path (``~`` and relative: from the home)."""
+        if "\x00" in path:
+            raise PathRefused("path contains a NUL byte")
+        if path == "~" or path.startswith("~/"):
+            path = self.home + path[1:]
+        path = posixpath.join(cwd or self.home, path)
+        return "/" + posixpath.normpath(path).lstrip("/") if path != "/" else "/"
+
+    def host(self, path: str, *, write: bool = False, cwd: str | None = None) -> Path:
+        """The host path of a sandbox path, its symlinks followed inside the sandbox.
+
+        Raises:
+            PathRefused: ``write`` into a (read-only) system directory.
+        """
+        parts = self.absolute(path, cwd).split("/")[1:]
+        resolved: list[str] = []
+        hops = 0
+        while parts:
+            name = parts.pop(0)
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if resolved:
+                    resolved.pop()
+                continue
+            candidate = "/" + "/".join([*resolved, name])
+            if self._system_dir(candidate):
+                rest = posixpath.normpath("/".join([candidate, *parts]))
+                if not self._system_dir(rest):  # a symlink's ".." led out again
+                    parts, resolved = rest.split("/")[1:], []
+                    continue
+                if write:
+                    raise PathRefused(f"{path}: read-only file system")
+                return Path(rest)
+            inside = self.root.joinpath(*resolved, name)
+            if inside.is_symlink():
+                hops += 1
+                if hops > _SYMLINK_HOPS:
+                    raise PathRefused(f"{path}: too many levels of symbolic links")
+                target = os.readlink(inside)
+                if target == str(self.root) or target.startswith(str(self.root) + "/"):
+                    target = target[len(str(self.root)) :] or "/"
+                if target.startswith("/"):
+                    resolved = []
+                parts = target.split("/") + parts
+                continue
+            resolved.append(name)
+        return self.root.joinpath(*resolved)
+
+    def _system_dir(self, path: str) -> bool:
+        return any(path == d or path.startswith(d + "/") for d in self.system_dirs)
+
+    def vendor(self, host: Path) -> str:
+        """The sandbox path of a host path `host` returned."""
+        if host == self.root:
+            return "/"
+        if host.is_relative_to(self.root):
+            return "/" + str(host.relative_to(self.root))
+        return str(host)
+
+    def inside(self, path: str, cwd: str | None = None) -> str:
+        """The path a command in the sandbox uses for sandbox path ``path``."""
+        return self.absolute(path, cwd) if self.isolate else str(self.host(path, cwd=cwd))
+
+    def rewrite(self, text: str) -> str:
+        """``text`` (a command, code) with the sandbox's own paths as its commands see them."""
+        if self.isolate:
+            return text
+        root = str(self.root)
+        return self._own.sub(lambda m: m[0] if m[0] == root else root + m[0], text)
+
+    # -- commands -----------------------------------------------------------
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LocalProcess:
+        """Start a command in the sandbox, from ``cwd`` (a sandbox path; default the home).
+
+        Raises:
+            SandboxError: ``cwd`` is not a directory of the sandbox.
+        """
+        argv = ["/bin/bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        where = self.absolute(cwd or self.home)
+        try:
+            workdir = self.host(where)
+        except PathRefused as exc:
+            raise SandboxError(str(exc), provider=self.provider, sandbox_id=self.id) from None
+        if not workdir.is_dir():
+            raise SandboxError(
+                f"cannot start {argv[0]!r}: no such directory {where!r}",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        values = {
+            k: self.rewrite(v) for k, v in {**self.meta.get("env", {}), **(env or {})}.items()
+        }
+        values = {"HOME": self.inside(self.home), "TMPDIR": self.inside("/tmp"), **values}
+        if self.isolate:
+            return await super().start(self._bwrap(where) + argv, env=values)
+        shell = 'cd -- "$0" && exec "$@"'
+        argv = ["/bin/sh", "-c", shell, str(workdir), *map(self.rewrite, argv)]
+        process = await super().start(argv, env=values)
+        proc = process.proc
+        proc.stdout = self._unmapped(proc.stdout)
+        proc.stderr = self._unmapped(proc.stderr)
+        return process
+
+    def _bwrap(self, cwd: str) -> list[str]:
+        cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--bind", str(self.root), "/"]
+        for system in self.system_dirs:
+            cmd += ["--ro-bind", system, system]
+        cmd += ["--proc", "/proc", "--dev", "/dev", "--chdir", cwd, "--hostname", "sandbox"]
+        return [*cmd, "--"]
+
+    def _unmapped(self, source: asyncio.StreamReader | None) -> Any:
+        """A reader of ``source`` with the sandbox's host directory written back as ``/``."""
+        if source is None:
+            return None
+        sink = asyncio.StreamReader(limit=2**20)
+        task = asyncio.get_running_loop().create_task(self._unmap(source, sink))
+        self._pumps.add(task)
+        task.add_done_callback(self._pumps.discard)
+        return sink
+
+    async def _unmap(self, source: asyncio.StreamReader, sink: asyncio.StreamReader) -> None:
+        """Copy ``source`` to ``sink``, rewriting; a tail that may begin the host directory's
+        path waits for the next chunk (at most `_HOLD_SECONDS`), so a split path is caught."""
+        held = b""
+        root = str(self.root).encode()
+        try:
+            while True:
+                try:
+                    if held:
+                        chunk = await asyncio.wait_for(source.read(_CHUNK), _HOLD_SECONDS)
+                    else:
+                        chunk = await source.read(_CHUNK)
+                except TimeoutError:
+                    sink.feed_data(self._host_text_end.sub(b"/", held))
+                    held = b""
+                    continue
+                if not chunk:
+                    break
+                text = self._host_text.sub(b"/", held + chunk)
+                keep = next(
+                    (n for n in range(min(len(root), len(text)), 0, -1) if text.endswith(root[:n])),
+                    0,
+                )
+                held = text[len(text) - keep :] if keep else b""
+                sink.feed_data(text[: len(text) - keep])
+            sink.feed_data(self._host_text_end.sub(b"/", held))
+        finally:
+            sink.feed_eof()
