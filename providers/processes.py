@@ -118,6 +118,11 @@ class Process(abc.ABC):
     async def kill(self) -> bool:
         """Kill it (and what it started); False when it had already ended."""
 
+    @property
+    @abc.abstractmethod
+    def finished(self) -> bool:
+        """True once it has ended and its output is all delivered to this handle."""
+
     async def write_stdin(self, data: str | bytes) -> None:
         raise Unsupported(self.provider, Capability.STDIN)
 
