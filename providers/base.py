@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -33,6 +34,16 @@ from providers.errors import (
     SandboxError,
     SandboxPathError,
     Unavailable,
+    Unsupported,
+)
+from providers.processes import (
+    Capability,
+    OnOutput,
+    OutputChunk,
+    Process,
+    ProcessInfo,
+    Terminal,
+    deliver,
 )
 
 __all__ = [
@@ -143,6 +154,7 @@ class CodeResult(CommandResult):
 
     results: tuple[Any, ...] = ()
     error: str | None = None
+    stateful: bool = False  # a kernel ran it and keeps its variables for the next call
 
     @classmethod
     def of_command(cls, res: CommandResult, timeout: float | None) -> CodeResult:
@@ -231,6 +243,88 @@ class Sandbox(abc.ABC):
     async def kill(self) -> None:
         """Destroy the sandbox; killing a dead sandbox is not an error."""
 
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Process:
+        """Start a command in the background; its handle streams, waits, kills.
+
+        Its stdin stays open for `Process.write_stdin` where the provider
+        declares ``stdin``.
+        """
+        raise Unsupported(self.provider, Capability.PROCESS)
+
+    async def processes(self) -> list[ProcessInfo]:
+        """The background processes of this sandbox (running and recently ended)."""
+        raise Unsupported(self.provider, Capability.PROCESS_LIST)
+
+    async def attach(self, process_id: str) -> Process:
+        """A handle on a process another handle (any replica) started; NotFound if gone."""
+        raise Unsupported(self.provider, Capability.PROCESS_ATTACH)
+
+    async def open_terminal(
+        self,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Terminal:
+        """An interactive login shell on a PTY of ``rows`` x ``cols``."""
+        raise Unsupported(self.provider, Capability.PTY)
+
+    async def run_streaming(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        timeout: float | None = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        on_stdout: OnOutput | None = None,
+        on_stderr: OnOutput | None = None,
+        stdin: str | bytes | None = None,
+    ) -> CommandResult:
+        """`run`, with output handed to the callbacks as it arrives and ``stdin`` fed in.
+
+        Built on `start`, so every provider that starts processes streams;
+        one with a native streaming run may override it.
+        """
+        proc = await self.start(cmd, env=env, cwd=cwd)
+        try:
+            if stdin is not None:
+                await proc.write_stdin(stdin)
+                await proc.close_stdin()
+            pump = asyncio.ensure_future(_pump(proc, on_stdout, on_stderr))
+            result = await proc.wait(timeout)
+            await pump
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await proc.kill()
+            raise
+        return CommandResult(
+            result.stdout, result.stderr, result.exit_code, result.duration, result.timed_out
+        )
+
+    async def stream(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> AsyncIterator[OutputChunk]:
+        """The command's output chunks as they arrive; leaving the loop early kills it."""
+        proc = await self.start(cmd, env=env, cwd=cwd)
+        try:
+            async for chunk in proc.output():
+                yield chunk
+        finally:
+            if not proc.finished:
+                with contextlib.suppress(Exception):
+                    await proc.kill()
+
     async def keepalive(self, seconds: float) -> None:  # noqa: B027 - optional hook
         """Ask the provider to keep the sandbox alive ``seconds`` more.
 
@@ -245,6 +339,11 @@ class Sandbox(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.provider}:{self.id}>"
+
+
+async def _pump(proc: Process, on_stdout: OnOutput | None, on_stderr: OnOutput | None) -> None:
+    async for chunk in proc.output():
+        await deliver(on_stdout if chunk.stream == "stdout" else on_stderr, chunk.data)
 
 
 T = TypeVar("T")

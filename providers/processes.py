@@ -23,13 +23,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Literal, TypeVar
 
 from providers.errors import Unsupported
 
 __all__ = [
     "Capability",
     "OnOutput",
+    "OnTerminalData",
     "OutputChunk",
     "Process",
     "ProcessBase",
@@ -61,6 +62,11 @@ class Capability(StrEnum):
 OnOutput = Callable[[str], Awaitable[None] | None]
 """A stdout/stderr callback: plain or async; it gets each chunk as it arrives."""
 
+OnTerminalData = Callable[[bytes], Awaitable[None] | None]
+"""A terminal's output callback: plain or async; it gets the bytes as they arrive."""
+
+D = TypeVar("D", str, bytes)
+
 
 @dataclass(frozen=True, slots=True)
 class OutputChunk:
@@ -91,7 +97,7 @@ class ProcessResult:
     timed_out: bool = False
 
 
-async def deliver(callback: OnOutput | None, data: str) -> None:
+async def deliver(callback: Callable[[D], Awaitable[None] | None] | None, data: D) -> None:
     """Hand ``data`` to a plain or async callback."""
     if callback is None:
         return
@@ -117,6 +123,11 @@ class Process(abc.ABC):
     @abc.abstractmethod
     async def kill(self) -> bool:
         """Kill it (and what it started); False when it had already ended."""
+
+    @property
+    @abc.abstractmethod
+    def finished(self) -> bool:
+        """True once it has ended and its output is all delivered to this handle."""
 
     async def write_stdin(self, data: str | bytes) -> None:
         raise Unsupported(self.provider, Capability.STDIN)

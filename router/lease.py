@@ -10,15 +10,24 @@ Both flavours delegate to the same async handle on the router's loop.
 from __future__ import annotations
 
 import asyncio
-import functools
-import inspect
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from providers.base import CodeResult, CommandResult, FileInfo, Sandbox, check_env
 from providers.errors import InvalidArgument, LeaseError
+from providers.processes import (
+    OnOutput,
+    OnTerminalData,
+    OutputChunk,
+    Process,
+    ProcessInfo,
+    Terminal,
+    deliver,
+)
+from router.portal import Portal, blocking, iterate, on_caller_loop, relay
+from router.processes import AsyncProcess, AsyncTerminal, SyncProcess, SyncTerminal
 
 if TYPE_CHECKING:
     from router.engine import Engine
@@ -26,8 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncLease", "AsyncSandboxHandle", "Held", "Lease", "SyncSandbox"]
 
 T = TypeVar("T")
-R = TypeVar("R")
-P = ParamSpec("P")
 
 
 @dataclass(slots=True)
@@ -84,10 +91,96 @@ class AsyncSandboxHandle:
         timeout: float | None = 60.0,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        on_stdout: OnOutput | None = None,
+        on_stderr: OnOutput | None = None,
+        stdin: str | bytes | None = None,
     ) -> CommandResult:
-        """Run a shell command (a string) or an argv (a sequence); a non-zero exit is a result."""
+        """Run a shell command (a string) or an argv (a sequence); a non-zero exit is a result.
+
+        ``on_stdout`` / ``on_stderr`` (plain or async) get the output as it
+        arrives, and ``stdin`` is fed to the command: both need the entry's
+        ``stream`` (and ``stdin``) capability.
+        """
         _check_run(cmd, env, cwd)
-        return await self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
+        if on_stdout is None and on_stderr is None and stdin is None:
+            return await self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
+        return await self._run(
+            self._sandbox.run_streaming(
+                cmd,
+                timeout=timeout,
+                env=env,
+                cwd=cwd,
+                on_stdout=on_caller_loop(self._engine, on_stdout),
+                on_stderr=on_caller_loop(self._engine, on_stderr),
+                stdin=stdin,
+            )
+        )
+
+    def stream(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> AsyncIterator[OutputChunk]:
+        """The command's output chunks as they arrive; leaving the loop early kills it."""
+        self._alive()
+        _check_run(cmd, env, cwd)
+        return relay(self._engine, self._sandbox.stream(cmd, env=env, cwd=cwd))
+
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        on_stdout: OnOutput | None = None,
+        on_stderr: OnOutput | None = None,
+    ) -> AsyncProcess:
+        """Start a command in the background: wait, kill, stdin and its output on the handle.
+
+        With ``on_stdout`` / ``on_stderr`` the output goes to them instead
+        of `AsyncProcess.output`.
+        """
+        _check_run(cmd, env, cwd)
+        process = await self._run(self._sandbox.start(cmd, env=env, cwd=cwd))
+        if on_stdout is not None or on_stderr is not None:
+            pump = _pump(
+                process,
+                on_caller_loop(self._engine, on_stdout),
+                on_caller_loop(self._engine, on_stderr),
+            )
+            self._engine.submit(pump)
+        return AsyncProcess(process, self._engine, self._alive)
+
+    async def processes(self) -> list[ProcessInfo]:
+        """The sandbox's background processes (capability ``process.list``)."""
+        return await self._run(self._sandbox.processes())
+
+    async def attach(self, process_id: str) -> AsyncProcess:
+        """A handle on a process started elsewhere (another handle, process or replica)."""
+        process = await self._run(self._sandbox.attach(process_id))
+        return AsyncProcess(process, self._engine, self._alive)
+
+    async def open_terminal(
+        self,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        on_data: OnTerminalData | None = None,
+    ) -> AsyncTerminal:
+        """An interactive shell on a PTY; its output goes to ``on_data``, else to `output`."""
+        if rows < 1 or cols < 1:
+            raise InvalidArgument(f"open_terminal(rows={rows}, cols={cols}): sizes are positive")
+        check_env(env or {}, "open_terminal(env=...)")
+        terminal = await self._run(
+            self._sandbox.open_terminal(rows=rows, cols=cols, env=env, cwd=cwd)
+        )
+        if on_data is not None:
+            self._engine.submit(_pump_terminal(terminal, on_caller_loop(self._engine, on_data)))
+        return AsyncTerminal(terminal, self._engine, self._alive)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` to ``path`` (relative to the sandbox's home), making parent dirs."""
@@ -109,6 +202,16 @@ class AsyncSandboxHandle:
         return f"<{type(self).__name__} {self._sandbox!r}>"
 
 
+async def _pump(process: Process, on_stdout: OnOutput | None, on_stderr: OnOutput | None) -> None:
+    async for chunk in process.output():
+        await deliver(on_stdout if chunk.stream == "stdout" else on_stderr, chunk.data)
+
+
+async def _pump_terminal(terminal: Terminal, on_data: OnTerminalData | None) -> None:
+    async for data in terminal.output():
+        await deliver(on_data, data)
+
+
 def _check_run(cmd: str | Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> None:
     """Refuse what no provider could run, the same everywhere, before any SDK sees it."""
     if isinstance(cmd, str):
@@ -125,60 +228,15 @@ def _check_run(cmd: str | Sequence[str], env: Mapping[str, str] | None, cwd: str
         raise InvalidArgument("run(cwd=...): contains a NUL byte")
 
 
-class blocking(Generic[P, R]):
-    """The sync twin of one `AsyncSandboxHandle` method, as an attribute of `SyncSandbox`.
+class SyncSandbox(Portal["AsyncSandboxHandle"]):
+    """The sandbox handle for sync code: `AsyncSandboxHandle`'s methods, waited for.
 
-    Like anyio's ``BlockingPortal.call``: calling it runs the async method on
-    the router's engine loop and waits for the result, so each method is
-    written once, async. The twin keeps the async method's parameters (a
-    ``ParamSpec``), so type checkers and ``help()`` show its real signature.
+    Callbacks (``on_stdout``...) run on the router's thread.
     """
 
-    def __init__(
-        self, method: Callable[Concatenate[AsyncSandboxHandle, P], Coroutine[Any, Any, R]]
-    ) -> None:
-        self.method = method
-        params = list(inspect.signature(method).parameters.values())[1:]
-        returns = inspect.signature(method).return_annotation
-        self.signature = inspect.Signature(params, return_annotation=returns)
-
-    @overload
-    def __get__(self, handle: None, owner: type[SyncSandbox]) -> blocking[P, R]: ...
-
-    @overload
-    def __get__(self, handle: SyncSandbox, owner: type[SyncSandbox]) -> Callable[P, R]: ...
-
-    def __get__(
-        self, handle: SyncSandbox | None, owner: type[SyncSandbox]
-    ) -> blocking[P, R] | Callable[P, R]:
-        if handle is None:
-            return self
-        method, target = self.method, handle._async
-
-        @functools.wraps(method)
-        def call(*args: P.args, **kwargs: P.kwargs) -> R:
-            return handle._call(method(target, *args, **kwargs))
-
-        call.__signature__ = self.signature  # type: ignore[attr-defined]
-        return call
-
-
-class SyncSandbox:
-    """The sandbox handle for sync code: `AsyncSandboxHandle`'s methods, waited for."""
-
     def __init__(self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None]) -> None:
+        super().__init__(engine, alive)
         self._async = AsyncSandboxHandle(sandbox, engine, alive)
-        self._engine = engine
-        self._alive = alive
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        # Refused here, before the hop to the engine loop, when the lease is gone.
-        try:
-            self._alive()
-        except LeaseError:
-            coro.close()
-            raise
-        return self._engine.run(coro)
 
     @property
     def id(self) -> str:
@@ -194,6 +252,53 @@ class SyncSandbox:
     read_file = blocking(AsyncSandboxHandle.read_file)
     list_files = blocking(AsyncSandboxHandle.list_files)
     run_code = blocking(AsyncSandboxHandle.run_code)
+    processes = blocking(AsyncSandboxHandle.processes)
+
+    def stream(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Iterator[OutputChunk]:
+        """The command's output chunks as they arrive; leaving the loop early kills it."""
+        self._alive()
+        _check_run(cmd, env, cwd)
+        return iterate(self._engine, self._async._sandbox.stream(cmd, env=env, cwd=cwd))
+
+    def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        on_stdout: OnOutput | None = None,
+        on_stderr: OnOutput | None = None,
+    ) -> SyncProcess:
+        """`AsyncSandboxHandle.start`, waited for."""
+        started = self._call(
+            self._async.start(cmd, env=env, cwd=cwd, on_stdout=on_stdout, on_stderr=on_stderr)
+        )
+        return SyncProcess(started, self._engine, self._alive)
+
+    def attach(self, process_id: str) -> SyncProcess:
+        """`AsyncSandboxHandle.attach`, waited for."""
+        return SyncProcess(self._call(self._async.attach(process_id)), self._engine, self._alive)
+
+    def open_terminal(
+        self,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        on_data: OnTerminalData | None = None,
+    ) -> SyncTerminal:
+        """`AsyncSandboxHandle.open_terminal`, waited for."""
+        opened = self._call(
+            self._async.open_terminal(rows=rows, cols=cols, env=env, cwd=cwd, on_data=on_data)
+        )
+        return SyncTerminal(opened, self._engine, self._alive)
 
     def __repr__(self) -> str:
         return f"<SyncSandbox {self._async._sandbox!r}>"
