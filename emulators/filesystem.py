@@ -166,7 +166,7 @@ class GuestSandbox(LocalSandbox):
         return self._own.sub(lambda m: m[0] if m[0] == root else root + m[0], text)
 
     # -- commands -----------------------------------------------------------
-    async def start(
+    async def spawn(
         self,
         cmd: str | Sequence[str],
         *,
@@ -195,10 +195,10 @@ class GuestSandbox(LocalSandbox):
         }
         values = {"HOME": self.inside(self.home), "TMPDIR": self.inside("/tmp"), **values}
         if self.isolate:
-            return await super().start(self._bwrap(where) + argv, env=values)
+            return await super().spawn(self._bwrap(where) + argv, env=values)
         shell = 'cd -- "$0" && exec "$@"'
         argv = ["/bin/sh", "-c", shell, str(workdir), *map(self.rewrite, argv)]
-        process = await super().start(argv, env=values)
+        process = await super().spawn(argv, env=values)
         proc = process.proc
         proc.stdout = self._unmapped(proc.stdout)
         proc.stderr = self._unmapped(proc.stderr)

@@ -414,7 +414,7 @@ class LocalSandbox(Sandbox):
         os.close(os.open(self._procs, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         self._tracked = True
 
-    async def start(
+    async def spawn(
         self,
         cmd: str | Sequence[str],
         *,
@@ -468,7 +468,7 @@ class LocalSandbox(Sandbox):
         stdin: bytes | None = None,
     ) -> CommandResult:
         started = time.monotonic()
-        proc = await self.start(cmd, env=env, cwd=cwd)
+        proc = await self.spawn(cmd, env=env, cwd=cwd)
         out, err, code, timed_out = await proc.communicate(stdin, timeout)
         return CommandResult(
             stdout=out.decode("utf-8", "replace"),

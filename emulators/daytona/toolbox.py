@@ -286,7 +286,7 @@ class Toolbox:
             raise DaemonError(400, "sessionId is required", "INVALID_REQUEST_BODY")
         if session_id in box.sessions:
             raise DaemonError(409, f"session {session_id} already exists", "CONFLICT")
-        process = await box.local.start(["/bin/bash", "--noprofile", "--norc", "-s"])
+        process = await box.local.spawn(["/bin/bash", "--noprofile", "--norc", "-s"])
         session = ShellSession(session_id, process, box.local.rewrite)
         box.sessions[session_id] = session
         return web.Response(status=201)

@@ -210,7 +210,7 @@ class Envd:
         config = message.get("process") or {}
         argv = [config.get("cmd") or "/bin/bash", *config.get("args", [])]
         try:
-            local = await sandbox.local.start(
+            local = await sandbox.local.spawn(
                 argv, env=config.get("envs") or {}, cwd=config.get("cwd") or None
             )
         except SandboxError as exc:

@@ -115,7 +115,7 @@ class Kernel:
 
     @classmethod
     async def start(cls, sandbox: E2BSandbox, python: str) -> Kernel:
-        return cls(await sandbox.local.start([python, "-u", "-c", KERNEL]), sandbox.local.rewrite)
+        return cls(await sandbox.local.spawn([python, "-u", "-c", KERNEL]), sandbox.local.rewrite)
 
     async def execute(self, code: str, env: dict[str, str]) -> AsyncIterator[bytes]:
         """The NDJSON lines of one execution."""
@@ -194,7 +194,7 @@ class Interpreter:
 
 
 async def _bash(sandbox: E2BSandbox, code: str, env: dict[str, str]) -> AsyncIterator[bytes]:
-    process = await sandbox.local.start(["/bin/bash", "-c", code], env=env)
+    process = await sandbox.local.spawn(["/bin/bash", "-c", code], env=env)
     try:
         out, err, exit_code, _ = await process.communicate(None, None)
     finally:

@@ -84,7 +84,7 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
             for secret_id in request.secret_ids:
                 env.update(self.core.secrets.get(secret_id, {}))
             opts = self.core.local.opts
-            process = await sandbox.local.start(
+            process = await sandbox.local.spawn(
                 sandbox.argv(argv, request.workdir or sandbox.workdir, opts.python), env=env
             )
             execution = Exec(request.exec_id, op, process)

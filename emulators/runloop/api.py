@@ -412,7 +412,7 @@ class DevboxApi:
         if isinstance(command_id, str) and command_id in devbox.by_command_id:
             return devbox.executions[devbox.by_command_id[command_id]]
         try:
-            process = await devbox.local.start(command)
+            process = await devbox.local.spawn(command)
         except SandboxError as exc:
             raise ApiError(400, exc.message) from None
         if process.proc.stdin is not None:

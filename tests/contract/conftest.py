@@ -45,6 +45,8 @@ class Backend:
         unknown_id: shaped like this provider's sandbox ids, never created.
         template: a template the provider knows; None where templates are ignored.
         emulator: the vendor's emulator; None for ``local`` and ``scripted``.
+        code_template: the template to create for `run_code` (a code interpreter
+            where the vendor has one).
         templates_at: the object and attribute where the emulator keeps the
             templates it accepts (None: any).
     """
@@ -57,6 +59,7 @@ class Backend:
     template: str | None = None
     emulator: Emulator | None = None
     templates_at: tuple[object, str] | None = None
+    code_template: str | None = None  # the template whose sandboxes run code (None: any)
 
     async def create(self, **spec: Any) -> Sandbox:
         return await self.provider.create(SandboxSpec(**spec), timeout=10)

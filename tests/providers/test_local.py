@@ -112,7 +112,7 @@ def _tree(pid: int) -> dict[int, tuple[int, int, str, str]]:
 async def test_a_kill_reaches_every_process_of_a_command(sandbox: LocalSandbox) -> None:
     """Every process a command starts stays in its process group, bwrap's pid 1 too, so
     a kill that lands while bwrap is still setting up cannot leave the command running."""
-    process = await sandbox.start("sleep 30")
+    process = await sandbox.spawn("sleep 30")
     pid = process.proc.pid
     await until(lambda: any(name == "sleep" for *_, name in _tree(pid).values()))
     tree = _tree(pid)
@@ -161,7 +161,7 @@ async def _start_escapees(
     ]
     if not provider.use_bwrap and provider.cgroup_base is None:
         del sleeps[3], cmd[3]  # the environment marker alone cannot find it (module docstring)
-    process = await sandbox.start(" ".join(cmd))
+    process = await sandbox.spawn(" ".join(cmd))
     await until(lambda: len(_sleepers(sleeps)) == len(sleeps))
     assert len(_sleepers(sleeps)) == len(sleeps)
     return sleeps, process.proc
@@ -199,7 +199,7 @@ async def test_a_command_starting_while_the_sandbox_is_killed_does_not_outlive_i
     sandbox = await reaper.create(SandboxSpec())
     await sandbox.run("true")  # the kill knows commands ran here: only the new one is late
     sleeps = [f"300.{secrets.randbelow(10**6):06d}"]
-    start = asyncio.create_task(sandbox.start(f"sleep {sleeps[0]}"))
+    start = asyncio.create_task(sandbox.spawn(f"sleep {sleeps[0]}"))
     for _ in range(head_start):
         await asyncio.sleep(0)
     await sandbox.kill()
