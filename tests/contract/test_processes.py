@@ -63,7 +63,8 @@ async def test_stream_run_with_callbacks_and_stdin(backend: Backend) -> None:
             fed = await sbx.run_streaming("tr a-z A-Z", stdin="shout\n")
             assert fed.stdout == "SHOUT\n"
         slow = await sbx.run_streaming("echo begun; sleep 30", timeout=1, on_stdout=out.append)
-        assert slow.timed_out and "begun\n" in out
+        assert slow.timed_out
+        assert "begun\n" in out
     finally:
         await sbx.kill()
 
@@ -99,7 +100,8 @@ async def test_process_start_wait_stdin_and_kill(backend: Backend) -> None:
             assert first.data == "up\n"
             assert await long.kill() is True
             ended = await long.wait(timeout=10)
-            assert ended.exit_code != 0 and not ended.timed_out
+            assert ended.exit_code != 0
+            assert not ended.timed_out
             assert await long.kill() is False
         else:
             with pytest.raises(Unsupported, match=r"process\.kill"):
@@ -127,7 +129,8 @@ async def test_process_list_and_attach_from_another_handle(backend: Backend) -> 
         proc = await sbx.start("echo early; sleep 2; echo late")
         if listing:
             found = {p.id: p for p in await sbx.processes()}
-            assert proc.id in found and found[proc.id].running
+            assert proc.id in found
+            assert found[proc.id].running
         if attaching:
             other: Sandbox = await backend.provider.connect(sbx.id)  # another replica
             again = await other.attach(proc.id)
@@ -159,7 +162,8 @@ async def test_pty_size_env_cwd_input_resize(backend: Backend) -> None:
         output = tty.output()
         await tty.write("echo mood=$MOOD; pwd; stty size\n")
         await asyncio.wait_for(_read_until(output, b"24 80", seen), 10)
-        assert b"mood=calm" in seen and b"/tmp" in seen
+        assert b"mood=calm" in seen
+        assert b"/tmp" in seen
         if declares(backend, Capability.PTY_RESIZE):
             await tty.resize(30, 100)
             await tty.write("stty size\n")
@@ -183,6 +187,7 @@ async def test_run_code_says_whether_a_kernel_kept_state(backend: Backend) -> No
             assert (again.stdout, again.stateful) == ("42\n", True)
         else:
             assert again.stateful is False
-            assert again.error is not None and "kept" in again.error
+            assert again.error is not None
+            assert "kept" in again.error
     finally:
         await sbx.kill()
