@@ -29,7 +29,7 @@ from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER, LABEL_SESSION
 from providers.errors import NoProviderAvailable, ProviderError, StateUnavailable, Unavailable
 from router.config import RouterConfig
 from router.entries import Entry
-from router.events import Hook, emit
+from router.events import Acquired, AcquireFailed, Created, Failover, Hook, emit
 from router.lease import Held
 from router.ledger import Denied, Ledger
 from router.sessions import Sessions
@@ -106,10 +106,11 @@ class Acquirer:
                 failed.append(name)
                 emit(
                     self._hooks,
-                    "failover",
-                    from_entry=name,
-                    to_entry=names[i + 1] if i + 1 < len(names) else "none",
-                    reason=verdict.reason,
+                    Failover(
+                        from_entry=name,
+                        to_entry=names[i + 1] if i + 1 < len(names) else "none",
+                        reason=verdict.reason,
+                    ),
                 )
                 if self._clock() >= deadline:
                     reasons.update(
@@ -123,20 +124,23 @@ class Acquirer:
             self._acquired(held, len(failed), started)
             return held
         ordered = {e: reasons[e] for e in self._entries if e in reasons}
-        emit(self._hooks, "acquire_failed", reasons=ordered, latency=self._clock() - started)
+        emit(self._hooks, AcquireFailed(reasons=ordered, latency=self._clock() - started))
         raise NoProviderAvailable(ordered)
 
-    def _acquired(self, held: Held, failovers: int, started: float, **resumed: bool) -> None:
+    def _acquired(
+        self, held: Held, failovers: int, started: float, *, resumed: bool = False
+    ) -> None:
         emit(
             self._hooks,
-            "acquired",
-            entry=held.entry,
-            lease_id=held.lease_id,
-            sandbox_id=held.sandbox.id,
-            attempts=held.attempts,
-            failovers=failovers,
-            **resumed,
-            latency=self._clock() - started,
+            Acquired(
+                entry=held.entry,
+                lease_id=held.lease_id,
+                sandbox_id=held.sandbox.id,
+                attempts=held.attempts,
+                failovers=failovers,
+                resumed=resumed,
+                latency=self._clock() - started,
+            ),
         )
 
     async def _candidates(self) -> list[Candidate]:
@@ -216,7 +220,7 @@ class Acquirer:
                 exc.attempt = attempt
                 exc.provider = exc.provider or entry.name
             raise
-        emit(self._hooks, "created", entry=entry.name, latency=self._clock() - created_at)
+        emit(self._hooks, Created(entry=entry.name, latency=self._clock() - created_at))
         held = booking.held(entry.provider.kind, sandbox, self._clock(), attempt)
         self._upkeep.start(held, booking)
         return held

@@ -27,7 +27,7 @@ from router.acquire import Acquirer, check_acquire
 from router.config import RouterConfig
 from router.engine import Engine
 from router.entries import build_entries
-from router.events import Hook, emit, log_hook
+from router.events import Hook, QuotaChanged, emit, log_hook
 from router.janitor import Janitor, ReapReport
 from router.lease import AsyncLease, Lease
 from router.ledger import Ledger
@@ -233,7 +233,7 @@ class Router:
             pools = sorted({e.ref.pool for e in self._entries.values()})
             raise ValueError(f"no pool {pool!r} in this config (pools: {', '.join(pools)})")
         await self._ledger.store.set_usage(refs[0], unit, value, self._clock())
-        emit(self.hooks, "quota_changed", pool=pool, unit=unit, value=value)
+        emit(self.hooks, QuotaChanged(pool=pool, unit=unit, value=value))
 
     async def _aclose(self) -> None:
         await self._upkeep.close()

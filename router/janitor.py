@@ -17,7 +17,7 @@ from policies.outcome import classify
 from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER
 from providers.errors import ProviderError
 from router.entries import Entry
-from router.events import Hook, emit
+from router.events import Hook, Reaped, emit
 from router.state import StateStore
 
 __all__ = ["Janitor", "ReapReport"]
@@ -82,5 +82,5 @@ class Janitor:
                 report.kept += 1
             elif await entry.provider.kill(info.id):
                 report.killed.append((entry.name, info.id))
-                emit(self._hooks, "reaped", entry=entry.name, sandbox_id=info.id,
-                     lease_id=info.labels.get(LABEL_LEASE, ""))  # fmt: skip
+                emit(self._hooks, Reaped(entry=entry.name, sandbox_id=info.id,
+                     lease_id=info.labels.get(LABEL_LEASE, "")))  # fmt: skip

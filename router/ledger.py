@@ -27,7 +27,15 @@ from providers.base import Sandbox
 from providers.errors import QuotaExceeded, RateLimited, StateUnavailable
 from router.config import RouterConfig
 from router.entries import Entry
-from router.events import Hook, emit
+from router.events import (
+    BreakerTransition,
+    CreateFailed,
+    Hook,
+    Refund,
+    StateError,
+    StateWarning,
+    emit,
+)
 from router.lease import Held
 from router.state import EntryRef, Reservation, Snapshot, StateStore
 from router.state.memory import MemoryStore
@@ -117,7 +125,7 @@ class Ledger:
         except StateUnavailable:
             return  # the acquire that follows reports it, by on_state_error
         for problem in problems:
-            emit(self._hooks, "state_warning", url=self.store.url, problem=problem)
+            emit(self._hooks, StateWarning(url=self.store.url, problem=problem))
 
     async def book(self, entry: Entry, deadline: float, *, new_session: bool = True) -> Booking:
         """Reserve what one create (or reconnect) needs before ``deadline``; raises `Denied`.
@@ -202,19 +210,20 @@ class Ledger:
             self.report("refund", state_exc)
             return
         if settled.applied:
-            emit(self._hooks, "refund", entry=booking.entry, lease_id=booking.lease_id,
-                 reason=verdict.reason)  # fmt: skip
+            emit(self._hooks, Refund(entry=booking.entry, lease_id=booking.lease_id,
+                 reason=verdict.reason))  # fmt: skip
         if settled.transition:
             self.transition(booking.entry, settled.transition)
         if not isinstance(exc, asyncio.CancelledError):
             emit(
                 self._hooks,
-                "create_failed",
-                entry=booking.entry,
-                reason=verdict.reason,
-                error=str(exc)[:300],
-                attempt=attempt,
-                latency=self._clock() - started,
+                CreateFailed(
+                    entry=booking.entry,
+                    reason=verdict.reason,
+                    error=str(exc)[:300],
+                    attempt=attempt,
+                    latency=self._clock() - started,
+                ),
             )
 
     async def release(self, booking: Booking) -> float | None:
@@ -273,8 +282,8 @@ class Ledger:
         return replace(ref, limits=limits)
 
     def report(self, operation: str, exc: Exception) -> None:
-        emit(self._hooks, "state_error", operation=operation, error=str(exc),
-             mode=self._config.on_state_error)  # fmt: skip
+        emit(self._hooks, StateError(operation=operation, error=str(exc),
+             mode=self._config.on_state_error))  # fmt: skip
 
     def on_state_error(self, operation: str, exc: StateUnavailable) -> None:
         """Record it; raise it under fail_closed (the caller falls back under fail_open)."""
@@ -284,8 +293,8 @@ class Ledger:
             raise exc
 
     def transition(self, entry: str, transition: tuple[str, str]) -> None:
-        emit(self._hooks, "breaker", entry=entry, from_state=transition[0],
-             to_state=transition[1])  # fmt: skip
+        emit(self._hooks, BreakerTransition(entry=entry, from_state=transition[0],
+             to_state=transition[1]))  # fmt: skip
 
     def describe(self, r: Reservation) -> str:
         """Why a reservation was denied, for `NoProviderAvailable`'s message."""

@@ -17,7 +17,7 @@ from policies.outcome import classify
 from providers.errors import ProviderError, StateUnavailable
 from router.config import RouterConfig
 from router.entries import Entry
-from router.events import Hook, emit
+from router.events import Hook, KillFailed, SessionClosed, SessionLost, emit
 from router.lease import Held
 from router.ledger import Denied, Ledger
 from router.state.base import SessionBinding
@@ -55,14 +55,15 @@ class Sessions:
         if binding is None:
             return None
         entry = self._entries.get(binding.entry)
-        why = None
         if entry is None:
-            why = f"entry {binding.entry!r} is no longer in the chain"
-        elif (reason := entry.unusable()) is not None:
+            self._lose(session, binding, f"entry {binding.entry!r} is no longer in the chain")
+            return None
+        why = None
+        if (reason := entry.unusable()) is not None:
             why = f"entry {binding.entry!r} is not configured: {reason}"
         elif not set(requires) <= entry.capabilities:
             why = f"entry {binding.entry!r} lacks {', '.join(requires)}"
-        if entry is None or why is not None:
+        if why is not None:
             self._lose(session, binding, why)
             return None
         try:
@@ -77,7 +78,9 @@ class Sessions:
             )
         except Exception as exc:
             await self._ledger.settle_failure(booking, exc, 1, started)
-            self._lose(session, binding, f"{classify(exc).reason}: {exc}", sandbox_id=True)
+            self._lose(
+                session, binding, f"{classify(exc).reason}: {exc}", sandbox_id=binding.sandbox_id
+            )
             return None
         if not await self._ledger.commit(booking, sandbox.id, self._clock()):
             return None
@@ -94,12 +97,10 @@ class Sessions:
         await self._ledger.bind(held, self._config.lease_ttl)
 
     def _lose(
-        self, session: str, binding: SessionBinding, why: str | None, *, sandbox_id: bool = False
+        self, session: str, binding: SessionBinding, why: str, *, sandbox_id: str = ""
     ) -> None:
         """Say why the session lost its sandbox, and kill that sandbox in the background."""
-        where = {"sandbox_id": binding.sandbox_id} if sandbox_id else {}
-        emit(self._hooks, "session_lost", session=session, entry=binding.entry, **where,
-             reason=why)  # fmt: skip
+        emit(self._hooks, SessionLost(session, binding.entry, why, sandbox_id))
         self._discard(binding)
 
     def _discard(self, binding: SessionBinding) -> None:
@@ -115,8 +116,8 @@ class Sessions:
             try:
                 await entry.provider.kill(binding.sandbox_id)
             except Exception as exc:  # any failure: the janitor reaps it
-                emit(self._hooks, "kill_failed", entry=entry.name,
-                     sandbox_id=binding.sandbox_id, error=str(exc))  # fmt: skip
+                emit(self._hooks, KillFailed(entry=entry.name,
+                     sandbox_id=binding.sandbox_id, error=str(exc)))  # fmt: skip
 
         self._upkeep.spawn(kill())
 
@@ -130,9 +131,9 @@ class Sessions:
             try:
                 await entry.provider.kill(binding.sandbox_id)
             except ProviderError as exc:
-                emit(self._hooks, "kill_failed", entry=entry.name,
-                     sandbox_id=binding.sandbox_id, error=str(exc))  # fmt: skip
+                emit(self._hooks, KillFailed(entry=entry.name,
+                     sandbox_id=binding.sandbox_id, error=str(exc)))  # fmt: skip
         await self._ledger.store.unbind_session(session)
-        emit(self._hooks, "session_closed", session=session, entry=binding.entry,
-             sandbox_id=binding.sandbox_id)  # fmt: skip
+        emit(self._hooks, SessionClosed(session=session, entry=binding.entry,
+             sandbox_id=binding.sandbox_id))  # fmt: skip
         return True

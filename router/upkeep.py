@@ -19,7 +19,7 @@ from providers.base import Sandbox
 from providers.errors import ProviderError, StateUnavailable
 from router.config import RouterConfig
 from router.entries import Entry
-from router.events import Hook, emit
+from router.events import Hook, KillFailed, LeaseLost, Released, emit
 from router.lease import Held
 from router.ledger import Booking, Ledger
 
@@ -87,7 +87,7 @@ class Upkeep:
 
     def _lost(self, held: Held) -> None:
         self.live.pop(held.lease_id, None)
-        emit(self._hooks, "lease_lost", entry=held.entry, lease_id=held.lease_id)
+        emit(self._hooks, LeaseLost(entry=held.entry, lease_id=held.lease_id))
 
     async def _sweep(self) -> None:
         """Every lease_ttl / 3, renew every live lease; ends when it finds none."""
@@ -162,15 +162,15 @@ class Upkeep:
         except StateUnavailable as exc:
             self._ledger.report("release", exc)
             return
-        emit(self._hooks, "released", entry=held.entry, lease_id=held.lease_id, seconds=seconds)
+        emit(self._hooks, Released(entry=held.entry, lease_id=held.lease_id, seconds=seconds))
 
     async def kill(self, entry: Entry, sandbox: Sandbox) -> None:
         """Kill; a failure is an event (the janitor gets it later), not the caller's error."""
         try:
             await sandbox.kill()
         except Exception as exc:
-            emit(self._hooks, "kill_failed", entry=entry.name, sandbox_id=sandbox.id,
-                 error=str(exc))  # fmt: skip
+            emit(self._hooks, KillFailed(entry=entry.name, sandbox_id=sandbox.id,
+                 error=str(exc)))  # fmt: skip
 
     async def close(self) -> None:
         """Stop the heartbeats and wait (10 s at most) for the tasks still running."""
