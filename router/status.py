@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from policies.breaker import Circuit
 from policies.quota import UNITS, projected_exhaustion
 from router.entries import Entry
 from router.ledger import Ledger
@@ -79,7 +80,7 @@ def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryV
         until = _dt(health.block_until) if health.block_until else None
     else:
         state = health.circuit
-        until = _dt(health.open_until) if health.circuit == "open" else None
+        until = _dt(health.open_until) if health.circuit is Circuit.OPEN else None
     return EntryView(
         name=e.name,
         provider=e.provider.kind,
