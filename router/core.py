@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from providers.base import Provider, SandboxSpec
 from router import config as config_mod
 from router.acquire import Acquirer, check_acquire
@@ -31,7 +29,6 @@ from router.events import Hook, QuotaChanged, emit, log_hook
 from router.janitor import Janitor, ReapReport
 from router.lease import AsyncLease, Lease
 from router.ledger import Ledger
-from router.logs import configure_logging
 from router.sessions import Sessions
 from router.state import StateStore, open_store
 from router.status import EntryView, RouterStatus, read_status
@@ -60,10 +57,6 @@ class Router:
     ) -> None:
         self.config = config
         self._hooks = list(hooks)
-        if not structlog.is_configured():
-            # An app that set structlog up keeps its setup; otherwise the config's
-            # `log:` settings apply (stderr, JSON unless on a TTY, info and up).
-            configure_logging(config.log.format, config.log.level)
         self._clock = clock
         self._engine = Engine()
         self._entries = build_entries(config, providers)

@@ -3,11 +3,14 @@
 The router never logs or counts directly; it emits one of the frozen
 dataclasses below and the hooks decide: `log_hook` writes one structured
 log line per event (``sandbox_router.<name>``, the event's fields as
-keywords), the Prometheus hook in ``router.metrics`` counts. Both `match`
-on the classes, so mypy checks that every field they read exists and that
-every event is handled (`RouterEvent` is the closed union of them all). A
-hook that raises is logged and otherwise ignored, so instrumentation can
-never break an acquire.
+keywords) through structlog when the app configured it, else through the
+stdlib logger ``sandbox_router`` (a library configures no logging: the
+app's own setup decides where the lines go); the Prometheus hook in
+``router.metrics`` counts. Both `match` on the classes, so mypy checks
+that every field they read exists and that every event is handled
+(`RouterEvent` is the closed union of them all). A hook that raises is
+logged and otherwise ignored, so instrumentation can never break an
+acquire.
 
 A hook is any callable taking one event (stamina's ``RetryHook`` shape)::
 
@@ -24,11 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, assert_never
 
 import structlog
+
+from router.logs import redact_secrets
 
 __all__ = [
     "AcquireFailed",
@@ -54,7 +60,7 @@ __all__ = [
     "log_hook",
 ]
 
-_log = structlog.get_logger("sandbox_router")
+_stdlib = logging.getLogger("sandbox_router")
 
 
 class Event:
@@ -270,7 +276,7 @@ def log_hook(event: RouterEvent) -> None:
             | Reaped()
             | BreakerTransition(to_state="open")
         ):
-            _log.warning(f"sandbox_router.{event.name}", **event.fields)
+            _line(logging.WARNING, event.name, event.fields)
         case (
             Acquired()
             | Created()
@@ -279,9 +285,22 @@ def log_hook(event: RouterEvent) -> None:
             | Released()
             | SessionClosed()
         ):
-            _log.info(f"sandbox_router.{event.name}", **event.fields)
+            _line(logging.INFO, event.name, event.fields)
         case _:
             assert_never(event)
+
+
+def _line(level: int, name: str, fields: dict[str, Any], *, exc_info: bool = False) -> None:
+    """One log line: structlog's when the app set it up, else the stdlib logger's."""
+    if structlog.is_configured():
+        logger = structlog.get_logger("sandbox_router")
+        extra = {"exc_info": True} if exc_info else {}
+        logger.log(level, f"sandbox_router.{name}", **fields, **extra)
+    elif _stdlib.isEnabledFor(level):
+        fields = dict(redact_secrets(None, "", dict(fields)))
+        text = " ".join(f"{key}={value!r}" for key, value in fields.items())
+        _stdlib.log(level, "sandbox_router.%s %s", name, text, exc_info=exc_info,
+                    extra={"sandbox_router": fields})  # fmt: skip
 
 
 def emit(hooks: Sequence[Hook], event: RouterEvent) -> None:
@@ -290,4 +309,5 @@ def emit(hooks: Sequence[Hook], event: RouterEvent) -> None:
             hook(event)
         except Exception:  # a broken hook must not break routing
             with contextlib.suppress(Exception):
-                _log.exception("sandbox_router.hook_failed", hook=repr(hook), event_name=event.name)
+                fields = {"hook": repr(hook), "event_name": event.name}
+                _line(logging.ERROR, "hook_failed", fields, exc_info=True)
