@@ -24,7 +24,8 @@ Blocks come from the provider's own answers and do not touch the circuit:
 lease on the entry is released or a short cooldown passes).
 
 Everything here is pure: state in, state and verdict out. The Redis store
-runs the same rules in ``router/state/lua/entry.lua``.
+runs the same rules in Lua (``router/state/lua/lib.lua``);
+``tests/state/test_lua_matches_policies.py`` holds the two to the same answers.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "Admission",
     "BreakerConfig",
     "BreakerState",
+    "Circuit",
     "Outcome",
     "admit",
     "clear_capacity",
@@ -50,6 +52,14 @@ EXHAUSTED = "exhausted"
 RATE_LIMITED = "rate_limited"
 CAPACITY = "capacity"
 WINDOW_BUCKETS = 10
+
+
+class Circuit(StrEnum):
+    """The breaker's circuit states (equal to their names as strings, as stored)."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
 
 
 class Outcome(StrEnum):
@@ -80,7 +90,7 @@ class BreakerConfig:
 
 @dataclass(slots=True)
 class BreakerState:
-    circuit: str = "closed"
+    circuit: Circuit = Circuit.CLOSED
     failures: int = 0
     openings: int = 0
     open_until: float = 0.0
@@ -90,6 +100,9 @@ class BreakerState:
     block_until: float = 0.0
     block_detail: str = ""
     fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        self.circuit = Circuit(self.circuit)  # stores hold it as a plain string
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,15 +138,15 @@ def admit(state: BreakerState, cfg: BreakerConfig, now: float, fingerprint: str)
             return Admission(False, reason=state.block, until=state.block_until)
         else:
             _clear_block(state)
-    if state.circuit == "open":
+    if state.circuit is Circuit.OPEN:
         if now < state.open_until:
-            return Admission(False, reason="open", until=state.open_until)
-        state.circuit = "half_open"
+            return Admission(False, reason=Circuit.OPEN, until=state.open_until)
+        state.circuit = Circuit.HALF_OPEN
         state.probe_until = now + cfg.probe_timeout
-        return Admission(True, probe=True, transition=("open", "half_open"))
-    if state.circuit == "half_open":
+        return Admission(True, probe=True, transition=(Circuit.OPEN, Circuit.HALF_OPEN))
+    if state.circuit is Circuit.HALF_OPEN:
         if now < state.probe_until:
-            return Admission(False, reason="half_open", until=state.probe_until)
+            return Admission(False, reason=Circuit.HALF_OPEN, until=state.probe_until)
         state.probe_until = now + cfg.probe_timeout
         return Admission(True, probe=True)
     return Admission(True)
@@ -158,15 +171,17 @@ def record(
     if outcome is Outcome.SUCCESS:
         _count(state, cfg, now, failed=0)
         state.failures = 0
-        if state.circuit == "half_open":
-            state.circuit, state.openings, state.probe_until = "closed", 0, 0.0
+        if state.circuit is Circuit.HALF_OPEN:
+            state.circuit, state.openings, state.probe_until = Circuit.CLOSED, 0, 0.0
     elif outcome is Outcome.TRANSIENT:
         _count(state, cfg, now, failed=1)
         state.failures += 1
-        if state.circuit == "half_open" or (state.circuit == "closed" and _tripped(state, cfg)):
+        if state.circuit is Circuit.HALF_OPEN or (
+            state.circuit is Circuit.CLOSED and _tripped(state, cfg)
+        ):
             _open(state, cfg, now)
     else:
-        if state.circuit == "half_open":
+        if state.circuit is Circuit.HALF_OPEN:
             state.probe_until = 0.0
         if outcome is Outcome.AUTH:
             state.block, state.block_until = MISCONFIGURED, 0.0
@@ -209,7 +224,7 @@ def _tripped(state: BreakerState, cfg: BreakerConfig) -> bool:
 def _open(state: BreakerState, cfg: BreakerConfig, now: float) -> None:
     state.openings += 1
     cooldown = min(cfg.cooldown_base * state.openings, cfg.cooldown_max)
-    state.circuit = "open"
+    state.circuit = Circuit.OPEN
     state.open_until = max(state.open_until, now + cooldown)
     state.probe_until = 0.0
     state.failures = 0

@@ -28,7 +28,7 @@ from rich.table import Table
 from emulators import sdk_environment
 from router.config import DEFAULT_CHAIN
 from router.core import Router
-from router.events import Event, log_hook
+from router.events import Event, Hook, log_hook
 
 if TYPE_CHECKING:
     from emulators.harness import Emulator
@@ -196,7 +196,7 @@ def run_demo(
         stack.enter_context(sdk_environment(*emus.values()))
         state_url = redis_url or f"sqlite:///{tmp}/state.db"
         events: list[Event] = []
-        hooks = [events.append]
+        hooks: list[Hook] = [events.append]
         if not live:
             hooks.append(log_hook)
         router = stack.enter_context(

@@ -1,83 +1,313 @@
-"""Instrumentation as hooks: every routing event goes to each hook.
+"""Instrumentation as hooks: every routing event goes to each hook, as a typed record.
 
-The router never logs or counts directly; it emits an `Event` and the hooks
-decide: `log_hook` writes one structured log line per event
-(``sandbox_router.<name>``), the Prometheus hook in ``router.metrics``
-counts. A hook that raises is logged and otherwise ignored, so
-instrumentation can never break an acquire.
+The router never logs or counts directly; it emits one of the frozen
+dataclasses below and the hooks decide: `log_hook` writes one structured
+log line per event (``sandbox_router.<name>``, the event's fields as
+keywords) through structlog when the app configured it, else through the
+stdlib logger ``sandbox_router`` (a library configures no logging: the
+app's own setup decides where the lines go); the Prometheus hook in
+``router.metrics`` counts. Both `match` on the classes, so mypy checks
+that every field they read exists and that every event is handled
+(`RouterEvent` is the closed union of them all). A hook that raises is
+logged and otherwise ignored, so instrumentation can never break an
+acquire.
 
-Events and their fields:
+A hook is any callable taking one event (stamina's ``RetryHook`` shape)::
 
-* ``acquired``: entry, lease_id, sandbox_id, attempts, latency, probe
-* ``acquire_failed``: reasons, latency
-* ``create_failed``: entry, reason, error, attempt, latency
-* ``created``: entry, latency
-* ``failover``: from_entry, to_entry (``none`` at the end), reason
-* ``refund``: entry, lease_id, reason
-* ``breaker``: entry, from_state, to_state
-* ``released``: entry, lease_id, seconds
-* ``lease_lost``: entry, lease_id (its commit or a heartbeat found it gone from the store)
-* ``kill_failed``: entry, sandbox_id, error
-* ``state_error``: operation (reserve, commit, refund, release, heartbeat, ...), error,
-  mode (fail_closed / fail_open)
-* ``state_warning``: url, problem (e.g. Redis without persistence)
-* ``session_lost``: session, entry, reason (the bound sandbox is gone: a new one is bound)
-* ``session_closed``: session, entry, sandbox_id
-* ``reaped``: entry, sandbox_id, lease_id (the janitor killed an orphan)
-* ``quota_changed``: pool, unit, value
+    def hook(event: RouterEvent) -> None:
+        match event:
+            case Failover(from_entry=entry):
+                ...
+
+Every event also has ``name`` (its log name) and ``fields`` (its fields as
+a dict), for hooks that only forward them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, assert_never
 
 import structlog
 
-__all__ = ["Event", "Hook", "emit", "log_hook"]
+from router.logs import redact_secrets
 
-_log = structlog.get_logger("sandbox_router")
+__all__ = [
+    "AcquireFailed",
+    "Acquired",
+    "BreakerTransition",
+    "CreateFailed",
+    "Created",
+    "Event",
+    "Failover",
+    "Hook",
+    "KillFailed",
+    "LeaseLost",
+    "QuotaChanged",
+    "Reaped",
+    "Refund",
+    "Released",
+    "RouterEvent",
+    "SessionClosed",
+    "SessionLost",
+    "StateError",
+    "StateWarning",
+    "emit",
+    "log_hook",
+]
 
-_WARN = frozenset(
-    {
-        "failover",
-        "refund",
-        "state_error",
-        "lease_lost",
-        "kill_failed",
-        "acquire_failed",
-        "quota_changed",
-        "state_warning",
-        "session_lost",
-        "reaped",
-    }
-)
+_stdlib = logging.getLogger("sandbox_router")
+
+
+class Event:
+    """The base of every routing event."""
+
+    __slots__ = ()
+    name: ClassVar[str]
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The event's fields by name (the keywords of its log line)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
-    name: str
-    fields: dict[str, Any] = field(default_factory=dict)
+class Acquired(Event):
+    """A lease was granted: from ``entry`` after ``attempts`` creates and ``failovers``
+    failed entries, or a sticky session's sandbox came back (``resumed``)."""
+
+    name: ClassVar[str] = "acquired"
+    entry: str
+    lease_id: str
+    sandbox_id: str
+    attempts: int
+    failovers: int
+    latency: float
+    resumed: bool = False
 
 
-Hook = Callable[[Event], None]
+@dataclass(frozen=True, slots=True)
+class AcquireFailed(Event):
+    """No entry could serve; ``reasons`` says why, per entry."""
+
+    name: ClassVar[str] = "acquire_failed"
+    reasons: dict[str, str]
+    latency: float
 
 
-def log_hook(event: Event) -> None:
+@dataclass(frozen=True, slots=True)
+class Created(Event):
+    name: ClassVar[str] = "created"
+    entry: str
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class CreateFailed(Event):
+    """One create (or a session's reconnect) failed; ``reason`` is the error's class."""
+
+    name: ClassVar[str] = "create_failed"
+    entry: str
+    reason: str
+    error: str
+    attempt: int
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failover(Event):
+    """The acquire moved on from ``from_entry`` (``to_entry`` is ``none`` at the end)."""
+
+    name: ClassVar[str] = "failover"
+    from_entry: str
+    to_entry: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refund(Event):
+    """A reservation was given back: its create failed."""
+
+    name: ClassVar[str] = "refund"
+    entry: str
+    lease_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerTransition(Event):
+    name: ClassVar[str] = "breaker"
+    entry: str
+    from_state: str
+    to_state: str
+
+
+@dataclass(frozen=True, slots=True)
+class Released(Event):
+    """A lease's slot was freed; ``seconds`` metered (None: the store no longer held it)."""
+
+    name: ClassVar[str] = "released"
+    entry: str
+    lease_id: str
+    seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseLost(Event):
+    """Its commit or a heartbeat found the lease gone from the store."""
+
+    name: ClassVar[str] = "lease_lost"
+    entry: str
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class KillFailed(Event):
+    """A kill failed; the janitor reaps the sandbox later."""
+
+    name: ClassVar[str] = "kill_failed"
+    entry: str
+    sandbox_id: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class StateError(Event):
+    """A state store call failed: ``operation`` (reserve, commit, refund, release,
+    heartbeat, session, snapshot), under ``mode`` (fail_closed / fail_open)."""
+
+    name: ClassVar[str] = "state_error"
+    operation: str
+    error: str
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class StateWarning(Event):
+    """The store works but would lose the ledger (e.g. Redis without persistence)."""
+
+    name: ClassVar[str] = "state_warning"
+    url: str
+    problem: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLost(Event):
+    """A sticky session's sandbox cannot be used: a new one is bound."""
+
+    name: ClassVar[str] = "session_lost"
+    session: str
+    entry: str
+    reason: str
+    sandbox_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClosed(Event):
+    name: ClassVar[str] = "session_closed"
+    session: str
+    entry: str
+    sandbox_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped(Event):
+    """The janitor killed an orphan."""
+
+    name: ClassVar[str] = "reaped"
+    entry: str
+    sandbox_id: str
+    lease_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaChanged(Event):
+    """An operator overwrote a pool's usage."""
+
+    name: ClassVar[str] = "quota_changed"
+    pool: str
+    unit: str
+    value: float
+
+
+RouterEvent = (
+    Acquired
+    | AcquireFailed
+    | Created
+    | CreateFailed
+    | Failover
+    | Refund
+    | BreakerTransition
+    | Released
+    | LeaseLost
+    | KillFailed
+    | StateError
+    | StateWarning
+    | SessionLost
+    | SessionClosed
+    | Reaped
+    | QuotaChanged
+)
+
+
+class Hook(Protocol):
+    """Called with every event the router emits (on the router's loop: keep it quick)."""
+
+    def __call__(self, event: RouterEvent, /) -> None: ...
+
+
+def log_hook(event: RouterEvent) -> None:
     """One structured log line per event, at warning level for trouble."""
-    level = "warning" if event.name in _WARN else "info"
-    if event.name == "breaker" and event.fields.get("to_state") == "open":
-        level = "warning"
-    getattr(_log, level)(f"sandbox_router.{event.name}", **event.fields)
+    match event:
+        case (
+            Failover()
+            | Refund()
+            | StateError()
+            | LeaseLost()
+            | KillFailed()
+            | AcquireFailed()
+            | QuotaChanged()
+            | StateWarning()
+            | SessionLost()
+            | Reaped()
+            | BreakerTransition(to_state="open")
+        ):
+            _line(logging.WARNING, event.name, event.fields)
+        case (
+            Acquired()
+            | Created()
+            | CreateFailed()
+            | BreakerTransition()
+            | Released()
+            | SessionClosed()
+        ):
+            _line(logging.INFO, event.name, event.fields)
+        case _:
+            assert_never(event)
 
 
-def emit(hooks: Sequence[Hook], name: str, **fields: Any) -> None:
-    event = Event(name, fields)
+def _line(level: int, name: str, fields: dict[str, Any], *, exc_info: bool = False) -> None:
+    """One log line: structlog's when the app set it up, else the stdlib logger's."""
+    if structlog.is_configured():
+        logger = structlog.get_logger("sandbox_router")
+        extra = {"exc_info": True} if exc_info else {}
+        logger.log(level, f"sandbox_router.{name}", **fields, **extra)
+    elif _stdlib.isEnabledFor(level):
+        fields = dict(redact_secrets(None, "", dict(fields)))
+        text = " ".join(f"{key}={value!r}" for key, value in fields.items())
+        _stdlib.log(level, "sandbox_router.%s %s", name, text, exc_info=exc_info,
+                    extra={"sandbox_router": fields})  # fmt: skip
+
+
+def emit(hooks: Sequence[Hook], event: RouterEvent) -> None:
     for hook in hooks:
         try:
             hook(event)
         except Exception:  # a broken hook must not break routing
             with contextlib.suppress(Exception):
-                _log.exception("sandbox_router.hook_failed", hook=repr(hook), event_name=name)
+                fields = {"hook": repr(hook), "event_name": event.name}
+                _line(logging.ERROR, "hook_failed", fields, exc_info=True)

@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, assert_never
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -43,7 +43,25 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from policies.quota import UNITS
-from router.events import Event
+from router.events import (
+    Acquired,
+    AcquireFailed,
+    BreakerTransition,
+    Created,
+    CreateFailed,
+    Failover,
+    KillFailed,
+    LeaseLost,
+    QuotaChanged,
+    Reaped,
+    Refund,
+    Released,
+    RouterEvent,
+    SessionClosed,
+    SessionLost,
+    StateError,
+    StateWarning,
+)
 
 if TYPE_CHECKING:
     from router.core import EntryView, Router
@@ -172,46 +190,48 @@ class RouterMetrics:
         for operation in STATE_OPERATIONS:
             self.state_errors.labels(operation, router.config.on_state_error)
 
-    def hook(self, event: Event) -> None:
+    def hook(self, event: RouterEvent) -> None:
         """A router event hook: count one event."""
-        f = event.fields
-        name = event.name
-        if name == "acquired":
-            outcome = "resumed" if f.get("resumed") else "success"
-            self.acquisitions.labels(f["entry"], outcome).inc()
-            self.acquire_seconds.labels(f["entry"]).observe(f["latency"])
-        elif name == "acquire_failed":
-            self.acquisitions.labels("none", "no_provider").inc()
-            self.acquire_seconds.labels("none").observe(f["latency"])
-        elif name == "created":
-            self.create_seconds.labels(f["entry"], "success").observe(f["latency"])
-        elif name == "create_failed":
-            self.create_seconds.labels(f["entry"], "failure").observe(f["latency"])
-            self.create_failures.labels(f["entry"], f["reason"]).inc()
-            if f["reason"] == "sandbox_error":  # never failed over: the acquire ends here
-                self.acquisitions.labels(f["entry"], "sandbox_error").inc()
-        elif name == "failover":
-            self.failovers.labels(f["from_entry"], f["to_entry"], f["reason"]).inc()
-        elif name == "refund":
-            self.refunds.labels(f["entry"], f["reason"]).inc()
-        elif name == "breaker":
-            self.breaker_transitions.labels(f["entry"], f["from_state"], f["to_state"]).inc()
-        elif name == "state_error":
-            self.state_errors.labels(f["operation"], f["mode"]).inc()
-        elif name == "released":
-            self.releases.labels(f["entry"]).inc()
-            if f.get("seconds"):
-                self.sandbox_seconds.labels(f["entry"]).inc(f["seconds"])
-        elif name == "lease_lost":
-            self.leases_lost.labels(f["entry"]).inc()
-        elif name == "kill_failed":
-            self.kill_failures.labels(f["entry"]).inc()
-        elif name == "session_lost":
-            self.sessions_lost.labels(f["entry"]).inc()
-        elif name == "reaped":
-            self.reaped.labels(f["entry"]).inc()
-        elif name == "quota_changed":
-            self.quota_changes.labels(f["pool"], f["unit"]).inc()
+        match event:
+            case Acquired(entry=entry, latency=latency, resumed=resumed):
+                self.acquisitions.labels(entry, "resumed" if resumed else "success").inc()
+                self.acquire_seconds.labels(entry).observe(latency)
+            case AcquireFailed(latency=latency):
+                self.acquisitions.labels("none", "no_provider").inc()
+                self.acquire_seconds.labels("none").observe(latency)
+            case Created(entry=entry, latency=latency):
+                self.create_seconds.labels(entry, "success").observe(latency)
+            case CreateFailed(entry=entry, reason=reason, latency=latency):
+                self.create_seconds.labels(entry, "failure").observe(latency)
+                self.create_failures.labels(entry, reason).inc()
+                if reason == "sandbox_error":  # never failed over: the acquire ends here
+                    self.acquisitions.labels(entry, "sandbox_error").inc()
+            case Failover(from_entry=source, to_entry=target, reason=reason):
+                self.failovers.labels(source, target, reason).inc()
+            case Refund(entry=entry, reason=reason):
+                self.refunds.labels(entry, reason).inc()
+            case BreakerTransition(entry=entry, from_state=before, to_state=after):
+                self.breaker_transitions.labels(entry, before, after).inc()
+            case StateError(operation=operation, mode=mode):
+                self.state_errors.labels(operation, mode).inc()
+            case Released(entry=entry, seconds=seconds):
+                self.releases.labels(entry).inc()
+                if seconds:
+                    self.sandbox_seconds.labels(entry).inc(seconds)
+            case LeaseLost(entry=entry):
+                self.leases_lost.labels(entry).inc()
+            case KillFailed(entry=entry):
+                self.kill_failures.labels(entry).inc()
+            case SessionLost(entry=entry):
+                self.sessions_lost.labels(entry).inc()
+            case Reaped(entry=entry):
+                self.reaped.labels(entry).inc()
+            case QuotaChanged(pool=pool, unit=unit):
+                self.quota_changes.labels(pool, unit).inc()
+            case StateWarning() | SessionClosed():
+                pass  # nothing to count
+            case _:
+                assert_never(event)
 
 
 class StateCollector(Collector):

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 import structlog
 
-from router.events import Event, emit, log_hook
+from router.events import (
+    BreakerTransition,
+    Created,
+    Event,
+    Failover,
+    StateError,
+    emit,
+    log_hook,
+)
 from router.logs import configure_logging
 
 
@@ -20,8 +28,8 @@ def _reset_structlog() -> None:
 
 def test_events_are_json_lines_named_sandbox_router(capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging("json", "info")
-    emit([log_hook], "failover", from_entry="daytona", to_entry="runloop", reason="unavailable")
-    emit([log_hook], "breaker", entry="daytona", from_state="closed", to_state="open")
+    emit([log_hook], Failover(from_entry="daytona", to_entry="runloop", reason="unavailable"))
+    emit([log_hook], BreakerTransition(entry="daytona", from_state="closed", to_state="open"))
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert [line["event"] for line in lines] == [
         "sandbox_router.failover",
@@ -36,8 +44,9 @@ def test_secret_looking_fields_and_url_passwords_are_masked(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     configure_logging("json", "info")
-    emit([log_hook], "state_error", operation="reserve", mode="fail_closed",
-         error="cannot reach redis://:hunter2@redis:6379/0", api_key="sk-live-123")  # fmt: skip
+    error = "cannot reach redis://:hunter2@redis:6379/0"
+    emit([log_hook], StateError(operation="reserve", mode="fail_closed", error=error))
+    structlog.get_logger("app").info("app_line", api_key="sk-live-123")
     line = capsys.readouterr().err
     assert "hunter2" not in line
     assert "sk-live-123" not in line
@@ -51,8 +60,8 @@ def test_a_failing_hook_never_breaks_routing(capsys: pytest.CaptureFixture[str])
     def broken(event: Event) -> None:
         raise RuntimeError("metrics backend down")
 
-    emit([broken, seen.append], "acquired", entry="local")
-    assert [e.name for e in seen] == ["acquired"]
+    emit([broken, seen.append], Created(entry="local", latency=0.1))
+    assert [e.name for e in seen] == ["created"]
     assert "sandbox_router.hook_failed" in capsys.readouterr().err
 
 

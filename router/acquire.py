@@ -1,0 +1,266 @@
+"""The acquire path: walk the chain, reserve, create with retries, fail over.
+
+For each entry in the order the policy gives::
+
+    skip if unconfigured / lacks a required capability
+    reserve  (one atomic ledger call: breaker admission + every quota unit)
+    create   (bounded by min(create_timeout, what is left of the deadline))
+    commit   (off the caller's path, by lease upkeep), or refund and record the failure
+    on a transient error: back off (full jitter) and try the same entry again;
+    on anything else, or when attempts run out: fail over to the next entry.
+
+Nothing is lost on the way: a failed create refunds its reservation; a
+sandbox created but not committed is killed by upkeep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import replace
+
+import tenacity
+
+from policies import order
+from policies.ordering import Candidate
+from policies.outcome import classify
+from policies.quota import remaining_fraction
+from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER, LABEL_SESSION, SandboxSpec
+from providers.errors import NoProviderAvailable, ProviderError, StateUnavailable, Unavailable
+from router.config import RouterConfig
+from router.entries import Entry
+from router.events import Acquired, AcquireFailed, Created, Failover, Hook, emit
+from router.lease import Held
+from router.ledger import Denied, Ledger
+from router.sessions import Sessions
+from router.upkeep import Upkeep
+
+__all__ = ["Acquirer", "check_acquire"]
+
+
+class Acquirer:
+    """One acquire, start to end: sessions first, then the chain with retries and failover."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        upkeep: Upkeep,
+        sessions: Sessions,
+        entries: Mapping[str, Entry],
+        config: RouterConfig,
+        hooks: list[Hook],
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        self._ledger = ledger
+        self._upkeep = upkeep
+        self._sessions = sessions
+        self._entries = entries
+        self._config = config
+        self._hooks = hooks
+        self._clock = clock
+        self._sleep = sleep
+        self._retry = config.retry.policy()
+        # Only a pool with a concurrency limit can turn an acquire away for a slot
+        # this router is still freeing, so only its frees hold acquire back.
+        self._slot_pools = {
+            e.ref.pool for e in entries.values() if e.ref.limits.concurrent is not None
+        }
+
+    async def acquire(
+        self,
+        spec: SandboxSpec | None,
+        requires: Iterable[str],
+        labels: Mapping[str, str] | None,
+        session: str | None,
+        timeout: float | None,
+    ) -> Held:
+        started = self._clock()
+        deadline = started + (timeout if timeout is not None else self._config.acquire_timeout)
+        spec = spec or SandboxSpec()
+        requires = tuple(requires)
+        await self._ledger.check()
+        await self._upkeep.caught_up(self._slot_pools)
+        if session is not None:
+            resumed = await self._sessions.resume(session, requires, deadline)
+            if resumed is not None:
+                self._acquired(resumed, 0, started, resumed=True)
+                return resumed
+            labels = {**(labels or {}), LABEL_SESSION: session}
+        names, reasons = order(await self._candidates(), self._config.strategy, requires)
+        failed: list[str] = []
+        for i, name in enumerate(names):
+            entry = self._entries[name]
+            try:
+                held = await self._try_entry(entry, spec, labels, deadline)
+            except Denied as denied:
+                reasons[name] = self._ledger.describe(denied.reservation)
+                continue
+            except StateUnavailable:
+                raise
+            except Exception as exc:
+                verdict = classify(exc)
+                if not verdict.fail_over:
+                    raise
+                reasons[name] = f"{verdict.reason}: {exc}"
+                failed.append(name)
+                emit(
+                    self._hooks,
+                    Failover(
+                        from_entry=name,
+                        to_entry=names[i + 1] if i + 1 < len(names) else "none",
+                        reason=verdict.reason,
+                    ),
+                )
+                if self._clock() >= deadline:
+                    reasons.update(
+                        {n: "not tried: acquire deadline passed" for n in names[i + 1 :]}
+                    )
+                    break
+                continue
+            held.failovers = failed
+            if session is not None:
+                await self._sessions.bind(held, session)
+            self._acquired(held, len(failed), started)
+            return held
+        ordered = {e: reasons[e] for e in self._entries if e in reasons}
+        emit(self._hooks, AcquireFailed(reasons=ordered, latency=self._clock() - started))
+        raise NoProviderAvailable(ordered)
+
+    def _acquired(
+        self, held: Held, failovers: int, started: float, *, resumed: bool = False
+    ) -> None:
+        emit(
+            self._hooks,
+            Acquired(
+                entry=held.entry,
+                lease_id=held.lease_id,
+                sandbox_id=held.sandbox.id,
+                attempts=held.attempts,
+                failovers=failovers,
+                resumed=resumed,
+                latency=self._clock() - started,
+            ),
+        )
+
+    async def _candidates(self) -> list[Candidate]:
+        fractions: dict[str, float] = {}
+        if self._config.strategy == "balanced":
+            snap = await self._ledger.usage([e.ref for e in self._entries.values()])
+            for e in self._entries.values():
+                fractions[e.name] = remaining_fraction(snap.pools[e.ref.pool].used, e.ref.limits)
+        return [
+            Candidate(e.name, e.unusable(), e.capabilities, fractions.get(e.name, 1.0))
+            for e in self._entries.values()
+        ]
+
+    async def _try_entry(
+        self,
+        entry: Entry,
+        spec: SandboxSpec,
+        labels: Mapping[str, str] | None,
+        deadline: float,
+    ) -> Held:
+        try:
+            return await self._attempt(entry, spec, labels, deadline, 1)
+        except Exception as exc:
+            if not classify(exc).retry_same or self._retry.attempts == 1:
+                raise
+            first: Exception | None = exc
+        # Only a failure pays for tenacity (~50 us a loop); it is handed the first
+        # attempt's error as its own attempt 1, so it waits and stops as if it ran it.
+        retrying = tenacity.AsyncRetrying(
+            stop=self._retry.stop(deadline, self._clock),
+            wait=self._retry.wait(),
+            retry=tenacity.retry_if_exception(lambda e: classify(e).retry_same),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        attempt_no = 1
+        async for attempt in retrying:
+            with attempt:
+                if first is not None:
+                    error, first = first, None
+                    raise error
+                attempt_no += 1
+                return await self._attempt(entry, spec, labels, deadline, attempt_no)
+        raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
+
+    async def _attempt(
+        self,
+        entry: Entry,
+        spec: SandboxSpec,
+        labels: Mapping[str, str] | None,
+        deadline: float,
+        attempt: int,
+    ) -> Held:
+        booking = await self._ledger.book(entry, deadline)
+        if entry.provider.kind != "local" or entry.cfg.template:
+            spec = replace(spec, template=spec.template or entry.cfg.template)
+        spec = spec.with_labels(
+            {
+                **(labels or {}),
+                LABEL_ROUTER: self._config.key_prefix,
+                LABEL_ENTRY: entry.name,
+                LABEL_LEASE: booking.lease_id,
+            }
+        )
+        created_at = self._clock()
+        budget = booking.budget
+        try:
+            async with asyncio.timeout(budget + 1.0):
+                sandbox = await entry.provider.create(spec, timeout=budget)
+        except BaseException as exc:
+            await self._ledger.settle_failure(booking, exc, attempt, created_at)
+            if isinstance(exc, TimeoutError):
+                raise Unavailable(
+                    f"create timed out after {budget:.1f}s", provider=entry.name
+                ) from exc
+            if isinstance(exc, ProviderError):
+                exc.attempt = attempt
+                exc.provider = exc.provider or entry.name
+            raise
+        emit(self._hooks, Created(entry=entry.name, latency=self._clock() - created_at))
+        held = booking.held(entry.provider.kind, sandbox, self._clock(), attempt)
+        self._upkeep.start(held, booking)
+        return held
+
+
+_RESERVED_LABELS = frozenset({LABEL_ROUTER, LABEL_ENTRY, LABEL_LEASE, LABEL_SESSION})
+
+
+def check_acquire(
+    spec: object,
+    requires: Iterable[str],
+    labels: Mapping[str, str] | None,
+    session: str | None,
+    timeout: float | None,
+) -> tuple[str, ...]:
+    """Reject bad arguments before anything is reserved, naming the argument."""
+    if spec is not None and not isinstance(spec, SandboxSpec):
+        raise TypeError(f"acquire(spec=...): expected a SandboxSpec, got {type(spec).__name__}")
+    if isinstance(requires, str):
+        raise TypeError(
+            f"acquire(requires={requires!r}): give a sequence of capabilities, "
+            f"e.g. requires=({requires!r},)"
+        )
+    needed = tuple(requires)
+    for cap in needed:
+        if not isinstance(cap, str) or not cap:
+            raise TypeError(
+                f"acquire(requires=...): capabilities are non-empty strings, got {cap!r}"
+            )
+    for key, value in (labels or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(
+                f"acquire(labels=...): keys and values are strings, got {key!r}: {value!r}"
+            )
+        if key in _RESERVED_LABELS:
+            raise ValueError(f"acquire(labels=...): {key!r} is set by the router itself")
+    if session is not None and (not isinstance(session, str) or not session.strip()):
+        raise ValueError(f"acquire(session={session!r}): a session key is a non-empty string")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(
+            f"acquire(timeout={timeout!r}): the deadline must be a positive number of seconds"
+        )
+    return needed

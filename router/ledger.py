@@ -1,0 +1,326 @@
+"""The ledger: the shared state store and this replica's fail-open share, as one object.
+
+Every quota and lease call of the router goes through here: reserve,
+commit, refund, release, heartbeat, snapshot. When the shared store cannot
+be reached, ``on_state_error`` is applied in this one place: ``fail_closed``
+raises `StateUnavailable`; ``fail_open`` serves from an in-memory store
+holding ``fail_open_share`` of each limit. Every state error is reported
+here, as a ``state_error`` event.
+
+A `Booking` remembers which of the two holds a lease, so its commit,
+heartbeats and release go where its reservation went.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from policies.breaker import Outcome
+from policies.outcome import classify
+from policies.quota import Limits
+from providers.base import Sandbox
+from providers.errors import QuotaExceeded, RateLimited, StateUnavailable
+from router.config import RouterConfig
+from router.entries import Entry
+from router.events import (
+    BreakerTransition,
+    CreateFailed,
+    Hook,
+    Refund,
+    StateError,
+    StateWarning,
+    emit,
+)
+from router.lease import Held
+from router.state import EntryRef, Reservation, Snapshot, StateStore
+from router.state.memory import MemoryStore
+
+__all__ = ["RESERVE_GRACE", "Booking", "Denied", "Ledger"]
+
+RESERVE_GRACE = 30.0  # a reservation outlives its create by this much before it expires
+
+T = TypeVar("T")
+
+
+class Denied(Exception):
+    """The ledger refused a reservation (breaker or quota); `Ledger.describe` says why."""
+
+    def __init__(self, reservation: Reservation) -> None:
+        super().__init__(reservation.reason)
+        self.reservation = reservation
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """A reservation this router holds, and which ledger holds it.
+
+    Attributes:
+        ref: the entry as the holding store knows it (under fail-open, with
+            the replica's share of the limits).
+        shared: False when this replica's fail-open share holds it.
+        budget: the seconds the create (or a session's reconnect) may take.
+    """
+
+    lease_id: str
+    entry: str
+    ref: EntryRef
+    shared: bool
+    budget: float = 0.0
+
+    def held(
+        self,
+        provider: str,
+        sandbox: Sandbox,
+        acquired_at: float,
+        attempts: int,
+        *,
+        session: str | None = None,
+        resumed: bool = False,
+    ) -> Held:
+        """The lease record for the sandbox this booking paid for."""
+        return Held(
+            self.lease_id,
+            self.entry,
+            provider,
+            sandbox,
+            acquired_at,
+            attempts,
+            store_kind="shared" if self.shared else "fallback",
+            session=session,
+            resumed=resumed,
+        )
+
+
+class Ledger:
+    """Reservations, leases and usage, with the fail-open fallback and its reporting."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        config: RouterConfig,
+        hooks: list[Hook],
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.state_error: str | None = None  # the last store failure, until a reserve succeeds
+        self._fallback = MemoryStore("memory://fail-open", config.key_prefix)
+        self._config = config
+        self._hooks = hooks
+        self._clock = clock
+        self._breaker = config.breaker_policy()
+        self._checked = False
+
+    async def check(self) -> None:
+        """Warn once about a store that would lose the ledger (no persistence)."""
+        if self._checked:
+            return
+        self._checked = True
+        try:
+            problems = await self.store.warnings()
+        except StateUnavailable:
+            return  # the acquire that follows reports it, by on_state_error
+        for problem in problems:
+            emit(self._hooks, StateWarning(url=self.store.url, problem=problem))
+
+    async def book(self, entry: Entry, deadline: float, *, new_session: bool = True) -> Booking:
+        """Reserve what one create (or reconnect) needs before ``deadline``; raises `Denied`.
+
+        ``new_session=False`` takes a slot only: reconnecting to a session's
+        sandbox creates nothing.
+        """
+        lease_id = "l-" + secrets.token_hex(8)
+        budget = max(0.0, min(self._config.create_timeout, deadline - self._clock()))
+        hold, now = budget + RESERVE_GRACE, self._clock()
+        try:
+            reservation = await self.store.reserve(
+                entry.ref, self._breaker, lease_id, now, hold, new_session=new_session
+            )
+            booking = Booking(lease_id, entry.name, entry.ref, True, budget)
+            self.state_error = None
+        except StateUnavailable as exc:
+            self.on_state_error("reserve", exc)
+            booking = Booking(lease_id, entry.name, self._share(entry.ref), False, budget)
+            reservation = await self._fallback.reserve(
+                booking.ref, self._breaker, lease_id, now, hold, new_session=new_session
+            )
+        if reservation.transition:
+            self.transition(entry.name, reservation.transition)
+        if not reservation.granted:
+            raise Denied(reservation)
+        return booking
+
+    def booking(self, held: Held, ref: EntryRef) -> Booking:
+        """The booking behind a lease (``ref``: its entry's)."""
+        shared = held.store_kind == "shared"
+        return Booking(held.lease_id, held.entry, ref if shared else self._share(ref), shared)
+
+    def _store(self, booking: Booking) -> StateStore:
+        return self.store if booking.shared else self._fallback
+
+    async def commit(self, booking: Booking, sandbox_id: str, now: float) -> bool | None:
+        """Turn the reservation into a live lease: False when it was lost, None when the
+        store failed (reported)."""
+        try:
+            settled = await self._store(booking).settle(
+                booking.ref,
+                self._breaker,
+                booking.lease_id,
+                now,
+                outcome=Outcome.SUCCESS,
+                ttl=self._config.lease_ttl,
+                sandbox_id=sandbox_id,
+            )
+        except StateUnavailable as exc:
+            self.report("commit", exc)
+            return None
+        if settled.transition:
+            self.transition(booking.entry, settled.transition)
+        return settled.applied
+
+    async def settle_failure(
+        self, booking: Booking, exc: BaseException, attempt: int, started: float
+    ) -> None:
+        """Refund a failed create's reservation and record the failure on the breaker."""
+        verdict = classify(exc)
+        outcome = Outcome.NEUTRAL if isinstance(exc, asyncio.CancelledError) else verdict.outcome
+        until = None
+        if isinstance(exc, QuotaExceeded) and exc.reset_at is not None:
+            until = exc.reset_at.timestamp()
+        elif isinstance(exc, RateLimited) and exc.retry_after is not None:
+            until = self._clock() + exc.retry_after
+        try:
+            settled = await asyncio.shield(
+                self._store(booking).settle(
+                    booking.ref,
+                    self._breaker,
+                    booking.lease_id,
+                    self._clock(),
+                    outcome=outcome,
+                    detail=str(exc)[:200],
+                    until=until,
+                )
+            )
+        except StateUnavailable as state_exc:
+            # The reservation expires by itself (its hold); nothing is leaked.
+            self.report("refund", state_exc)
+            return
+        if settled.applied:
+            emit(self._hooks, Refund(entry=booking.entry, lease_id=booking.lease_id,
+                 reason=verdict.reason))  # fmt: skip
+        if settled.transition:
+            self.transition(booking.entry, settled.transition)
+        if not isinstance(exc, asyncio.CancelledError):
+            emit(
+                self._hooks,
+                CreateFailed(
+                    entry=booking.entry,
+                    reason=verdict.reason,
+                    error=str(exc)[:300],
+                    attempt=attempt,
+                    latency=self._clock() - started,
+                ),
+            )
+
+    async def release(self, booking: Booking) -> float | None:
+        """Free the slot and meter the seconds; raises `StateUnavailable` (not reported:
+        the caller decides whether to try again)."""
+        return await self._store(booking).release(booking.ref, booking.lease_id, self._clock())
+
+    async def heartbeat(self, booking: Booking, ttl: float) -> bool | None:
+        """Extend a live lease: False when it had expired, None when the store failed."""
+        try:
+            return await self._store(booking).heartbeat(
+                booking.ref, booking.lease_id, self._clock(), ttl
+            )
+        except StateUnavailable as exc:
+            self.report("heartbeat", exc)
+            return None
+
+    async def usage(self, refs: list[EntryRef]) -> Snapshot:
+        """Usage for ordering: the fallback's under fail_open, raises under fail_closed."""
+        return await self._either("snapshot", lambda s: s.snapshot(refs, self._clock()))
+
+    async def snapshot(self, refs: list[EntryRef]) -> tuple[Snapshot, str | None]:
+        """Usage and health for status, and the store's error when only the fallback answered."""
+        now = self._clock()
+        try:
+            return await self.store.snapshot(refs, now), None
+        except StateUnavailable as exc:
+            fallback = await self._fallback.snapshot([self._share(r) for r in refs], now)
+            return fallback, str(exc)
+
+    async def bind(self, held: Held, ttl: float) -> None:
+        """Bind the lease's sticky session to its sandbox for ``ttl`` seconds."""
+        assert held.session is not None
+        now = self._clock()
+        await self.store.bind_session(held.session, held.entry, held.sandbox.id, now + ttl, now)
+
+    async def _either(self, operation: str, call: Callable[[StateStore], Awaitable[T]]) -> T:
+        try:
+            return await call(self.store)
+        except StateUnavailable as exc:
+            self.on_state_error(operation, exc)
+            return await call(self._fallback)
+
+    def _share(self, ref: EntryRef) -> EntryRef:
+        """``ref`` with this replica's fail-open share of each limit."""
+        share = self._config.fail_open_share
+
+        def part(limit: float | None) -> int | None:
+            return None if limit is None else int(limit * share)
+
+        limits = Limits(
+            part(ref.limits.sessions),
+            part(ref.limits.sandbox_seconds),
+            part(ref.limits.concurrent),
+        )
+        return replace(ref, limits=limits)
+
+    def report(self, operation: str, exc: Exception) -> None:
+        emit(self._hooks, StateError(operation=operation, error=str(exc),
+             mode=self._config.on_state_error))  # fmt: skip
+
+    def on_state_error(self, operation: str, exc: StateUnavailable) -> None:
+        """Record it; raise it under fail_closed (the caller falls back under fail_open)."""
+        self.state_error = str(exc)
+        self.report(operation, exc)
+        if self._config.on_state_error == "fail_closed":
+            raise exc
+
+    def transition(self, entry: str, transition: tuple[str, str]) -> None:
+        emit(self._hooks, BreakerTransition(entry=entry, from_state=transition[0],
+             to_state=transition[1]))  # fmt: skip
+
+    def describe(self, r: Reservation) -> str:
+        """Why a reservation was denied, for `NoProviderAvailable`'s message."""
+        if r.reason == "quota":
+            return f"quota exhausted: {r.unit} {_num(r.used)}/{_num(r.limit)} until {_iso(r.until)}"
+        if r.reason == "open":
+            return f"breaker open for {max(0.0, r.until - self._clock()):.0f}s"
+        if r.reason == "half_open":
+            return "breaker half-open: a probe is in flight"
+        if r.reason == "misconfigured":
+            return f"misconfigured (credentials refused: {r.detail}); fix the config"
+        if r.reason == "exhausted":
+            return f"provider quota exhausted until {_iso(r.until)}"
+        if r.reason == "rate_limited":
+            return f"rate limited for {max(0.0, r.until - self._clock()):.0f}s"
+        if r.reason == "capacity":
+            return "provider concurrency cap reached"
+        return r.reason
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"

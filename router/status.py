@@ -1,0 +1,116 @@
+"""Status: every entry's health, quota and live leases, from one ledger read.
+
+`read_status` builds the `RouterStatus` that `Router.status`, the CLI and
+the Prometheus state collector show. When the shared store cannot be read,
+it shows this replica's fail-open share and says why (``state_ok`` False).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from policies.breaker import Circuit
+from policies.quota import UNITS, projected_exhaustion
+from router.entries import Entry
+from router.ledger import Ledger
+from router.state import EntryRef
+from router.state.base import EntryStatus, PoolStatus
+
+__all__ = ["EntryView", "RouterStatus", "read_status"]
+
+
+@dataclass(frozen=True, slots=True)
+class EntryView:
+    """One entry in `Router.status`.
+
+    Attributes:
+        state: ``closed``, ``open``, ``half_open``, or a block:
+            ``misconfigured``, ``exhausted``, ``rate_limited``, ``capacity``;
+            ``unconfigured`` when credentials are missing.
+        until: when an open breaker or a block ends (None when it does not).
+        used / limits: per unit, for the entry's pool.
+        reset_at: when the pool's window resets.
+        exhausted_at: when each limited unit runs out at this window's
+            average rate so far (only units with usage).
+    """
+
+    name: str
+    provider: str
+    pool: str
+    configured: bool
+    unconfigured_reason: str | None
+    state: str
+    until: datetime | None
+    detail: str
+    used: dict[str, float]
+    limits: dict[str, float | None]
+    reset_at: datetime
+    live_leases: int
+    exhausted_at: dict[str, datetime]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStatus:
+    entries: list[EntryView]
+    state_url: str
+    state_ok: bool
+    state_error: str | None
+    on_state_error: str
+
+
+async def read_status(
+    ledger: Ledger, entries: Mapping[str, Entry], on_state_error: str, now: float
+) -> RouterStatus:
+    snap, error = await ledger.snapshot([e.ref for e in entries.values()])
+    views = [_view(e, snap.pools[e.ref.pool], snap.entries[e.name], now) for e in entries.values()]
+    return RouterStatus(
+        views, ledger.store.url, error is None, error or ledger.state_error, on_state_error
+    )
+
+
+def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryView:
+    health = status.breaker
+    reason = e.unusable()
+    if reason is not None:
+        state, until = "unconfigured", None
+    elif health.block:
+        state = health.block
+        until = _dt(health.block_until) if health.block_until else None
+    else:
+        state = health.circuit
+        until = _dt(health.open_until) if health.circuit is Circuit.OPEN else None
+    return EntryView(
+        name=e.name,
+        provider=e.provider.kind,
+        pool=e.ref.pool,
+        configured=reason is None,
+        unconfigured_reason=reason,
+        state=state,
+        until=until,
+        detail=health.block_detail,
+        used=dict(pool.used),
+        limits={u: e.ref.limits.get(u) for u in UNITS},
+        reset_at=e.ref.window.reset_at(now),
+        live_leases=status.live_leases,
+        exhausted_at=_projections(pool.used, e.ref, now),
+    )
+
+
+# A trickle of usage against a large limit projects past what datetime can hold.
+_LAST_TIMESTAMP = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
+
+
+def _projections(used: Mapping[str, float], ref: EntryRef, now: float) -> dict[str, datetime]:
+    start = ref.window.bounds(now)[0].timestamp()
+    out = {}
+    for unit in ("sessions", "sandbox_seconds"):
+        when = projected_exhaustion(used[unit], ref.limits.get(unit), start, now)
+        if when is not None and when < _LAST_TIMESTAMP:
+            out[unit] = _dt(when)
+    return out
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)

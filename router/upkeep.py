@@ -1,0 +1,180 @@
+"""Lease upkeep: commits, heartbeats, releases, and every task the router leaves running.
+
+After an acquire returns, the lease's commit, its heartbeats (one sweeper
+task renews every live lease each ``lease_ttl / 3``) and, at the end, the
+kill and the freeing of its slot all run here, off the caller's path. Each
+is a task that closing the router waits for (`Upkeep.spawn`); the frees a
+pool is still waiting for are tracked so this router's next acquire and its
+status read their own releases (`Upkeep.caught_up`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any
+
+from providers.base import Sandbox
+from providers.errors import ProviderError, StateUnavailable
+from router.config import RouterConfig
+from router.entries import Entry
+from router.events import Hook, KillFailed, LeaseLost, Released, emit
+from router.lease import Held
+from router.ledger import Booking, Ledger
+
+__all__ = ["Upkeep"]
+
+
+class Upkeep:
+    """The leases this router holds and the background work they need."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        entries: Mapping[str, Entry],
+        config: RouterConfig,
+        hooks: list[Hook],
+        clock: Callable[[], float],
+    ) -> None:
+        self._ledger = ledger
+        self._entries = entries
+        self._config = config
+        self._hooks = hooks
+        self._clock = clock
+        self.live: dict[str, Held] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._freeing: dict[str, set[asyncio.Task[None]]] = {}  # pool -> slots being freed
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` as a task that closing the router waits for."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def caught_up(self, pools: Iterable[str] | None = None) -> None:
+        """Wait for the slots this router is still freeing in ``pools`` (default: all), so
+        its callers read their own releases."""
+        wanted = self._freeing if pools is None else pools
+        pending = [task for pool in wanted for task in self._freeing.get(pool, ())]
+        if pending:
+            await asyncio.wait(pending)
+
+    def start(self, held: Held, booking: Booking) -> None:
+        """Commit a new lease off the caller's path, then keep it alive."""
+        held.committing = self.spawn(self._commit(held, booking))
+        self.keep(held)
+
+    async def _commit(self, held: Held, booking: Booking) -> None:
+        """Turn the reservation into a live lease while the caller already uses the sandbox.
+
+        The reservation holds every unit the lease needs, and it outlives the
+        create by RESERVE_GRACE, so the commit is off the caller's path (one
+        round trip less per acquire). Only lost state (Redis flushed or
+        unreachable) makes it fail, and that is told as a heartbeat that
+        finds its lease gone is told. Heartbeats and the release wait for it.
+        """
+        if await self._ledger.commit(booking, held.sandbox.id, held.acquired_at) is False:
+            self._lost(held)
+
+    def keep(self, held: Held) -> None:
+        """Heartbeat ``held`` until it is released (one sweeper task for all leases)."""
+        self.live[held.lease_id] = held
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep())
+
+    def _lost(self, held: Held) -> None:
+        self.live.pop(held.lease_id, None)
+        emit(self._hooks, LeaseLost(entry=held.entry, lease_id=held.lease_id))
+
+    async def _sweep(self) -> None:
+        """Every lease_ttl / 3, renew every live lease; ends when it finds none."""
+        while True:
+            await asyncio.sleep(self._config.lease_ttl / 3)
+            if not self.live:
+                return
+            renewals = [self._heartbeat(h) for h in list(self.live.values())]
+            for outcome in await asyncio.gather(*renewals, return_exceptions=True):
+                if isinstance(outcome, Exception):  # one lease's bad luck stops no other
+                    self._ledger.report("heartbeat", outcome)
+
+    async def _booking(self, held: Held) -> Booking:
+        """``held``'s booking, once its commit has landed (a heartbeat or a release never
+        overtakes the commit)."""
+        if held.committing is not None:
+            await held.committing
+        return self._ledger.booking(held, self._entries[held.entry].ref)
+
+    async def _heartbeat(self, held: Held) -> None:
+        ttl = self._config.lease_ttl
+        alive = await self._ledger.heartbeat(await self._booking(held), ttl)
+        if alive is None or held.released:
+            return
+        if not alive:
+            self._lost(held)
+            return
+        if held.session is not None:
+            with contextlib.suppress(StateUnavailable):
+                await self._ledger.bind(held, ttl)
+        with contextlib.suppress(ProviderError):
+            await held.sandbox.keepalive(ttl * 2)
+
+    async def release(self, held: Held) -> None:
+        """Dispose of the sandbox; free the slot beside it, off the caller's path.
+
+        The caller waits for the kill only. The slot's release is a task of
+        its own that this router's status, and its next acquire on a pool with
+        a concurrency limit, wait for (`caught_up`): a program that releases
+        and acquires again still finds its slot free. Closing the router
+        waits for it too.
+        """
+        if held.released:
+            return
+        held.released = True
+        self.live.pop(held.lease_id, None)
+        disposing = self.spawn(self._dispose(held))  # first: the kill is what the caller awaits
+        freeing = self.spawn(self._free_slot(held))
+        in_pool = self._freeing.setdefault(self._entries[held.entry].ref.pool, set())
+        in_pool.add(freeing)
+        freeing.add_done_callback(in_pool.discard)
+        await asyncio.shield(disposing)  # a cancelled release still kills the sandbox
+
+    async def _dispose(self, held: Held) -> None:
+        """Kill the sandbox, or keep a session's for its idle TTL (a task of its own)."""
+        entry = self._entries[held.entry]
+        idle = self._config.session_idle_ttl
+        if held.session is not None and idle > 0:
+            try:
+                await self._ledger.bind(held, idle)
+            except StateUnavailable:
+                await self.kill(entry, held.sandbox)
+            else:
+                with contextlib.suppress(ProviderError):
+                    await held.sandbox.keepalive(idle)
+        else:
+            await self.kill(entry, held.sandbox)
+
+    async def _free_slot(self, held: Held) -> None:
+        try:
+            seconds = await self._ledger.release(await self._booking(held))
+        except StateUnavailable as exc:
+            self._ledger.report("release", exc)
+            return
+        emit(self._hooks, Released(entry=held.entry, lease_id=held.lease_id, seconds=seconds))
+
+    async def kill(self, entry: Entry, sandbox: Sandbox) -> None:
+        """Kill; a failure is an event (the janitor gets it later), not the caller's error."""
+        try:
+            await sandbox.kill()
+        except Exception as exc:
+            emit(self._hooks, KillFailed(entry=entry.name, sandbox_id=sandbox.id,
+                 error=str(exc)))  # fmt: skip
+
+    async def close(self) -> None:
+        """Stop the heartbeats and wait (10 s at most) for the tasks still running."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._background:
+            await asyncio.wait(self._background, timeout=10)
