@@ -7,7 +7,7 @@ import logging
 import pytest
 import structlog
 
-from tests.scripted import ScriptedProvider
+from router.testing import ScriptedProvider
 
 
 def test_a_router_leaves_logging_to_the_app(
