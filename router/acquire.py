@@ -26,7 +26,14 @@ from policies.ordering import Candidate
 from policies.outcome import classify
 from policies.quota import remaining_fraction
 from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER, LABEL_SESSION, SandboxSpec
-from providers.errors import NoProviderAvailable, ProviderError, StateUnavailable, Unavailable
+from providers.errors import (
+    InvalidArgument,
+    NoProviderAvailable,
+    ProviderError,
+    StateUnavailable,
+    Unavailable,
+)
+from providers.processes import Capability
 from router.config import RouterConfig
 from router.entries import Entry
 from router.events import Acquired, AcquireFailed, Created, Failover, Hook, emit
@@ -256,11 +263,13 @@ def check_acquire(
                 f"acquire(labels=...): keys and values are strings, got {key!r}: {value!r}"
             )
         if key in _RESERVED_LABELS:
-            raise ValueError(f"acquire(labels=...): {key!r} is set by the router itself")
+            raise InvalidArgument(f"acquire(labels=...): {key!r} is set by the router itself")
     if session is not None and (not isinstance(session, str) or not session.strip()):
-        raise ValueError(f"acquire(session={session!r}): a session key is a non-empty string")
+        raise InvalidArgument(f"acquire(session={session!r}): a session key is a non-empty string")
     if timeout is not None and not timeout > 0:
-        raise ValueError(
+        raise InvalidArgument(
             f"acquire(timeout={timeout!r}): the deadline must be a positive number of seconds"
         )
+    if spec is not None and spec.gpu and Capability.GPU not in needed:
+        needed += (Capability.GPU,)  # an entry that ignores the gpu must not take the spec
     return needed

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from providers.base import SandboxSpec
 from providers.errors import (
     AuthError,
     CapacityExceeded,
@@ -281,3 +282,20 @@ def test_an_entry_whose_sdk_is_missing_is_skipped_and_says_so(
     assert (view.name, view.state, view.configured) == ("e2b", "unconfigured", False)
     assert "pip install 'sandbox-router[e2b]'" in str(view.unconfigured_reason)
     assert "pip install" in router.reap().skipped["e2b"]
+
+
+def test_a_gpu_spec_routes_only_to_entries_with_gpus(make_router, scripted) -> None:
+    """A SandboxSpec(gpu=...) implies requires=("gpu",): an entry that ignores it is skipped."""
+    providers = {"cpu": scripted("cpu"), "gpu": scripted("gpu", capabilities=("run_code", "gpu"))}
+    router = make_router(
+        providers=providers,
+        chain=[{"name": "cpu", "provider": "local"}, {"name": "gpu", "provider": "local"}],
+    )
+    with router.acquire(SandboxSpec(gpu="T4")) as lease:
+        assert lease.entry == "gpu"
+    with router.acquire() as lease:
+        assert lease.entry == "cpu"
+    only_cpu = make_router(providers={"cpu": scripted("cpu")},
+                           chain=[{"name": "cpu", "provider": "local"}])  # fmt: skip
+    with pytest.raises(NoProviderAvailable, match="cpu: lacks capability gpu"):
+        only_cpu.acquire(SandboxSpec(gpu="A100"))
