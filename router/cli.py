@@ -39,6 +39,7 @@ from rich.table import Table
 
 from policies.quota import UNITS
 from providers.errors import ConfigError, NoProviderAvailable, SandboxRouterError
+from providers.processes import Capability
 from router import config as config_mod
 from router.core import EntryView, Router, RouterStatus
 from router.logs import LogFormat, configure_logging
@@ -124,10 +125,24 @@ def _status_json(status: RouterStatus) -> dict[str, Any]:
                 "reset_at": v.reset_at.isoformat(),
                 "exhausted_at": {u: t.isoformat() for u, t in v.exhausted_at.items()},
                 "live_leases": v.live_leases,
+                "capabilities": sorted(v.capabilities),
             }
             for v in status.entries
         ],
     }
+
+
+def _capability_matrix(status: RouterStatus) -> Table:
+    """Which entry can do what: the capabilities `acquire(requires=...)` routes by."""
+    table = Table(title="capabilities")
+    table.add_column("capability")
+    for v in status.entries:
+        table.add_column(v.name)
+    known = [str(c) for c in Capability]
+    extra = sorted({c for v in status.entries for c in v.capabilities} - set(known))
+    for cap in [*known, *extra]:
+        table.add_row(cap, *("yes" if cap in v.capabilities else "-" for v in status.entries))
+    return table
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -157,6 +172,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{v.live_leases} / {v.limits['concurrent'] or '-'}", _when(v.reset_at), projected,
         )  # fmt: skip
     out.print(table)
+    out.print(_capability_matrix(status))
     for note in notes:
         out.print(escape(note), highlight=False)
     if not status.state_ok:

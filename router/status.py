@@ -34,6 +34,7 @@ class EntryView:
         reset_at: when the pool's window resets.
         exhausted_at: when each limited unit runs out at this window's
             average rate so far (only units with usage).
+        capabilities: what ``acquire(requires=...)`` may ask of the entry.
     """
 
     name: str
@@ -49,6 +50,7 @@ class EntryView:
     reset_at: datetime
     live_leases: int
     exhausted_at: dict[str, datetime]
+    capabilities: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,7 @@ def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryV
         reset_at=e.ref.window.reset_at(now),
         live_leases=status.live_leases,
         exhausted_at=_projections(pool.used, e.ref, now),
+        capabilities=e.capabilities,
     )
 
 

@@ -49,6 +49,7 @@ def test_status_json_and_quota_admin(chain: Path, capsys: pytest.CaptureFixture[
     [entry] = status["entries"]
     assert entry["used"]["sessions"] == 1
     assert (entry["state"], entry["limits"]["sessions"]) == ("closed", 5)
+    assert {"run_code", "files"} <= set(entry["capabilities"])
     assert main(["quota", "set", "local", "sessions", "5", "--config", str(chain)]) == 0
     assert main(["exec", "--config", str(chain), "--", "true"]) == 3  # no provider left
     assert "quota exhausted: sessions 5/5" in capsys.readouterr().err
@@ -99,7 +100,11 @@ def test_janitor(chain: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_status_table(chain: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--config", str(chain)]) == 0
-    assert "local" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "local" in out
+    matrix = out[out.index("capabilities") :]
+    rows = {line.split()[1]: line.split()[3] for line in matrix.splitlines() if "run_code" in line}
+    assert rows["run_code"] == "yes"
 
 
 def test_config_check(chain: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
