@@ -20,11 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from providers.daytona.errors import sdk_errors
-from providers.errors import NotFound, ProviderError
+from providers.errors import NotFound, ProviderError, SandboxError
 from providers.processes import ProcessBase, TerminalBase
 
 if TYPE_CHECKING:
@@ -32,11 +32,18 @@ if TYPE_CHECKING:
     from daytona._async.process import AsyncProcess
     from daytona.handle.async_pty_handle import AsyncPtyHandle
 
-__all__ = ["KILLED", "SESSION_PREFIX", "DaytonaProcess", "DaytonaTerminal", "process_id"]
+__all__ = [
+    "KILLED",
+    "SESSION_PREFIX",
+    "DaytonaProcess",
+    "DaytonaTerminal",
+    "process_id",
+    "toolbox_errors",
+]
 
 SESSION_PREFIX = "sandbox-router-proc-"
 KILLED = 137  # ended by its session's deletion (SIGKILL at the latest)
-_RETRY_SECONDS = 0.2
+_POLL_SECONDS = 0.2
 _PTY_PREFIX = "sandbox-router-pty-"
 
 
@@ -44,13 +51,23 @@ def process_id(session: str, command: str) -> str:
     return f"{session}:{command}"
 
 
-class DaytonaProcess(ProcessBase):
-    """A command of its own session, fed from the daemon's log websocket.
+@contextlib.contextmanager
+def toolbox_errors(provider: str, sandbox_id: str) -> Iterator[None]:
+    """`sdk_errors` in the sandbox, with the daemon's 404 (no such session, command or
+    terminal: it ended or was never there) as `NotFound`."""
+    try:
+        with sdk_errors(provider, sandbox_id, in_sandbox=True):
+            yield
+    except SandboxError as err:
+        if err.status != 404:
+            raise
+        raise NotFound(
+            err.message, provider=provider, status=404, sandbox_id=sandbox_id
+        ) from err.__cause__
 
-    The log is followed until the command ends; a stream cut short is
-    followed again (it replays from the start, so what this handle has
-    already seen is skipped).
-    """
+
+class DaytonaProcess(ProcessBase):
+    """A command of its own session, fed from the daemon's log websocket (from its start)."""
 
     def __init__(
         self, native: AsyncSandbox, provider: str, session: str, command: str, timeout: float
@@ -60,8 +77,6 @@ class DaytonaProcess(ProcessBase):
         self._session = session
         self._command = command
         self._timeout = timeout
-        self._seen = {"stdout": 0, "stderr": 0}
-        self._skip = {"stdout": 0, "stderr": 0}
         self._follow = asyncio.ensure_future(self._read())
 
     @property
@@ -69,39 +84,30 @@ class DaytonaProcess(ProcessBase):
         return self._native.process
 
     def _errors(self) -> contextlib.AbstractContextManager[None]:
-        return sdk_errors(self.provider, self._native.id, in_sandbox=True)
+        return toolbox_errors(self.provider, self._native.id)
 
     async def _read(self) -> None:
         try:
-            while True:
-                self._skip = dict(self._seen)
-                with self._errors():
-                    await self._process.get_session_command_logs_async(
-                        self._session,
-                        self._command,
-                        lambda text: self._take("stdout", text),
-                        lambda text: self._take("stderr", text),
-                    )
+            with self._errors():
+                await self._process.get_session_command_logs_async(
+                    self._session,
+                    self._command,
+                    lambda text: self._feed("stdout", text),
+                    lambda text: self._feed("stderr", text),
+                )
+                while True:  # the daemon ends the log once the exit code is written
                     async with asyncio.timeout(self._timeout):
                         found = await self._process.get_session_command(
                             self._session, self._command
                         )
-                if found.exit_code is not None:
-                    self._finish(found.exit_code)
-                    return
-                await asyncio.sleep(_RETRY_SECONDS)
+                    if found.exit_code is not None:
+                        self._finish(found.exit_code)
+                        return
+                    await asyncio.sleep(_POLL_SECONDS)
         except NotFound:
             self._finish(KILLED)  # its session was deleted
         except ProviderError as err:
             self._fail(err)
-
-    def _take(self, stream: Literal["stdout", "stderr"], text: str) -> None:
-        """Feed ``text`` past what an earlier stream of the log already gave."""
-        dropped = min(self._skip[stream], len(text))
-        self._skip[stream] -= dropped
-        if dropped < len(text):
-            self._seen[stream] += len(text) - dropped
-            self._feed(stream, text[dropped:])
 
     async def kill(self) -> bool:
         if self.finished:
@@ -161,7 +167,7 @@ class DaytonaTerminal(TerminalBase):
         await handle.disconnect()
 
     def _errors(self) -> contextlib.AbstractContextManager[None]:
-        return sdk_errors(self.provider, self._sandbox_id, in_sandbox=True)
+        return toolbox_errors(self.provider, self._sandbox_id)
 
     async def write(self, data: str | bytes) -> None:
         assert self._handle is not None

@@ -32,6 +32,7 @@ from providers.daytona.processes import (
     DaytonaProcess,
     DaytonaTerminal,
     process_id,
+    toolbox_errors,
 )
 from providers.daytona.states import state
 from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
@@ -278,8 +279,9 @@ class DaytonaSandbox(Sandbox):
                 sandbox_id=self.id,
             )
         async with self._toolbox():
-            async with asyncio.timeout(self._request_timeout):
-                await self._native.process.get_session_command(session, command)
+            with toolbox_errors(self.provider, self.id):
+                async with asyncio.timeout(self._request_timeout):
+                    await self._native.process.get_session_command(session, command)
         return DaytonaProcess(self._native, self.provider, session, command, self._request_timeout)
 
     async def open_terminal(
