@@ -36,6 +36,7 @@ from daytona import (
 
 from emulators.daytona import TEST_API_KEY, DaytonaEmulator
 from emulators.harness import Emulator
+from tests.polling import until
 
 
 @pytest.fixture
@@ -413,18 +414,16 @@ async def test_pty_create_resize_input_and_kill(client: AsyncDaytona) -> None:
         "tty", seen.extend, cwd="/tmp", envs={"MOOD": "calm"}, pty_size=PtySize(rows=24, cols=80)
     )
 
-    async def shows(needle: bytes) -> None:
-        while needle not in seen:
-            await asyncio.sleep(0.05)
-
     await handle.send_input("echo mood=$MOOD; pwd; stty size\n")
-    await asyncio.wait_for(shows(b"24 80"), 10)
+    await until(lambda: b"24 80" in seen, 10)
+    assert b"24 80" in seen
     assert b"mood=calm" in seen
     assert b"/tmp" in seen
     info = await handle.resize(PtySize(rows=30, cols=100))
     assert (info.rows, info.cols, info.active) == (30, 100, True)
     await handle.send_input("stty size\n")
-    await asyncio.wait_for(shows(b"30 100"), 10)
+    await until(lambda: b"30 100" in seen, 10)
+    assert b"30 100" in seen
     assert [s.id for s in await sandbox.process.list_pty_sessions()] == ["tty"]
     await handle.send_input("exit 3\n")
     assert (await asyncio.wait_for(handle.wait(), 10)).exit_code == 3
