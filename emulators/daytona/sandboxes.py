@@ -31,12 +31,14 @@ import secrets
 import shlex
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from emulators.daytona.interpreter import Interpreter
+from emulators.daytona.terminals import Terminal
 from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
 from providers.local import LocalProcess
@@ -85,6 +87,7 @@ class Command:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     ends_seen: set[str] = field(default_factory=set)
     mid_line: set[str] = field(default_factory=set)
+    _waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     def view(self) -> dict[str, Any]:
         return {"id": self.id, "command": self.command, "exitCode": self.exit_code}
@@ -109,13 +112,39 @@ class Command:
                 self.mid_line.discard(stream)
             else:
                 self.mid_line.add(stream)
+        self._wake()
 
     def end(self, stream: str, exit_code: int | None) -> None:
         self.ends_seen.add(stream)
         if exit_code is not None:
             self.exit_code = exit_code
         if self.ends_seen == {"stdout", "stderr"}:
-            self.done.set()
+            self.finish()
+
+    def finish(self) -> None:
+        self.done.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def follow(self) -> AsyncIterator[bytes]:
+        """The log (``output``) from its start, then what is added, until the command ends."""
+        sent = 0
+        while True:
+            if sent < len(self.output):
+                chunk = bytes(self.output[sent:])
+                sent += len(chunk)
+                yield chunk
+            elif self.done.is_set():
+                return
+            else:
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                await waiter
 
 
 class ShellSession:
@@ -204,7 +233,7 @@ class ShellSession:
         for cmd in self.commands.values():
             if not cmd.done.is_set():
                 cmd.exit_code = 128 - status if status < 0 else status
-                cmd.done.set()
+                cmd.finish()
 
     async def close(self) -> None:
         """End the shell and everything it started."""
@@ -244,6 +273,8 @@ class Box:
     last_activity: float = field(default_factory=time.time)
     stopped_at: float | None = None
     sessions: dict[str, ShellSession] = field(default_factory=dict)
+    terminals: dict[str, Terminal] = field(default_factory=dict)
+    interpreter: Interpreter | None = None
     boot: asyncio.Task[None] | None = None
 
     @property
@@ -360,9 +391,16 @@ class DaytonaCore(EmulatorCore):
         box.last_activity = time.time()
 
     async def close_sessions(self, box: Box) -> None:
+        """End the sandbox's processes: shell sessions, terminals and interpreter contexts."""
         sessions, box.sessions = list(box.sessions.values()), {}
         for session in sessions:
             await session.close()
+        terminals, box.terminals = list(box.terminals.values()), {}
+        for terminal in terminals:
+            await terminal.kill()
+        interpreter, box.interpreter = box.interpreter, None
+        if interpreter is not None:
+            await interpreter.close()
 
     async def start(self, box: Box) -> None:
         """Start a stopped sandbox (its files kept, its processes gone)."""

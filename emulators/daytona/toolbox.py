@@ -14,8 +14,17 @@ one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
 * Sessions: ``POST /process/session`` starts a shell
   (`emulators.daytona.sandboxes.ShellSession`), ``POST .../{id}/exec``
   runs a command in it (and waits unless ``runAsync``: then 202),
-  ``GET .../{id}``, ``.../command/{cid}``, ``.../command/{cid}/logs``,
-  ``DELETE .../{id}`` ends the shell and whatever it runs.
+  ``GET .../{id}``, ``.../command/{cid}``, ``.../command/{cid}/logs``
+  (a websocket upgrade streams the log, stream prefixes kept, from its start
+  and with ``follow=true`` until the command ends: then, or when its session
+  is deleted, the socket closes 1000), ``DELETE .../{id}`` ends the shell and
+  whatever it runs.
+* Terminals (`emulators.daytona.terminals`): the websocket
+  ``/process/pty/create-connect?id=&cols=&rows=&cwd=`` (env in the
+  ``X-Daytona-Pty-Envs~<base64url JSON>`` subprotocol), ``.../{id}/connect``,
+  ``GET /process/pty[/{id}]``, ``POST .../{id}/resize``, ``DELETE .../{id}``.
+* The stateful interpreter (`emulators.daytona.interpreter`): the websocket
+  ``/process/interpreter/execute`` in the default context.
 * Files: ``POST /files/bulk-upload`` (multipart ``files[i].file``, its
   destination in ``files[i].path`` or else the part's filename),
   ``POST /files/bulk-download`` (``{paths}`` in, a multipart/form-data
@@ -28,7 +37,10 @@ one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import grp
+import json
 import pwd
 import secrets
 import shutil
@@ -42,8 +54,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import BodyPartReader, web
 
 from emulators.daytona.api import bearer
+from emulators.daytona.interpreter import DEFAULT_TIMEOUT, Interpreter
 from emulators.daytona.sandboxes import DAYTONA_HOME, Box, ShellSession, iso
+from emulators.daytona.terminals import EXIT_CONTROL, Terminal, open_terminal
 from emulators.filesystem import PathRefused
+from providers.errors import SandboxError
 
 if TYPE_CHECKING:
     from emulators.daytona import DaytonaEmulator
@@ -55,6 +70,7 @@ PROXY = "DAYTONA_PROXY"
 BOX = web.RequestKey("box", Box)
 _INTERPRETERS = {"python": ["python3", "-"], "javascript": ["node", "-"]}
 _ATTR_CHARS = frozenset("!#$&+-.^_`|~")
+_ENVS_PROTOCOL = "X-Daytona-Pty-Envs~"
 
 
 def daemon_error(
@@ -143,7 +159,15 @@ class Toolbox:
     def routes(self) -> list[web.RouteDef]:
         base = "/toolbox/{sandbox}"
         session = base + "/process/session/{session}"
+        pty = base + "/process/pty"
         return [
+            web.get(pty, self.list_terminals),
+            web.get(pty + "/create-connect", self.create_terminal),
+            web.get(pty + "/{pty}", self.get_terminal),
+            web.delete(pty + "/{pty}", self.kill_terminal),
+            web.post(pty + "/{pty}/resize", self.resize_terminal),
+            web.get(pty + "/{pty}/connect", self.connect_terminal),
+            web.get(base + "/process/interpreter/execute", self.interpret),
             web.post(base + "/process/execute", self.execute),
             web.post(base + "/process/code-run", self.code_run),
             web.post(base + "/process/session", self.create_session),
@@ -328,8 +352,138 @@ class Toolbox:
     async def get_command(self, request: web.Request) -> web.Response:
         return web.json_response(self._command(request).view())
 
-    async def command_logs(self, request: web.Request) -> web.Response:
-        return web.json_response(self._command(request).logs())
+    async def command_logs(self, request: web.Request) -> web.StreamResponse:
+        cmd = self._command(request)
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            return web.json_response(cmd.logs())
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        if request.query.get("follow") == "true":
+            async for chunk in cmd.follow():
+                await ws.send_bytes(chunk)
+        else:
+            await ws.send_bytes(bytes(cmd.output))
+        await ws.close()
+        return ws
+
+    # -- terminals --------------------------------------------------------
+    def _terminal(self, request: web.Request) -> Terminal:
+        box: Box = request[BOX]
+        terminal = box.terminals.get(request.match_info["pty"])
+        if terminal is None or terminal.exit_code is not None:
+            raise DaemonError(404, "PTY session not found", "NOT_FOUND")
+        return terminal
+
+    @staticmethod
+    def _size(raw: Any, name: str) -> int:
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise DaemonError(400, f"{name} must be a number", "BAD_REQUEST") from None
+        if not 1 <= value <= 1000:
+            raise DaemonError(400, f"{name} must be between 1 and 1000", "BAD_REQUEST")
+        return value
+
+    @staticmethod
+    def _envs(request: web.Request) -> dict[str, str]:
+        for raw in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+            token = raw.strip()
+            if token.startswith(_ENVS_PROTOCOL):
+                encoded = token[len(_ENVS_PROTOCOL) :]
+                try:
+                    envs = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+                except (ValueError, binascii.Error):
+                    raise DaemonError(400, "malformed PTY envs", "BAD_REQUEST") from None
+                if not isinstance(envs, dict):
+                    raise DaemonError(400, "malformed PTY envs", "BAD_REQUEST")
+                return {str(k): str(v) for k, v in envs.items()}
+        return {}
+
+    def _info(self, terminal: Terminal) -> dict[str, Any]:
+        return terminal.info(iso(terminal.created))
+
+    async def create_terminal(self, request: web.Request) -> web.StreamResponse:
+        box: Box = request[BOX]
+        query = request.query
+        session_id = query.get("id", "")
+        if not session_id:
+            raise DaemonError(400, "id is required", "BAD_REQUEST")
+        live = box.terminals.get(session_id)
+        if live is not None and live.exit_code is None:
+            raise DaemonError(409, f"PTY session {session_id} already exists", "CONFLICT")
+        rows = self._size(query.get("rows", "24"), "rows")
+        cols = self._size(query.get("cols", "80"), "cols")
+        cwd = box.local.absolute(query.get("cwd") or DAYTONA_HOME)
+        envs = self._envs(request)
+        try:
+            terminal = await open_terminal(
+                box.local, session_id, rows=rows, cols=cols, cwd=cwd, envs=envs
+            )
+        except SandboxError as exc:
+            raise DaemonError(400, exc.message, "BAD_REQUEST") from None
+        box.terminals[session_id] = terminal
+        return await self._attach(request, terminal)
+
+    async def connect_terminal(self, request: web.Request) -> web.StreamResponse:
+        return await self._attach(request, self._terminal(request))
+
+    @staticmethod
+    async def _attach(request: web.Request, terminal: Terminal) -> web.StreamResponse:
+        ws = web.WebSocketResponse(protocols=(EXIT_CONTROL,))
+        await ws.prepare(request)
+        await terminal.attach(ws)
+        return ws
+
+    async def list_terminals(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        live = [t for t in box.terminals.values() if t.exit_code is None]
+        return web.json_response({"sessions": [self._info(t) for t in live]})
+
+    async def get_terminal(self, request: web.Request) -> web.Response:
+        return web.json_response(self._info(self._terminal(request)))
+
+    async def resize_terminal(self, request: web.Request) -> web.Response:
+        terminal = self._terminal(request)
+        body = await self._json(request)
+        terminal.resize(self._size(body.get("rows"), "rows"), self._size(body.get("cols"), "cols"))
+        return web.json_response(self._info(terminal))
+
+    async def kill_terminal(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        terminal = self._terminal(request)
+        await terminal.kill()
+        box.terminals.pop(terminal.id, None)
+        return web.json_response({"message": f"PTY session {terminal.id} terminated"})
+
+    # -- the stateful interpreter -----------------------------------------
+    async def interpret(self, request: web.Request) -> web.StreamResponse:
+        box: Box = request[BOX]
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        try:
+            body = json.loads(await ws.receive_str())
+        except (TypeError, ValueError):
+            await ws.close(code=1003, message=b"invalid request")
+            return ws
+        code, context = body.get("code"), body.get("contextId")
+        if not isinstance(code, str) or context not in (None, "default"):
+            await ws.close(code=1008, message=b"unknown context or no code")
+            return ws
+        timeout = body.get("timeout")
+        if box.interpreter is None:
+            box.interpreter = Interpreter(box.local, DAYTONA_HOME)
+
+        async def send(chunk: dict[str, Any]) -> None:
+            await ws.send_str(json.dumps(chunk))
+
+        close = await box.interpreter.execute(
+            code,
+            body.get("envs") or {},
+            DEFAULT_TIMEOUT if timeout is None else float(timeout),
+            send,
+        )
+        await ws.close(code=close)
+        return ws
 
     # -- files ------------------------------------------------------------
     async def upload(self, request: web.Request) -> web.Response:

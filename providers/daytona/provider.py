@@ -34,6 +34,7 @@ from providers.daytona.options import API_KEY_ENV, DaytonaOptions
 from providers.daytona.sandbox import DaytonaSandbox
 from providers.daytona.states import DELETED, STARTABLE, UNUSABLE, state
 from providers.errors import NotFound, ProviderError, Unavailable
+from providers.processes import Capability
 
 if TYPE_CHECKING:
     from daytona import AsyncDaytona, AsyncSandbox
@@ -56,7 +57,20 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
 
     kind: ClassVar[str] = "daytona"
     Options: ClassVar[type[ProviderOptions]] = DaytonaOptions
-    capabilities = frozenset({"run_code", "files"})
+    capabilities = frozenset(
+        {
+            Capability.RUN_CODE,
+            Capability.STATEFUL_CODE,
+            Capability.FILES,
+            Capability.STREAM,
+            Capability.PROCESS,
+            Capability.PROCESS_KILL,
+            Capability.PROCESS_LIST,
+            Capability.PROCESS_ATTACH,
+            Capability.PTY,
+            Capability.PTY_RESIZE,
+        }
+    )
     api_key_env = API_KEY_ENV
 
     def __init__(self, name: str = "daytona", options: ProviderOptions | None = None) -> None:

@@ -5,9 +5,11 @@ stderr apart: each command in a subshell (env and cwd apply to it only), in
 a session of its own while it runs (sessions are pooled per handle), under
 the router's timeout, after which its session is dropped (which kills it)
 and the output so far is returned with ``timed_out=True``.
-`DaytonaSandbox.run_code` uses Daytona's code runner for the sandbox's own
-language (stdout and stderr merged, as Daytona gives them), a session for
-bash or for python in a sandbox of another language.
+`DaytonaSandbox.run_code` runs python in Daytona's stateful interpreter
+(variables stay for the next call), the sandbox's other language in its
+code runner (stdout and stderr merged, as Daytona gives them) and bash in a
+session. Background processes and terminals are in
+`providers.daytona.processes`.
 """
 
 from __future__ import annotations
@@ -25,9 +27,17 @@ import structlog
 
 from providers.base import CodeResult, CommandResult, FileInfo, Sandbox, failure
 from providers.daytona.errors import DAEMON, EXECUTION_TIMEOUT, facts, sdk_errors
+from providers.daytona.processes import (
+    SESSION_PREFIX,
+    DaytonaProcess,
+    DaytonaTerminal,
+    process_id,
+    toolbox_errors,
+)
 from providers.daytona.states import state
 from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
 from providers.mapping import Where
+from providers.processes import ProcessInfo
 from providers.shell import piped, script
 
 if TYPE_CHECKING:
@@ -36,6 +46,10 @@ if TYPE_CHECKING:
 __all__ = ["DaytonaSandbox"]
 
 log = structlog.get_logger("sandbox_router.daytona")
+
+# The line before the caller's command in a background process's script: what
+# `DaytonaSandbox.processes` shows of it (not the exports, whose values may be secret).
+_COMMAND_MARK = "# sandbox-router: the command"
 
 
 class DaytonaSandbox(Sandbox):
@@ -204,6 +218,85 @@ class DaytonaSandbox(Sandbox):
             )
         return logs.stdout or "", logs.stderr or ""
 
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> DaytonaProcess:
+        from daytona import SessionExecuteRequest
+
+        lines = script(cmd, env, cwd or self._workdir, Where(self.provider, self.id))
+        prelude, _, command = lines.rpartition("\n")
+        text = f"(\n{prelude}\n{_COMMAND_MARK}\n{command}\n)" if prelude else f"(\n{command}\n)"
+        session = SESSION_PREFIX + secrets.token_hex(6)
+        process = self._native.process
+        async with self._toolbox():
+            async with asyncio.timeout(self._request_timeout):
+                await process.create_session(session)
+            try:
+                async with asyncio.timeout(self._request_timeout):
+                    started = await process.execute_session_command(
+                        session, SessionExecuteRequest(command=text, run_async=True)
+                    )
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await process.delete_session(session)
+                raise
+        if not started.cmd_id:
+            raise SandboxError(
+                "Daytona started the command without an id",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        return DaytonaProcess(
+            self._native, self.provider, session, started.cmd_id, self._request_timeout
+        )
+
+    async def processes(self) -> list[ProcessInfo]:
+        async with self._toolbox():
+            async with asyncio.timeout(self._request_timeout):
+                sessions = await self._native.process.list_sessions()
+        return [
+            ProcessInfo(
+                process_id(session.session_id, command.id),
+                _shown(command.command),
+                command.exit_code is None,
+                command.exit_code,
+            )
+            for session in sessions
+            if session.session_id.startswith(SESSION_PREFIX)
+            for command in session.commands
+        ]
+
+    async def attach(self, process_id: str) -> DaytonaProcess:
+        session, _, command = process_id.partition(":")
+        if not (session.startswith(SESSION_PREFIX) and command):
+            raise NotFound(
+                f"no process {process_id!r} (ids look like {SESSION_PREFIX}...:<command id>)",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        async with self._toolbox():
+            with toolbox_errors(self.provider, self.id):
+                async with asyncio.timeout(self._request_timeout):
+                    await self._native.process.get_session_command(session, command)
+        return DaytonaProcess(self._native, self.provider, session, command, self._request_timeout)
+
+    async def open_terminal(
+        self,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> DaytonaTerminal:
+        async with self._toolbox():
+            return await DaytonaTerminal.open(
+                self._native, self.provider, rows=rows, cols=cols, env=env, cwd=cwd or self._workdir
+            )
+
     async def write_file(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else bytes(data)
         async with self._toolbox():
@@ -245,6 +338,8 @@ class DaytonaSandbox(Sandbox):
     async def run_code(
         self, code: str, language: str = "python", *, timeout: float | None = 60.0
     ) -> CodeResult:
+        if language == "python":
+            return await self._interpret(code, timeout)
         if language == self.language:
             return await self._code_run(code, timeout)
         if language not in ("python", "bash"):
@@ -257,6 +352,38 @@ class DaytonaSandbox(Sandbox):
         interpreter = "python3 -" if language == "python" else "bash -s"
         res = await self.run(piped(code, interpreter), timeout=timeout)
         return CodeResult.of_command(res, timeout)
+
+    async def _interpret(self, code: str, timeout: float | None) -> CodeResult:
+        """Python in Daytona's interpreter, whose default context keeps its variables."""
+        from daytona import DaytonaTimeoutError
+
+        started = time.monotonic()
+        out: list[str] = []
+        err: list[str] = []
+        async with self._toolbox():
+            try:
+                async with asyncio.timeout(timeout + self._request_timeout if timeout else None):
+                    ran = await self._native.code_interpreter.run_code(
+                        code,
+                        on_stdout=lambda message: out.append(message.output),
+                        on_stderr=lambda message: err.append(message.output),
+                        timeout=math.ceil(timeout) if timeout else 0,
+                    )
+            except DaytonaTimeoutError:
+                elapsed = time.monotonic() - started
+                error = f"timed out after {timeout}s"
+                return CodeResult("".join(out), "".join(err), -1, elapsed, True, (), error, True)
+        failed = f"{ran.error.name}: {ran.error.value}" if ran.error else None
+        return CodeResult(
+            ran.stdout,
+            ran.stderr,
+            1 if ran.error else 0,
+            time.monotonic() - started,
+            False,
+            (),
+            failed,
+            True,
+        )
 
     async def _code_run(self, code: str, timeout: float | None) -> CodeResult:
         """Daytona's code runner (stdout and stderr merged, as it gives them)."""
@@ -298,6 +425,14 @@ class DaytonaSandbox(Sandbox):
         with self._errors():
             async with asyncio.timeout(self._request_timeout):
                 await self._native.refresh_activity()
+
+
+def _shown(command: str) -> str:
+    """The caller's command in a background process's script."""
+    if command.startswith("(\n") and command.endswith("\n)"):
+        command = command[2:-2]
+    _, marked, shown = command.rpartition(_COMMAND_MARK + "\n")
+    return shown if marked else command
 
 
 class _SessionGone(Exception):

@@ -36,6 +36,7 @@ from daytona import (
 
 from emulators.daytona import TEST_API_KEY, DaytonaEmulator
 from emulators.harness import Emulator
+from tests.polling import until
 
 
 @pytest.fixture
@@ -366,3 +367,88 @@ async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
             assert missing.value.status_code == 404
         finally:
             await daytona.close()
+
+
+async def test_session_logs_stream_over_the_websocket(client: AsyncDaytona) -> None:
+    sandbox = await client.create(CreateSandboxFromSnapshotParams())
+    process = sandbox.process
+    await process.create_session("bg")
+    started = await process.execute_session_command(
+        "bg", SessionExecuteRequest(command="echo one; sleep 1; echo two >&2", run_async=True)
+    )
+    assert started.cmd_id
+    seen: list[tuple[str, str, float]] = []
+    begun = time.monotonic()
+    await process.get_session_command_logs_async(
+        "bg",
+        started.cmd_id,
+        lambda text: seen.append(("out", text, time.monotonic() - begun)),
+        lambda text: seen.append(("err", text, time.monotonic() - begun)),
+    )
+    assert [(kind, text) for kind, text, _ in seen] == [("out", "one\n"), ("err", "two\n")]
+    assert seen[0][2] < 0.9  # streamed while the command still ran
+    assert (await process.get_session_command("bg", started.cmd_id)).exit_code == 0
+    replay: list[str] = []
+    await process.get_session_command_logs_async("bg", started.cmd_id, replay.append, replay.append)
+    assert "".join(replay) == "one\ntwo\n"  # from the start again, for a reattach
+
+    sleeper = await process.execute_session_command(
+        "bg", SessionExecuteRequest(command="echo up; sleep 60", run_async=True)
+    )
+    assert sleeper.cmd_id
+    follow = asyncio.ensure_future(
+        process.get_session_command_logs_async("bg", sleeper.cmd_id, replay.append, replay.append)
+    )
+    await asyncio.sleep(0.3)
+    await process.delete_session("bg")  # ends the command: the stream closes normally
+    await asyncio.wait_for(follow, 5)
+    assert await process.list_sessions() == []
+
+
+async def test_pty_create_resize_input_and_kill(client: AsyncDaytona) -> None:
+    from daytona.common.pty import PtySize
+
+    sandbox = await client.create(CreateSandboxFromSnapshotParams())
+    seen = bytearray()
+    handle = await sandbox.process.create_pty_session(
+        "tty", seen.extend, cwd="/tmp", envs={"MOOD": "calm"}, pty_size=PtySize(rows=24, cols=80)
+    )
+
+    await handle.send_input("echo mood=$MOOD; pwd; stty size\n")
+    await until(lambda: b"24 80" in seen, 10)
+    assert b"24 80" in seen
+    assert b"mood=calm" in seen
+    assert b"/tmp" in seen
+    info = await handle.resize(PtySize(rows=30, cols=100))
+    assert (info.rows, info.cols, info.active) == (30, 100, True)
+    await handle.send_input("stty size\n")
+    await until(lambda: b"30 100" in seen, 10)
+    assert b"30 100" in seen
+    assert [s.id for s in await sandbox.process.list_pty_sessions()] == ["tty"]
+    await handle.send_input("exit 3\n")
+    assert (await asyncio.wait_for(handle.wait(), 10)).exit_code == 3
+    await handle.disconnect()
+
+    again = await sandbox.process.create_pty_session("tty2", seen.extend)
+    await sandbox.process.kill_pty_session("tty2")
+    assert (await asyncio.wait_for(again.wait(), 10)).exit_code == 137
+    await again.disconnect()
+    with pytest.raises(DaytonaNotFoundError):
+        await sandbox.process.get_pty_session_info("tty2")
+
+
+async def test_interpreter_keeps_state_and_times_out(client: AsyncDaytona) -> None:
+    sandbox = await client.create(CreateSandboxFromSnapshotParams())
+    interpreter = sandbox.code_interpreter
+    first = await interpreter.run_code(
+        "import sys\nkept = 41\nprint('set'); print('e', file=sys.stderr)"
+    )
+    assert (first.stdout, first.stderr, first.error) == ("set\n", "e\n", None)
+    again = await interpreter.run_code("print(kept + 1)")
+    assert again.stdout == "42\n"
+    failed = await interpreter.run_code("1 / 0")
+    assert failed.error is not None
+    assert (failed.error.name, failed.error.value) == ("ZeroDivisionError", "division by zero")
+    with pytest.raises(DaytonaTimeoutError):
+        await interpreter.run_code("import time\ntime.sleep(30)", timeout=1)
+    assert (await interpreter.run_code("print(kept)")).stdout == "41\n"  # interrupted, not lost

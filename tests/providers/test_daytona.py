@@ -21,6 +21,7 @@ from emulators.harness import Emulator, free_port
 from providers import provider_class
 from providers.base import LABEL_LEASE, SandboxSpec
 from providers.daytona import DaytonaOptions, DaytonaProvider, DaytonaSandbox
+from providers.daytona.processes import KILLED, SESSION_PREFIX
 from providers.errors import (
     AuthError,
     CapacityExceeded,
@@ -30,7 +31,9 @@ from providers.errors import (
     RateLimited,
     SandboxError,
     Unavailable,
+    Unsupported,
 )
+from providers.processes import ProcessInfo
 from tests.polling import until
 
 LANGUAGE_LABEL = "code-toolbox-language"
@@ -155,14 +158,63 @@ async def test_create_parameters(emu: DaytonaEmulator) -> None:
             await adapter.aclose()
 
 
-async def test_code_of_another_language_runs_in_a_session(provider: DaytonaProvider) -> None:
+async def test_python_runs_in_the_interpreter_whatever_the_language(
+    provider: DaytonaProvider,
+) -> None:
     sbx = await provider.create(SandboxSpec(language="javascript"), timeout=5)
     try:
         assert sbx.language == "javascript"
         ran = await sbx.run_code("import sys\nprint('out')\nprint('err', file=sys.stderr)")
         assert (ran.stdout, ran.stderr, ran.exit_code, ran.error) == ("out\n", "err\n", 0, None)
+        assert ran.stateful
+        failed = await sbx.run_code("1 / 0")
+        assert (failed.exit_code, failed.error) == (1, "ZeroDivisionError: division by zero")
+        bash = await sbx.run_code("echo $((6 * 7))", "bash")
+        assert (bash.stdout, bash.stateful) == ("42\n", False)
     finally:
         await sbx.kill()
+
+
+async def test_a_process_is_a_session_whose_deletion_ends_all_it_started(
+    emu: DaytonaEmulator, sandbox: DaytonaSandbox
+) -> None:
+    proc = await sandbox.start("(while :; do date +%s%N > beat; sleep 0.05; done) & echo up; wait")
+    session, _, command = proc.id.partition(":")
+    assert session.startswith(SESSION_PREFIX)
+    assert command in {c.id for c in box(emu, sandbox.id).sessions[session].commands.values()}
+    assert (await anext(proc.output())).data == "up\n"
+    watcher = await sandbox.attach(proc.id)
+    assert await proc.kill()
+    assert (await proc.wait(5)).exit_code == KILLED
+    assert (await watcher.wait(5)).exit_code == KILLED  # its session is gone: killed
+    assert session not in box(emu, sandbox.id).sessions
+    before = await sandbox.read_file("beat")
+    await asyncio.sleep(0.3)
+    assert await sandbox.read_file("beat") == before, "the background child outlived the kill"
+
+
+async def test_processes_show_the_callers_command_and_attach_checks_ids(
+    sandbox: DaytonaSandbox,
+) -> None:
+    await sandbox.run("true")  # a pooled session of `run`: not a background process
+    proc = await sandbox.start("echo $TOKEN >/dev/null; sleep 0.2", env={"TOKEN": "s3cret"})
+    assert await proc.wait(5)
+    listed = await sandbox.processes()
+    assert listed == [ProcessInfo(proc.id, "echo $TOKEN >/dev/null; sleep 0.2", False, 0)]
+    again = await sandbox.attach(proc.id)
+    assert (await again.wait(5)).exit_code == 0  # a finished process is still there
+    for unknown in ("1", proc.id.split(":")[0] + ":nope", "sandbox-router-1a2b:"):
+        with pytest.raises(NotFound):
+            await sandbox.attach(unknown)
+    with pytest.raises(Unsupported, match="stdin"):
+        await proc.write_stdin("x")
+
+
+async def test_terminal_kill_ends_it_with_sigkill(sandbox: DaytonaSandbox) -> None:
+    tty = await sandbox.open_terminal(rows=10, cols=40)
+    assert await tty.kill()
+    assert await tty.wait(5) == KILLED
+    assert await tty.kill() is False
 
 
 async def test_unknown_snapshot_is_not_found(emu: DaytonaEmulator) -> None:

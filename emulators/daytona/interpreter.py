@@ -1,0 +1,147 @@
+"""The daemon's stateful Python interpreter (``code_interpreter.run_code``).
+
+Daytona keeps one Python worker per interpreter context; each execution
+sends it the code, and the worker runs it in the context's namespace, so
+variables, imports and functions stay for the next one. The emulator does
+the same inside the sandbox: `WORKER` reads one JSON command per line and
+answers JSON lines tagged with the command's id: ``stdout``/``stderr``
+(``text``), ``error`` (``name``, ``value``, ``traceback``) and a final
+``control`` (``completed``, or ``interrupted`` when the line
+``{"interrupt": true}`` made it SIGINT itself: a signal from outside would
+reach bubblewrap, not the worker).
+
+The websocket ``/process/interpreter/execute`` takes ``{code, contextId,
+envs, timeout}`` and streams those chunks as text frames, then closes 1000.
+Past ``timeout`` seconds (0: none) the worker is interrupted and has 2 s to stop,
+else it is killed (its state lost; the next call starts a fresh one); either
+way the close code is 4008. Only the default context exists here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from emulators.filesystem import GuestSandbox
+from providers.local import LocalProcess
+
+__all__ = ["DEFAULT_TIMEOUT", "TIMEOUT_CLOSE", "WORKER", "Interpreter"]
+
+TIMEOUT_CLOSE = 4008
+_GRACE_SECONDS = 2.0
+DEFAULT_TIMEOUT = 600  # seconds, when a call names none
+
+WORKER = r"""
+import json, os, queue, signal, sys, threading, traceback
+
+out = os.fdopen(os.dup(1), "w", buffering=1)
+namespace = {"__name__": "__main__"}
+commands = queue.Queue()
+
+def read():
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("interrupt"):
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            commands.put(message)
+    commands.put(None)
+
+class Stream:
+    def __init__(self, kind, cid):
+        self.kind, self.cid = kind, cid
+    def write(self, text):
+        if text:
+            out.write(json.dumps({"id": self.cid, "type": self.kind, "text": text}) + "\n")
+        return len(text)
+    def flush(self):
+        pass
+
+threading.Thread(target=read, daemon=True).start()
+while True:
+    try:
+        command = commands.get()
+    except KeyboardInterrupt:
+        continue
+    if command is None:
+        break
+    cid = command["id"]
+    os.environ.update(command.get("envs") or {})
+    sys.stdout, sys.stderr = Stream("stdout", cid), Stream("stderr", cid)
+    status = "completed"
+    try:
+        exec(compile(command["code"], "<code>", "exec"), namespace)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    except BaseException as exc:
+        chunk = {"id": cid, "type": "error", "name": type(exc).__name__, "value": str(exc),
+                 "traceback": traceback.format_exc()}
+        out.write(json.dumps(chunk) + "\n")
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    out.write(json.dumps({"id": cid, "type": "control", "text": status}) + "\n")
+"""
+
+
+class Interpreter:
+    """The default interpreter context of one sandbox: a worker, one execution at a time."""
+
+    def __init__(self, sandbox: GuestSandbox, cwd: str) -> None:
+        self.sandbox = sandbox
+        self.cwd = cwd
+        self._worker: LocalProcess | None = None
+        self._lock = asyncio.Lock()
+
+    async def _started(self) -> LocalProcess:
+        if self._worker is None or self._worker.proc.returncode is not None:
+            self._worker = await self.sandbox.spawn(["python3", "-u", "-c", WORKER], cwd=self.cwd)
+        return self._worker
+
+    async def execute(self, code: str, envs: Mapping[str, str], timeout: float, send: Any) -> int:
+        """Run ``code``, handing each chunk (a dict) to ``send``; the close code to answer."""
+        async with self._lock:
+            worker = await self._started()
+            assert worker.proc.stdin is not None
+            cid = str(uuid.uuid4())
+            command = {"id": cid, "code": self.sandbox.rewrite(code), "envs": dict(envs)}
+            worker.proc.stdin.write(json.dumps(command).encode() + b"\n")
+            reading = asyncio.ensure_future(self._relay(worker, cid, send))
+            try:
+                status = await asyncio.wait_for(asyncio.shield(reading), timeout or None)
+            except TimeoutError:
+                worker.proc.stdin.write(b'{"interrupt": true}\n')
+                try:
+                    await asyncio.wait_for(asyncio.shield(reading), _GRACE_SECONDS)
+                except TimeoutError:
+                    worker.kill()
+                return TIMEOUT_CLOSE
+            finally:
+                if not reading.done():
+                    reading.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await reading
+            return TIMEOUT_CLOSE if status == "interrupted" else 1000
+
+    @staticmethod
+    async def _relay(worker: LocalProcess, cid: str, send: Any) -> str:
+        stdout = worker.proc.stdout
+        assert stdout is not None
+        while line := await stdout.readline():
+            try:
+                chunk = json.loads(line)
+            except ValueError:
+                continue
+            if chunk.pop("id", None) != cid:
+                continue  # what an abandoned execution still printed
+            if chunk["type"] == "control":
+                return str(chunk["text"])
+            await send(chunk)
+        return "interrupted"
+
+    async def close(self) -> None:
+        if self._worker is not None and self._worker.proc.returncode is None:
+            self._worker.kill()
+            await self._worker.proc.wait()
