@@ -46,6 +46,7 @@ __all__ = [
     "Failover",
     "Hook",
     "KillFailed",
+    "LateCreate",
     "LeaseLost",
     "QuotaChanged",
     "Reaped",
@@ -116,6 +117,22 @@ class CreateFailed(Event):
     error: str
     attempt: int
     latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class LateCreate(Event):
+    """A create the acquire stopped waiting for (its deadline passed, or the caller
+    cancelled) came to an end. ``outcome``: ``killed`` (it made a sandbox: counted,
+    and killed at once, ``seconds`` after it landed), ``failed`` (it made nothing:
+    refunded) or ``unanswered`` (no answer while its reservation lasted: counted,
+    its sandbox, if any, left to the janitor)."""
+
+    name: ClassVar[str] = "late_create"
+    entry: str
+    lease_id: str
+    outcome: str
+    sandbox_id: str = ""
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +256,7 @@ RouterEvent = (
     | AcquireFailed
     | Created
     | CreateFailed
+    | LateCreate
     | Failover
     | Refund
     | BreakerTransition
@@ -269,6 +287,7 @@ def log_hook(event: RouterEvent) -> None:
             | StateError()
             | LeaseLost()
             | KillFailed()
+            | LateCreate()
             | AcquireFailed()
             | QuotaChanged()
             | StateWarning()

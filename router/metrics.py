@@ -53,6 +53,7 @@ from router.events import (
     CreateFailed,
     Failover,
     KillFailed,
+    LateCreate,
     LeaseLost,
     QuotaChanged,
     Reaped,
@@ -148,13 +149,19 @@ class RouterMetrics:
         self.releases = counter("releases", "Leases released, by entry.", ("entry",))
         self.sandbox_seconds = counter(
             "sandbox_seconds",
-            "Lease seconds metered on release, by entry.",
+            "Lease seconds metered on release (and late creates' seconds until killed), by entry.",
             ("entry",),
         )
         self.leases_lost = counter(
             "leases_lost",
             "Leases found expired by their own heartbeat (the app stalled), by entry.",
             ("entry",),
+        )
+        self.late_creates = counter(
+            "late_creates",
+            "Creates that ended after the acquire stopped waiting, by entry and outcome: "
+            "killed (a sandbox was made: counted and killed), failed (refunded), unanswered.",
+            ("entry", "outcome"),
         )
         self.kill_failures = counter(
             "kill_failures", "Sandbox kills that failed (the janitor reaps them).", ("entry",)
@@ -223,6 +230,10 @@ class RouterMetrics:
                 self.state_errors.labels(operation, mode).inc()
             case Released(entry=entry, seconds=seconds):
                 self.releases.labels(entry).inc()
+                if seconds:
+                    self.sandbox_seconds.labels(entry).inc(seconds)
+            case LateCreate(entry=entry, outcome=outcome, seconds=seconds):
+                self.late_creates.labels(entry, outcome).inc()
                 if seconds:
                     self.sandbox_seconds.labels(entry).inc(seconds)
             case LeaseLost(entry=entry):

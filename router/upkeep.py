@@ -19,9 +19,9 @@ from providers.base import Sandbox
 from providers.errors import ProviderError, StateUnavailable
 from router.config import RouterConfig
 from router.entries import Entry
-from router.events import Hook, KillFailed, LeaseLost, Released, emit
+from router.events import Hook, KillFailed, LateCreate, LeaseLost, Released, emit
 from router.lease import Held
-from router.ledger import Booking, Ledger
+from router.ledger import RESERVE_GRACE, Booking, Ledger
 
 __all__ = ["Upkeep"]
 
@@ -46,6 +46,7 @@ class Upkeep:
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._freeing: dict[str, set[asyncio.Task[None]]] = {}  # pool -> slots being freed
+        self._abandoned: set[asyncio.Future[Sandbox]] = set()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` as a task that closing the router waits for."""
@@ -164,6 +165,42 @@ class Upkeep:
             return
         emit(self._hooks, Released(entry=held.entry, lease_id=held.lease_id, seconds=seconds))
 
+    def abandon(self, create: asyncio.Future[Sandbox], booking: Booking, entry: Entry) -> None:
+        """Follow a create the acquire stopped waiting for: the provider may still make
+        (and bill) its sandbox, so its reservation stays until the create ends."""
+        self._abandoned.add(create)
+        create.add_done_callback(self._abandoned.discard)
+        self.spawn(self._follow(create, booking, entry))
+
+    async def _follow(
+        self, create: asyncio.Future[Sandbox], booking: Booking, entry: Entry
+    ) -> None:
+        """Count and kill what the create makes; refund only when it surely made nothing.
+
+        It is followed while its reservation lasts (RESERVE_GRACE past its
+        budget) or until the router closes. A create that has not answered by
+        then stays counted (the provider may have made it) and its slot is
+        freed; the janitor reaps its sandbox, if any, by its lease label.
+        """
+        await asyncio.wait((create,), timeout=RESERVE_GRACE - 2.0)
+        if create.done() and not create.cancelled() and create.exception() is not None:
+            await self._ledger.refund(booking, "late_create_failed")
+            emit(self._hooks, LateCreate(entry.name, booking.lease_id, "failed"))
+            return
+        if create.done() and not create.cancelled():
+            sandbox = create.result()
+            landed = self._clock()
+            await self.kill(entry, sandbox)
+            late = LateCreate(
+                entry.name, booking.lease_id, "killed", sandbox.id, self._clock() - landed
+            )
+        else:  # no answer while the reservation lasted, or the router is closing
+            create.cancel()
+            late = LateCreate(entry.name, booking.lease_id, "unanswered")
+        with contextlib.suppress(StateUnavailable):  # else the reservation expires by itself
+            await self._ledger.release(booking)  # the slot is free; the session stays spent
+        emit(self._hooks, late)
+
     async def kill(self, entry: Entry, sandbox: Sandbox) -> None:
         """Kill; a failure is an event (the janitor gets it later), not the caller's error."""
         try:
@@ -176,5 +213,7 @@ class Upkeep:
         """Stop the heartbeats and wait (10 s at most) for the tasks still running."""
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for create in self._abandoned:
+            create.cancel()
         if self._background:
             await asyncio.wait(self._background, timeout=10)
