@@ -44,6 +44,7 @@ __all__ = [
     "Created",
     "Event",
     "Failover",
+    "FreesOwed",
     "Hook",
     "KillFailed",
     "LateCreate",
@@ -57,6 +58,7 @@ __all__ = [
     "SessionLost",
     "StateError",
     "StateWarning",
+    "TaskFailed",
     "emit",
     "log_hook",
 ]
@@ -194,13 +196,32 @@ class KillFailed(Event):
 
 @dataclass(frozen=True, slots=True)
 class StateError(Event):
-    """A state store call failed: ``operation`` (reserve, commit, refund, release,
-    heartbeat, session, snapshot), under ``mode`` (fail_closed / fail_open)."""
+    """A state store call failed: ``operation`` (reserve, commit, record, refund,
+    release, heartbeat, session, snapshot), under ``mode`` (fail_closed / fail_open).
+    A failed release is kept and tried again until it lands (see `FreesOwed`)."""
 
     name: ClassVar[str] = "state_error"
     operation: str
     error: str
     mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class FreesOwed(Event):
+    """The router closed while ``count`` slot frees still could not reach the store:
+    those slots stay taken until their leases expire (``lease_ttl``)."""
+
+    name: ClassVar[str] = "frees_owed"
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailed(Event):
+    """A background task of the router ended with an error nobody else would see."""
+
+    name: ClassVar[str] = "task_failed"
+    task: str
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +285,8 @@ RouterEvent = (
     | LeaseLost
     | KillFailed
     | StateError
+    | FreesOwed
+    | TaskFailed
     | StateWarning
     | SessionLost
     | SessionClosed
@@ -285,6 +308,8 @@ def log_hook(event: RouterEvent) -> None:
             Failover()
             | Refund()
             | StateError()
+            | FreesOwed()
+            | TaskFailed()
             | LeaseLost()
             | KillFailed()
             | LateCreate()

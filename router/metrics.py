@@ -52,6 +52,7 @@ from router.events import (
     Created,
     CreateFailed,
     Failover,
+    FreesOwed,
     KillFailed,
     LateCreate,
     LeaseLost,
@@ -64,6 +65,7 @@ from router.events import (
     SessionLost,
     StateError,
     StateWarning,
+    TaskFailed,
 )
 
 if TYPE_CHECKING:
@@ -246,7 +248,7 @@ class RouterMetrics:
                 self.reaped.labels(entry).inc()
             case QuotaChanged(pool=pool, unit=unit):
                 self.quota_changes.labels(pool, unit).inc()
-            case StateWarning() | SessionClosed():
+            case StateWarning() | SessionClosed() | FreesOwed() | TaskFailed():
                 pass  # nothing to count
             case _:
                 assert_never(event)
