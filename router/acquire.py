@@ -10,7 +10,8 @@ For each entry in the order the policy gives::
     on anything else, or when attempts run out: fail over to the next entry.
 
 Nothing is lost on the way: a failed create refunds its reservation; a
-sandbox created but not committed is killed by upkeep.
+create the acquire stops waiting for keeps its reservation, and upkeep
+counts and kills the sandbox it may still make (the provider bills it).
 """
 
 from __future__ import annotations
@@ -214,9 +215,22 @@ class Acquirer:
         )
         created_at = self._clock()
         budget = booking.budget
+        # The create runs as a task of its own: when the deadline passes or the caller
+        # cancels, it is handed to upkeep (which counts and kills what it may yet
+        # make) instead of being cut off while the provider goes on making it.
+        create = asyncio.ensure_future(entry.provider.create(spec, timeout=budget))
         try:
-            async with asyncio.timeout(budget + 1.0):
-                sandbox = await entry.provider.create(spec, timeout=budget)
+            await asyncio.wait((create,), timeout=budget + 1.0)
+        except asyncio.CancelledError:
+            self._upkeep.abandon(create, booking, entry)
+            raise
+        if not create.done():
+            timeout = Unavailable(f"create timed out after {budget:.1f}s", provider=entry.name)
+            await self._ledger.record_failure(booking, timeout, attempt, created_at)
+            self._upkeep.abandon(create, booking, entry)
+            raise timeout
+        try:
+            sandbox = create.result()
         except BaseException as exc:
             await self._ledger.settle_failure(booking, exc, attempt, created_at)
             if isinstance(exc, TimeoutError):

@@ -44,8 +44,10 @@ __all__ = [
     "Created",
     "Event",
     "Failover",
+    "FreesOwed",
     "Hook",
     "KillFailed",
+    "LateCreate",
     "LeaseLost",
     "QuotaChanged",
     "Reaped",
@@ -56,6 +58,7 @@ __all__ = [
     "SessionLost",
     "StateError",
     "StateWarning",
+    "TaskFailed",
     "emit",
     "log_hook",
 ]
@@ -119,6 +122,22 @@ class CreateFailed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class LateCreate(Event):
+    """A create the acquire stopped waiting for (its deadline passed, or the caller
+    cancelled) came to an end. ``outcome``: ``killed`` (it made a sandbox: counted,
+    and killed at once, ``seconds`` after it landed), ``failed`` (it made nothing:
+    refunded) or ``unanswered`` (no answer while its reservation lasted: counted,
+    its sandbox, if any, left to the janitor)."""
+
+    name: ClassVar[str] = "late_create"
+    entry: str
+    lease_id: str
+    outcome: str
+    sandbox_id: str = ""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Failover(Event):
     """The acquire moved on from ``from_entry`` (``to_entry`` is ``none`` at the end)."""
 
@@ -177,13 +196,32 @@ class KillFailed(Event):
 
 @dataclass(frozen=True, slots=True)
 class StateError(Event):
-    """A state store call failed: ``operation`` (reserve, commit, refund, release,
-    heartbeat, session, snapshot), under ``mode`` (fail_closed / fail_open)."""
+    """A state store call failed: ``operation`` (reserve, commit, record, refund,
+    release, heartbeat, session, snapshot), under ``mode`` (fail_closed / fail_open).
+    A failed release is kept and tried again until it lands (see `FreesOwed`)."""
 
     name: ClassVar[str] = "state_error"
     operation: str
     error: str
     mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class FreesOwed(Event):
+    """The router closed while ``count`` slot frees still could not reach the store:
+    those slots stay taken until their leases expire (``lease_ttl``)."""
+
+    name: ClassVar[str] = "frees_owed"
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailed(Event):
+    """A background task of the router ended with an error nobody else would see."""
+
+    name: ClassVar[str] = "task_failed"
+    task: str
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +277,7 @@ RouterEvent = (
     | AcquireFailed
     | Created
     | CreateFailed
+    | LateCreate
     | Failover
     | Refund
     | BreakerTransition
@@ -246,6 +285,8 @@ RouterEvent = (
     | LeaseLost
     | KillFailed
     | StateError
+    | FreesOwed
+    | TaskFailed
     | StateWarning
     | SessionLost
     | SessionClosed
@@ -267,8 +308,11 @@ def log_hook(event: RouterEvent) -> None:
             Failover()
             | Refund()
             | StateError()
+            | FreesOwed()
+            | TaskFailed()
             | LeaseLost()
             | KillFailed()
+            | LateCreate()
             | AcquireFailed()
             | QuotaChanged()
             | StateWarning()

@@ -186,13 +186,7 @@ class Ledger:
         self, booking: Booking, exc: BaseException, attempt: int, started: float
     ) -> None:
         """Refund a failed create's reservation and record the failure on the breaker."""
-        verdict = classify(exc)
-        outcome = Outcome.NEUTRAL if isinstance(exc, asyncio.CancelledError) else verdict.outcome
-        until = None
-        if isinstance(exc, QuotaExceeded) and exc.reset_at is not None:
-            until = exc.reset_at.timestamp()
-        elif isinstance(exc, RateLimited) and exc.retry_after is not None:
-            until = self._clock() + exc.retry_after
+        outcome, until = self._verdict(exc)
         try:
             settled = await asyncio.shield(
                 self._store(booking).settle(
@@ -210,21 +204,72 @@ class Ledger:
             self.report("refund", state_exc)
             return
         if settled.applied:
-            emit(self._hooks, Refund(entry=booking.entry, lease_id=booking.lease_id,
-                 reason=verdict.reason))  # fmt: skip
+            emit(self._hooks, Refund(booking.entry, booking.lease_id, classify(exc).reason))
         if settled.transition:
             self.transition(booking.entry, settled.transition)
         if not isinstance(exc, asyncio.CancelledError):
-            emit(
-                self._hooks,
-                CreateFailed(
-                    entry=booking.entry,
-                    reason=verdict.reason,
-                    error=str(exc)[:300],
-                    attempt=attempt,
-                    latency=self._clock() - started,
-                ),
+            self._create_failed(booking, exc, attempt, started)
+
+    async def record_failure(
+        self, booking: Booking, exc: BaseException, attempt: int, started: float
+    ) -> None:
+        """Record a failed create on the breaker but keep its reservation: the create
+        is still running and may yet make a sandbox (see `Upkeep.abandon`)."""
+        outcome, until = self._verdict(exc)
+        try:
+            transition = await asyncio.shield(
+                self._store(booking).record(
+                    booking.ref,
+                    self._breaker,
+                    outcome,
+                    self._clock(),
+                    detail=str(exc)[:200],
+                    until=until,
+                )
             )
+        except StateUnavailable as state_exc:
+            self.report("record", state_exc)
+        else:
+            if transition:
+                self.transition(booking.entry, transition)
+        self._create_failed(booking, exc, attempt, started)
+
+    async def refund(self, booking: Booking, reason: str) -> None:
+        """Give back a reservation whose create made nothing (the breaker already knows)."""
+        try:
+            settled = await self._store(booking).settle(
+                booking.ref, self._breaker, booking.lease_id, self._clock(),
+                outcome=Outcome.NEUTRAL,
+            )  # fmt: skip
+        except StateUnavailable as exc:
+            self.report("refund", exc)
+            return
+        if settled.applied:
+            emit(self._hooks, Refund(booking.entry, booking.lease_id, reason))
+
+    def _verdict(self, exc: BaseException) -> tuple[Outcome, float | None]:
+        """What a failure tells the breaker, and until when a block it sets lasts."""
+        if isinstance(exc, asyncio.CancelledError):
+            return Outcome.NEUTRAL, None
+        if isinstance(exc, QuotaExceeded) and exc.reset_at is not None:
+            return classify(exc).outcome, exc.reset_at.timestamp()
+        if isinstance(exc, RateLimited) and exc.retry_after is not None:
+            return classify(exc).outcome, self._clock() + exc.retry_after
+        return classify(exc).outcome, None
+
+    def _create_failed(
+        self, booking: Booking, exc: BaseException, attempt: int, started: float
+    ) -> None:
+        emit(
+            self._hooks,
+            CreateFailed(
+                entry=booking.entry,
+                reason=classify(exc).reason,
+                error=str(exc)[:300],
+                attempt=attempt,
+                latency=self._clock() - started,
+            ),
+        )
 
     async def release(self, booking: Booking) -> float | None:
         """Free the slot and meter the seconds; raises `StateUnavailable` (not reported:

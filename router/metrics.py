@@ -50,7 +50,9 @@ from router.events import (
     Created,
     CreateFailed,
     Failover,
+    FreesOwed,
     KillFailed,
+    LateCreate,
     LeaseLost,
     QuotaChanged,
     Reaped,
@@ -61,6 +63,7 @@ from router.events import (
     SessionLost,
     StateError,
     StateWarning,
+    TaskFailed,
 )
 
 if TYPE_CHECKING:
@@ -141,13 +144,19 @@ class RouterMetrics:
         self.releases = counter("releases", "Leases released, by entry.", ("entry",))
         self.sandbox_seconds = counter(
             "sandbox_seconds",
-            "Lease seconds metered on release, by entry.",
+            "Lease seconds metered on release (and late creates' seconds until killed), by entry.",
             ("entry",),
         )
         self.leases_lost = counter(
             "leases_lost",
             "Leases found expired by their own heartbeat (the app stalled), by entry.",
             ("entry",),
+        )
+        self.late_creates = counter(
+            "late_creates",
+            "Creates that ended after the acquire stopped waiting, by entry and outcome: "
+            "killed (a sandbox was made: counted and killed), failed (refunded), unanswered.",
+            ("entry", "outcome"),
         )
         self.kill_failures = counter(
             "kill_failures", "Sandbox kills that failed (the janitor reaps them).", ("entry",)
@@ -218,6 +227,10 @@ class RouterMetrics:
                 self.releases.labels(entry).inc()
                 if seconds:
                     self.sandbox_seconds.labels(entry).inc(seconds)
+            case LateCreate(entry=entry, outcome=outcome, seconds=seconds):
+                self.late_creates.labels(entry, outcome).inc()
+                if seconds:
+                    self.sandbox_seconds.labels(entry).inc(seconds)
             case LeaseLost(entry=entry):
                 self.leases_lost.labels(entry).inc()
             case KillFailed(entry=entry):
@@ -228,7 +241,7 @@ class RouterMetrics:
                 self.reaped.labels(entry).inc()
             case QuotaChanged(pool=pool, unit=unit):
                 self.quota_changes.labels(pool, unit).inc()
-            case StateWarning() | SessionClosed():
+            case StateWarning() | SessionClosed() | FreesOwed() | TaskFailed():
                 pass  # nothing to count
             case _:
                 assert_never(event)

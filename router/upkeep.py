@@ -19,9 +19,18 @@ from providers.base import Sandbox
 from providers.errors import ProviderError, StateUnavailable
 from router.config import RouterConfig
 from router.entries import Entry
-from router.events import Hook, KillFailed, LeaseLost, Released, emit
+from router.events import (
+    FreesOwed,
+    Hook,
+    KillFailed,
+    LateCreate,
+    LeaseLost,
+    Released,
+    TaskFailed,
+    emit,
+)
 from router.lease import Held
-from router.ledger import Booking, Ledger
+from router.ledger import RESERVE_GRACE, Booking, Ledger
 
 __all__ = ["Upkeep"]
 
@@ -46,13 +55,24 @@ class Upkeep:
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._freeing: dict[str, set[asyncio.Task[None]]] = {}  # pool -> slots being freed
+        self._abandoned: set[asyncio.Future[Sandbox]] = set()
+        self._owed: dict[str, tuple[Booking, bool]] = {}  # lease id -> frees to try again
+        self._retrier: asyncio.Task[None] | None = None
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run ``work`` as a task that closing the router waits for."""
+        """Run ``work`` as a task that closing the router waits for; an error it ends
+        with is reported (a `TaskFailed` event), never left for nobody to see."""
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._report_failure)
         return task
+
+    def _report_failure(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            work = task.get_coro()
+            name = getattr(work, "__qualname__", task.get_name())
+            emit(self._hooks, TaskFailed(name, f"{type(exc).__name__}: {exc}"))
 
     async def caught_up(self, pools: Iterable[str] | None = None) -> None:
         """Wait for the slots this router is still freeing in ``pools`` (default: all), so
@@ -157,12 +177,78 @@ class Upkeep:
             await self.kill(entry, held.sandbox)
 
     async def _free_slot(self, held: Held) -> None:
+        booking = await self._booking(held)
         try:
-            seconds = await self._ledger.release(await self._booking(held))
+            seconds = await self._ledger.release(booking)
         except StateUnavailable as exc:
             self._ledger.report("release", exc)
+            self._owe(booking, announce=True)
             return
         emit(self._hooks, Released(entry=held.entry, lease_id=held.lease_id, seconds=seconds))
+
+    def _owe(self, booking: Booking, *, announce: bool) -> None:
+        """Keep a free the store did not take; a retrier tries it again until it lands.
+
+        ``announce``: a lease's free, told by a `Released` event when it lands.
+        """
+        self._owed[booking.lease_id] = (booking, announce)
+        if self._retrier is None or self._retrier.done():
+            self._retrier = asyncio.create_task(self._retry_frees())
+
+    async def _retry_frees(self) -> None:
+        """Try the owed frees again, backing off from 0.5 s to 10 s while the store is down."""
+        delay = 0.5
+        while self._owed:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+            with contextlib.suppress(StateUnavailable):
+                await self._pay_owed()
+
+    async def _pay_owed(self) -> None:
+        """One pass over the owed frees, in order; raises at the first the store refuses."""
+        for lease_id, (booking, announce) in list(self._owed.items()):
+            seconds = await self._ledger.release(booking)
+            del self._owed[lease_id]
+            if announce:
+                emit(self._hooks, Released(booking.entry, lease_id, seconds))
+
+    def abandon(self, create: asyncio.Future[Sandbox], booking: Booking, entry: Entry) -> None:
+        """Follow a create the acquire stopped waiting for: the provider may still make
+        (and bill) its sandbox, so its reservation stays until the create ends."""
+        self._abandoned.add(create)
+        create.add_done_callback(self._abandoned.discard)
+        self.spawn(self._follow(create, booking, entry))
+
+    async def _follow(
+        self, create: asyncio.Future[Sandbox], booking: Booking, entry: Entry
+    ) -> None:
+        """Count and kill what the create makes; refund only when it surely made nothing.
+
+        It is followed while its reservation lasts (RESERVE_GRACE past its
+        budget) or until the router closes. A create that has not answered by
+        then stays counted (the provider may have made it) and its slot is
+        freed; the janitor reaps its sandbox, if any, by its lease label.
+        """
+        await asyncio.wait((create,), timeout=RESERVE_GRACE - 2.0)
+        if create.done() and not create.cancelled() and create.exception() is not None:
+            await self._ledger.refund(booking, "late_create_failed")
+            emit(self._hooks, LateCreate(entry.name, booking.lease_id, "failed"))
+            return
+        if create.done() and not create.cancelled():
+            sandbox = create.result()
+            landed = self._clock()
+            await self.kill(entry, sandbox)
+            late = LateCreate(
+                entry.name, booking.lease_id, "killed", sandbox.id, self._clock() - landed
+            )
+        else:  # no answer while the reservation lasted, or the router is closing
+            create.cancel()
+            late = LateCreate(entry.name, booking.lease_id, "unanswered")
+        try:
+            await self._ledger.release(booking)  # the slot is free; the session stays spent
+        except StateUnavailable:
+            self._owe(booking, announce=False)
+        emit(self._hooks, late)
 
     async def kill(self, entry: Entry, sandbox: Sandbox) -> None:
         """Kill; a failure is an event (the janitor gets it later), not the caller's error."""
@@ -173,8 +259,19 @@ class Upkeep:
                  error=str(exc)))  # fmt: skip
 
     async def close(self) -> None:
-        """Stop the heartbeats and wait (10 s at most) for the tasks still running."""
+        """Stop the heartbeats, wait (10 s at most) for the tasks still running, then try
+        the owed frees once more (5 s at most) and say how many are still owed."""
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for create in self._abandoned:
+            create.cancel()
         if self._background:
             await asyncio.wait(self._background, timeout=10)
+        if self._retrier is not None:
+            self._retrier.cancel()
+        if self._owed:
+            with contextlib.suppress(StateUnavailable, TimeoutError):
+                await asyncio.wait_for(self._pay_owed(), 5)
+        if self._owed:
+            emit(self._hooks, FreesOwed(len(self._owed)))
+            self._owed.clear()

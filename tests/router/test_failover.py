@@ -122,7 +122,7 @@ def test_hung_create_times_out_and_fails_over(make_router, scripted) -> None:
     router = make_router(providers={"flaky": flaky}, create_timeout=0.3, retry={"attempts": 1})
     with router.acquire() as lease:
         assert lease.entry == "local"
-    assert entry(router, "flaky").used["sessions"] == 0
+    assert entry(router, "flaky").used["sessions"] == 1  # no answer yet: it may have made one
 
 
 def test_auth_block_lasts_until_the_config_changes(make_router, scripted, tmp_path) -> None:

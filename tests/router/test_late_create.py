@@ -3,6 +3,7 @@ sandbox the provider finishes later is killed (by the adapter, else the janitor)
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,11 @@ from typing import Any
 import pytest
 
 from emulators import available, emulator_class
-from providers.base import LABEL_ROUTER
+from providers.base import LABEL_ROUTER, Sandbox, SandboxSpec
 from router import Router
+from tests.polling import wait_until
+from tests.router.conftest import fired
+from tests.scripted import ScriptedProvider
 
 PROVIDERS = available(["daytona", "runloop", "e2b"])  # the HTTP emulators
 
@@ -65,3 +69,53 @@ def test_slow_create_is_abandoned_then_reaped(
             ours = late()
             assert ours, "the provider never finished the abandoned create"
             assert [r.id for r in ours if r.alive] == []
+
+
+class SlowProvider(ScriptedProvider):
+    """Its create outlives the caller: the sandbox is made on the provider's side even
+    when the client stops waiting (as a cloud API does once it took the request)."""
+
+    def __init__(self, name: str, root: Path, delay: float) -> None:
+        super().__init__(name, root)
+        self.delay = delay
+
+    async def create(self, spec: SandboxSpec, *, timeout: float) -> Sandbox:
+        self.creates += 1
+        return await asyncio.shield(self._server_side(spec))
+
+    async def _server_side(self, spec: SandboxSpec) -> Sandbox:
+        await asyncio.sleep(self.delay)
+        sandbox = await self.local.create(spec)
+        self.created.append(sandbox.id)
+        return sandbox
+
+
+def test_late_creates_are_counted_and_killed_by_the_router(
+    make_router, tmp_path: Path, events
+) -> None:
+    slow = SlowProvider("slow", tmp_path, delay=2.0)
+    router = make_router(
+        providers={"slow": slow},
+        create_timeout=0.3,
+        retry={"attempts": 1},
+        breaker={"failure_threshold": 10},
+        chain=[
+            {"name": "slow", "provider": "local"},
+            {"name": "local", "provider": "local", "options": {"root": str(tmp_path / "l")}},
+        ],
+    )
+
+    async def four() -> list[str]:
+        leases = await asyncio.gather(*(router.aacquire() for _ in range(4)))
+        for lease in leases:
+            await lease.release()
+        return [lease.entry for lease in leases]
+
+    assert asyncio.run(four()) == ["local"] * 4
+    wait_until(lambda: len(slow.created) == 4, seconds=10)
+    wait_until(lambda: slow.alive() == [], seconds=5)  # killed by the router, not a janitor
+    view = next(v for v in router.status().entries if v.name == "slow")
+    assert view.used["sessions"] == 4  # the provider made (and bills) four
+    assert view.live_leases == 0
+    assert [e["outcome"] for e in fired(events, "late_create")] == ["killed"] * 4
+    assert fired(events, "refund") == []

@@ -121,14 +121,21 @@ def test_janitor_lock_lets_one_replica_reap_an_entry(make_router, scripted, cloc
     assert report.skipped == {"flaky": "another replica is reaping it"}
 
 
-def test_a_create_finishing_after_the_deadline_is_reaped(make_router, scripted, events) -> None:
+def test_a_create_that_never_answers_stays_counted_and_is_reaped(
+    make_router, scripted, events
+) -> None:
     flaky = scripted(script=["late"])
     router = make_router(providers={"flaky": flaky}, create_timeout=0.3, retry={"attempts": 1})
     with router.acquire() as lease:
         assert lease.entry == "local"
     [late] = flaky.alive()
-    assert router.status().entries[0].used["sessions"] == 0  # refunded
-    assert router.reap().killed == [("flaky", late)]
+    assert router.status().entries[0].used["sessions"] == 1  # the provider may bill it
+    assert router.reap().killed == []  # its create is still followed: not an orphan yet
+    router.close()  # the router stops following it; its slot is freed, its unit stays spent
+    assert [e["outcome"] for e in fired(events, "late_create")] == ["unanswered"]
+    survivor = make_router(providers={"flaky": flaky})
+    assert survivor.status().entries[0].used["sessions"] == 1
+    assert survivor.reap().killed == [("flaky", late)]
     assert flaky.alive() == []
 
 

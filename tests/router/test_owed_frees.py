@@ -1,0 +1,91 @@
+"""A release made while the store is unreachable: its slot-free is kept and tried again
+until it lands, so the slot comes back without waiting for lease_ttl."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from emulators.redis_server import RedisServer
+from tests.polling import wait_until
+from tests.router.conftest import fired
+from tests.scripted import ScriptedProvider
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    (tmp_path / "redis").mkdir()
+    with RedisServer(tmp_path / "redis", persist=True) as server:
+        yield server
+
+
+def config(server: RedisServer, key_prefix: str) -> dict[str, object]:
+    return {
+        "state_url": server.url + "?socket_timeout=0.5&socket_connect_timeout=0.5",
+        "key_prefix": key_prefix,
+        "chain": [{"name": "only", "provider": "local", "quota": {"concurrent": 1}}],
+    }
+
+
+def test_a_free_that_failed_lands_once_the_store_is_back(
+    own_redis, key_prefix, tmp_path, new_router, events
+) -> None:
+    router = new_router(
+        config(own_redis, key_prefix),
+        providers={"only": ScriptedProvider("only", tmp_path)},
+        hooks=[events.append],
+    )
+    lease = router.acquire()
+    wait_until(lambda: router.status().entries[0].live_leases == 1)  # committed
+    own_redis.stop()
+    lease.release()  # returns normally; its free fails
+    wait_until(lambda: fired(events, "state_error"))
+    own_redis.start()  # same port; the AOF still holds the lease
+    wait_until(lambda: fired(events, "released"), seconds=15)
+    assert router.status().entries[0].live_leases == 0  # long before lease_ttl (300 s)
+    with router.acquire() as again:  # concurrent: 1
+        assert again.entry == "only"
+    assert [e["operation"] for e in fired(events, "state_error")] == ["release"]
+
+
+def test_close_says_how_many_frees_are_still_owed(
+    own_redis, key_prefix, tmp_path, new_router, events
+) -> None:
+    router = new_router(
+        {**config(own_redis, key_prefix), "chain": [
+            {"name": "only", "provider": "local", "quota": {"concurrent": 2}}]},
+        providers={"only": ScriptedProvider("only", tmp_path)},
+        hooks=[events.append],
+    )  # fmt: skip
+    leases = [router.acquire() for _ in range(2)]
+    wait_until(lambda: router.status().entries[0].live_leases == 2)
+    own_redis.stop()
+    for lease in leases:
+        lease.release()
+    router.close()  # bounded: the store stays down
+    assert fired(events, "frees_owed") == [{"count": 2}]
+    assert fired(events, "released") == []
+
+
+def test_a_background_task_that_fails_is_reported(
+    own_redis, key_prefix, tmp_path, new_router, events
+) -> None:
+    router = new_router(
+        config(own_redis, key_prefix),
+        providers={"only": ScriptedProvider("only", tmp_path)},
+        hooks=[events.append],
+    )
+    lease = router.acquire()
+    wait_until(lambda: router.status().entries[0].live_leases == 1)
+    with redis.Redis.from_url(own_redis.url) as admin:
+        admin.execute_command("ACL", "SETUSER", "default", "-evalsha", "-eval")
+        lease.release()  # the store refuses the free's script (not a connection error)
+        wait_until(lambda: fired(events, "task_failed"))
+        admin.execute_command("ACL", "SETUSER", "default", "+@all")
+    [failed] = fired(events, "task_failed")
+    assert "NOPERM" in str(failed["error"])
