@@ -13,9 +13,9 @@ import pytest
 from emulators import available, emulator_class
 from providers.base import LABEL_ROUTER, Sandbox, SandboxSpec
 from router import Router
+from router.testing import ScriptedProvider
 from tests.polling import wait_until
 from tests.router.conftest import fired
-from tests.scripted import ScriptedProvider
 
 PROVIDERS = available(["daytona", "runloop", "e2b"])  # the HTTP emulators
 

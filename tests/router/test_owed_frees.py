@@ -10,9 +10,9 @@ import pytest
 import redis
 
 from emulators.redis_server import RedisServer
+from router.testing import ScriptedProvider
 from tests.polling import wait_until
 from tests.router.conftest import fired
-from tests.scripted import ScriptedProvider
 
 pytestmark = pytest.mark.slow
 
