@@ -261,18 +261,24 @@ class E2BSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> CommandResult:
-        from e2b import CommandExitException, TimeoutException
+        from e2b import CommandExitException, InvalidArgumentException, TimeoutException
 
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
         started = time.monotonic()
         with self._errors():
-            handle = await self._native.commands.run(
-                command,
-                background=True,
-                envs=dict(env) if env else None,
-                cwd=cwd or self._workdir,
-                timeout=timeout or 0,
-            )
+            try:
+                handle = await self._native.commands.run(
+                    command,
+                    background=True,
+                    envs=dict(env) if env else None,
+                    cwd=cwd or self._workdir,
+                    timeout=timeout or 0,
+                )
+            except InvalidArgumentException as exc:
+                if not (cwd or self._workdir):
+                    raise
+                # envd cannot start in a missing directory: fail as a shell's `cd` would
+                return CommandResult("", f"{exc}\n", 1, time.monotonic() - started)
             try:
                 done = await handle.wait()
             except CommandExitException as exc:
