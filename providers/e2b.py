@@ -18,6 +18,15 @@ from a delay stated in the message; raw
 a slow or dead endpoint and are `Unavailable`. A command that exits non-zero
 (the SDK raises ``CommandExitException``) or runs out of its own timeout is a
 `CommandResult`, not an error.
+
+Background processes and terminals are envd's own (`E2BProcess`,
+`E2BTerminal`): started with ``timeout=0`` (the SDK's default of 60 s would
+kill a long-lived one), fed from the SDK handle's callbacks (the async handle
+has no iterator), listed, killed and reattached by pid from any replica.
+``run_code`` runs in the template's Jupyter kernel, which keeps state, on
+the code interpreter templates (``code-interpreter-*``, the SDK's default);
+other templates have no kernel, so code runs there through the language's
+interpreter, statelessly.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import re
 import shlex
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import structlog
@@ -54,11 +63,13 @@ from providers.errors import (
     Unavailable,
 )
 from providers.mapping import ErrorMap, Where, from_status, retry_after
+from providers.processes import Capability, ProcessBase, ProcessInfo, TerminalBase
+from providers.shell import piped
 
 if TYPE_CHECKING:
     from e2b_code_interpreter import AsyncSandbox
 
-__all__ = ["API_KEY_ENV", "E2BOptions", "E2BProvider", "E2BSandbox"]
+__all__ = ["API_KEY_ENV", "E2BOptions", "E2BProcess", "E2BProvider", "E2BSandbox", "E2BTerminal"]
 
 log = structlog.get_logger("sandbox_router.e2b")
 
@@ -67,6 +78,20 @@ _CONCURRENCY_CAP = "maximum number of concurrent"
 _QUOTA_WORDS = ("blocked", "quota", "credit", "billing limit")
 _STATUS_PREFIX = re.compile(r"^(\d{3})\b")
 _RETRY_AFTER = re.compile(r"retry[- ]after[:= ]*(\d+(?:\.\d+)?)", re.IGNORECASE)
+_KERNEL_TEMPLATES = "code-interpreter"  # the prefix of the templates that run a Jupyter kernel
+_INTERPRETERS = {"python": "python3 -", "bash": "bash -s"}  # where there is no kernel
+_AGENT_WORK = frozenset(
+    {
+        Capability.STREAM,
+        Capability.STDIN,
+        Capability.PROCESS,
+        Capability.PROCESS_KILL,
+        Capability.PROCESS_LIST,
+        Capability.PROCESS_ATTACH,
+        Capability.PTY,
+        Capability.PTY_RESIZE,
+    }
+)
 _RESULT_FORMATS = (
     "text",
     "html",
@@ -100,7 +125,9 @@ class E2BOptions(KeyedOptions):
             or ``E2B_SANDBOX_URL``); for emulators.
         domain: the E2B domain (default ``e2b.app``, or ``E2B_DOMAIN``).
         template: the default template (the SDK's ``code-interpreter-v1``
-            when unset); a spec's ``template`` wins.
+            when unset); a spec's ``template`` wins. A ``code-interpreter-*``
+            template keeps `run_code`'s state in a kernel (the entry declares
+            ``run_code.stateful``); on any other, code runs statelessly.
         lifetime: the sandbox timeout in seconds when the spec names none;
             lease heartbeats extend it (`E2BSandbox.keepalive`).
         request_timeout: seconds for each API request.
@@ -129,6 +156,8 @@ class E2BProvider(KeyedProvider[Any]):
 
     def __init__(self, name: str = "e2b", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
+        kernel = {Capability.STATEFUL_CODE} if _has_kernel(self.opts.template) else set()
+        self.capabilities = frozenset({"run_code", "files", *_AGENT_WORK, *kernel})
 
     @property
     def opts(self) -> E2BOptions:
@@ -155,17 +184,18 @@ class E2BProvider(KeyedProvider[Any]):
     async def create(self, spec: SandboxSpec, *, timeout: float) -> E2BSandbox:
         sandboxes = self._sandboxes()
         lifetime = spec.lifetime or self.opts.lifetime
+        template = spec.template or self.opts.template or sandboxes.default_template
         with sdk_errors(self.name):
             async with asyncio.timeout(timeout):
                 native = await sandboxes.create(
-                    template=spec.template or self.opts.template,
+                    template=template,
                     timeout=max(1, math.ceil(lifetime)),
                     metadata=dict(spec.labels),
                     envs=dict(spec.env),
                     request_timeout=min(timeout, self.opts.request_timeout),
                 )
         log.debug("sandbox_router.e2b.created", entry=self.name, sandbox_id=native.sandbox_id)
-        return E2BSandbox(native, self.name, workdir=spec.workdir)
+        return E2BSandbox(native, self.name, workdir=spec.workdir, template=template)
 
     async def connect(self, sandbox_id: str) -> E2BSandbox:
         sandboxes = self._sandboxes()
@@ -202,11 +232,19 @@ class E2BProvider(KeyedProvider[Any]):
 class E2BSandbox(Sandbox):
     """A live E2B sandbox; ``native`` is the SDK's ``AsyncSandbox``."""
 
-    def __init__(self, native: AsyncSandbox, provider: str, *, workdir: str | None = None) -> None:
+    def __init__(
+        self,
+        native: AsyncSandbox,
+        provider: str,
+        *,
+        workdir: str | None = None,
+        template: str | None = None,
+    ) -> None:
         self._native = native
         self.id = native.sandbox_id
         self.provider = provider
         self._workdir = workdir
+        self._template = template  # None: not known yet (a connected sandbox)
 
     @property
     def native(self) -> AsyncSandbox:
@@ -223,18 +261,24 @@ class E2BSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> CommandResult:
-        from e2b import CommandExitException, TimeoutException
+        from e2b import CommandExitException, InvalidArgumentException, TimeoutException
 
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
         started = time.monotonic()
         with self._errors():
-            handle = await self._native.commands.run(
-                command,
-                background=True,
-                envs=dict(env) if env else None,
-                cwd=cwd or self._workdir,
-                timeout=timeout or 0,
-            )
+            try:
+                handle = await self._native.commands.run(
+                    command,
+                    background=True,
+                    envs=dict(env) if env else None,
+                    cwd=cwd or self._workdir,
+                    timeout=timeout or 0,
+                )
+            except InvalidArgumentException as exc:
+                if not (cwd or self._workdir):
+                    raise
+                # envd cannot start in a missing directory: fail as a shell's `cd` would
+                return CommandResult("", f"{exc}\n", 1, time.monotonic() - started)
             try:
                 done = await handle.wait()
             except CommandExitException as exc:
@@ -272,6 +316,28 @@ class E2BSandbox(Sandbox):
     async def run_code(
         self, code: str, language: str = "python", *, timeout: float | None = 60.0
     ) -> CodeResult:
+        if await self._has_kernel():
+            return await self._run_in_kernel(code, language, timeout)
+        if language not in _INTERPRETERS:
+            raise SandboxError(
+                f"run_code: language {language!r} is not supported without the code "
+                f"interpreter (template {self._template!r}; expected one of "
+                f"{sorted(_INTERPRETERS)})",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        ran = await self.run(piped(code, _INTERPRETERS[language]), timeout=timeout)
+        return CodeResult.of_command(ran, timeout)
+
+    async def _has_kernel(self) -> bool:
+        """Whether the sandbox's template runs the code interpreter (asked once when connected)."""
+        if self._template is None:
+            with self._errors():
+                info = await self._native.get_info()
+            self._template = info.name or info.template_id
+        return _has_kernel(self._template)
+
+    async def _run_in_kernel(self, code: str, language: str, timeout: float | None) -> CodeResult:
         from e2b import TimeoutException
 
         started = time.monotonic()
@@ -285,7 +351,7 @@ class E2BSandbox(Sandbox):
                 if type(exc) is not TimeoutException or not timeout or elapsed < timeout:
                     raise
                 return CodeResult(
-                    "", "", -1, elapsed, True, (), f"execution timed out after {timeout}s"
+                    "", "", -1, elapsed, True, (), f"execution timed out after {timeout}s", True
                 )
         error = execution.error
         return CodeResult(
@@ -295,7 +361,79 @@ class E2BSandbox(Sandbox):
             duration=time.monotonic() - started,
             results=tuple(_result(r) for r in execution.results),
             error=f"{error.name}: {error.value}" if error else None,
+            stateful=True,
         )
+
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> E2BProcess:
+        process = E2BProcess(self)
+        with self._errors():
+            handle = await self._native.commands.run(
+                cmd if isinstance(cmd, str) else shlex.join(cmd),
+                background=True,
+                envs=dict(env) if env else None,
+                cwd=cwd or self._workdir,
+                stdin=True,
+                timeout=0,
+                on_stdout=process.on_stdout,
+                on_stderr=process.on_stderr,
+            )
+        process.follow(handle)
+        return process
+
+    async def processes(self) -> builtins.list[ProcessInfo]:
+        with self._errors():
+            found = await self._native.commands.list()
+        return [ProcessInfo(str(p.pid), _command_of(p.cmd, p.args)) for p in found]
+
+    async def attach(self, process_id: str) -> E2BProcess:
+        from e2b import NotFoundException
+
+        pid = int(process_id) if process_id.isdigit() else 0
+        gone = NotFound(
+            f"no process {process_id!r} runs in the sandbox",
+            provider=self.provider,
+            sandbox_id=self.id,
+        )
+        if not 0 < pid < 2**32:
+            raise gone
+        process = E2BProcess(self)
+        with self._errors():
+            try:
+                handle = await self._native.commands.connect(
+                    pid, timeout=0, on_stdout=process.on_stdout, on_stderr=process.on_stderr
+                )
+            except NotFoundException:
+                raise gone from None
+        process.follow(handle)
+        return process
+
+    async def open_terminal(
+        self,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> E2BTerminal:
+        from e2b import PtySize
+
+        terminal = E2BTerminal(self)
+        with self._errors():
+            handle = await self._native.pty.create(
+                PtySize(rows=rows, cols=cols),
+                on_data=terminal.on_data,
+                cwd=cwd or self._workdir,
+                envs=dict(env) if env else None,
+                timeout=0,
+            )
+        terminal.follow(handle)
+        return terminal
 
     async def kill(self) -> None:
         with contextlib.suppress(NotFound), self._errors():
@@ -305,6 +443,120 @@ class E2BSandbox(Sandbox):
         """Extend the sandbox's E2B timeout to ``seconds`` from now."""
         with self._errors():
             await self._native.set_timeout(max(1, math.ceil(seconds)))
+
+
+class E2BProcess(ProcessBase):
+    """A background command of envd, fed by the SDK handle's callbacks; its id is the pid."""
+
+    def __init__(self, sandbox: E2BSandbox) -> None:
+        super().__init__("", sandbox.provider)
+        self._sandbox = sandbox
+        self._pid = 0
+        self._follower: asyncio.Task[None] | None = None
+
+    def on_stdout(self, data: str) -> None:
+        self._feed("stdout", data)
+
+    def on_stderr(self, data: str) -> None:
+        self._feed("stderr", data)
+
+    def follow(self, handle: Any) -> None:
+        """Take the pid of the SDK's handle, and its end when it comes."""
+        self._pid = handle.pid
+        self.id = str(handle.pid)
+        self._follower = asyncio.ensure_future(
+            _exit_of(handle, self._sandbox, self._finish, self._fail)
+        )
+
+    async def kill(self) -> bool:
+        with self._sandbox._errors():
+            killed: bool = await self._sandbox.native.commands.kill(self._pid)
+        return killed
+
+    async def write_stdin(self, data: str | bytes) -> None:
+        with self._sandbox._errors():
+            await self._sandbox.native.commands.send_stdin(self._pid, data)
+
+    async def close_stdin(self) -> None:
+        with self._sandbox._errors():
+            await self._sandbox.native.commands.close_stdin(self._pid)
+
+
+class E2BTerminal(TerminalBase):
+    """An envd PTY (``bash -i -l``), fed by the SDK handle's ``on_data``; its id is the pid."""
+
+    def __init__(self, sandbox: E2BSandbox) -> None:
+        super().__init__("", sandbox.provider)
+        self._sandbox = sandbox
+        self._pid = 0
+        self._follower: asyncio.Task[None] | None = None
+
+    def on_data(self, data: bytes) -> None:
+        self._feed(bytes(data))
+
+    def follow(self, handle: Any) -> None:
+        """Take the pid of the SDK's handle, and its end when it comes."""
+        self._pid = handle.pid
+        self.id = str(handle.pid)
+        self._follower = asyncio.ensure_future(
+            _exit_of(handle, self._sandbox, self._finish, self._fail)
+        )
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._exit.done():
+            self._exit.set_exception(error)
+            self._queue.put_nowait(None)
+
+    async def write(self, data: str | bytes) -> None:
+        with self._sandbox._errors():
+            await self._sandbox.native.pty.send_stdin(
+                self._pid, data.encode() if isinstance(data, str) else data
+            )
+
+    async def resize(self, rows: int, cols: int) -> None:
+        from e2b import PtySize
+
+        with self._sandbox._errors():
+            await self._sandbox.native.pty.resize(self._pid, PtySize(rows=rows, cols=cols))
+
+    async def kill(self) -> bool:
+        with self._sandbox._errors():
+            killed: bool = await self._sandbox.native.pty.kill(self._pid)
+        return killed
+
+
+async def _exit_of(
+    handle: Any,
+    sandbox: E2BSandbox,
+    finish: Callable[[int], None],
+    fail: Callable[[BaseException], None],
+) -> None:
+    """Wait for an SDK command handle's end: its exit code (a non-zero one is raised), or why
+    the stream broke."""
+    from e2b import CommandExitException
+
+    try:
+        with sandbox._errors():
+            try:
+                done = await handle.wait()
+            except CommandExitException as exc:
+                finish(exc.exit_code)
+                return
+        finish(done.exit_code)
+    except ProviderError as exc:
+        fail(exc)
+
+
+def _command_of(cmd: str, args: Sequence[str]) -> str:
+    """The command line of a listed process: the shell command of the SDK's ``bash -l -c``."""
+    if cmd == "/bin/bash" and len(args) == 3 and list(args[:2]) == ["-l", "-c"]:
+        return args[2]
+    return shlex.join([cmd, *args])
+
+
+def _has_kernel(template: str | None) -> bool:
+    """Whether a template runs the code interpreter (None: the SDK's default, which does)."""
+    return template is None or template.startswith(_KERNEL_TEMPLATES)
 
 
 def _result(result: Any) -> dict[str, Any]:

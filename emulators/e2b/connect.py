@@ -26,6 +26,7 @@ __all__ = [
     "RpcError",
     "StreamHandler",
     "UnaryHandler",
+    "deadline_of",
     "end_of_stream",
     "envelope",
     "serve_stream",
@@ -101,7 +102,8 @@ def _decode(data: bytes) -> Message:
     return message
 
 
-def _timeout(request: web.Request) -> float | None:
+def deadline_of(request: web.Request) -> float | None:
+    """The call's deadline in seconds (``Connect-Timeout-Ms``); None: no limit."""
     raw = request.headers.get("Connect-Timeout-Ms")
     return int(raw) / 1000 if raw and raw.isdigit() else None
 
@@ -110,7 +112,7 @@ async def serve_unary(request: web.Request, handler: UnaryHandler) -> web.Respon
     """Answer a unary call: decode, run ``handler`` within the call's deadline, encode."""
     try:
         message = _decode(await request.read())
-        async with asyncio.timeout(_timeout(request)):
+        async with asyncio.timeout(deadline_of(request)):
             reply = await handler(message)
     except RpcError as err:
         return web.json_response(err.to_dict(), status=CODE_STATUS[err.code])
@@ -136,7 +138,7 @@ async def serve_stream(request: web.Request, handler: StreamHandler) -> web.Stre
     error: RpcError | None = None
     try:
         message = _first_envelope(body)
-        async with asyncio.timeout(_timeout(request)):
+        async with asyncio.timeout(deadline_of(request)):
             await handler(message, send)
     except RpcError as err:
         error = err

@@ -6,11 +6,8 @@ names the sandbox in the ``E2b-Sandbox-Id`` header and its envd token in
 a 502 whose message says it "was not found" (the SDK turns that into
 ``SandboxNotRunningException``).
 
-* ``/process.Process/*`` (Connect): ``Start`` streams start{pid},
-  data{stdout|stderr} (base64) and end{exitCode}; ``SendSignal``, ``List``,
-  ``SendInput``, ``CloseStdin``. A command runs as the SDK sends it
-  (``/bin/bash -l -c CMD``) in the local sandbox; the call's deadline, a
-  signal or the client going away kills its process group.
+* ``/process.Process/*`` (Connect): commands and terminals, served by
+  `emulators.e2b.processes.ProcessService`.
 * ``/filesystem.Filesystem/*`` (Connect): ``Stat``, ``ListDir``, ``MakeDir``,
   ``Remove``, ``Move``.
 * ``GET /files?path=`` downloads, ``POST /files`` uploads (multipart field
@@ -20,12 +17,10 @@ a 502 whose message says it "was not found" (the SDK turns that into
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import os
 import shutil
-import signal
 import stat
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,24 +31,20 @@ from aiohttp import web
 from emulators.e2b.connect import (
     Message,
     RpcError,
-    Send,
     StreamHandler,
     UnaryHandler,
     serve_stream,
     serve_unary,
 )
-from emulators.e2b.sandboxes import E2BSandbox, RunningProcess
+from emulators.e2b.processes import ProcessService
+from emulators.e2b.sandboxes import E2BSandbox
 from emulators.filesystem import PathRefused
-from providers.errors import SandboxError
 
 if TYPE_CHECKING:
     from emulators.e2b import E2BEmulator
 
 __all__ = ["Envd"]
 
-_SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM}
-_SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
-_CHUNK = 32 * 1024
 _HTTP: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest,
     401: web.HTTPUnauthorized,
@@ -66,17 +57,6 @@ def _json_error(status: int, message: str) -> web.HTTPException:
     """envd's (and E2B's proxy's) plain JSON error, raised from a handler."""
     body = json.dumps({"code": status, "message": message})
     return _HTTP[status](text=body, content_type="application/json")
-
-
-def _end_event(code: int) -> Message:
-    if code >= 0:
-        return {"exitCode": code, "exited": True, "status": f"exit status {code}"}
-    sig = signal.Signals(-code)
-    return {
-        "exitCode": -1,
-        "exited": False,
-        "status": f"signal: {_SIGNAL_WORDS.get(sig, sig.name)}",
-    }
 
 
 def _entry(sandbox: E2BSandbox, host: Path) -> Message:
@@ -105,6 +85,7 @@ class Envd:
 
     def __init__(self, emulator: E2BEmulator) -> None:
         self.core = emulator.core
+        self.processes = ProcessService(emulator.core.local.opts.python)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -184,14 +165,9 @@ class Envd:
     async def rpc(self, request: web.Request) -> web.StreamResponse:
         sandbox = self.sandbox(request)
         name = f"{request.match_info['service']}/{request.match_info['method']}"
-        streams: dict[str, StreamHandler] = {
-            "process.Process/Start": lambda m, send: self.start(sandbox, m, send),
-        }
+        streams: dict[str, StreamHandler] = self.processes.streams(sandbox, request)
         unaries: dict[str, UnaryHandler] = {
-            "process.Process/SendSignal": lambda m: self.send_signal(sandbox, m),
-            "process.Process/List": lambda m: self.list_processes(sandbox, m),
-            "process.Process/SendInput": lambda m: self.send_input(sandbox, m),
-            "process.Process/CloseStdin": lambda m: self.close_stdin(sandbox, m),
+            **self.processes.unaries(sandbox),
             "filesystem.Filesystem/Stat": lambda m: self.fs(sandbox, m, self._stat),
             "filesystem.Filesystem/ListDir": lambda m: self.fs(sandbox, m, self._list_dir),
             "filesystem.Filesystem/MakeDir": lambda m: self.fs(sandbox, m, self._make_dir),
@@ -205,87 +181,6 @@ class Envd:
         return web.json_response(
             {"code": "unimplemented", "message": f"{name} is not emulated"}, status=501
         )
-
-    async def start(self, sandbox: E2BSandbox, message: Message, send: Send) -> None:
-        config = message.get("process") or {}
-        argv = [config.get("cmd") or "/bin/bash", *config.get("args", [])]
-        try:
-            local = await sandbox.local.spawn(
-                argv, env=config.get("envs") or {}, cwd=config.get("cwd") or None
-            )
-        except SandboxError as exc:
-            raise RpcError("invalid_argument", str(exc)) from None
-        process = RunningProcess(sandbox.next_pid(), local, config, message.get("tag"))
-        sandbox.processes[process.pid] = process
-        queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
-
-        async def pump(name: str, stream: asyncio.StreamReader | None) -> None:
-            while stream is not None and (chunk := await stream.read(_CHUNK)):
-                await queue.put((name, chunk))
-            await queue.put(None)
-
-        pumps = [
-            asyncio.create_task(pump("stdout", local.proc.stdout)),
-            asyncio.create_task(pump("stderr", local.proc.stderr)),
-        ]
-        try:
-            if not message.get("stdin") and local.proc.stdin is not None:
-                local.proc.stdin.close()
-            await send({"event": {"start": {"pid": process.pid}}})
-            open_streams = len(pumps)
-            while open_streams:
-                item = await queue.get()
-                if item is None:
-                    open_streams -= 1
-                    continue
-                data = base64.b64encode(item[1]).decode()
-                await send({"event": {"data": {item[0]: data}}})
-            code = await local.proc.wait()
-            await send({"event": {"end": _end_event(code)}})
-        finally:
-            for task in pumps:
-                task.cancel()
-            local.kill()
-            sandbox.processes.pop(process.pid, None)
-
-    def _process(self, sandbox: E2BSandbox, message: Message) -> RunningProcess:
-        selector = message.get("process") or {}
-        for process in sandbox.processes.values():
-            if process.pid == selector.get("pid") or (
-                process.tag is not None and process.tag == selector.get("tag")
-            ):
-                return process
-        raise RpcError("not_found", f"process {selector} not found")
-
-    async def send_signal(self, sandbox: E2BSandbox, message: Message) -> Message:
-        process = self._process(sandbox, message)
-        process.local.kill(_SIGNALS.get(message.get("signal"), signal.SIGKILL))
-        return {}
-
-    async def list_processes(self, sandbox: E2BSandbox, message: Message) -> Message:
-        return {
-            "processes": [
-                {"config": p.config, "pid": p.pid, **({"tag": p.tag} if p.tag else {})}
-                for p in sandbox.processes.values()
-            ]
-        }
-
-    async def send_input(self, sandbox: E2BSandbox, message: Message) -> Message:
-        process = self._process(sandbox, message)
-        stdin = process.local.proc.stdin
-        data = (message.get("input") or {}).get("stdin")
-        if stdin is None or stdin.is_closing():
-            raise RpcError("failed_precondition", "the process's stdin is closed")
-        if data:
-            stdin.write(base64.b64decode(data))
-            await stdin.drain()
-        return {}
-
-    async def close_stdin(self, sandbox: E2BSandbox, message: Message) -> Message:
-        stdin = self._process(sandbox, message).local.proc.stdin
-        if stdin is not None:
-            stdin.close()
-        return {}
 
     async def fs(self, sandbox: E2BSandbox, message: Message, op: Any) -> Message:
         """Run one filesystem operation off the loop, mapping OS errors to RPC codes."""

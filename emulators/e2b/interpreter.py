@@ -11,7 +11,9 @@ kernel reads one JSON request per line on stdin and answers on a private
 copy of its stdout; the code's own fd 1 is pointed at stderr so nothing the
 code does can corrupt the protocol. A client that goes away (its timeout)
 kills the kernel; the next execution starts a fresh one. Bash runs as one
-command per execution. Only the default context exists.
+command per execution. Only the default context exists. Only the code
+interpreter templates (``code-interpreter-*``) run it: on any other template
+the port is closed and E2B's proxy answers 502.
 """
 
 from __future__ import annotations
@@ -157,6 +159,14 @@ class Interpreter:
 
     async def execute(self, request: web.Request) -> web.StreamResponse:
         sandbox = self.envd.sandbox(request)
+        if not sandbox.has_interpreter:  # E2B's proxy: nothing listens on the port
+            body = {
+                "sandboxId": sandbox.id,
+                "message": "The sandbox is running but port is not open",
+                "port": 49999,
+                "code": 502,
+            }
+            return web.json_response(body, status=502)
         try:
             body = await request.json()
             code = body["code"]

@@ -14,28 +14,19 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
-from providers.local import LocalProcess
 
 if TYPE_CHECKING:
     from emulators.e2b.interpreter import Kernel
+    from emulators.e2b.processes import RunningProcess
 
-__all__ = ["E2B_HOME", "E2BCore", "E2BSandbox", "RunningProcess"]
+__all__ = ["E2B_HOME", "INTERPRETER_TEMPLATES", "E2BCore", "E2BSandbox"]
 
 E2B_HOME = "/home/user"
-
-
-@dataclass
-class RunningProcess:
-    """A command started through envd's process service."""
-
-    pid: int
-    local: LocalProcess
-    config: dict[str, Any]
-    tag: str | None = None
+INTERPRETER_TEMPLATES = "code-interpreter"  # the prefix of the templates that run a kernel
 
 
 @dataclass
@@ -53,6 +44,11 @@ class E2BSandbox:
     processes: dict[int, RunningProcess] = field(default_factory=dict)
     kernel: Kernel | None = None
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
+
+    @property
+    def has_interpreter(self) -> bool:
+        """True when the template runs the code interpreter (a Jupyter server on port 49999)."""
+        return self.template.startswith(INTERPRETER_TEMPLATES)
 
     def next_pid(self) -> int:
         return next(self._pids)

@@ -87,7 +87,15 @@ def build(name: str, emu: Emulator | None, root: Path) -> Backend:
         opts = E2BOptions(api_key=e2b.TEST_API_KEY, api_url=url, sandbox_url=url, request_timeout=5)
         made = E2BProvider(name, opts)
         return Backend(
-            name, "e2b", made, "/home/user", "i" + "0" * 19, "base", emu, (emu, "templates")
+            name,
+            "e2b",
+            made,
+            "/home/user",
+            "i" + "0" * 19,
+            "base",
+            emu,
+            (emu, "templates"),
+            code_template="code-interpreter-v1",
         )
     if isinstance(emu, ModalEmulator):
         token = {"token_id": modal.TEST_TOKEN_ID, "token_secret": modal.TEST_TOKEN_SECRET}

@@ -16,6 +16,8 @@ from e2b import (
     ConnectionConfig,
     FileNotFoundException,
     InvalidArgumentException,
+    NotFoundException,
+    PtySize,
     RateLimitException,
     SandboxException,
     SandboxNotFoundException,
@@ -85,6 +87,71 @@ async def test_background_command_signal_and_stdin(emu: E2BEmulator) -> None:
         with pytest.raises(CommandExitException):
             await sleeper.wait()
         assert await sbx.commands.kill(sleeper.pid) is False
+    finally:
+        await sbx.kill()
+
+
+async def test_processes_outlive_their_stream_and_reattach_by_pid(emu: E2BEmulator) -> None:
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        early: list[str] = []
+        first = await sbx.commands.run(
+            "echo early; read line; echo got $line",
+            background=True,
+            stdin=True,
+            timeout=0,
+            on_stdout=early.append,
+        )
+        await until(lambda: early == ["early\n"])
+        listed = await sbx.commands.list()
+        assert [(p.pid, p.cmd, p.args) for p in listed] == [
+            (first.pid, "/bin/bash", ["-l", "-c", "echo early; read line; echo got $line"])
+        ]
+        await first.disconnect()  # as in envd, the process runs on
+        other = await AsyncSandbox.connect(sbx.sandbox_id, **emu.sdk_kwargs())
+        seen: list[str] = []
+        again = await other.commands.connect(first.pid, timeout=0, on_stdout=seen.append)
+        await other.commands.send_stdin(first.pid, "late\n")
+        assert (await again.wait()).exit_code == 0
+        assert seen == ["got late\n"]  # from the moment it connected
+        assert await sbx.commands.list() == []
+        with pytest.raises(NotFoundException):
+            await other.commands.connect(first.pid)
+    finally:
+        await sbx.kill()
+
+
+async def test_pty_is_a_real_terminal_with_size_input_and_resize(isolation: str) -> None:
+    with E2BEmulator(isolation=isolation) as emu:
+        sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+        try:
+            seen = bytearray()
+            tty = await sbx.pty.create(
+                PtySize(rows=24, cols=80), on_data=seen.extend, cwd="/tmp", envs={"M": "m1"}
+            )
+            await sbx.pty.send_stdin(tty.pid, b"tty -s && echo on-a-tty $M $(pwd); stty size\n")
+            await until(lambda: b"24 80" in seen)
+            await sbx.pty.resize(tty.pid, PtySize(rows=30, cols=100))
+            await sbx.pty.send_stdin(tty.pid, b"stty size; exit 5\n")
+            with pytest.raises(CommandExitException) as ended:
+                await tty.wait()
+            assert ended.value.exit_code == 5
+            assert b"on-a-tty m1 /tmp" in seen
+            assert b"30 100" in seen
+            killed = await sbx.pty.create(PtySize(rows=5, cols=20), on_data=lambda _: None)
+            assert [p.args for p in await sbx.commands.list()] == [["-i", "-l"]]
+            assert await sbx.pty.kill(killed.pid)
+            with pytest.raises(CommandExitException):
+                await killed.wait()
+        finally:
+            await sbx.kill()
+
+
+async def test_only_code_interpreter_templates_run_a_kernel(emu: E2BEmulator) -> None:
+    sbx = await AsyncSandbox.create(template="base", **emu.sdk_kwargs())
+    try:
+        with pytest.raises(TimeoutException, match="port is not open"):
+            await sbx.run_code("1")
     finally:
         await sbx.kill()
 

@@ -25,8 +25,10 @@ from providers.errors import (
     ProviderError,
     QuotaExceeded,
     RateLimited,
+    SandboxError,
     Unavailable,
 )
+from providers.processes import Capability
 from tests.polling import until
 
 
@@ -131,6 +133,35 @@ async def test_command_timeout_is_a_result(emu: E2BEmulator, sandbox: E2BSandbox
     slow = await sandbox.run_code("import time; time.sleep(30)", timeout=0.5)
     assert slow.timed_out
     assert slow.error is not None
+
+
+async def test_code_keeps_state_only_on_a_code_interpreter_template(
+    emu: E2BEmulator, provider: E2BProvider
+) -> None:
+    assert Capability.STATEFUL_CODE in provider.capabilities  # the SDK's default template
+    base = E2BProvider("e2b-base", options(emu, template="base"))
+    assert Capability.STATEFUL_CODE not in base.capabilities
+    assert Capability.PTY in base.capabilities
+    sbx = await base.create(SandboxSpec(), timeout=5)
+    try:
+        again = await provider.connect(sbx.id)  # learns the template from the sandbox's info
+        for handle in (sbx, again):
+            await handle.run_code("kept = 41")
+            ran = await handle.run_code("print(kept)")
+            assert (ran.stateful, ran.exit_code) == (False, 1)
+            assert ran.error == "NameError: name 'kept' is not defined"
+        assert (await again.run_code("echo $((6 * 7))", language="bash")).stdout == "42\n"
+        with pytest.raises(SandboxError, match="javascript"):
+            await again.run_code("1", language="javascript")
+    finally:
+        await sbx.kill()
+        await base.aclose()
+
+
+async def test_attach_to_what_is_no_process_is_not_found(sandbox: E2BSandbox) -> None:
+    for process_id in ("abc", "-1", str(2**40), "424242"):
+        with pytest.raises(NotFound, match="no process"):
+            await sandbox.attach(process_id)
 
 
 async def test_gone_sandbox_is_not_found(emu: E2BEmulator, provider: E2BProvider) -> None:
