@@ -18,6 +18,16 @@ cwd, which the API does not take per command, become a shell prelude.
 Binary files go through ``upload_file`` / ``download_file``; the listing is
 ``find`` run in the devbox, as the API has none.
 
+A background process (`RunloopSandbox.start`) is an ``execute_async`` with
+stdin attached; its id is the execution id, so `RunloopSandbox.attach` finds
+it from any replica (``executions.retrieve``) and replays its output from the
+start. `RunloopProcess` reads the SSE output streams, kills with
+``executions.kill(kill_process_group=True)`` and writes stdin with
+``send_std_in``. Runloop has no process list, and its terminal is a raw
+websocket on a PTY tunnel whose wire (how the shell's exit is told, the
+attach rules) the SDK does not describe, so ``process.list`` and ``pty``
+are not declared.
+
 Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``: 401 `AuthError`; 403 `QuotaExceeded` when the message
 speaks of a quota or limit, else `AuthError`; 429 `CapacityExceeded` for the
@@ -582,8 +592,11 @@ class RunloopProcess(ProcessBase):
             updates = await tail(self.id, devbox_id=self._sandbox.id, offset=str(offsets[stream]))
             async with updates:
                 async for chunk in updates:
-                    if chunk.offset is not None:
-                        offsets[stream] = chunk.offset
+                    offsets[stream] = (
+                        chunk.offset
+                        if chunk.offset is not None
+                        else offsets[stream] + len(chunk.output.encode())
+                    )
                     self._feed(stream, chunk.output)
 
     async def kill(self) -> bool:
