@@ -559,7 +559,7 @@ class RunloopProcess(ProcessBase):
         self._sandbox = sandbox
         self._executions = sandbox._api.devboxes.executions
         self._decoder = codecs.getincrementaldecoder("utf-8")()
-        self._reader = asyncio.ensure_future(self._read())
+        self._reader = asyncio.ensure_future(self._read())  # held: the loop keeps tasks weakly
 
     async def _read(self) -> None:
         try:
