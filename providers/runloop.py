@@ -18,6 +18,16 @@ cwd, which the API does not take per command, become a shell prelude.
 Binary files go through ``upload_file`` / ``download_file``; the listing is
 ``find`` run in the devbox, as the API has none.
 
+A background process (`RunloopSandbox.start`) is an ``execute_async`` with
+stdin attached; its id is the execution id, so `RunloopSandbox.attach` finds
+it from any replica (``executions.retrieve``) and replays its output from the
+start. `RunloopProcess` reads the SSE output streams, kills with
+``executions.kill(kill_process_group=True)`` and writes stdin with
+``send_std_in``. Runloop has no process list, and its terminal is a raw
+websocket on a PTY tunnel whose wire (how the shell's exit is told, the
+attach rules) the SDK does not describe, so ``process.list`` and ``pty``
+are not declared.
+
 Every SDK call runs inside `sdk_errors`, the one mapping to
 ``providers.errors``: 401 `AuthError`; 403 `QuotaExceeded` when the message
 speaks of a quota or limit, else `AuthError`; 429 `CapacityExceeded` for the
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import codecs
 import contextlib
 import math
 import os
@@ -51,8 +62,9 @@ from providers.base import (
     SandboxInfo,
     SandboxSpec,
 )
-from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
+from providers.errors import InvalidArgument, NotFound, ProviderError, SandboxError, Unavailable
 from providers.mapping import ErrorMap, Where, from_status, retry_after
+from providers.processes import Capability, ProcessBase
 from providers.shell import piped, script
 
 if TYPE_CHECKING:
@@ -60,7 +72,14 @@ if TYPE_CHECKING:
     from runloop_api_client.sdk import AsyncDevbox
     from runloop_api_client.types import DevboxAsyncExecutionDetailView
 
-__all__ = ["API_KEY_ENV", "BASE_URL_ENV", "RunloopOptions", "RunloopProvider", "RunloopSandbox"]
+__all__ = [
+    "API_KEY_ENV",
+    "BASE_URL_ENV",
+    "RunloopOptions",
+    "RunloopProcess",
+    "RunloopProvider",
+    "RunloopSandbox",
+]
 
 log = structlog.get_logger("sandbox_router.runloop")
 
@@ -82,6 +101,7 @@ _EXEC_HOLD_MAX = 25
 _QUOTA_WORDS = ("quota", "limit", "usage", "credit", "billing", "plan")
 _CONCURRENCY_WORDS = ("concurrent", "at once")
 _KILL_TIMEOUT = 10.0
+_RESUME_PAUSE = 0.2
 
 ResourceSize = Literal["X_SMALL", "SMALL", "MEDIUM", "LARGE", "X_LARGE", "XX_LARGE"]
 
@@ -146,7 +166,19 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
 
     kind: ClassVar[str] = "runloop"
     Options: ClassVar[type[ProviderOptions]] = RunloopOptions
-    capabilities = frozenset({"run_code", "files"})
+    # No process list (the API has none) and no pty: the terminal is a websocket on a
+    # tunnel whose wire the SDK does not describe (exit, attach rules), so it is left out.
+    capabilities: frozenset[str] = frozenset(
+        {
+            Capability.RUN_CODE,
+            Capability.FILES,
+            Capability.STREAM,
+            Capability.STDIN,
+            Capability.PROCESS,
+            Capability.PROCESS_KILL,
+            Capability.PROCESS_ATTACH,
+        }
+    )
     api_key_env = API_KEY_ENV
 
     def __init__(self, name: str = "runloop", options: ProviderOptions | None = None) -> None:
@@ -410,6 +442,28 @@ class RunloopSandbox(Sandbox):
                     raise
         return view
 
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> RunloopProcess:
+        command = script(cmd, env, cwd or self._workdir, Where(self.provider, self.id))
+        with self._errors():
+            view = await self._api.devboxes.execute_async(
+                self.id, command=command, attach_stdin=True
+            )
+        return RunloopProcess(self, view.execution_id)
+
+    async def attach(self, process_id: str) -> RunloopProcess:
+        """The execution ``process_id`` of this devbox, its output replayed from the start."""
+        if not process_id:
+            raise NotFound("no execution id given", provider=self.provider, sandbox_id=self.id)
+        with self._errors():
+            view = await self._api.devboxes.executions.retrieve(process_id, devbox_id=self.id)
+        return RunloopProcess(self, view.execution_id)
+
     async def _output(self, view: DevboxAsyncExecutionDetailView) -> tuple[str, str]:
         """All of stdout and stderr: views carry the last lines, streams the rest."""
         if not (view.stdout_truncated or view.stderr_truncated):
@@ -484,6 +538,109 @@ class RunloopSandbox(Sandbox):
         """Reset the devbox's idle timer (Runloop cannot extend its keep-alive time)."""
         with self._errors():
             await self._api.devboxes.keep_alive(self.id)
+
+
+class RunloopProcess(ProcessBase):
+    """A Runloop execution (the id is its execution id), fed from its two SSE streams.
+
+    The streams give the output from byte 0, so a handle that `attach` made
+    sees what the command printed before. The handle reads them itself rather
+    than through the SDK's exec callbacks, which log and swallow errors: a
+    stream that ends while the command still runs is reopened from its last
+    chunk's offset (as the SDK's reconnecting stream does after a timeout),
+    and once both end, the execution's view gives the exit status.
+
+    Stdin is Runloop's ``send_std_in``, which takes text: bytes are decoded
+    as UTF-8 across writes, so a character split between two writes arrives whole.
+    """
+
+    def __init__(self, sandbox: RunloopSandbox, execution_id: str) -> None:
+        super().__init__(execution_id, sandbox.provider)
+        self._sandbox = sandbox
+        self._executions = sandbox._api.devboxes.executions
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._reader = asyncio.ensure_future(self._read())  # held: the loop keeps tasks weakly
+
+    async def _read(self) -> None:
+        try:
+            view = await self._until_completed()
+        except* Exception as failed:
+            self._fail(failed.exceptions[0])
+        else:
+            self._finish(view.exit_status if view.exit_status is not None else -1)
+
+    async def _until_completed(self) -> DevboxAsyncExecutionDetailView:
+        offsets = {"stdout": 0, "stderr": 0}
+        while True:
+            async with asyncio.TaskGroup() as streams:
+                streams.create_task(self._follow("stdout", offsets))
+                streams.create_task(self._follow("stderr", offsets))
+            with self._sandbox._errors():
+                view = await self._executions.retrieve(self.id, devbox_id=self._sandbox.id)
+            if view.status == "completed":
+                return view
+            await asyncio.sleep(_RESUME_PAUSE)
+
+    async def _follow(self, stream: Literal["stdout", "stderr"], offsets: dict[str, int]) -> None:
+        executions = self._executions
+        tail = (
+            executions.stream_stdout_updates
+            if stream == "stdout"
+            else executions.stream_stderr_updates
+        )
+        with self._sandbox._errors():
+            updates = await tail(self.id, devbox_id=self._sandbox.id, offset=str(offsets[stream]))
+            async with updates:
+                async for chunk in updates:
+                    offsets[stream] = (
+                        chunk.offset
+                        if chunk.offset is not None
+                        else offsets[stream] + len(chunk.output.encode())
+                    )
+                    self._feed(stream, chunk.output)
+
+    async def kill(self) -> bool:
+        if self.finished:
+            return False
+        with self._sandbox._errors():
+            view = await self._executions.retrieve(self.id, devbox_id=self._sandbox.id)
+            if view.status == "completed":
+                return False
+            await self._executions.kill(
+                self.id, devbox_id=self._sandbox.id, kill_process_group=True
+            )
+        return True
+
+    async def write_stdin(self, data: str | bytes) -> None:
+        if isinstance(data, bytes):
+            data = self._decode(data, final=False)
+        if data:
+            await self._send(text=data)
+
+    async def close_stdin(self) -> None:
+        rest = self._decode(b"", final=True)
+        if rest:
+            await self._send(text=rest)
+        await self._send(signal="EOF")
+
+    def _decode(self, data: bytes, *, final: bool) -> str:
+        try:
+            return self._decoder.decode(data, final)
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument(
+                f"write_stdin: Runloop's stdin takes text, and these bytes are not UTF-8 "
+                f"({exc.reason})"
+            ) from None
+
+    async def _send(self, **what: Any) -> None:
+        with self._sandbox._errors():
+            sent = await self._executions.send_std_in(self.id, devbox_id=self._sandbox.id, **what)
+        if not sent.success:
+            raise SandboxError(
+                f"stdin of execution {self.id} was not delivered",
+                provider=self.provider,
+                sandbox_id=self._sandbox.id,
+            )
 
 
 def _left(deadline: float) -> float:

@@ -13,9 +13,11 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   long-polls (at most 30 s) and answers 408 when the hold passes.
 * ``POST .../execute`` (waits ``optimistic_timeout`` seconds, at most 25,
   for the command; a repeated ``command_id`` answers the same execution) and
-  ``.../execute_async``; ``GET|POST .../executions/{eid}`` (retrieve,
-  ``wait_for_status`` up to 25 s then 408, ``kill``) and the SSE streams
-  ``stream_stdout_updates`` / ``stream_stderr_updates``. Output in a view is
+  ``.../execute_async`` (with ``attach_stdin`` the command's stdin stays
+  open); ``GET|POST .../executions/{eid}`` (retrieve, ``wait_for_status``
+  up to 25 s then 408, ``kill``, ``send_std_in``: nonempty ``text`` or the
+  ``signal`` EOF / INTERRUPT) and the SSE streams ``stream_stdout_updates``
+  / ``stream_stderr_updates`` from a byte ``offset``. Output in a view is
   the last ``last_n`` lines (100 by default) with ``*_truncated`` set when
   lines were dropped; the streams give all of it.
 * ``POST .../write_file_contents``, ``read_file_contents`` (plain text),
@@ -34,6 +36,7 @@ import asyncio
 import codecs
 import functools
 import json
+from signal import SIGINT
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -199,6 +202,7 @@ class DevboxApi:
             web.get(execution, self.execution),
             web.post(execution + "/wait_for_status", self.wait_for_execution),
             web.post(execution + "/kill", self.kill_execution),
+            web.post(execution + "/send_std_in", self.send_std_in),
             web.get(execution + "/stream_stdout_updates", self.stream_stdout),
             web.get(execution + "/stream_stderr_updates", self.stream_stderr),
             web.post(base + "/write_file_contents", self.write_file_contents),
@@ -411,17 +415,21 @@ class DevboxApi:
         command_id = body.get("command_id")
         if isinstance(command_id, str) and command_id in devbox.by_command_id:
             return devbox.executions[devbox.by_command_id[command_id]]
+        attach_stdin = body.get("attach_stdin")
+        if attach_stdin is not None and not isinstance(attach_stdin, bool):
+            raise ApiError(400, "attach_stdin must be a boolean")
         try:
             process = await devbox.local.spawn(command)
         except SandboxError as exc:
             raise ApiError(400, exc.message) from None
-        if process.proc.stdin is not None:
+        if process.proc.stdin is not None and not attach_stdin:
             process.proc.stdin.close()
         execution = Execution(
             id=new_id("exn"),
             devbox_id=devbox.id,
             command_id=command_id if isinstance(command_id, str) else None,
             process=process,
+            stdin_attached=bool(attach_stdin),
         )
         devbox.executions[execution.id] = execution
         if execution.command_id:
@@ -436,6 +444,8 @@ class DevboxApi:
         hold = _number(
             body.get("optimistic_timeout"), "optimistic_timeout", EXEC_HOLD_MAX, EXEC_HOLD_MAX
         )
+        if body.get("attach_stdin"):
+            raise ApiError(400, "attach_stdin is only valid for execute_async")
         execution = await self._start(devbox, body)
         await execution.changes.wait_for(lambda: execution.exit_status is not None, hold)
         return web.json_response(_execution_view(execution, last_n))
@@ -443,8 +453,6 @@ class DevboxApi:
     async def execute_async(self, request: web.Request) -> web.Response:
         devbox = self.running(request)
         body = await self.body(request)
-        if body.get("attach_stdin"):
-            raise ApiError(400, "the emulator does not model attach_stdin")
         return web.json_response(_execution_view(await self._start(devbox, body)))
 
     async def execution(self, request: web.Request) -> web.Response:
@@ -468,6 +476,31 @@ class DevboxApi:
         self.core.touch(devbox)
         return web.json_response(_execution_view(execution))
 
+    async def send_std_in(self, request: web.Request) -> web.Response:
+        """Nonempty ``text`` or a ``signal`` (EOF closes stdin, INTERRUPT is a Ctrl-C)."""
+        devbox, execution = self.execution_of(request)
+        body = await self.body(request)
+        text, signal = body.get("text"), body.get("signal")
+        if (text is None) == (signal is None):
+            raise ApiError(400, "supply exactly one of text and signal")
+        if text is not None and (not isinstance(text, str) or not text):
+            raise ApiError(400, "text must be a nonempty string")
+        if signal is not None and signal not in ("EOF", "INTERRUPT"):
+            raise ApiError(400, "signal must be one of ['EOF', 'INTERRUPT']")
+        if not execution.stdin_attached:
+            raise ApiError(400, f"Execution {execution.id} was not started with attach_stdin")
+        if execution.exit_status is not None:
+            raise ApiError(400, f"Execution {execution.id} is not running")
+        if signal == "INTERRUPT":
+            execution.process.kill(SIGINT)
+            sent = True
+        else:
+            sent = await execution.send_stdin(text.encode() if text is not None else None)
+        self.core.touch(devbox)
+        return web.json_response(
+            {"devbox_id": devbox.id, "execution_id": execution.id, "success": sent}
+        )
+
     async def stream_stdout(self, request: web.Request) -> web.StreamResponse:
         return await self._stream(request, "stdout")
 
@@ -475,7 +508,11 @@ class DevboxApi:
         return await self._stream(request, "stderr")
 
     async def _stream(self, request: web.Request, which: str) -> web.StreamResponse:
-        """Server-sent events, one ``{"output", "offset"}`` chunk per piece of output."""
+        """Server-sent events, one ``{"output", "offset"}`` chunk per piece of output.
+
+        A chunk's ``offset`` is the byte offset after it: the SDK's reconnecting
+        stream asks for the last chunk's offset again, so it resumes without a repeat.
+        """
         _, execution = self.execution_of(request)
         raw_offset = request.query.get("offset", "0")
         if not raw_offset.isdigit():
@@ -489,9 +526,9 @@ class DevboxApi:
             done = execution.exit_status is not None
             if len(buf) > offset:
                 chunk = bytes(buf[offset:])
+                offset += len(chunk)
                 event = {"output": decoder.decode(chunk, final=done), "offset": offset}
                 await response.write(f"data: {json.dumps(event)}\n\n".encode())
-                offset += len(chunk)
             elif done:
                 break
             else:

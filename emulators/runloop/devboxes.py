@@ -91,6 +91,7 @@ class Execution:
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     exit_status: int | None = None
+    stdin_attached: bool = False
     changes: Changes = field(default_factory=Changes)
     task: asyncio.Task[None] | None = None
 
@@ -120,6 +121,20 @@ class Execution:
         while chunk := await stream.read(65536):
             buf += chunk[: max(_OUTPUT_CAP - len(buf), 0)]
             self.changes.notify()
+
+    async def send_stdin(self, data: bytes | None) -> bool:
+        """Write ``data`` to the command's stdin, or close it (None); False when the pipe broke."""
+        stdin = self.process.proc.stdin
+        assert stdin is not None
+        try:
+            if data is None:
+                stdin.close()
+            else:
+                stdin.write(data)
+                await stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        return True
 
     async def kill(self) -> None:
         self.process.kill()

@@ -27,9 +27,11 @@ from runloop_api_client import (
     RunloopSDK,
 )
 from runloop_api_client.lib.polling import PollingConfig, PollingTimeout
+from runloop_api_client.sdk import AsyncExecution
 
 from emulators.harness import Emulator
 from emulators.runloop import TEST_API_KEY, RunloopEmulator
+from tests.polling import until
 
 ONE_SHARD = {"api_pool_shards": 1, "background_pool_shards": 1, "transfer_pool_shards": 1}
 
@@ -302,3 +304,60 @@ async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
             assert missing.value.body == {"status": 404, "message": "Cannot GET /v1/blueprints"}
         finally:
             await client.close()
+
+
+async def test_exec_callbacks_and_streams_resume_by_offset(emu: RunloopEmulator) -> None:
+    """Output reaches the SDK's callbacks while the command runs; a chunk's offset is where
+    the stream resumes, so the SDK's reconnect after a timeout (1 s here) repeats nothing."""
+    async with AsyncRunloopSDK(**kwargs(emu, timeout=1)) as sdk:
+        box = await sdk.devbox.create()
+        try:
+            seen: list[str] = []
+            running = await box.cmd.exec_async("echo one; sleep 2; echo two", stdout=seen.append)
+            await until(lambda: seen == ["one\n"])
+            assert (await running.get_state()).status == "running"
+            result = await running.result(timeout=10)
+            assert (result.exit_code, "".join(seen)) == (0, "one\ntwo\n")
+            executions, eid = sdk.api.devboxes.executions, running.execution_id
+            whole = await executions.stream_stdout_updates(eid, devbox_id=box.id)
+            assert [(c.output, c.offset) async for c in whole] == [("one\ntwo\n", 8)]
+            tail = await executions.stream_stdout_updates(eid, devbox_id=box.id, offset="4")
+            assert [c.output async for c in tail] == ["two\n"]
+        finally:
+            await box.shutdown()
+
+
+async def test_stdin_of_an_attached_execution(client: AsyncRunloop) -> None:
+    view = await client.devboxes.create_and_await_running()
+    executions = client.devboxes.executions
+    cat = await client.devboxes.execute_async(view.id, command="cat", attach_stdin=True)
+    sent = await executions.send_std_in(cat.execution_id, devbox_id=view.id, text="héllo\n")
+    assert (sent.execution_id, sent.success) == (cat.execution_id, True)
+    await executions.send_std_in(cat.execution_id, devbox_id=view.id, signal="EOF")
+    done = await executions.await_completed(cat.execution_id, devbox_id=view.id)
+    assert (done.stdout, done.exit_status) == ("héllo\n", 0)
+    with pytest.raises(BadRequestError, match="not running"):
+        await executions.send_std_in(cat.execution_id, devbox_id=view.id, text="late")
+    sleeper = await client.devboxes.execute_async(view.id, command="sleep 30", attach_stdin=True)
+    await executions.send_std_in(sleeper.execution_id, devbox_id=view.id, signal="INTERRUPT")
+    interrupted = await executions.await_completed(sleeper.execution_id, devbox_id=view.id)
+    assert interrupted.exit_status == 130
+    closed = await client.devboxes.execute_async(view.id, command="sleep 30")
+    with pytest.raises(BadRequestError, match="attach_stdin"):
+        await executions.send_std_in(closed.execution_id, devbox_id=view.id, text="x")
+    with pytest.raises(BadRequestError, match="exactly one"):
+        await executions.send_std_in(closed.execution_id, devbox_id=view.id)
+    await executions.kill(closed.execution_id, devbox_id=view.id, kill_process_group=True)
+
+
+async def test_reattach_to_an_execution_by_id(emu: RunloopEmulator, client: AsyncRunloop) -> None:
+    """Another client finds an execution by its id and reads its output from the start."""
+    view = await client.devboxes.create_and_await_running()
+    started = await client.devboxes.execute_async(view.id, command="echo early; sleep 1")
+    async with AsyncRunloop(**kwargs(emu)) as other:
+        found = await other.devboxes.executions.retrieve(started.execution_id, devbox_id=view.id)
+        again = AsyncExecution(other, view.id, found)
+        result = await again.result()
+        assert (result.exit_code, await result.stdout()) == (0, "early\n")
+        with pytest.raises(NotFoundError):
+            await other.devboxes.executions.retrieve("exn_none", devbox_id=view.id)

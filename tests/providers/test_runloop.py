@@ -22,6 +22,7 @@ from providers.base import SandboxSpec
 from providers.errors import (
     AuthError,
     CapacityExceeded,
+    InvalidArgument,
     NotFound,
     ProviderError,
     QuotaExceeded,
@@ -534,3 +535,48 @@ async def test_secrets_never_leak(
         seen += [str(err), repr(err), str(err.__cause__), repr(err.__cause__)]
     seen += [repr(e) for e in events] + [caplog.text] + list(capsys.readouterr())
     assert [text for text in seen if secret in text] == []
+
+
+async def test_a_quiet_process_streams_across_reconnects_without_repeats(
+    sandbox: RunloopSandbox,
+) -> None:
+    """A stream idle past the 1 s request timeout is reopened from its last chunk's offset."""
+    proc = await sandbox.start("echo one; sleep 2.5; echo two; echo err >&2")
+    done = await proc.wait(timeout=10)
+    assert (done.stdout, done.stderr, done.exit_code) == ("one\ntwo\n", "err\n", 0)
+
+
+async def test_stdin_takes_text_decoded_across_writes(sandbox: RunloopSandbox) -> None:
+    cat = await sandbox.start("cat")
+    accented = "é€\n".encode()
+    await cat.write_stdin(accented[:1])  # a character split between two writes
+    await cat.write_stdin(accented[1:])
+    with pytest.raises(InvalidArgument, match="UTF-8"):
+        await cat.write_stdin(b"\xff")
+    await cat.close_stdin()
+    assert (await cat.wait(timeout=10)).stdout == "é€\n"
+
+
+async def test_a_stream_error_ends_the_process_handle(
+    emu: RunloopEmulator, sandbox: RunloopSandbox
+) -> None:
+    """The handle reads the streams itself: a failure is the waiter's, never swallowed."""
+    proc = await sandbox.start("echo up; sleep 0.5")
+    assert (await anext(proc.output())).data == "up\n"
+    emu.inject("exec", status=500, times=None)
+    with pytest.raises(Unavailable):
+        await proc.wait(timeout=10)
+    assert proc.finished
+
+
+async def test_attach_finds_executions_by_id_only(
+    provider: RunloopProvider, sandbox: RunloopSandbox
+) -> None:
+    proc = await sandbox.start("echo before; sleep 1; echo after")
+    other = await provider.connect(sandbox.id)
+    again = await other.attach(proc.id)
+    assert (await again.wait(timeout=10)).stdout == "before\nafter\n"
+    assert await again.kill() is False
+    for unknown in ("", "exn_never_started"):
+        with pytest.raises(NotFound):
+            await other.attach(unknown)
