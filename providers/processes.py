@@ -165,6 +165,8 @@ class ProcessBase(Process):
     def _fail(self, error: BaseException) -> None:
         if not self._exit.done():
             self._exit.set_exception(error)
+            # Readers of output() and wait() get it; a handle nobody reads is not an error.
+            self._exit.add_done_callback(lambda done: done.exception())
             self._queue.put_nowait(None)
 
     @property
