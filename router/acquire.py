@@ -35,9 +35,9 @@ from providers.errors import (
     Unavailable,
 )
 from providers.processes import Capability
-from router.config import RouterConfig
+from router.context import Context
 from router.entries import Entry
-from router.events import Acquired, AcquireFailed, Created, Failover, Hook, emit
+from router.events import Acquired, AcquireFailed, Created, Failover, emit
 from router.lease import Held
 from router.ledger import Denied, Ledger
 from router.sessions import Sessions
@@ -54,25 +54,19 @@ class Acquirer:
         ledger: Ledger,
         upkeep: Upkeep,
         sessions: Sessions,
-        entries: Mapping[str, Entry],
-        config: RouterConfig,
-        hooks: list[Hook],
-        clock: Callable[[], float],
+        ctx: Context,
         sleep: Callable[[float], Awaitable[None]],
     ) -> None:
+        self._ctx = ctx
         self._ledger = ledger
         self._upkeep = upkeep
         self._sessions = sessions
-        self._entries = entries
-        self._config = config
-        self._hooks = hooks
-        self._clock = clock
         self._sleep = sleep
-        self._retry = config.retry.policy()
+        self._retry = ctx.config.retry.policy()
         # Only a pool with a concurrency limit can turn an acquire away for a slot
         # this router is still freeing, so only its frees hold acquire back.
         self._slot_pools = {
-            e.ref.pool for e in entries.values() if e.ref.limits.concurrent is not None
+            e.ref.pool for e in ctx.entries.values() if e.ref.limits.concurrent is not None
         }
 
     async def acquire(
@@ -83,8 +77,8 @@ class Acquirer:
         session: str | None,
         timeout: float | None,
     ) -> Held:
-        started = self._clock()
-        deadline = started + (timeout if timeout is not None else self._config.acquire_timeout)
+        started = self._ctx.clock()
+        deadline = started + (timeout if timeout is not None else self._ctx.config.acquire_timeout)
         spec = spec or SandboxSpec()
         requires = tuple(requires)
         await self._ledger.check()
@@ -95,10 +89,10 @@ class Acquirer:
                 self._acquired(resumed, 0, started, resumed=True)
                 return resumed
             labels = {**(labels or {}), LABEL_SESSION: session}
-        names, reasons = order(await self._candidates(), self._config.strategy, requires)
+        names, reasons = order(await self._candidates(), self._ctx.config.strategy, requires)
         failed: list[str] = []
         for i, name in enumerate(names):
-            entry = self._entries[name]
+            entry = self._ctx.entries[name]
             try:
                 held = await self._try_entry(entry, spec, labels, deadline)
             except Denied as denied:
@@ -113,14 +107,14 @@ class Acquirer:
                 reasons[name] = f"{verdict.reason}: {exc}"
                 failed.append(name)
                 emit(
-                    self._hooks,
+                    self._ctx.hooks,
                     Failover(
                         from_entry=name,
                         to_entry=names[i + 1] if i + 1 < len(names) else "none",
                         reason=verdict.reason,
                     ),
                 )
-                if self._clock() >= deadline:
+                if self._ctx.clock() >= deadline:
                     reasons.update(
                         {n: "not tried: acquire deadline passed" for n in names[i + 1 :]}
                     )
@@ -131,15 +125,15 @@ class Acquirer:
                 await self._sessions.bind(held, session)
             self._acquired(held, len(failed), started)
             return held
-        ordered = {e: reasons[e] for e in self._entries if e in reasons}
-        emit(self._hooks, AcquireFailed(reasons=ordered, latency=self._clock() - started))
+        ordered = {e: reasons[e] for e in self._ctx.entries if e in reasons}
+        self._ctx.emit(AcquireFailed(reasons=ordered, latency=self._ctx.clock() - started))
         raise NoProviderAvailable(ordered)
 
     def _acquired(
         self, held: Held, failovers: int, started: float, *, resumed: bool = False
     ) -> None:
         emit(
-            self._hooks,
+            self._ctx.hooks,
             Acquired(
                 entry=held.entry,
                 lease_id=held.lease_id,
@@ -147,19 +141,19 @@ class Acquirer:
                 attempts=held.attempts,
                 failovers=failovers,
                 resumed=resumed,
-                latency=self._clock() - started,
+                latency=self._ctx.clock() - started,
             ),
         )
 
     async def _candidates(self) -> list[Candidate]:
         fractions: dict[str, float] = {}
-        if self._config.strategy == "balanced":
-            snap = await self._ledger.usage([e.ref for e in self._entries.values()])
-            for e in self._entries.values():
+        if self._ctx.config.strategy == "balanced":
+            snap = await self._ledger.usage([e.ref for e in self._ctx.entries.values()])
+            for e in self._ctx.entries.values():
                 fractions[e.name] = remaining_fraction(snap.pools[e.ref.pool].used, e.ref.limits)
         return [
             Candidate(e.name, e.unusable(), e.capabilities, fractions.get(e.name, 1.0))
-            for e in self._entries.values()
+            for e in self._ctx.entries.values()
         ]
 
     async def _try_entry(
@@ -178,7 +172,7 @@ class Acquirer:
         # Only a failure pays for tenacity (~50 us a loop); it is handed the first
         # attempt's error as its own attempt 1, so it waits and stops as if it ran it.
         retrying = tenacity.AsyncRetrying(
-            stop=self._retry.stop(deadline, self._clock),
+            stop=self._retry.stop(deadline, self._ctx.clock),
             wait=self._retry.wait(),
             retry=tenacity.retry_if_exception(lambda e: classify(e).retry_same),
             sleep=self._sleep,
@@ -208,12 +202,12 @@ class Acquirer:
         spec = spec.with_labels(
             {
                 **(labels or {}),
-                LABEL_ROUTER: self._config.key_prefix,
+                LABEL_ROUTER: self._ctx.config.key_prefix,
                 LABEL_ENTRY: entry.name,
                 LABEL_LEASE: booking.lease_id,
             }
         )
-        created_at = self._clock()
+        created_at = self._ctx.clock()
         budget = booking.budget
         # The create runs as a task of its own: when the deadline passes or the caller
         # cancels, it is handed to upkeep (which counts and kills what it may yet
@@ -241,8 +235,8 @@ class Acquirer:
                 exc.attempt = attempt
                 exc.provider = exc.provider or entry.name
             raise
-        emit(self._hooks, Created(entry=entry.name, latency=self._clock() - created_at))
-        held = booking.held(entry.provider.kind, sandbox, self._clock(), attempt)
+        self._ctx.emit(Created(entry=entry.name, latency=self._ctx.clock() - created_at))
+        held = booking.held(entry.provider.kind, sandbox, self._ctx.clock(), attempt)
         self._upkeep.start(held, booking)
         return held
 

@@ -23,6 +23,7 @@ from providers.base import Provider, SandboxSpec
 from router import config as config_mod
 from router.acquire import Acquirer, check_acquire
 from router.config import RouterConfig
+from router.context import Context
 from router.engine import Engine
 from router.entries import build_entries
 from router.events import Hook, QuotaChanged, emit, log_hook
@@ -61,16 +62,12 @@ class Router:
         self._engine = Engine()
         self._entries = build_entries(config, providers)
         store = store or open_store(config.resolved_state_url(), config.key_prefix)
-        self._ledger = Ledger(store, config, self._hooks, clock)
-        self._upkeep = Upkeep(self._ledger, self._entries, config, self._hooks, clock)
-        self._sessions = Sessions(
-            self._ledger, self._upkeep, self._entries, config, self._hooks, clock
-        )
-        self._acquirer = Acquirer(
-            self._ledger, self._upkeep, self._sessions, self._entries, config, self._hooks,
-            clock, sleep,
-        )  # fmt: skip
-        self._janitor = Janitor(store, self._entries, config.key_prefix, self._hooks, clock)
+        ctx = Context(config, self._entries, self._hooks, clock)
+        self._ledger = Ledger(store, ctx)
+        self._upkeep = Upkeep(self._ledger, ctx)
+        self._sessions = Sessions(self._ledger, self._upkeep, ctx)
+        self._acquirer = Acquirer(self._ledger, self._upkeep, self._sessions, ctx, sleep)
+        self._janitor = Janitor(store, ctx)
 
     # -- construction ----------------------------------------------------------
     @classmethod
@@ -226,7 +223,7 @@ class Router:
             pools = sorted({e.ref.pool for e in self._entries.values()})
             raise ValueError(f"no pool {pool!r} in this config (pools: {', '.join(pools)})")
         await self._ledger.store.set_usage(refs[0], unit, value, self._clock())
-        emit(self.hooks, QuotaChanged(pool=pool, unit=unit, value=value))
+        emit(self._hooks, QuotaChanged(pool=pool, unit=unit, value=value))
 
     async def _aclose(self) -> None:
         await self._upkeep.close()

@@ -10,14 +10,14 @@ once.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from policies.outcome import classify
 from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER
 from providers.errors import ProviderError
+from router.context import Context
 from router.entries import Entry
-from router.events import Hook, Reaped, emit
+from router.events import Reaped
 from router.state import StateStore
 
 __all__ = ["Janitor", "ReapReport"]
@@ -35,25 +35,15 @@ class ReapReport:
 
 
 class Janitor:
-    def __init__(
-        self,
-        store: StateStore,
-        entries: Mapping[str, Entry],
-        key_prefix: str,
-        hooks: list[Hook],
-        clock: Callable[[], float],
-    ) -> None:
+    def __init__(self, store: StateStore, ctx: Context) -> None:
+        self._ctx = ctx
         self._store = store
-        self._entries = entries
-        self._key_prefix = key_prefix
-        self._hooks = hooks
-        self._clock = clock
 
     async def reap(self) -> ReapReport:
         report = ReapReport()
-        now = self._clock()
+        now = self._ctx.clock()
         bound = await self._store.bound_sandboxes(now)
-        for entry in self._entries.values():
+        for entry in self._ctx.entries.values():
             reason = entry.unusable()
             if reason is not None:
                 report.skipped[entry.name] = f"not configured: {reason}"
@@ -74,13 +64,18 @@ class Janitor:
     async def _reap_entry(
         self, entry: Entry, bound: set[tuple[str, str]], report: ReapReport
     ) -> None:
-        ours = {LABEL_ROUTER: self._key_prefix, LABEL_ENTRY: entry.name}
+        ours = {LABEL_ROUTER: self._ctx.config.key_prefix, LABEL_ENTRY: entry.name}
         found = await entry.provider.list(ours)
-        live = await self._store.lease_ids(entry.ref, self._clock())
+        live = await self._store.lease_ids(entry.ref, self._ctx.clock())
         for info in found:
             if info.labels.get(LABEL_LEASE) in live or (entry.name, info.id) in bound:
                 report.kept += 1
             elif await entry.provider.kill(info.id):
                 report.killed.append((entry.name, info.id))
-                emit(self._hooks, Reaped(entry=entry.name, sandbox_id=info.id,
-                     lease_id=info.labels.get(LABEL_LEASE, "")))  # fmt: skip
+                self._ctx.emit(
+                    Reaped(
+                        entry=entry.name,
+                        sandbox_id=info.id,
+                        lease_id=info.labels.get(LABEL_LEASE, ""),
+                    )
+                )

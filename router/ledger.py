@@ -25,12 +25,11 @@ from policies.outcome import classify
 from policies.quota import Limits
 from providers.base import Sandbox
 from providers.errors import QuotaExceeded, RateLimited, StateUnavailable
-from router.config import RouterConfig
+from router.context import Context
 from router.entries import Entry
 from router.events import (
     BreakerTransition,
     CreateFailed,
-    Hook,
     Refund,
     StateError,
     StateWarning,
@@ -99,20 +98,12 @@ class Booking:
 class Ledger:
     """Reservations, leases and usage, with the fail-open fallback and its reporting."""
 
-    def __init__(
-        self,
-        store: StateStore,
-        config: RouterConfig,
-        hooks: list[Hook],
-        clock: Callable[[], float],
-    ) -> None:
+    def __init__(self, store: StateStore, ctx: Context) -> None:
+        self._ctx = ctx
         self.store = store
         self.state_error: str | None = None  # the last store failure, until a reserve succeeds
-        self._fallback = MemoryStore("memory://fail-open", config.key_prefix)
-        self._config = config
-        self._hooks = hooks
-        self._clock = clock
-        self._breaker = config.breaker_policy()
+        self._fallback = MemoryStore("memory://fail-open", ctx.config.key_prefix)
+        self._breaker = ctx.config.breaker_policy()
         self._checked = False
 
     async def check(self) -> None:
@@ -125,7 +116,7 @@ class Ledger:
         except StateUnavailable:
             return  # the acquire that follows reports it, by on_state_error
         for problem in problems:
-            emit(self._hooks, StateWarning(url=self.store.url, problem=problem))
+            self._ctx.emit(StateWarning(url=self.store.url, problem=problem))
 
     async def book(self, entry: Entry, deadline: float, *, new_session: bool = True) -> Booking:
         """Reserve what one create (or reconnect) needs before ``deadline``; raises `Denied`.
@@ -134,8 +125,8 @@ class Ledger:
         sandbox creates nothing.
         """
         lease_id = "l-" + secrets.token_hex(8)
-        budget = max(0.0, min(self._config.create_timeout, deadline - self._clock()))
-        hold, now = budget + RESERVE_GRACE, self._clock()
+        budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
+        hold, now = budget + RESERVE_GRACE, self._ctx.clock()
         try:
             reservation = await self.store.reserve(
                 entry.ref, self._breaker, lease_id, now, hold, new_session=new_session
@@ -172,7 +163,7 @@ class Ledger:
                 booking.lease_id,
                 now,
                 outcome=Outcome.SUCCESS,
-                ttl=self._config.lease_ttl,
+                ttl=self._ctx.config.lease_ttl,
                 sandbox_id=sandbox_id,
             )
         except StateUnavailable as exc:
@@ -193,7 +184,7 @@ class Ledger:
                     booking.ref,
                     self._breaker,
                     booking.lease_id,
-                    self._clock(),
+                    self._ctx.clock(),
                     outcome=outcome,
                     detail=str(exc)[:200],
                     until=until,
@@ -204,7 +195,7 @@ class Ledger:
             self.report("refund", state_exc)
             return
         if settled.applied:
-            emit(self._hooks, Refund(booking.entry, booking.lease_id, classify(exc).reason))
+            self._ctx.emit(Refund(booking.entry, booking.lease_id, classify(exc).reason))
         if settled.transition:
             self.transition(booking.entry, settled.transition)
         if not isinstance(exc, asyncio.CancelledError):
@@ -222,7 +213,7 @@ class Ledger:
                     booking.ref,
                     self._breaker,
                     outcome,
-                    self._clock(),
+                    self._ctx.clock(),
                     detail=str(exc)[:200],
                     until=until,
                 )
@@ -238,14 +229,17 @@ class Ledger:
         """Give back a reservation whose create made nothing (the breaker already knows)."""
         try:
             settled = await self._store(booking).settle(
-                booking.ref, self._breaker, booking.lease_id, self._clock(),
+                booking.ref,
+                self._breaker,
+                booking.lease_id,
+                self._ctx.clock(),
                 outcome=Outcome.NEUTRAL,
-            )  # fmt: skip
+            )
         except StateUnavailable as exc:
             self.report("refund", exc)
             return
         if settled.applied:
-            emit(self._hooks, Refund(booking.entry, booking.lease_id, reason))
+            self._ctx.emit(Refund(booking.entry, booking.lease_id, reason))
 
     def _verdict(self, exc: BaseException) -> tuple[Outcome, float | None]:
         """What a failure tells the breaker, and until when a block it sets lasts."""
@@ -254,33 +248,33 @@ class Ledger:
         if isinstance(exc, QuotaExceeded) and exc.reset_at is not None:
             return classify(exc).outcome, exc.reset_at.timestamp()
         if isinstance(exc, RateLimited) and exc.retry_after is not None:
-            return classify(exc).outcome, self._clock() + exc.retry_after
+            return classify(exc).outcome, self._ctx.clock() + exc.retry_after
         return classify(exc).outcome, None
 
     def _create_failed(
         self, booking: Booking, exc: BaseException, attempt: int, started: float
     ) -> None:
         emit(
-            self._hooks,
+            self._ctx.hooks,
             CreateFailed(
                 entry=booking.entry,
                 reason=classify(exc).reason,
                 error=str(exc)[:300],
                 attempt=attempt,
-                latency=self._clock() - started,
+                latency=self._ctx.clock() - started,
             ),
         )
 
     async def release(self, booking: Booking) -> float | None:
         """Free the slot and meter the seconds; raises `StateUnavailable` (not reported:
         the caller decides whether to try again)."""
-        return await self._store(booking).release(booking.ref, booking.lease_id, self._clock())
+        return await self._store(booking).release(booking.ref, booking.lease_id, self._ctx.clock())
 
     async def heartbeat(self, booking: Booking, ttl: float) -> bool | None:
         """Extend a live lease: False when it had expired, None when the store failed."""
         try:
             return await self._store(booking).heartbeat(
-                booking.ref, booking.lease_id, self._clock(), ttl
+                booking.ref, booking.lease_id, self._ctx.clock(), ttl
             )
         except StateUnavailable as exc:
             self.report("heartbeat", exc)
@@ -288,11 +282,11 @@ class Ledger:
 
     async def usage(self, refs: list[EntryRef]) -> Snapshot:
         """Usage for ordering: the fallback's under fail_open, raises under fail_closed."""
-        return await self._either("snapshot", lambda s: s.snapshot(refs, self._clock()))
+        return await self._either("snapshot", lambda s: s.snapshot(refs, self._ctx.clock()))
 
     async def snapshot(self, refs: list[EntryRef]) -> tuple[Snapshot, str | None]:
         """Usage and health for status, and the store's error when only the fallback answered."""
-        now = self._clock()
+        now = self._ctx.clock()
         try:
             return await self.store.snapshot(refs, now), None
         except StateUnavailable as exc:
@@ -302,7 +296,7 @@ class Ledger:
     async def bind(self, held: Held, ttl: float) -> None:
         """Bind the lease's sticky session to its sandbox for ``ttl`` seconds."""
         assert held.session is not None
-        now = self._clock()
+        now = self._ctx.clock()
         await self.store.bind_session(held.session, held.entry, held.sandbox.id, now + ttl, now)
 
     async def _either(self, operation: str, call: Callable[[StateStore], Awaitable[T]]) -> T:
@@ -314,7 +308,7 @@ class Ledger:
 
     def _share(self, ref: EntryRef) -> EntryRef:
         """``ref`` with this replica's fail-open share of each limit."""
-        share = self._config.fail_open_share
+        share = self._ctx.config.fail_open_share
 
         def part(limit: float | None) -> int | None:
             return None if limit is None else int(limit * share)
@@ -327,26 +321,28 @@ class Ledger:
         return replace(ref, limits=limits)
 
     def report(self, operation: str, exc: Exception) -> None:
-        emit(self._hooks, StateError(operation=operation, error=str(exc),
-             mode=self._config.on_state_error))  # fmt: skip
+        self._ctx.emit(
+            StateError(operation=operation, error=str(exc), mode=self._ctx.config.on_state_error)
+        )
 
     def on_state_error(self, operation: str, exc: StateUnavailable) -> None:
         """Record it; raise it under fail_closed (the caller falls back under fail_open)."""
         self.state_error = str(exc)
         self.report(operation, exc)
-        if self._config.on_state_error == "fail_closed":
+        if self._ctx.config.on_state_error == "fail_closed":
             raise exc
 
     def transition(self, entry: str, transition: tuple[str, str]) -> None:
-        emit(self._hooks, BreakerTransition(entry=entry, from_state=transition[0],
-             to_state=transition[1]))  # fmt: skip
+        self._ctx.emit(
+            BreakerTransition(entry=entry, from_state=transition[0], to_state=transition[1])
+        )
 
     def describe(self, r: Reservation) -> str:
         """Why a reservation was denied, for `NoProviderAvailable`'s message."""
         if r.reason == "quota":
             return f"quota exhausted: {r.unit} {_num(r.used)}/{_num(r.limit)} until {_iso(r.until)}"
         if r.reason == "open":
-            return f"breaker open for {max(0.0, r.until - self._clock()):.0f}s"
+            return f"breaker open for {max(0.0, r.until - self._ctx.clock()):.0f}s"
         if r.reason == "half_open":
             return "breaker half-open: a probe is in flight"
         if r.reason == "misconfigured":
@@ -354,7 +350,7 @@ class Ledger:
         if r.reason == "exhausted":
             return f"provider quota exhausted until {_iso(r.until)}"
         if r.reason == "rate_limited":
-            return f"rate limited for {max(0.0, r.until - self._clock()):.0f}s"
+            return f"rate limited for {max(0.0, r.until - self._ctx.clock()):.0f}s"
         if r.reason == "capacity":
             return "provider concurrency cap reached"
         return r.reason

@@ -11,13 +11,11 @@ in the background, and the acquire creates and binds a new one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
 
 from policies.outcome import classify
 from providers.errors import ProviderError, StateUnavailable
-from router.config import RouterConfig
-from router.entries import Entry
-from router.events import Hook, KillFailed, SessionClosed, SessionLost, emit
+from router.context import Context
+from router.events import KillFailed, SessionClosed, SessionLost
 from router.lease import Held
 from router.ledger import Denied, Ledger
 from router.state.base import SessionBinding
@@ -29,32 +27,21 @@ __all__ = ["Sessions"]
 class Sessions:
     """Resume, bind, close and discard sticky sessions."""
 
-    def __init__(
-        self,
-        ledger: Ledger,
-        upkeep: Upkeep,
-        entries: Mapping[str, Entry],
-        config: RouterConfig,
-        hooks: list[Hook],
-        clock: Callable[[], float],
-    ) -> None:
+    def __init__(self, ledger: Ledger, upkeep: Upkeep, ctx: Context) -> None:
+        self._ctx = ctx
         self._ledger = ledger
         self._upkeep = upkeep
-        self._entries = entries
-        self._config = config
-        self._hooks = hooks
-        self._clock = clock
 
     async def resume(self, session: str, requires: tuple[str, ...], deadline: float) -> Held | None:
         """Reconnect to the session's bound sandbox, or None (and say why) to create anew."""
         try:
-            binding = await self._ledger.store.session(session, self._clock())
+            binding = await self._ledger.store.session(session, self._ctx.clock())
         except StateUnavailable as exc:
             self._ledger.on_state_error("session", exc)
             return None
         if binding is None:
             return None
-        entry = self._entries.get(binding.entry)
+        entry = self._ctx.entries.get(binding.entry)
         if entry is None:
             self._lose(session, binding, f"entry {binding.entry!r} is no longer in the chain")
             return None
@@ -71,7 +58,7 @@ class Sessions:
         except Denied as denied:
             self._lose(session, binding, self._ledger.describe(denied.reservation))
             return None
-        started = self._clock()
+        started = self._ctx.clock()
         try:
             sandbox = await asyncio.wait_for(
                 entry.provider.connect(binding.sandbox_id), booking.budget
@@ -82,10 +69,10 @@ class Sessions:
                 session, binding, f"{classify(exc).reason}: {exc}", sandbox_id=binding.sandbox_id
             )
             return None
-        if not await self._ledger.commit(booking, sandbox.id, self._clock()):
+        if not await self._ledger.commit(booking, sandbox.id, self._ctx.clock()):
             return None
         held = booking.held(
-            entry.provider.kind, sandbox, self._clock(), 1, session=session, resumed=True
+            entry.provider.kind, sandbox, self._ctx.clock(), 1, session=session, resumed=True
         )
         await self.bind(held, session)
         self._upkeep.keep(held)
@@ -94,13 +81,13 @@ class Sessions:
     async def bind(self, held: Held, session: str) -> None:
         """Bind ``session`` to the lease's sandbox while the lease lives."""
         held.session = session
-        await self._ledger.bind(held, self._config.lease_ttl)
+        await self._ledger.bind(held, self._ctx.config.lease_ttl)
 
     def _lose(
         self, session: str, binding: SessionBinding, why: str, *, sandbox_id: str = ""
     ) -> None:
         """Say why the session lost its sandbox, and kill that sandbox in the background."""
-        emit(self._hooks, SessionLost(session, binding.entry, why, sandbox_id))
+        self._ctx.emit(SessionLost(session, binding.entry, why, sandbox_id))
         self._discard(binding)
 
     def _discard(self, binding: SessionBinding) -> None:
@@ -108,7 +95,7 @@ class Sessions:
 
         Best effort: when its provider is down the janitor reaps it later.
         """
-        entry = self._entries.get(binding.entry)
+        entry = self._ctx.entries.get(binding.entry)
         if entry is None:
             return
 
@@ -116,24 +103,27 @@ class Sessions:
             try:
                 await entry.provider.kill(binding.sandbox_id)
             except Exception as exc:  # any failure: the janitor reaps it
-                emit(self._hooks, KillFailed(entry=entry.name,
-                     sandbox_id=binding.sandbox_id, error=str(exc)))  # fmt: skip
+                self._ctx.emit(
+                    KillFailed(entry=entry.name, sandbox_id=binding.sandbox_id, error=str(exc))
+                )
 
         self._upkeep.spawn(kill())
 
     async def close(self, session: str) -> bool:
         """Kill the session's sandbox and forget it; False when it had none."""
-        binding = await self._ledger.store.session(session, self._clock())
+        binding = await self._ledger.store.session(session, self._ctx.clock())
         if binding is None:
             return False
-        entry = self._entries.get(binding.entry)
+        entry = self._ctx.entries.get(binding.entry)
         if entry is not None:
             try:
                 await entry.provider.kill(binding.sandbox_id)
             except ProviderError as exc:
-                emit(self._hooks, KillFailed(entry=entry.name,
-                     sandbox_id=binding.sandbox_id, error=str(exc)))  # fmt: skip
+                self._ctx.emit(
+                    KillFailed(entry=entry.name, sandbox_id=binding.sandbox_id, error=str(exc))
+                )
         await self._ledger.store.unbind_session(session)
-        emit(self._hooks, SessionClosed(session=session, entry=binding.entry,
-             sandbox_id=binding.sandbox_id))  # fmt: skip
+        self._ctx.emit(
+            SessionClosed(session=session, entry=binding.entry, sandbox_id=binding.sandbox_id)
+        )
         return True

@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from providers.base import Sandbox
 from providers.errors import ProviderError, StateUnavailable
-from router.config import RouterConfig
+from router.context import Context
 from router.entries import Entry
 from router.events import (
     FreesOwed,
-    Hook,
     KillFailed,
     LateCreate,
     LeaseLost,
     Released,
     TaskFailed,
-    emit,
 )
 from router.lease import Held
 from router.ledger import RESERVE_GRACE, Booking, Ledger
@@ -38,19 +36,9 @@ __all__ = ["Upkeep"]
 class Upkeep:
     """The leases this router holds and the background work they need."""
 
-    def __init__(
-        self,
-        ledger: Ledger,
-        entries: Mapping[str, Entry],
-        config: RouterConfig,
-        hooks: list[Hook],
-        clock: Callable[[], float],
-    ) -> None:
+    def __init__(self, ledger: Ledger, ctx: Context) -> None:
+        self._ctx = ctx
         self._ledger = ledger
-        self._entries = entries
-        self._config = config
-        self._hooks = hooks
-        self._clock = clock
         self.live: dict[str, Held] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
@@ -72,7 +60,7 @@ class Upkeep:
         if not task.cancelled() and (exc := task.exception()) is not None:
             work = task.get_coro()
             name = getattr(work, "__qualname__", task.get_name())
-            emit(self._hooks, TaskFailed(name, f"{type(exc).__name__}: {exc}"))
+            self._ctx.emit(TaskFailed(name, f"{type(exc).__name__}: {exc}"))
 
     async def caught_up(self, pools: Iterable[str] | None = None) -> None:
         """Wait for the slots this router is still freeing in ``pools`` (default: all), so
@@ -107,12 +95,12 @@ class Upkeep:
 
     def _lost(self, held: Held) -> None:
         self.live.pop(held.lease_id, None)
-        emit(self._hooks, LeaseLost(entry=held.entry, lease_id=held.lease_id))
+        self._ctx.emit(LeaseLost(entry=held.entry, lease_id=held.lease_id))
 
     async def _sweep(self) -> None:
         """Every lease_ttl / 3, renew every live lease; ends when it finds none."""
         while True:
-            await asyncio.sleep(self._config.lease_ttl / 3)
+            await asyncio.sleep(self._ctx.config.lease_ttl / 3)
             if not self.live:
                 return
             renewals = [self._heartbeat(h) for h in list(self.live.values())]
@@ -125,10 +113,10 @@ class Upkeep:
         overtakes the commit)."""
         if held.committing is not None:
             await held.committing
-        return self._ledger.booking(held, self._entries[held.entry].ref)
+        return self._ledger.booking(held, self._ctx.entries[held.entry].ref)
 
     async def _heartbeat(self, held: Held) -> None:
-        ttl = self._config.lease_ttl
+        ttl = self._ctx.config.lease_ttl
         alive = await self._ledger.heartbeat(await self._booking(held), ttl)
         if alive is None or held.released:
             return
@@ -156,15 +144,15 @@ class Upkeep:
         self.live.pop(held.lease_id, None)
         disposing = self.spawn(self._dispose(held))  # first: the kill is what the caller awaits
         freeing = self.spawn(self._free_slot(held))
-        in_pool = self._freeing.setdefault(self._entries[held.entry].ref.pool, set())
+        in_pool = self._freeing.setdefault(self._ctx.entries[held.entry].ref.pool, set())
         in_pool.add(freeing)
         freeing.add_done_callback(in_pool.discard)
         await asyncio.shield(disposing)  # a cancelled release still kills the sandbox
 
     async def _dispose(self, held: Held) -> None:
         """Kill the sandbox, or keep a session's for its idle TTL (a task of its own)."""
-        entry = self._entries[held.entry]
-        idle = self._config.session_idle_ttl
+        entry = self._ctx.entries[held.entry]
+        idle = self._ctx.config.session_idle_ttl
         if held.session is not None and idle > 0:
             try:
                 await self._ledger.bind(held, idle)
@@ -184,7 +172,7 @@ class Upkeep:
             self._ledger.report("release", exc)
             self._owe(booking, announce=True)
             return
-        emit(self._hooks, Released(entry=held.entry, lease_id=held.lease_id, seconds=seconds))
+        self._ctx.emit(Released(entry=held.entry, lease_id=held.lease_id, seconds=seconds))
 
     def _owe(self, booking: Booking, *, announce: bool) -> None:
         """Keep a free the store did not take; a retrier tries it again until it lands.
@@ -210,7 +198,7 @@ class Upkeep:
             seconds = await self._ledger.release(booking)
             del self._owed[lease_id]
             if announce:
-                emit(self._hooks, Released(booking.entry, lease_id, seconds))
+                self._ctx.emit(Released(booking.entry, lease_id, seconds))
 
     def abandon(self, create: asyncio.Future[Sandbox], booking: Booking, entry: Entry) -> None:
         """Follow a create the acquire stopped waiting for: the provider may still make
@@ -232,14 +220,14 @@ class Upkeep:
         await asyncio.wait((create,), timeout=RESERVE_GRACE - 2.0)
         if create.done() and not create.cancelled() and create.exception() is not None:
             await self._ledger.refund(booking, "late_create_failed")
-            emit(self._hooks, LateCreate(entry.name, booking.lease_id, "failed"))
+            self._ctx.emit(LateCreate(entry.name, booking.lease_id, "failed"))
             return
         if create.done() and not create.cancelled():
             sandbox = create.result()
-            landed = self._clock()
+            landed = self._ctx.clock()
             await self.kill(entry, sandbox)
             late = LateCreate(
-                entry.name, booking.lease_id, "killed", sandbox.id, self._clock() - landed
+                entry.name, booking.lease_id, "killed", sandbox.id, self._ctx.clock() - landed
             )
         else:  # no answer while the reservation lasted, or the router is closing
             create.cancel()
@@ -248,15 +236,14 @@ class Upkeep:
             await self._ledger.release(booking)  # the slot is free; the session stays spent
         except StateUnavailable:
             self._owe(booking, announce=False)
-        emit(self._hooks, late)
+        self._ctx.emit(late)
 
     async def kill(self, entry: Entry, sandbox: Sandbox) -> None:
         """Kill; a failure is an event (the janitor gets it later), not the caller's error."""
         try:
             await sandbox.kill()
         except Exception as exc:
-            emit(self._hooks, KillFailed(entry=entry.name, sandbox_id=sandbox.id,
-                 error=str(exc)))  # fmt: skip
+            self._ctx.emit(KillFailed(entry=entry.name, sandbox_id=sandbox.id, error=str(exc)))
 
     async def close(self) -> None:
         """Stop the heartbeats, wait (10 s at most) for the tasks still running, then try
@@ -273,5 +260,5 @@ class Upkeep:
             with contextlib.suppress(StateUnavailable, TimeoutError):
                 await asyncio.wait_for(self._pay_owed(), 5)
         if self._owed:
-            emit(self._hooks, FreesOwed(len(self._owed)))
+            self._ctx.emit(FreesOwed(len(self._owed)))
             self._owed.clear()

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from emulators.redis_server import RedisServer
+from router import Router
 from router.testing import ScriptedProvider
 from tests.polling import wait_until
 from tests.router.conftest import fired
@@ -24,22 +25,26 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
 
 
-def config(server: RedisServer, key_prefix: str) -> dict[str, object]:
-    return {
-        "state_url": server.url + "?socket_timeout=0.5&socket_connect_timeout=0.5",
-        "key_prefix": key_prefix,
-        "chain": [{"name": "only", "provider": "local", "quota": {"concurrent": 1}}],
-    }
+@pytest.fixture
+def make(own_redis, key_prefix, tmp_path, new_router, events):
+    """A router on ``own_redis`` with one entry of ``slots`` concurrent leases."""
+
+    def build(slots: int = 1) -> Router:
+        return new_router(
+            {
+                "state_url": own_redis.url + "?socket_timeout=0.5&socket_connect_timeout=0.5",
+                "key_prefix": key_prefix,
+                "chain": [{"name": "only", "provider": "local", "quota": {"concurrent": slots}}],
+            },
+            providers={"only": ScriptedProvider("only", tmp_path)},
+            hooks=[events.append],
+        )
+
+    return build
 
 
-def test_a_free_that_failed_lands_once_the_store_is_back(
-    own_redis, key_prefix, tmp_path, new_router, events
-) -> None:
-    router = new_router(
-        config(own_redis, key_prefix),
-        providers={"only": ScriptedProvider("only", tmp_path)},
-        hooks=[events.append],
-    )
+def test_a_free_that_failed_lands_once_the_store_is_back(make, own_redis, events) -> None:
+    router = make()
     lease = router.acquire()
     wait_until(lambda: router.status().entries[0].live_leases == 1)  # committed
     own_redis.stop()
@@ -53,15 +58,8 @@ def test_a_free_that_failed_lands_once_the_store_is_back(
     assert [e["operation"] for e in fired(events, "state_error")] == ["release"]
 
 
-def test_close_says_how_many_frees_are_still_owed(
-    own_redis, key_prefix, tmp_path, new_router, events
-) -> None:
-    router = new_router(
-        {**config(own_redis, key_prefix), "chain": [
-            {"name": "only", "provider": "local", "quota": {"concurrent": 2}}]},
-        providers={"only": ScriptedProvider("only", tmp_path)},
-        hooks=[events.append],
-    )  # fmt: skip
+def test_close_says_how_many_frees_are_still_owed(make, own_redis, events) -> None:
+    router = make(slots=2)
     leases = [router.acquire() for _ in range(2)]
     wait_until(lambda: router.status().entries[0].live_leases == 2)
     own_redis.stop()
@@ -72,14 +70,8 @@ def test_close_says_how_many_frees_are_still_owed(
     assert fired(events, "released") == []
 
 
-def test_a_background_task_that_fails_is_reported(
-    own_redis, key_prefix, tmp_path, new_router, events
-) -> None:
-    router = new_router(
-        config(own_redis, key_prefix),
-        providers={"only": ScriptedProvider("only", tmp_path)},
-        hooks=[events.append],
-    )
+def test_a_background_task_that_fails_is_reported(make, own_redis, events) -> None:
+    router = make()
     lease = router.acquire()
     wait_until(lambda: router.status().entries[0].live_leases == 1)
     with redis.Redis.from_url(own_redis.url) as admin:
