@@ -12,6 +12,12 @@ floor of 0 the whole fleet together never spends more than was left, whatever
 its size. A replica that never reached the store knows neither fact and falls
 back to ``blind`` (a fraction of each limit).
 
+The usage seen at a contact is up to one heartbeat old when the outage
+starts, and the fleet kept spending meanwhile: the fleet's spend rate over
+the last two contacts (``Contact.rate``) projects it to the outage's start,
+so the replicas together stay within what was really left as long as the
+fleet's rate held steady over that heartbeat.
+
 Everything here is pure: the router feeds in the contact and the limits and
 gets back the limits of its outage ledger.
 """
@@ -20,11 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.quota import UNITS, Limits
 
 __all__ = ["Contact", "OutageShare", "outage_limits"]
+
+_CUMULATIVE = ("sessions", "sandbox_seconds")  # concurrent is a level, not a sum
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +73,38 @@ class Contact:
         fleet: live replicas, this one included.
         used: per pool, per unit, the pool's usage then (``concurrent`` is
             its live leases).
+        rate: per pool, the fleet's spend per second of the cumulative units
+            (sessions, sandbox_seconds) between the previous contact and this one.
     """
 
     at: float
     fleet: int
     used: Mapping[str, Mapping[str, float]]
+    rate: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def then(self, at: float, fleet: int, used: Mapping[str, Mapping[str, float]]) -> Contact:
+        """The next contact, with the fleet's spend rate since this one."""
+        span = at - self.at
+        rate = {
+            pool: {
+                unit: max(0.0, (units.get(unit, 0.0) - self.used[pool].get(unit, 0.0)) / span)
+                for unit in _CUMULATIVE
+            }
+            for pool, units in used.items()
+            if pool in self.used and span > 0
+        }
+        return Contact(at, fleet, used, rate)
 
 
-def outage_limits(limits: Limits, pool: str, contact: Contact | None, share: OutageShare) -> Limits:
-    """The limits of this replica's outage ledger for ``pool``.
+def outage_limits(
+    limits: Limits,
+    pool: str,
+    contact: Contact | None,
+    share: OutageShare,
+    started: float | None = None,
+) -> Limits:
+    """The limits of this replica's outage ledger for ``pool``, for an outage that
+    ``started`` then (default: at the contact).
 
     Unlimited units stay unlimited. Counted units (sessions, concurrent)
     round down, so a share of less than one unit is none.
@@ -82,7 +113,12 @@ def outage_limits(limits: Limits, pool: str, contact: Contact | None, share: Out
         used: Mapping[str, float] = {}
         fraction = share.blind
     else:
-        used = contact.used[pool]
+        elapsed = max(0.0, (started if started is not None else contact.at) - contact.at)
+        rate = contact.rate.get(pool, {})
+        used = {
+            unit: value + rate.get(unit, 0.0) * elapsed
+            for unit, value in contact.used[pool].items()
+        }
         fraction = share.fraction(contact.fleet)
     parts: list[float | None] = []
     for unit in UNITS:

@@ -40,6 +40,7 @@ from pydantic import (
 )
 
 from policies.breaker import BreakerConfig
+from policies.outage import OutageShare
 from policies.quota import Limits, MonthlyWindow
 from policies.retry import RetryPolicy
 from providers import PROVIDERS, provider_class
@@ -115,6 +116,7 @@ class QuotaConfig(_Strict):
 _RETRY = RetryPolicy()
 _BREAKER = BreakerConfig()
 _WINDOW = MonthlyWindow()
+_OUTAGE = OutageShare()
 
 
 class RetrySettings(_Strict):
@@ -215,8 +217,15 @@ class RouterConfig(_Strict):
             state directory.
         key_prefix: namespace of every key/row (several routers, one Redis).
         on_state_error: ``fail_closed`` refuses to create sandboxes the
-            ledger cannot count; ``fail_open`` serves from a per-replica
-            share of each limit (``fail_open_share``) until the store is back.
+            ledger cannot count; ``fail_open`` serves, until the store is
+            back, from this replica's share of what was left at its last
+            contact: that divided by the fleet it saw, clamped to
+            ``fail_open_floor``..``fail_open_ceiling`` (``policies.outage``);
+            ``fail_open_share`` of each limit when it never reached the store.
+        fleet_heartbeat: how often a fail_open replica registers in the store
+            (the fleet's size and usage it would share out in an outage).
+        fail_open_journal: the file keeping what a replica spent during an
+            outage until the store has it (default: beside the SQLite state).
         strategy: ``ordered`` (chain order) or ``balanced`` (largest remaining
             quota fraction first).
         acquire_timeout: one deadline for a whole acquire, failovers included.
@@ -229,7 +238,11 @@ class RouterConfig(_Strict):
     state_url: SecretStr | None = None
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "sandbox-router"
     on_state_error: Literal["fail_closed", "fail_open"] = "fail_closed"
-    fail_open_share: Annotated[Float, Field(gt=0, le=1)] = 0.25
+    fail_open_share: Annotated[Float, Field(gt=0, le=1)] = _OUTAGE.blind
+    fail_open_floor: Annotated[Float, Field(ge=0, le=1)] = _OUTAGE.floor
+    fail_open_ceiling: Annotated[Float, Field(gt=0, le=1)] = _OUTAGE.ceiling
+    fleet_heartbeat: Annotated[Float, Field(gt=0, le=600)] = 2.0
+    fail_open_journal: str | None = None
     strategy: Literal["ordered", "balanced"] = "ordered"
     timezone: str = _WINDOW.timezone
     reset_day: Annotated[Int, Field(ge=1, le=31)] = _WINDOW.reset_day
@@ -295,6 +308,11 @@ class RouterConfig(_Strict):
                 raise ValueError(_format_errors(exc, f"{where}.options")) from None
             except ValueError as exc:
                 raise ValueError(f"{where}.options.{exc}") from None
+        if self.fail_open_floor > self.fail_open_ceiling:
+            raise ValueError(
+                f"fail_open_floor: {self.fail_open_floor} is above fail_open_ceiling "
+                f"{self.fail_open_ceiling}"
+            )
         return self
 
     def pool_quota(self, entry: EntryConfig) -> QuotaConfig:
@@ -311,6 +329,16 @@ class RouterConfig(_Strict):
 
     def breaker_policy(self) -> BreakerConfig:
         return self.breaker.policy(probe_timeout=self.acquire_timeout)
+
+    def outage_share(self) -> OutageShare:
+        return OutageShare(self.fail_open_floor, self.fail_open_ceiling, self.fail_open_share)
+
+    def journal_path(self) -> Path:
+        """Where a fail_open replica journals its outage spend."""
+        if self.fail_open_journal:
+            return Path(self.fail_open_journal)
+        base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        return Path(base) / _SAFE_PERSISTENT_DIR / f"outage-{self.key_prefix}.db"
 
 
 def _check_zone(value: str) -> None:

@@ -49,6 +49,7 @@ __all__ = [
     "KillFailed",
     "LateCreate",
     "LeaseLost",
+    "OutageHandedOver",
     "QuotaChanged",
     "Reaped",
     "Refund",
@@ -135,6 +136,18 @@ class LateCreate(Event):
     outcome: str
     sandbox_id: str = ""
     seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class OutageHandedOver(Event):
+    """The store is back and has what this replica granted while it was down
+    (one journal batch, applied once): sessions, metered seconds, leases still held."""
+
+    name: ClassVar[str] = "outage_handed_over"
+    journal_id: str
+    sessions: int
+    sandbox_seconds: float
+    leases: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +291,7 @@ RouterEvent = (
     | Created
     | CreateFailed
     | LateCreate
+    | OutageHandedOver
     | Failover
     | Refund
     | BreakerTransition
@@ -313,6 +327,7 @@ def log_hook(event: RouterEvent) -> None:
             | LeaseLost()
             | KillFailed()
             | LateCreate()
+            | OutageHandedOver()
             | AcquireFailed()
             | QuotaChanged()
             | StateWarning()

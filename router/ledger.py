@@ -3,8 +3,9 @@
 Every quota and lease call of the router goes through here: reserve,
 commit, refund, release, heartbeat, snapshot. When the shared store cannot
 be reached, ``on_state_error`` is applied in this one place: ``fail_closed``
-raises `StateUnavailable`; ``fail_open`` serves from an in-memory store
-holding ``fail_open_share`` of each limit. Every state error is reported
+raises `StateUnavailable`; ``fail_open`` serves from this replica's outage
+ledger (`router.outage`: its share of what the fleet had left, journaled
+and handed over when the store is back). Every state error is reported
 here, as a ``state_error`` event.
 
 A `Booking` remembers which of the two holds a lease, so its commit,
@@ -16,13 +17,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
 from policies.breaker import Outcome
 from policies.outcome import classify
-from policies.quota import Limits
 from providers.base import Sandbox
 from providers.errors import QuotaExceeded, RateLimited, StateUnavailable
 from router.context import Context
@@ -36,8 +36,8 @@ from router.events import (
     emit,
 )
 from router.lease import Held
-from router.state import EntryRef, Reservation, Snapshot, StateStore
-from router.state.memory import MemoryStore
+from router.outage import Outage
+from router.state import EntryRef, Reservation, Snapshot, Spend, StateStore
 
 __all__ = ["RESERVE_GRACE", "Booking", "Denied", "Ledger"]
 
@@ -70,6 +70,7 @@ class Booking:
     ref: EntryRef
     shared: bool
     budget: float = 0.0
+    counted: bool = True  # took a session unit (False: a sticky session's reconnect)
 
     def held(
         self,
@@ -102,7 +103,7 @@ class Ledger:
         self._ctx = ctx
         self.store = store
         self.state_error: str | None = None  # the last store failure, until a reserve succeeds
-        self._fallback = MemoryStore("memory://fail-open", ctx.config.key_prefix)
+        self.outage = Outage(ctx)
         self._breaker = ctx.config.breaker_policy()
         self._checked = False
 
@@ -127,17 +128,22 @@ class Ledger:
         lease_id = "l-" + secrets.token_hex(8)
         budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
         hold, now = budget + RESERVE_GRACE, self._ctx.clock()
-        try:
-            reservation = await self.store.reserve(
-                entry.ref, self._breaker, lease_id, now, hold, new_session=new_session
-            )
-            booking = Booking(lease_id, entry.name, entry.ref, True, budget)
-            self.state_error = None
-        except StateUnavailable as exc:
-            self.on_state_error("reserve", exc)
-            booking = Booking(lease_id, entry.name, self._share(entry.ref), False, budget)
-            reservation = await self._fallback.reserve(
-                booking.ref, self._breaker, lease_id, now, hold, new_session=new_session
+        shared = not self.outage.active()  # just back: the share serves until all handed over
+        if shared:
+            try:
+                reservation = await self.store.reserve(
+                    entry.ref, self._breaker, lease_id, now, hold, new_session=new_session
+                )
+                self.state_error = None
+                self.outage.keep_in_touch(self.store)
+            except StateUnavailable as exc:
+                self.on_state_error("reserve", exc)
+                shared = False
+        ref = entry.ref if shared else self.outage.share(entry.ref)
+        booking = Booking(lease_id, entry.name, ref, shared, budget, new_session)
+        if not shared:
+            reservation = await self.outage.store.reserve(
+                ref, self._breaker, lease_id, now, hold, new_session=new_session
             )
         if reservation.transition:
             self.transition(entry.name, reservation.transition)
@@ -147,11 +153,14 @@ class Ledger:
 
     def booking(self, held: Held, ref: EntryRef) -> Booking:
         """The booking behind a lease (``ref``: its entry's)."""
-        shared = held.store_kind == "shared"
-        return Booking(held.lease_id, held.entry, ref if shared else self._share(ref), shared)
+        shared = held.store_kind == "shared" or self.outage.moved(held.lease_id)
+        if shared:
+            held.store_kind = "shared"  # handed over: the shared store meters it from now on
+            return Booking(held.lease_id, held.entry, ref, True)
+        return Booking(held.lease_id, held.entry, self.outage.share(ref), False)
 
     def _store(self, booking: Booking) -> StateStore:
-        return self.store if booking.shared else self._fallback
+        return self.store if booking.shared else self.outage.store
 
     async def commit(self, booking: Booking, sandbox_id: str, now: float) -> bool | None:
         """Turn the reservation into a live lease: False when it was lost, None when the
@@ -171,6 +180,8 @@ class Ledger:
             return None
         if settled.transition:
             self.transition(booking.entry, settled.transition)
+        if settled.applied and not booking.shared:
+            self.outage.granted(booking.lease_id, booking.ref, sandbox_id, counted=booking.counted)
         return settled.applied
 
     async def settle_failure(
@@ -268,7 +279,24 @@ class Ledger:
     async def release(self, booking: Booking) -> float | None:
         """Free the slot and meter the seconds; raises `StateUnavailable` (not reported:
         the caller decides whether to try again)."""
-        return await self._store(booking).release(booking.ref, booking.lease_id, self._ctx.clock())
+        seconds = await self._store(booking).release(
+            booking.ref, booking.lease_id, self._ctx.clock()
+        )
+        if not booking.shared:
+            self.outage.released(booking.lease_id, seconds or 0.0)
+        return seconds
+
+    async def charge(self, booking: Booking, sandbox_id: str, seconds: float) -> None:
+        """Meter a late create's sandbox, which no lease ever held, for ``seconds``."""
+        if not booking.shared:
+            self.outage.granted(booking.lease_id, booking.ref, sandbox_id, counted=False)
+            self.outage.released(booking.lease_id, seconds)
+            return
+        spend = Spend(booking.ref, sandbox_seconds=seconds)
+        try:  # the lease id makes it one charge, however often it is sent
+            await self.store.reconcile("late-" + booking.lease_id, [spend], self._ctx.clock())
+        except StateUnavailable as exc:
+            self.report("charge", exc)
 
     async def heartbeat(self, booking: Booking, ttl: float) -> bool | None:
         """Extend a live lease: False when it had expired, None when the store failed."""
@@ -290,8 +318,8 @@ class Ledger:
         try:
             return await self.store.snapshot(refs, now), None
         except StateUnavailable as exc:
-            fallback = await self._fallback.snapshot([self._share(r) for r in refs], now)
-            return fallback, str(exc)
+            local = await self.outage.store.snapshot([self.outage.share(r) for r in refs], now)
+            return self.outage.usage(local), str(exc)
 
     async def bind(self, held: Held, ttl: float) -> None:
         """Bind the lease's sticky session to its sandbox for ``ttl`` seconds."""
@@ -304,21 +332,7 @@ class Ledger:
             return await call(self.store)
         except StateUnavailable as exc:
             self.on_state_error(operation, exc)
-            return await call(self._fallback)
-
-    def _share(self, ref: EntryRef) -> EntryRef:
-        """``ref`` with this replica's fail-open share of each limit."""
-        share = self._ctx.config.fail_open_share
-
-        def part(limit: float | None) -> int | None:
-            return None if limit is None else int(limit * share)
-
-        limits = Limits(
-            part(ref.limits.sessions),
-            part(ref.limits.sandbox_seconds),
-            part(ref.limits.concurrent),
-        )
-        return replace(ref, limits=limits)
+            return await call(self.outage.store)
 
     def report(self, operation: str, exc: Exception) -> None:
         self._ctx.emit(
@@ -356,6 +370,7 @@ class Ledger:
         return r.reason
 
     async def close(self) -> None:
+        await self.outage.close(self.store)
         await self.store.close()
 
 

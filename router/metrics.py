@@ -54,6 +54,7 @@ from router.events import (
     KillFailed,
     LateCreate,
     LeaseLost,
+    OutageHandedOver,
     QuotaChanged,
     Reaped,
     Refund,
@@ -241,7 +242,7 @@ class RouterMetrics:
                 self.reaped.labels(entry).inc()
             case QuotaChanged(pool=pool, unit=unit):
                 self.quota_changes.labels(pool, unit).inc()
-            case StateWarning() | SessionClosed() | FreesOwed() | TaskFailed():
+            case StateWarning() | SessionClosed() | FreesOwed() | TaskFailed() | OutageHandedOver():
                 pass  # nothing to count
             case _:
                 assert_never(event)

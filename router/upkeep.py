@@ -226,9 +226,9 @@ class Upkeep:
             sandbox = create.result()
             landed = self._ctx.clock()
             await self.kill(entry, sandbox)
-            late = LateCreate(
-                entry.name, booking.lease_id, "killed", sandbox.id, self._ctx.clock() - landed
-            )
+            seconds = self._ctx.clock() - landed
+            await self._ledger.charge(booking, sandbox.id, seconds)
+            late = LateCreate(entry.name, booking.lease_id, "killed", sandbox.id, seconds)
         else:  # no answer while the reservation lasted, or the router is closing
             create.cancel()
             late = LateCreate(entry.name, booking.lease_id, "unanswered")

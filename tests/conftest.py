@@ -94,6 +94,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_structlog() -> None:
-    """Each test starts with structlog unconfigured (a Router configures it when it
-    is), so log-capturing tests see every level."""
+    """Each test starts with structlog unconfigured (an app or the CLI may have
+    configured it), so log-capturing tests see every level."""
     structlog.reset_defaults()
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test's default state files (SQLite store, outage journal) are its own,
+    never the user's ~/.local/state."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private redis-server with the append-only file on: it may be killed and
+    restarted (same port, same data) by the test."""
+    (tmp_path / "redis").mkdir()
+    with RedisServer(tmp_path / "redis", persist=True) as server:
+        yield server

@@ -8,7 +8,6 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,6 @@ from router.testing import ScriptedProvider
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    (tmp_path / "redis").mkdir()
-    with RedisServer(tmp_path / "redis", persist=True) as server:
-        yield server
 
 
 def router(url: str, tmp_path: Path, events: list[Event], **settings: Any) -> Router:

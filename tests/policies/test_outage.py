@@ -72,3 +72,15 @@ def test_the_fleet_together_never_exceeds_what_was_left(
         assert part is not None
         assert 0 <= part * fleet <= left * (1 + 1e-9)
         assert part <= left * ceiling + 1e-9
+
+
+def test_the_fleet_s_spend_since_the_contact_is_projected_to_the_outage() -> None:
+    first = contact(4, sessions=10, sandbox_seconds=100, concurrent=3)
+    second = first.then(10.0, 4, {"p": {"sessions": 30, "sandbox_seconds": 100, "concurrent": 5}})
+    assert second.rate == {"p": {"sessions": 2.0, "sandbox_seconds": 0.0}}
+    limits = Limits(sessions=80, sandbox_seconds=1000.0, concurrent=9)
+    at_contact = outage_limits(limits, "p", second, OutageShare())
+    assert at_contact == Limits(sessions=12, sandbox_seconds=225.0, concurrent=1)
+    # 5 s after the contact the fleet has likely spent 10 more sessions
+    later = outage_limits(limits, "p", second, OutageShare(), started=15.0)
+    assert later == Limits(sessions=10, sandbox_seconds=225.0, concurrent=1)

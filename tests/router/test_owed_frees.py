@@ -3,13 +3,9 @@ until it lands, so the slot comes back without waiting for lease_ttl."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import redis
 
-from emulators.redis_server import RedisServer
 from router import Router
 from router.testing import ScriptedProvider
 from tests.polling import wait_until
@@ -19,20 +15,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    (tmp_path / "redis").mkdir()
-    with RedisServer(tmp_path / "redis", persist=True) as server:
-        yield server
-
-
-@pytest.fixture
-def make(own_redis, key_prefix, tmp_path, new_router, events):
-    """A router on ``own_redis`` with one entry of ``slots`` concurrent leases."""
+def make(aof_redis, key_prefix, tmp_path, new_router, events):
+    """A router on ``aof_redis`` with one entry of ``slots`` concurrent leases."""
 
     def build(slots: int = 1) -> Router:
         return new_router(
             {
-                "state_url": own_redis.url + "?socket_timeout=0.5&socket_connect_timeout=0.5",
+                "state_url": aof_redis.url + "?socket_timeout=0.5&socket_connect_timeout=0.5",
                 "key_prefix": key_prefix,
                 "chain": [{"name": "only", "provider": "local", "quota": {"concurrent": slots}}],
             },
@@ -43,14 +32,14 @@ def make(own_redis, key_prefix, tmp_path, new_router, events):
     return build
 
 
-def test_a_free_that_failed_lands_once_the_store_is_back(make, own_redis, events) -> None:
+def test_a_free_that_failed_lands_once_the_store_is_back(make, aof_redis, events) -> None:
     router = make()
     lease = router.acquire()
     wait_until(lambda: router.status().entries[0].live_leases == 1)  # committed
-    own_redis.stop()
+    aof_redis.stop()
     lease.release()  # returns normally; its free fails
     wait_until(lambda: fired(events, "state_error"))
-    own_redis.start()  # same port; the AOF still holds the lease
+    aof_redis.start()  # same port; the AOF still holds the lease
     wait_until(lambda: fired(events, "released"), seconds=15)
     assert router.status().entries[0].live_leases == 0  # long before lease_ttl (300 s)
     with router.acquire() as again:  # concurrent: 1
@@ -58,11 +47,11 @@ def test_a_free_that_failed_lands_once_the_store_is_back(make, own_redis, events
     assert [e["operation"] for e in fired(events, "state_error")] == ["release"]
 
 
-def test_close_says_how_many_frees_are_still_owed(make, own_redis, events) -> None:
+def test_close_says_how_many_frees_are_still_owed(make, aof_redis, events) -> None:
     router = make(slots=2)
     leases = [router.acquire() for _ in range(2)]
     wait_until(lambda: router.status().entries[0].live_leases == 2)
-    own_redis.stop()
+    aof_redis.stop()
     for lease in leases:
         lease.release()
     router.close()  # bounded: the store stays down
@@ -70,11 +59,11 @@ def test_close_says_how_many_frees_are_still_owed(make, own_redis, events) -> No
     assert fired(events, "released") == []
 
 
-def test_a_background_task_that_fails_is_reported(make, own_redis, events) -> None:
+def test_a_background_task_that_fails_is_reported(make, aof_redis, events) -> None:
     router = make()
     lease = router.acquire()
     wait_until(lambda: router.status().entries[0].live_leases == 1)
-    with redis.Redis.from_url(own_redis.url) as admin:
+    with redis.Redis.from_url(aof_redis.url) as admin:
         admin.execute_command("ACL", "SETUSER", "default", "-evalsha", "-eval")
         lease.release()  # the store refuses the free's script (not a connection error)
         wait_until(lambda: fired(events, "task_failed"))
