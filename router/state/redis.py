@@ -13,6 +13,7 @@ Redis failures. Key names come from `router.state.redis_keys`.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
@@ -193,31 +194,21 @@ class RedisStore(StateStore):
         return (r["from"], r["to"]) if r["from"] else None
 
     async def snapshot(self, refs: list[EntryRef], now: float) -> Snapshot:
-        pools = {ref.pool: self._keys.pool(ref, now) for ref in refs}
+        by_pool: dict[str, list[EntryRef]] = {}
+        for ref in refs:
+            by_pool.setdefault(ref.pool, []).append(ref)
 
-        def usage_and_health(pipe: Any) -> None:
-            for keys in pools.values():
-                pipe.hmget(keys.usage, ["sessions", "sandbox_seconds"])
-                pipe.zrangebyscore(keys.leases, f"({now}", "+inf")
-            for ref in refs:
-                pipe.get(self._keys.pool(ref, now).health)
+        async def pool(members: list[EntryRef]) -> Any:
+            keys = self._keys.pool(members[0], now)
+            healths = [self._keys.pool(ref, now).health for ref in members]
+            entries = [ref.entry for ref in members]
+            return await self._script(
+                "snapshot", [keys.usage, keys.leases, keys.meta, keys.held, *healths],
+                [now, _USAGE_TTL, *entries],
+            )  # fmt: skip
 
-        results = await self._commands(usage_and_health)
-        live_ids: list[list[bytes]] = results[1 : 2 * len(pools) : 2]
-
-        def lease_slots(pipe: Any) -> None:
-            for keys, ids in zip(pools.values(), live_ids, strict=True):
-                if ids:
-                    pipe.hmget(keys.meta, ids)
-
-        slots = iter(await self._commands(lease_slots))
-        return redis_snapshot.decode(
-            refs,
-            now,
-            results[0 : 2 * len(pools) : 2],
-            [next(slots) if ids else [] for ids in live_ids],
-            results[2 * len(pools) :],
-        )
+        replies = await asyncio.gather(*(pool(members) for members in by_pool.values()))
+        return redis_snapshot.decode(list(by_pool.values()), replies, now)
 
     async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
         if unit not in ("sessions", "sandbox_seconds"):
@@ -301,7 +292,7 @@ class RedisStore(StateStore):
             journal = self._keys.journal(spend.ref, journal_id)
             applied += await self._script(
                 "reconcile",
-                [keys.usage, keys.leases, keys.meta, journal],
+                [keys.usage, keys.leases, keys.meta, keys.held, journal],
                 [now, spend.sessions, repr(float(spend.sandbox_seconds)), _USAGE_TTL,
                  json.dumps(held), _JOURNAL_MS],
             )  # fmt: skip

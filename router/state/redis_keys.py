@@ -1,10 +1,10 @@
 """Where the Redis store keeps what: every key of one namespace, named in one place.
 
 Keys of one pool share the hash tag ``{<prefix>:<pool>}`` (usage per window,
-the lease set, lease metadata, call answers, reconciled journals, and the
-health of every entry drawing on the pool), so each ledger script touches
-one slot and runs on Redis Cluster. Sessions, locks and the replica
-registry each have a tag of their own.
+the lease set, lease metadata, the count of leases each entry holds, call
+answers, reconciled journals, and the health of every entry drawing on the
+pool), so each ledger script touches one slot and runs on Redis Cluster.
+Sessions, locks and the replica registry each have a tag of their own.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class PoolKeys(NamedTuple):
     leases: str  # zset: lease id -> expiry
     meta: str  # hash: lease id -> slot (json)
     health: str  # the entry's breaker state (json)
+    held: str  # hash: entry -> leases it holds in the pool (kept by the scripts)
 
 
 class KeySpace:
@@ -41,6 +42,7 @@ class KeySpace:
             f"{tag}:leases",
             f"{tag}:lease",
             f"{tag}:entry:{ref.entry}",
+            f"{tag}:held",
         )
 
     def memo(self, ref: EntryRef, call_id: str) -> str:

@@ -1,7 +1,8 @@
-"""The Redis store's snapshot, decoded from what its read returned.
+"""The Redis store's snapshot, decoded from the ``snapshot`` script's replies.
 
-Pools first (usage of the window, the live lease ids, their slots), then
-one health value per entry, as `RedisStore.snapshot` reads them.
+The script runs once per pool (its keys share one hash tag) and answers
+from counters the ledger scripts keep, never from the lease set, so a
+snapshot costs the same at ten live leases as at a hundred thousand.
 """
 
 from __future__ import annotations
@@ -15,39 +16,35 @@ from router.state.base import EntryRef, EntryStatus, PoolStatus, Snapshot
 
 __all__ = ["decode"]
 
-Usage = tuple[bytes | None, bytes | None]
-
 
 def decode(
-    refs: Sequence[EntryRef],
-    now: float,
-    usage: Sequence[Usage],
-    slots: Sequence[Sequence[bytes | None]],
-    healths: Sequence[bytes | None],
+    pools: Sequence[Sequence[EntryRef]], replies: Sequence[list[object]], now: float
 ) -> Snapshot:
-    """The snapshot of ``refs``: per pool (in first-seen order) its usage and live
-    slots, per entry its health."""
+    """The snapshot of each pool's entries (``pools``, one list per pool) from its reply:
+    sessions, sandbox seconds, leases held, then each entry's leases, then its health."""
     snap = Snapshot()
-    live_by_entry: dict[str, int] = {}
-    pools = {ref.pool: ref for ref in reversed(refs)}
-    for ref, (sessions, seconds), live in zip(
-        (pools[p] for p in dict.fromkeys(r.pool for r in refs)), usage, slots, strict=True
-    ):
-        for raw in live:
-            if raw:
-                entry = json.loads(raw)["entry"]
-                live_by_entry[entry] = live_by_entry.get(entry, 0) + 1
+    for members, reply in zip(pools, replies, strict=True):
+        sessions, seconds, held, *rest = reply
+        ref = members[0]
         snap.pools[ref.pool] = PoolStatus(
             ref.pool,
             ref.window.key(now),
             {
-                "sessions": float(sessions or 0),
-                "sandbox_seconds": float(seconds or 0),
-                "concurrent": float(len(live)),
+                "sessions": float(_text(sessions) or 0),
+                "sandbox_seconds": float(_text(seconds) or 0),
+                "concurrent": float(_text(held) or 0),
             },
             {u: ref.limits.get(u) for u in UNITS},
         )
-    for ref, raw in zip(refs, healths, strict=True):
-        health = BreakerState.from_dict(json.loads(raw) if raw else None)
-        snap.entries[ref.entry] = EntryStatus(ref.entry, health, live_by_entry.get(ref.entry, 0))
+        counts, healths = rest[: len(members)], rest[len(members) :]
+        for member, leases, health in zip(members, counts, healths, strict=True):
+            state = BreakerState.from_dict(json.loads(_text(health)) if health else None)
+            snap.entries[member.entry] = EntryStatus(member.entry, state, int(_text(leases) or 0))
     return snap
+
+
+def _text(value: object) -> str:
+    """A reply value as text: redis-py and the lean connection both give bytes or int."""
+    if isinstance(value, bytes):
+        return value.decode()
+    return "" if value is None else str(value)
