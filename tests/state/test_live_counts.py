@@ -90,7 +90,8 @@ async def rows(store: StateStore, kind: str, db: Path) -> tuple[dict[str, int], 
     }
     meta = await client.hgetall(f"{tag}:lease")
     assert set(expiry) == {k.decode() for k in meta}
-    kept = {k.decode(): int(v) for k, v in (await client.hgetall(f"{tag}:held")).items()}
+    counts = await client.hgetall(f"{tag}:held")
+    kept = {k.decode(): int(v) for k, v in counts.items() if int(v)}  # Redis keeps zeros
     return kept, [(json.loads(v)["entry"], expiry[k.decode()]) for k, v in meta.items()]
 
 

@@ -169,8 +169,10 @@ end
 -- The count of leases each entry holds in the pool (the `held` hash), kept by
 -- every script that adds or drops a lease, so a snapshot (what the balanced
 -- strategy reads on every acquire) never reads the lease set itself.
+-- An entry's count stays at zero rather than going, so the hash outlives its
+-- last lease and `ensure_counts` costs one EXISTS.
 local function count_lease(held_key, entry, n)
-  if redis.call('HINCRBY', held_key, entry, n) <= 0 then redis.call('HDEL', held_key, entry) end
+  redis.call('HINCRBY', held_key, entry, n)
 end
 
 -- A pool whose leases an older router wrote has no counts yet: count them once.
