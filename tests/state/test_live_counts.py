@@ -18,6 +18,7 @@ import secrets
 import sqlite3
 import tempfile
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -118,12 +119,10 @@ def test_kept_counts_match_the_leases_after_every_step(
 ) -> None:
     async def run(tmp: Path) -> None:
         store = make_store(kind, redis_url, f"counts-{secrets.token_hex(4)}", tmp)
-        now = START
+        advances = [op[1] if op[0] == "advance" else 0 for op in sequence]
+        times = list(accumulate(advances, initial=START))[:-1]  # each op's, "advance" moves it
         try:
-            for step, op in enumerate(sequence):
-                if op[0] == "advance":
-                    now += op[1]
-                    continue
+            for step, (op, now) in enumerate(zip(sequence, times, strict=True)):
                 _, before = await rows(store, kind, tmp / "state.db")
                 await apply(store, op, now)
                 kept, leases = await rows(store, kind, tmp / "state.db")
