@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                 30 if q else 200,
             ),
         }
+        balanced = scaling.balanced_ratio(redis_url, root / "bal", 100_000, 10, 30 if q else 300)
+        result["scaling"]["balanced"] = balanced
+        result["scaling"]["balanced_100k_over_10_ratio"] = balanced["ratio"]
     result["seconds"] = round(time.perf_counter() - started, 1)
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")

@@ -103,8 +103,8 @@ def private_redis() -> Iterator[str]:
 # so a client round trip is an EVALSHA/EVAL or any command not in this set.
 SCRIPT_INTERNAL = frozenset(
     f"cmdstat_{c}"
-    for c in ("get", "set", "del", "expire", "hget", "hset", "hdel", "hexists", "hincrby",
-              "hincrbyfloat",
+    for c in ("get", "set", "del", "exists", "expire", "hget", "hset", "hdel", "hexists",
+              "hincrby", "hincrbyfloat", "hvals",
               "zadd", "zrem", "zcard", "zscore", "zrangebyscore")
 )  # fmt: skip
 

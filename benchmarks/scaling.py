@@ -8,10 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import summary_ms, timed
+from benchmarks.common import percentile, summary_ms, timed
 from policies.breaker import BreakerConfig, Outcome
 from router import Router
-from router.state import open_store
+from router.state import EntryRef, HeldLease, Spend, open_store
+from router.testing import ScriptedProvider
 
 
 def chain_length(redis_url: str, root: Path, lengths: list[int], n: int) -> list[dict[str, Any]]:
@@ -68,3 +69,63 @@ def live_leases(redis_url: str, root: Path, counts: list[int], n: int) -> list[d
         loop.run_until_complete(store.close())
         loop.close()
     return curve
+
+
+def balanced_ratio(redis_url: str, root: Path, big: int, small: int, n: int) -> dict[str, Any]:
+    """A balanced acquire at ``big`` live leases in its pool over one at ``small``.
+
+    Two routers on one Redis (their own key prefixes), an instant provider,
+    timed round by round in turn so both run under the same conditions. The
+    leases are filled straight through the store (a reconcile of held
+    leases, ``fill`` at a time), not through real acquires.
+    """
+    sizes = {"small": small, "big": big}
+    routers: dict[str, Router] = {}
+    for name, count in sizes.items():
+        config = {"state_url": redis_url, "key_prefix": f"balanced-{secrets.token_hex(3)}",
+                  "strategy": "balanced",
+                  "chain": [{"name": "instant", "provider": "local",
+                             "quota": {"concurrent": 10 * big + 10}}]}  # fmt: skip
+        router = Router.from_config(
+            config, hooks=[], providers={"instant": ScriptedProvider("instant", root / name)}
+        )
+        asyncio.run(_fill(router, count))
+        routers[name] = router
+    times: dict[str, list[float]] = {name: [] for name in sizes}
+    try:
+        for name in sizes:  # warm up: connections, scripts loaded
+            for _ in range(3):
+                routers[name].acquire().release()
+        for i in range(n):
+            for name in list(sizes)[i % 2 :] + list(sizes)[: i % 2]:
+                start = time.perf_counter()
+                lease = routers[name].acquire()
+                times[name].append(time.perf_counter() - start)
+                lease.release()
+    finally:
+        for router in routers.values():
+            router.close()
+    ratio = percentile(times["big"], 50) / percentile(times["small"], 50)
+    return {
+        f"live_{small}": summary_ms(times["small"]),
+        f"live_{big}": summary_ms(times["big"]),
+        "ratio": round(ratio, 3),
+    }
+
+
+async def _fill(router: Router, count: int, batch: int = 10_000) -> None:
+    """Give the router's only pool ``count`` live leases for an hour, through its store."""
+    cfg = router.config
+    entry = cfg.chain[0]
+    ref = EntryRef(entry.name, entry.pool, cfg.pool_quota(entry).limits(), cfg.window(entry))
+    store = open_store(cfg.resolved_state_url(), cfg.key_prefix)
+    try:
+        now = time.time()
+        for first in range(0, count, batch):
+            held = tuple(
+                HeldLease(f"filler-{i}", entry.name, now, 3600.0)
+                for i in range(first, min(count, first + batch))
+            )
+            await store.reconcile(f"fill-{first}", [Spend(ref, leases=held)], now)
+    finally:
+        await store.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import overhead, race, throughput, vendors
+from benchmarks import overhead, race, scaling, throughput, vendors
 from emulators import available
 
 
@@ -40,6 +40,12 @@ def test_throughput_counts_cycles(redis_url: str, tmp_path: Path, replicas: int,
     assert result["workers"] == replicas * tasks
     assert result["cycles"] > replicas * tasks
     assert result["per_second"] > 0
+
+
+def test_balanced_ratio_times_both_pools_in_turn(redis_url: str, tmp_path: Path) -> None:
+    result = scaling.balanced_ratio(redis_url, tmp_path, 50, 10, 3)
+    assert result["live_10"]["n"] == result["live_50"]["n"] == 3
+    assert result["ratio"] > 0
 
 
 @pytest.mark.slow

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
+import heapq
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import TypeVar
 
 from policies.breaker import BreakerState
-from policies.quota import LeaseSlot, PoolState
+from policies.quota import LeaseSlot
 from router.state.tables import Tables, TableStore
 
 __all__ = ["MemoryStore"]
@@ -23,24 +25,69 @@ T = TypeVar("T")
 
 
 class _Tables:
-    """`Tables` in dicts; loads and saves copy, so a caller never aliases a row."""
+    """`Tables` in dicts; loads and saves copy, so a caller never aliases a row.
+
+    Each pool's leases have a heap of (expiry, id) to find the expired ones;
+    a pair whose lease is gone or has moved its expiry is stale and skipped.
+    """
 
     def __init__(self) -> None:
-        self.usage: dict[tuple[str, str], tuple[int, float]] = {}
-        self.leases: dict[str, dict[str, LeaseSlot]] = {}
+        self.usage_rows: dict[tuple[str, str], tuple[int, float]] = {}
+        self.slots: dict[str, dict[str, LeaseSlot]] = collections.defaultdict(dict)
+        self.expiry: dict[str, list[tuple[float, str]]] = collections.defaultdict(list)
+        self.counts: dict[str, dict[str, int]] = collections.defaultdict(dict)
         self.entries: dict[str, BreakerState] = {}
         # Insertion order is roughly expiry order, so `put` prunes from the front.
         self.rows: dict[str, collections.OrderedDict[str, tuple[str, float]]] = (
             collections.defaultdict(collections.OrderedDict)
         )
 
-    def load_pool(self, pool: str, window: str) -> PoolState:
-        sessions, seconds = self.usage.get((pool, window), (0, 0.0))
-        return PoolState(window, sessions, seconds, copy.deepcopy(self.leases.get(pool, {})))
+    def usage(self, pool: str, window: str) -> tuple[int, float]:
+        return self.usage_rows.get((pool, window), (0, 0.0))
 
-    def save_pool(self, pool: str, state: PoolState) -> None:
-        self.usage[(pool, state.window)] = (state.sessions, state.sandbox_seconds)
-        self.leases[pool] = copy.deepcopy(state.leases)
+    def save_usage(self, pool: str, window: str, sessions: int, seconds: float) -> None:
+        self.usage_rows[(pool, window)] = (sessions, seconds)
+
+    def leases(
+        self, pool: str, ids: Collection[str], expired_at: float | None
+    ) -> dict[str, LeaseSlot]:
+        stored = self.slots[pool]
+        found = {lid: dataclasses.replace(stored[lid]) for lid in ids if lid in stored}
+        heap, live = self.expiry[pool], []
+        while expired_at is not None and heap and heap[0][0] <= expired_at:
+            expires, lid = heapq.heappop(heap)
+            slot = stored.get(lid)
+            if slot is not None and slot.expires == expires:
+                found.setdefault(lid, dataclasses.replace(slot))
+                live.append((expires, lid))
+        for pair in live:  # still held until the caller drops them
+            heapq.heappush(heap, pair)
+        return found
+
+    def save_leases(
+        self, pool: str, leases: Mapping[str, LeaseSlot], dropped: Collection[str]
+    ) -> None:
+        stored = self.slots[pool]
+        for lid in dropped:
+            stored.pop(lid, None)
+        for lid, slot in leases.items():
+            old = stored.get(lid)
+            if old is None or old.expires != slot.expires:
+                heapq.heappush(self.expiry[pool], (slot.expires, lid))
+            stored[lid] = dataclasses.replace(slot)
+
+    def held(self, pool: str) -> dict[str, int]:
+        return dict(self.counts[pool])
+
+    def count_held(self, pool: str, deltas: Mapping[str, int]) -> None:
+        counts = self.counts[pool]
+        for entry, n in deltas.items():
+            counts[entry] = counts.get(entry, 0) + n
+            if counts[entry] <= 0:
+                del counts[entry]
+
+    def lease_ids(self, pool: str, now: float) -> set[str]:
+        return {lid for lid, slot in self.slots[pool].items() if slot.expires > now}
 
     def load_entry(self, entry: str) -> BreakerState:
         return copy.deepcopy(self.entries.get(entry) or BreakerState())

@@ -40,7 +40,9 @@ __all__ = [
 
 RunnerName = Literal["auto", "resp", "redis-py"]
 RUNNERS: tuple[RunnerName, ...] = ("auto", "resp", "redis-py")
-_WITH_LIB = frozenset({"reserve", "settle", "release", "heartbeat", "record"})
+_WITH_LIB = frozenset(
+    {"reserve", "settle", "release", "heartbeat", "record", "reconcile", "snapshot"}
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
 from policies.breaker import BreakerState
-from policies.quota import LeaseSlot, PoolState
+from policies.quota import LeaseSlot
 from providers.errors import ConfigError, StateUnavailable
 from router.state.tables import Tables, TableStore
 
@@ -35,6 +35,10 @@ CREATE TABLE IF NOT EXISTS leases (
     started REAL NOT NULL, expires REAL NOT NULL, ttl REAL NOT NULL, live INTEGER NOT NULL,
     counted INTEGER NOT NULL, sandbox_id TEXT NOT NULL,
     PRIMARY KEY (ns, pool, lease_id));
+CREATE INDEX IF NOT EXISTS leases_expiry ON leases (ns, pool, expires);
+CREATE TABLE IF NOT EXISTS held (
+    ns TEXT NOT NULL, pool TEXT NOT NULL, entry TEXT NOT NULL, leases INTEGER NOT NULL,
+    PRIMARY KEY (ns, pool, entry));
 CREATE TABLE IF NOT EXISTS rows (
     ns TEXT NOT NULL, tbl TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
     expires REAL NOT NULL, PRIMARY KEY (ns, tbl, key));
@@ -43,6 +47,8 @@ CREATE TABLE IF NOT EXISTS entries (
     ns TEXT NOT NULL, entry TEXT NOT NULL, state TEXT NOT NULL,
     PRIMARY KEY (ns, entry));
 """
+_VERSION = 1  # PRAGMA user_version: 1 keeps `held`; a file from before gets it counted once
+_LEASE_COLUMNS = "lease_id, entry, started, expires, ttl, live, counted, sandbox_id"
 
 
 class _Tx:
@@ -52,48 +58,78 @@ class _Tx:
         self.conn = conn
         self.ns = ns
 
-    def load_pool(self, pool: str, window: str) -> PoolState:
+    def usage(self, pool: str, window: str) -> tuple[int, float]:
         row = self.conn.execute(
             "SELECT sessions, sandbox_seconds FROM usage WHERE ns=? AND pool=? AND window=?",
             (self.ns, pool, window),
         ).fetchone()
-        state = PoolState(window, *(row or (0, 0.0)))
-        for lid, entry, started, expires, ttl, live, counted, sandbox_id in self.conn.execute(
-            "SELECT lease_id, entry, started, expires, ttl, live, counted, sandbox_id "
-            "FROM leases WHERE ns=? AND pool=?",
-            (self.ns, pool),
-        ):
-            state.leases[lid] = LeaseSlot(
-                entry, started, expires, ttl, bool(live), bool(counted), sandbox_id
-            )
-        return state
+        return (row[0], row[1]) if row else (0, 0.0)
 
-    def save_pool(self, pool: str, state: PoolState) -> None:
+    def save_usage(self, pool: str, window: str, sessions: int, seconds: float) -> None:
         self.conn.execute(
             "INSERT INTO usage (ns, pool, window, sessions, sandbox_seconds) VALUES (?,?,?,?,?) "
             "ON CONFLICT (ns, pool, window) DO UPDATE SET sessions=excluded.sessions, "
             "sandbox_seconds=excluded.sandbox_seconds",
-            (self.ns, pool, state.window, state.sessions, state.sandbox_seconds),
+            (self.ns, pool, window, sessions, seconds),
         )
-        self.conn.execute("DELETE FROM leases WHERE ns=? AND pool=?", (self.ns, pool))
+
+    def leases(
+        self, pool: str, ids: Collection[str], expired_at: float | None
+    ) -> dict[str, LeaseSlot]:
+        select = f"SELECT {_LEASE_COLUMNS} FROM leases WHERE ns=? AND pool=? AND "
+        rows = list(
+            self.conn.execute(
+                select + f"lease_id IN ({','.join('?' * len(ids))})", (self.ns, pool, *ids)
+            )
+            if ids
+            else ()
+        )
+        if expired_at is not None:
+            rows += self.conn.execute(select + "expires<=?", (self.ns, pool, expired_at))
+        return {
+            lid: LeaseSlot(entry, started, expires, ttl, bool(live), bool(counted), sandbox_id)
+            for lid, entry, started, expires, ttl, live, counted, sandbox_id in rows
+        }
+
+    def save_leases(
+        self, pool: str, leases: Mapping[str, LeaseSlot], dropped: Collection[str]
+    ) -> None:
         self.conn.executemany(
-            "INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?)",
-            [
-                (
-                    self.ns,
-                    pool,
-                    lid,
-                    s.entry,
-                    s.started,
-                    s.expires,
-                    s.ttl,
-                    int(s.live),
-                    int(s.counted),
-                    s.sandbox_id,
-                )
-                for lid, s in state.leases.items()
-            ],
+            "DELETE FROM leases WHERE ns=? AND pool=? AND lease_id=?",
+            [(self.ns, pool, lid) for lid in dropped],
         )
+        self.conn.executemany(
+            f"INSERT OR REPLACE INTO leases (ns, pool, {_LEASE_COLUMNS}) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            [
+                (self.ns, pool, lid, s.entry, s.started, s.expires, s.ttl, int(s.live),
+                 int(s.counted), s.sandbox_id)
+                for lid, s in leases.items()
+            ],
+        )  # fmt: skip
+
+    def held(self, pool: str) -> dict[str, int]:
+        rows = self.conn.execute(
+            "SELECT entry, leases FROM held WHERE ns=? AND pool=?", (self.ns, pool)
+        )
+        return dict(rows.fetchall())
+
+    def count_held(self, pool: str, deltas: Mapping[str, int]) -> None:
+        self.conn.executemany(
+            "INSERT INTO held VALUES (?,?,?,?) ON CONFLICT (ns, pool, entry) "
+            "DO UPDATE SET leases=leases+excluded.leases",
+            [(self.ns, pool, entry, n) for entry, n in deltas.items()],
+        )
+        if deltas:
+            self.conn.execute(
+                "DELETE FROM held WHERE ns=? AND pool=? AND leases<=0", (self.ns, pool)
+            )
+
+    def lease_ids(self, pool: str, now: float) -> set[str]:
+        rows = self.conn.execute(
+            "SELECT lease_id FROM leases WHERE ns=? AND pool=? AND expires>?", (self.ns, pool, now)
+        )
+        return {lid for (lid,) in rows}
 
     def load_entry(self, entry: str) -> BreakerState:
         row = self.conn.execute(
@@ -162,6 +198,7 @@ class SQLiteStore(TableStore):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
+            _migrate(conn)
             self._conn = conn
         return self._conn
 
@@ -188,3 +225,19 @@ class SQLiteStore(TableStore):
         if conn is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
         self._executor.shutdown(wait=False)
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Count the leases of a file written before `held` existed, once, under the write lock."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] < _VERSION:
+            conn.execute(
+                "INSERT OR REPLACE INTO held "
+                "SELECT ns, pool, entry, COUNT(*) FROM leases GROUP BY ns, pool, entry"
+            )
+            conn.execute(f"PRAGMA user_version={_VERSION}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

@@ -12,12 +12,14 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from policies import breaker, quota
 from policies.breaker import BreakerConfig, BreakerState, Outcome
-from policies.quota import LeaseSlot, PoolState
+from policies.quota import UNITS, LeaseSlot, PoolState
 from router.state.base import (
     CALL_MEMORY,
     JOURNAL_MEMORY,
@@ -38,16 +40,83 @@ __all__ = ["TableStore", "Tables"]
 T = TypeVar("T")
 
 
+@dataclass(slots=True)
+class _Pool(PoolState):
+    """A pool loaded in part, for the pure policies of `policies.quota`.
+
+    ``leases`` holds only what one call touches: the leases it names and,
+    when it purges, the expired ones. ``loaded`` remembers them as loaded
+    (id -> entry) and ``others`` counts the leases left unread, so
+    ``used("concurrent")`` still counts every lease and `_save` turns the
+    difference into the entries' held counts.
+    """
+
+    others: int = 0
+    loaded: dict[str, str] = field(default_factory=dict)
+
+    def used(self, unit: str) -> float:
+        if unit == "concurrent":
+            return self.others + len(self.leases)
+        return PoolState.used(self, unit)
+
+
+def _load(
+    tx: Tables, ref: EntryRef, now: float, ids: Collection[str] = (), *, purge: bool = False
+) -> _Pool:
+    """``ref``'s pool in the window of ``now``, with the leases ``ids`` (and the expired
+    ones when ``purge``)."""
+    leases = tx.leases(ref.pool, ids, now if purge else None)
+    window = ref.window.key(now)
+    sessions, seconds = tx.usage(ref.pool, window)
+    held = sum(tx.held(ref.pool).values())
+    loaded = {lid: slot.entry for lid, slot in leases.items()}
+    return _Pool(window, sessions, seconds, leases, held - len(leases), loaded)
+
+
+def _save(tx: Tables, name: str, pool: _Pool) -> None:
+    tx.save_usage(name, pool.window, pool.sessions, pool.sandbox_seconds)
+    tx.save_leases(name, pool.leases, [lid for lid in pool.loaded if lid not in pool.leases])
+    deltas = Counter(slot.entry for slot in pool.leases.values())
+    deltas.subtract(pool.loaded.values())
+    tx.count_held(name, {entry: n for entry, n in deltas.items() if n})
+
+
 class Tables(Protocol):
     """Rows inside one transaction.
 
-    Pools and entry health have their own shape; everything else (sessions,
-    locks, call answers, journal ids, replicas) is a keyed row of a named
-    table with a value and an expiry.
+    A pool is its usage per window, its leases, and how many leases each
+    entry holds in it (kept by `TableStore` on every save, so a snapshot
+    reads no lease). A call loads only the leases it names and, to purge
+    them, the expired ones: the store finds those by an index on expiry.
+    Entry health has its own shape; everything else (sessions, locks, call
+    answers, journal ids, replicas) is a keyed row of a named table with a
+    value and an expiry.
     """
 
-    def load_pool(self, pool: str, window: str) -> PoolState: ...
-    def save_pool(self, pool: str, state: PoolState) -> None: ...
+    def usage(self, pool: str, window: str) -> tuple[int, float]:
+        """Sessions and sandbox seconds the pool used in ``window``."""
+
+    def save_usage(self, pool: str, window: str, sessions: int, seconds: float) -> None: ...
+
+    def leases(
+        self, pool: str, ids: Collection[str], expired_at: float | None
+    ) -> dict[str, LeaseSlot]:
+        """The leases named in ``ids`` and, unless None, every one expired at ``expired_at``."""
+
+    def save_leases(
+        self, pool: str, leases: Mapping[str, LeaseSlot], dropped: Collection[str]
+    ) -> None:
+        """Write ``leases`` back (new or changed) and delete the ``dropped`` ids."""
+
+    def held(self, pool: str) -> dict[str, int]:
+        """How many leases each entry holds in the pool (expired ones not purged too)."""
+
+    def count_held(self, pool: str, deltas: Mapping[str, int]) -> None:
+        """Add ``deltas`` to the entries' counts; a count at zero has no row."""
+
+    def lease_ids(self, pool: str, now: float) -> set[str]:
+        """Ids of the pool's unexpired leases (an operator's listing: reads them all)."""
+
     def load_entry(self, entry: str) -> BreakerState: ...
     def save_entry(self, entry: str, state: BreakerState) -> None: ...
 
@@ -124,12 +193,12 @@ class TableStore(StateStore):
         call_id: str = "",
     ) -> Settlement:
         def settle(tx: Tables) -> Settlement:
-            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            pool = _load(tx, ref, now, [lease_id])
             if outcome is Outcome.SUCCESS:
                 applied = quota.commit(pool, lease_id, now, ttl, sandbox_id)
             else:
                 applied = quota.refund(pool, lease_id)
-            tx.save_pool(ref.pool, pool)
+            _save(tx, ref.pool, pool)
             return Settlement(applied, _record(tx, ref, cfg, outcome, now, detail, until))
 
         return await self._once(call_id, now, settle, _settlement)
@@ -138,9 +207,9 @@ class TableStore(StateStore):
         self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
     ) -> float | None:
         def release(tx: Tables) -> float | None:
-            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            pool = _load(tx, ref, now, [lease_id])
             seconds = quota.release(pool, lease_id, now)
-            tx.save_pool(ref.pool, pool)
+            _save(tx, ref.pool, pool)
             if seconds is None:
                 return None
             health = tx.load_entry(ref.entry)
@@ -153,9 +222,9 @@ class TableStore(StateStore):
 
     async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
         def heartbeat(tx: Tables) -> bool:
-            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            pool = _load(tx, ref, now, [lease_id])
             alive = quota.heartbeat(pool, lease_id, now, ttl)
-            tx.save_pool(ref.pool, pool)
+            _save(tx, ref.pool, pool)
             return alive
 
         return await self._transact(heartbeat)
@@ -183,21 +252,17 @@ class TableStore(StateStore):
             raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
 
         def set_usage(tx: Tables) -> None:
-            pool = tx.load_pool(ref.pool, ref.window.key(now))
+            sessions, seconds = tx.usage(ref.pool, ref.window.key(now))
             if unit == "sessions":
-                pool.sessions = int(value)
+                sessions = int(value)
             else:
-                pool.sandbox_seconds = float(value)
-            tx.save_pool(ref.pool, pool)
+                seconds = float(value)
+            tx.save_usage(ref.pool, ref.window.key(now), sessions, seconds)
 
         await self._transact(set_usage)
 
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
-        def lease_ids(tx: Tables) -> set[str]:
-            pool = tx.load_pool(ref.pool, ref.window.key(now))
-            return {lid for lid, slot in pool.leases.items() if slot.expires > now}
-
-        return await self._transact(lease_ids)
+        return await self._transact(lambda tx: tx.lease_ids(ref.pool, now))
 
     async def bind_session(
         self, session: str, entry: str, sandbox_id: str, expires: float, now: float
@@ -257,7 +322,7 @@ class TableStore(StateStore):
                 seen = tx.get("journal", key)
                 if seen is not None and seen[1] > now:
                     continue
-                pool = tx.load_pool(spend.ref.pool, spend.ref.window.key(now))
+                pool = _load(tx, spend.ref, now, [held.lease_id for held in spend.leases])
                 pool.sessions += spend.sessions
                 pool.sandbox_seconds += spend.sandbox_seconds
                 for held in spend.leases:
@@ -266,7 +331,7 @@ class TableStore(StateStore):
                         LeaseSlot(held.entry, held.started, now + held.ttl, held.ttl,
                                   live=True, sandbox_id=held.sandbox_id),
                     )  # fmt: skip
-                tx.save_pool(spend.ref.pool, pool)
+                _save(tx, spend.ref.pool, pool)
                 tx.put("journal", key, "", now + JOURNAL_MEMORY, now)
                 applied += 1
             return applied
@@ -304,7 +369,7 @@ def _reserve(
     hold: float,
     new_session: bool,
 ) -> Reservation:
-    pool = tx.load_pool(ref.pool, ref.window.key(now))
+    pool = _load(tx, ref, now, [lease_id], purge=True)
     if lease_id in pool.leases:  # granted before (a repeat the call memo forgot)
         return Reservation(True)
     health = tx.load_entry(ref.entry)
@@ -319,7 +384,7 @@ def _reserve(
         if admission.probe:
             health.probe_until = 0.0
         tx.save_entry(ref.entry, health)
-        tx.save_pool(ref.pool, pool)
+        _save(tx, ref.pool, pool)
         return Reservation(
             False,
             reason="quota",
@@ -329,7 +394,7 @@ def _reserve(
             until=ref.window.reset_at(now).timestamp(),
         )
     tx.save_entry(ref.entry, health)
-    tx.save_pool(ref.pool, pool)
+    _save(tx, ref.pool, pool)
     return Reservation(True, probe=admission.probe, transition=admission.transition)
 
 
@@ -351,22 +416,22 @@ def _record(
 
 
 def _snapshot(tx: Tables, refs: list[EntryRef], now: float) -> Snapshot:
+    """Usage and health after purging the expired leases: reads no live lease."""
     snap = Snapshot()
-    live: dict[str, dict[str, int]] = {}
+    held: dict[str, dict[str, int]] = {}
     for ref in refs:
         if ref.pool not in snap.pools:
-            pool = tx.load_pool(ref.pool, ref.window.key(now))
-            counts: dict[str, int] = {}
-            for slot in pool.leases.values():
-                if slot.expires > now:
-                    counts[slot.entry] = counts.get(slot.entry, 0) + 1
-            live[ref.pool] = counts
-            used = {u: pool.used(u) for u in quota.UNITS}
-            used["concurrent"] = float(sum(counts.values()))
+            pool = _load(tx, ref, now, purge=True)
+            quota.purge_expired(pool, now)
+            _save(tx, ref.pool, pool)
+            held[ref.pool] = tx.held(ref.pool)
             snap.pools[ref.pool] = PoolStatus(
-                ref.pool, pool.window, used, {u: ref.limits.get(u) for u in quota.UNITS}
+                ref.pool,
+                pool.window,
+                {u: float(pool.used(u)) for u in UNITS},
+                {u: ref.limits.get(u) for u in UNITS},
             )
         snap.entries[ref.entry] = EntryStatus(
-            ref.entry, tx.load_entry(ref.entry), live[ref.pool].get(ref.entry, 0)
+            ref.entry, tx.load_entry(ref.entry), held[ref.pool].get(ref.entry, 0)
         )
     return snap

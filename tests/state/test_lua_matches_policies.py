@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from policies.breaker import BreakerConfig, Outcome
 from policies.quota import Limits, MonthlyWindow
-from router.state import EntryRef, StateStore, open_store
+from router.state import EntryRef, HeldLease, Spend, StateStore, open_store
 
 CFG = BreakerConfig(
     failure_threshold=3, min_calls=4, window_seconds=30, cooldown_base=5, cooldown_max=12,
@@ -40,6 +40,9 @@ ops = st.one_of(
     st.tuples(st.just("release"), st.integers(0, 1), lease_ids),
     st.tuples(st.just("heartbeat"), st.integers(0, 1), lease_ids, st.integers(1, 60)),
     st.tuples(st.just("record"), st.integers(0, 1), st.sampled_from(list(Outcome))),
+    st.tuples(st.just("reconcile"), st.integers(0, 1), st.lists(lease_ids, max_size=3),
+              st.integers(1, 60)),
+    st.tuples(st.just("snapshot")),
     st.tuples(st.just("advance"), st.integers(0, 40)),
 )  # fmt: skip
 
@@ -59,6 +62,12 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         return await store.heartbeat(REFS[op[1]], op[2], now, op[3])
     if kind == "record":
         return await store.record(REFS[op[1]], CFG, op[2], now, detail="d")
+    if kind == "reconcile":
+        ref = REFS[op[1]]
+        held = tuple(HeldLease(lid, ref.entry, now - 3, op[3]) for lid in dict.fromkeys(op[2]))
+        return await store.reconcile(f"j{now}", [Spend(ref, 1, 2.5, held)], now)
+    if kind == "snapshot":  # it purges expired leases, as reserve does
+        return await store.snapshot(REFS, now)
     return None
 
 

@@ -166,8 +166,27 @@ local function record(s, cfg, outcome, now, fingerprint, detail, until_)
   return false
 end
 
--- Drop expired leases, charging each its seconds until it expired.
-local function purge(usage_key, leases_key, meta_key, now)
+-- The count of leases each entry holds in the pool (the `held` hash), kept by
+-- every script that adds or drops a lease, so a snapshot (what the balanced
+-- strategy reads on every acquire) never reads the lease set itself.
+-- An entry's count stays at zero rather than going, so the hash outlives its
+-- last lease and `ensure_counts` costs one EXISTS.
+local function count_lease(held_key, entry, n)
+  redis.call('HINCRBY', held_key, entry, n)
+end
+
+-- A pool whose leases an older router wrote has no counts yet: count them once.
+local function ensure_counts(leases_key, meta_key, held_key)
+  if redis.call('EXISTS', held_key) == 1 or redis.call('ZCARD', leases_key) == 0 then return end
+  for _, raw in ipairs(redis.call('HVALS', meta_key)) do
+    redis.call('HINCRBY', held_key, cjson.decode(raw).entry, 1)
+  end
+end
+
+-- Drop expired leases (the lease set is their index by expiry, so only those
+-- are read), charging each its seconds until it expired. Returns how many.
+local function purge(usage_key, leases_key, meta_key, held_key, now)
+  ensure_counts(leases_key, meta_key, held_key)
   local expired = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
   for i = 1, #expired, 2 do
     local lid, expires = expired[i], tonumber(expired[i + 1])
@@ -179,7 +198,9 @@ local function purge(usage_key, leases_key, meta_key, now)
         redis.call('HINCRBYFLOAT', usage_key, 'sandbox_seconds', seconds)
       end
       redis.call('HDEL', meta_key, lid)
+      count_lease(held_key, m.entry, -1)
     end
     redis.call('ZREM', leases_key, lid)
   end
+  return #expired / 2
 end

@@ -1,5 +1,5 @@
 -- Free a lease's slot, meter its seconds, and lift a capacity block.
--- KEYS: usage, leases, lease meta, health, call memo
+-- KEYS: usage, leases, lease meta, health, held per entry, call memo
 -- ARGV: now, lease_id, usage ttl, call memo ttl (ms)
 return once(function()
   local now, lid = tonumber(ARGV[1]), ARGV[2]
@@ -11,8 +11,10 @@ return once(function()
   if m.live == 1 then seconds = math.max(0, math.min(now, expires) - m.started) end
   redis.call('HINCRBYFLOAT', KEYS[1], 'sandbox_seconds', seconds)
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+  ensure_counts(KEYS[2], KEYS[3], KEYS[5])
   redis.call('HDEL', KEYS[3], lid)
   redis.call('ZREM', KEYS[2], lid)
+  count_lease(KEYS[5], m.entry, -1)
   local s = load_health(KEYS[4])
   if s.block == 'capacity' then
     clear_block(s)

@@ -1,5 +1,5 @@
 -- Admit through the entry's breaker, then reserve one session and one slot.
--- KEYS: usage, leases, lease meta, health, call memo
+-- KEYS: usage, leases, lease meta, health, held per entry, call memo
 -- ARGV: now, lease_id, entry, hold, limit sessions, limit seconds,
 --       limit concurrent ('' = unlimited), fingerprint, breaker config, usage ttl,
 --       new session ('1'; '0' reconnects to a session's sandbox: a slot, no session),
@@ -17,7 +17,7 @@ return once(function()
     if a.changed then save_health(KEYS[4], s) end
     return cjson.encode({granted = false, reason = a.reason, until_ = a.until_, detail = s.block_detail})
   end
-  purge(KEYS[1], KEYS[2], KEYS[3], now)
+  purge(KEYS[1], KEYS[2], KEYS[3], KEYS[5], now)
   local used = {
     tonumber(redis.call('HGET', KEYS[1], 'sessions') or '0'),
     tonumber(redis.call('HGET', KEYS[1], 'sandbox_seconds') or '0'),
@@ -43,6 +43,7 @@ return once(function()
   redis.call('ZADD', KEYS[2], now + hold, lid)
   redis.call('HSET', KEYS[3], lid, cjson.encode({entry = entry, started = now, ttl = hold, live = 0,
                                                 counted = counted and 1 or 0, sandbox = ''}))
+  count_lease(KEYS[5], entry, 1)
   if a.changed then save_health(KEYS[4], s) end
   return cjson.encode({granted = true, probe = a.probe, from = a.from or '', to = a.to or ''})
 end)

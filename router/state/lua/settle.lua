@@ -1,6 +1,6 @@
 -- Commit a reservation (outcome 'success': the lease goes live for ttl) or
 -- refund it, and record the outcome on the entry's breaker.
--- KEYS: usage, leases, lease meta, health, call memo
+-- KEYS: usage, leases, lease meta, health, held per entry, call memo
 -- ARGV: now, lease_id, outcome, ttl, detail, until (0 = none), fingerprint, breaker config,
 --       sandbox id (on success), call memo ttl (ms)
 return once(function()
@@ -15,8 +15,10 @@ return once(function()
       redis.call('ZADD', KEYS[2], now + ttl, lid)
       applied = true
     elseif m.live == 0 then
+      ensure_counts(KEYS[2], KEYS[3], KEYS[5])
       redis.call('HDEL', KEYS[3], lid)
       redis.call('ZREM', KEYS[2], lid)
+      count_lease(KEYS[5], m.entry, -1)
       if m.counted ~= 0 and redis.call('HINCRBY', KEYS[1], 'sessions', -1) < 0 then
         redis.call('HSET', KEYS[1], 'sessions', 0)
       end

@@ -1,0 +1,78 @@
+"""Where the Redis store keeps what: every key of one namespace, named in one place.
+
+Keys of one pool share the hash tag ``{<prefix>:<pool>}`` (usage per window,
+the lease set, lease metadata, the count of leases each entry holds, call
+answers, reconciled journals, and the health of every entry drawing on the
+pool), so each ledger script touches one slot and runs on Redis Cluster.
+Sessions, locks and the replica registry each have a tag of their own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import NamedTuple
+
+from policies.quota import MonthlyWindow
+from router.state.base import EntryRef
+
+__all__ = ["KeySpace", "PoolKeys"]
+
+
+class PoolKeys(NamedTuple):
+    """The keys an entry's ledger scripts touch, all under its pool's hash tag."""
+
+    usage: str  # hash: sessions, sandbox_seconds of the current window
+    leases: str  # zset: lease id -> expiry
+    meta: str  # hash: lease id -> slot (json)
+    health: str  # the entry's breaker state (json)
+    held: str  # hash: entry -> leases it holds in the pool (kept by the scripts)
+
+
+class KeySpace:
+    """The key names under ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._windows: dict[MonthlyWindow, tuple[float, float, str]] = {}
+
+    def pool(self, ref: EntryRef, now: float) -> PoolKeys:
+        tag = self._tag(ref.pool)
+        return PoolKeys(
+            f"{tag}:usage:{self._window(ref.window, now)}",
+            f"{tag}:leases",
+            f"{tag}:lease",
+            f"{tag}:entry:{ref.entry}",
+            f"{tag}:held",
+        )
+
+    def memo(self, ref: EntryRef, call_id: str) -> str:
+        """Where a script keeps this call's answer for a retry (see `LedgerSupport`)."""
+        return f"{self._tag(ref.pool)}:call:{call_id or uuid.uuid4().hex}"
+
+    def journal(self, ref: EntryRef, journal_id: str) -> str:
+        """Marks a replica's outage journal as reconciled into this pool."""
+        return f"{self._tag(ref.pool)}:journal:{journal_id}"
+
+    def sessions(self) -> tuple[str, str]:
+        """The session index (zset: name -> expiry) and bindings (hash: name -> json)."""
+        tag = f"{{{self.prefix}:sessions}}"
+        return f"{tag}:expiry", f"{tag}:binding"
+
+    def lock(self, name: str) -> str:
+        return f"{{{self.prefix}:locks}}:{name}"
+
+    def fleet(self) -> str:
+        """The replica registry (zset: replica id -> expiry)."""
+        return f"{{{self.prefix}:fleet}}:replicas"
+
+    def _tag(self, pool: str) -> str:
+        return f"{{{self.prefix}:{pool}}}"
+
+    def _window(self, window: MonthlyWindow, now: float) -> str:
+        """The window's name, recomputed only when ``now`` leaves the cached window."""
+        cached = self._windows.get(window)
+        if cached is None or not cached[0] <= now < cached[1]:
+            start, end = window.bounds(now)
+            cached = (start.timestamp(), end.timestamp(), start.strftime("%Y-%m-%d"))
+            self._windows[window] = cached
+        return cached[2]
