@@ -45,6 +45,10 @@ renames the sandbox directory away (atomically, so a command starting
 concurrently sees the sandbox dead after its spawn and ends itself), then
 ends the processes, then removes the tree no process writes into any more.
 
+Background processes (recorded so that any process can list, follow and
+attach to them) and terminals (PTYs) are in ``providers.local_processes``;
+their processes are the sandbox's like any other, and die with it.
+
 The same machinery backs every emulator in ``emulators/``, so an emulated
 cloud sandbox runs real commands too.
 """

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Literal
 
-from providers.errors import NotFound, ProviderError, SandboxError
+from providers.errors import SandboxError
 from providers.processes import ProcessBase, ProcessInfo, TerminalBase
 
 if TYPE_CHECKING:
@@ -238,10 +238,10 @@ class RecordedProcess(ProcessBase):
                         self._feed(tail.stream, text)
                         flowed = True
                 if code is None and not flowed and not self._alive():
-                    code = _status(self._record)  # written just before the wrapper ended?
-                    if code is None:
-                        self._fail(self._vanished())
-                        return
+                    # Written just before the wrapper ended, or the wrapper was killed
+                    # with its command (the sandbox's kill): a SIGKILL's status.
+                    code = _status(self._record)
+                    code = _KILLED if code is None else code
                 if code is not None:
                     for tail in tails:
                         self._feed(tail.stream, tail.rest())
@@ -255,13 +255,8 @@ class RecordedProcess(ProcessBase):
             for tail in tails:
                 tail.close()
 
-    def _error(self, message: str, kind: type[ProviderError] = SandboxError) -> ProviderError:
-        return kind(message, provider=self.provider, sandbox_id=self._sandbox.id)
-
-    def _vanished(self) -> ProviderError:
-        if not self._sandbox.alive:
-            return self._error(f"local sandbox {self._sandbox.id} was killed", NotFound)
-        return self._error(f"process {self.id} ended without an exit status")
+    def _error(self, message: str) -> SandboxError:
+        return SandboxError(message, provider=self.provider, sandbox_id=self._sandbox.id)
 
     async def kill(self) -> bool:
         """SIGKILL the command's process group; False once it has ended."""
