@@ -5,7 +5,7 @@ A background process is recorded beside the sandbox's metadata, outside the
 tree its commands may write (``<root>/<id>.procs/<n>/``), so any process on
 the host can list it, follow it and wait for it, not only the one that
 started it (another replica attaches by id). A small bash wrapper runs the
-command: job control gives the command a process group of its own, its
+command: ``setsid`` gives the command a process group of its own, its
 stdout and stderr go to the files ``out`` and ``err`` there, ``pids`` names
 the wrapper and the command once it runs, and ``exit`` gets its status when
 it ends. The wrapper is not in the command's group, so it outlives a kill of
@@ -49,7 +49,17 @@ from providers.processes import ProcessBase, ProcessInfo, TerminalBase
 if TYPE_CHECKING:
     from providers.local import LocalSandbox
 
-__all__ = ["LocalTerminal", "RecordedProcess", "list_records", "new_record", "sweep", "wrapped"]
+__all__ = [
+    "LocalTerminal",
+    "RecordedProcess",
+    "find_record",
+    "list_records",
+    "new_record",
+    "set_size",
+    "started",
+    "sweep",
+    "wrapped",
+]
 
 _log = logging.getLogger("providers.local")
 
@@ -59,19 +69,15 @@ _POLL_MAX = 0.05
 _READ_MAX = 1 << 20
 _KILLED = 128 + signal.SIGKILL
 
-# $1: the record; then the command's argv. `wait -f` (bash 5.1) waits for the end
-# of the job, not for a stop; an older bash takes a stop for the end.
+# $1: the record; then the command's argv, run by setsid (no fork: the job is not a
+# group leader) in a session and process group of its own; without job control
+# `wait` returns at its end only, and the explicit `<&0` keeps its stdin.
 _WRAPPER = """
 record=$1; shift
-set -m
-"$@" >"$record/out" 2>"$record/err" &
+setsid "$@" <&0 >"$record/out" 2>"$record/err" &
 job=$!
 echo "$$ $job" >"$record/pids"
-if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 501)); then
-    wait -f "$job"
-else
-    wait "$job"
-fi
+wait "$job"
 echo $? >"$record/exit"
 """
 
@@ -372,12 +378,14 @@ class LocalTerminal(TerminalBase):
 
 
 def _session(pid: int) -> int | None:
+    """The session of a live ``pid`` (None for a zombie: it is dead already)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2 :].split()[3])
+    state, _, _, session = stat[stat.rindex(")") + 2 :].split()[:4]
+    return None if state in "ZX" else int(session)
 
 
 def sweep(belongs: Callable[[int], bool]) -> None:
