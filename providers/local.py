@@ -45,6 +45,10 @@ renames the sandbox directory away (atomically, so a command starting
 concurrently sees the sandbox dead after its spawn and ends itself), then
 ends the processes, then removes the tree no process writes into any more.
 
+Background processes (recorded so that any process can list, follow and
+attach to them) and terminals (PTYs) are in ``providers.local_processes``;
+their processes are the sandbox's like any other, and die with it.
+
 The same machinery backs every emulator in ``emulators/``, so an emulated
 cloud sandbox runs real commands too.
 """
@@ -55,20 +59,23 @@ import asyncio
 import builtins
 import contextlib
 import errno
+import fcntl
 import functools
 import hashlib
 import json
 import logging
 import os
+import posixpath
 import re
 import resource
 import secrets
-import select
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -85,6 +92,18 @@ from providers.base import (
     SandboxSpec,
 )
 from providers.errors import ConfigError, NotFound, SandboxError, SandboxPathError
+from providers.local_processes import (
+    LocalTerminal,
+    RecordedProcess,
+    find_record,
+    list_records,
+    new_record,
+    set_size,
+    started,
+    sweep,
+    wrapped,
+)
+from providers.processes import Capability, ProcessInfo
 
 __all__ = ["LocalOptions", "LocalProvider", "LocalSandbox", "bwrap_available"]
 
@@ -139,7 +158,20 @@ class LocalProvider(Provider):
 
     kind: ClassVar[str] = "local"
     Options: ClassVar[type[ProviderOptions]] = LocalOptions
-    capabilities = frozenset({"run_code", "files"})
+    capabilities = frozenset(
+        {
+            Capability.RUN_CODE,
+            Capability.FILES,
+            Capability.STREAM,
+            Capability.STDIN,
+            Capability.PROCESS,
+            Capability.PROCESS_KILL,
+            Capability.PROCESS_LIST,
+            Capability.PROCESS_ATTACH,
+            Capability.PTY,
+            Capability.PTY_RESIZE,
+        }
+    )
 
     def __init__(self, name: str = "local", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
@@ -327,7 +359,8 @@ class LocalSandbox(Sandbox):
 
     @property
     def _procs(self) -> str:
-        """Exists once a command was started: the kill looks for processes then only."""
+        """Made by the first command (the kill looks for processes then only); holds the
+        records of background processes (`providers.local_processes`)."""
         return os.path.join(self._provider.root, f"{self.id}.procs")
 
     @property
@@ -370,16 +403,29 @@ class LocalSandbox(Sandbox):
         return target
 
     def _argv(self, argv: Sequence[str], cwd: str | None) -> tuple[list[str], str]:
-        workdir = self.resolve(cwd) if cwd else self.dir
+        """The command line (under bwrap when isolated) and the host directory to start in.
+
+        ``cwd`` is a sandbox path, or ``/tmp`` and below: the command's own
+        ``/tmp`` with bubblewrap, the host's (its ``TMPDIR``) without. A
+        missing one fails the command, as it does under bwrap (a result, not
+        an exception).
+        """
+        scratch = _scratch(cwd)
         if not self._provider.use_bwrap:
-            return list(argv), str(workdir)
-        inner_cwd = HOME + "/" + str(workdir.relative_to(self.dir.resolve())).lstrip(".")
+            workdir = scratch or str(self.resolve(cwd) if cwd else self.dir)
+            if os.path.isdir(workdir):
+                return list(argv), workdir
+            return ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', workdir, *argv], str(self.dir)
+        if scratch is None:
+            inside = self.resolve(cwd) if cwd else self.dir.resolve()
+            relative = inside.relative_to(self.dir.resolve())
+            scratch = HOME if relative == Path() else f"{HOME}/{relative}"
         cmd = ["bwrap", "--unshare-all", "--die-with-parent"]
         for d in _system_dirs():
             cmd += ["--ro-bind", d, d]
         cmd += [
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            "--bind", str(self.dir), HOME, "--chdir", inner_cwd.rstrip("/") or HOME,
+            "--bind", str(self.dir), HOME, "--chdir", scratch,
             "--hostname", "sandbox", "--",
         ]  # fmt: skip
         return cmd + list(argv), str(self.dir)
@@ -411,7 +457,8 @@ class LocalSandbox(Sandbox):
             if self._cgroup is not None and not os.path.exists(self._cgroup + "/cgroup.kill"):
                 os.rmdir(self._cgroup)  # a kernel before 5.14: the marker has to do
                 self._cgroup = None
-        os.close(os.open(self._procs, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self._procs, mode=0o700)
         self._tracked = True
 
     async def spawn(
@@ -424,19 +471,35 @@ class LocalSandbox(Sandbox):
         """Start a command and return it running (stdin, stdout, stderr piped)."""
         self._check_alive()
         self._track()
-        argv = ["/bin/bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        argv = _shell(cmd)
         full, workdir = self._argv(argv, cwd)
+        pipe = asyncio.subprocess.PIPE
+        proc = await self._exec(full, workdir, env, argv[0], stdio=(pipe, pipe, pipe))
+        return LocalProcess(proc, self._provider.opts.max_output_bytes)
+
+    async def _exec(
+        self,
+        argv: list[str],
+        workdir: str,
+        env: Mapping[str, str] | None,
+        name: str,
+        *,
+        stdio: tuple[int, int, int],
+        tty: bool = False,
+    ) -> asyncio.subprocess.Process:
+        """Start ``argv`` (``name`` in errors) in a new session, in the sandbox's cgroup,
+        under its limits; ``tty``: its stdin is a terminal to make the controlling one."""
         opts = self._provider.opts
         try:
             proc = await asyncio.create_subprocess_exec(
-                *full,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+                *argv,
+                stdin=stdio[0],
+                stdout=stdio[1],
+                stderr=stdio[2],
                 cwd=workdir,
                 env=self._env(env),
                 start_new_session=True,
-                preexec_fn=_preexec(opts, self._cgroup),
+                preexec_fn=_preexec(opts, self._cgroup, tty=tty),
             )
         except (OSError, subprocess.SubprocessError) as exc:
             if not self.alive:  # a kill moved the directory (or removed the cgroup) first
@@ -452,11 +515,88 @@ class LocalSandbox(Sandbox):
             if not isinstance(exc, (FileNotFoundError, NotADirectoryError, PermissionError)):
                 raise
             raise SandboxError(
-                f"cannot start {argv[0]!r}: {exc}", provider=self.provider, sandbox_id=self.id
+                f"cannot start {name!r}: {exc}", provider=self.provider, sandbox_id=self.id
             ) from exc
         if not self.alive:  # killed meanwhile, maybe before this command ran: end it here
             await self._end_processes()
-        return LocalProcess(proc, opts.max_output_bytes)
+        return proc
+
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> RecordedProcess:
+        """Start a recorded background process (`providers.local_processes`)."""
+        self._check_alive()
+        self._track()
+        argv = _shell(cmd)
+        full, workdir = self._argv(argv, cwd)
+        command = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        process_id, record = new_record(Path(self._procs), command)
+        try:
+            pipe, devnull = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
+            wrapper = await self._exec(
+                wrapped(record, full), workdir, env, argv[0], stdio=(pipe, devnull, devnull)
+            )
+            if not await started(record, wrapper):
+                self._check_alive()
+                raise SandboxError(
+                    f"process {process_id} ended before its command started",
+                    provider=self.provider,
+                    sandbox_id=self.id,
+                )
+        except BaseException:
+            shutil.rmtree(record, ignore_errors=True)
+            raise
+        return RecordedProcess(self, process_id, record, wrapper)
+
+    async def processes(self) -> list[ProcessInfo]:
+        self._check_alive()
+        return list_records(Path(self._procs))
+
+    async def attach(self, process_id: str) -> RecordedProcess:
+        """A handle on a process any handle started, its output from the start."""
+        self._check_alive()
+        record = find_record(Path(self._procs), process_id)
+        if record is None:
+            raise NotFound(
+                f"no process {process_id!r} in local sandbox {self.id}",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        return RecordedProcess(self, process_id, record)
+
+    async def open_terminal(
+        self,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LocalTerminal:
+        """An interactive bash on a new PTY (``bash -i``: the sandbox's ``~/.bashrc``)."""
+        self._check_alive()
+        self._track()
+        full, workdir = self._argv(["/bin/bash", "-i"], cwd)
+        master, slave = os.openpty()
+        try:
+            set_size(master, rows, cols)
+            shell = await self._exec(
+                full,
+                workdir,
+                {"TERM": "xterm-256color", "SHELL": "/bin/bash", **(env or {})},
+                "/bin/bash",
+                stdio=(slave, slave, slave),
+                tty=True,
+            )
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        return LocalTerminal(shell, master, self.provider)
 
     async def run(
         self,
@@ -489,16 +629,8 @@ class LocalSandbox(Sandbox):
                 provider=self.provider,
                 sandbox_id=self.id,
             )
-        res = await self.run(interpreters[language], timeout=timeout, stdin=code.encode())
-        error = None
-        if res.timed_out:
-            error = f"timed out after {timeout}s"
-        elif res.exit_code != 0:
-            lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-            error = lines[-1] if lines else f"exit code {res.exit_code}"
-        return CodeResult(
-            res.stdout, res.stderr, res.exit_code, res.duration, res.timed_out, (), error
-        )
+        ran = await self.run(interpreters[language], timeout=timeout, stdin=code.encode())
+        return CodeResult.of_command(ran, timeout)  # stateless: a new interpreter each time
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         self._check_alive()
@@ -587,13 +719,24 @@ class LocalSandbox(Sandbox):
             await _cgroup_remove(cgroup)
         else:
             marker = f"\0{MARKER}={self._provider.marker(self.id)}\0".encode()
-            await asyncio.to_thread(_sweep, marker)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._procs)
+            await asyncio.to_thread(sweep, functools.partial(_carries, marker=marker))
+        await asyncio.to_thread(shutil.rmtree, self._procs, ignore_errors=True)
 
     @property
     def alive(self) -> bool:
         return self.dir.is_dir()
+
+
+def _shell(cmd: str | Sequence[str]) -> list[str]:
+    return ["/bin/bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+
+
+def _scratch(cwd: str | None) -> str | None:
+    """``cwd`` normalized when it is ``/tmp`` or below, else None."""
+    if cwd is None or not cwd.startswith("/"):
+        return None
+    path = posixpath.normpath(cwd)
+    return path if path == "/tmp" or path.startswith("/tmp/") else None
 
 
 def _system_dirs() -> list[str]:
@@ -604,8 +747,9 @@ def _system_dirs() -> list[str]:
     return dirs
 
 
-def _preexec(opts: LocalOptions, cgroup: str | None) -> Any:
-    """A preexec_fn: in the child before exec, join the sandbox's cgroup, apply the rlimits.
+def _preexec(opts: LocalOptions, cgroup: str | None, *, tty: bool = False) -> Any:
+    """A preexec_fn: in the child before exec, join the sandbox's cgroup, apply the
+    rlimits and, for a terminal, make its stdin (after the setsid) the controlling one.
 
     A failed join raises (the start fails): a command outside the cgroup
     would outlive the kill.
@@ -628,6 +772,8 @@ def _preexec(opts: LocalOptions, cgroup: str | None) -> Any:
         for which, value in limits:
             with contextlib.suppress(ValueError, OSError):
                 resource.setrlimit(which, (value, value))
+        if tty:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     return apply
 
@@ -685,58 +831,6 @@ async def _cgroup_remove(cgroup: str) -> None:
                 return
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.05)
-
-
-def _sweep(marker: bytes) -> None:
-    """SIGKILL every process whose environment holds ``marker`` until a scan finds none.
-
-    After each round it waits for the killed processes to exit (their pidfds
-    turn readable) rather than scanning again at once: a scan of /proc is the
-    cost, and the next one only has to find what forked meanwhile.
-    """
-    me = os.getpid()
-    deadline = time.monotonic() + _REAP_SECONDS
-    while found := [p for p in _pids() if p != me and _carries(p, marker)]:
-        if time.monotonic() > deadline:
-            _log.warning("processes %s outlived their sandbox's kill", found)
-            return
-        killed = [fd for pid in found if (fd := _kill_marked(pid, marker)) is not None]
-        try:
-            exits = select.poll()
-            for pidfd in killed:
-                exits.register(pidfd, select.POLLIN)
-            waiting = len(killed)
-            while waiting and (left := deadline - time.monotonic()) > 0:
-                for pidfd, _ in exits.poll(left * 1000):
-                    exits.unregister(pidfd)
-                    waiting -= 1
-        finally:
-            for pidfd in killed:
-                os.close(pidfd)
-
-
-def _kill_marked(pid: int, marker: bytes) -> int | None:
-    """SIGKILL ``pid`` if it carries ``marker``; its pidfd (to wait on) if it was killed.
-
-    The pidfd is opened first and pins the pid, so the environment read
-    after it is that very process's, never a newcomer's with a reused pid.
-    """
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:  # gone already
-        return None
-    try:
-        if _carries(pid, marker):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            return pidfd
-    except ProcessLookupError:
-        pass
-    os.close(pidfd)
-    return None
-
-
-def _pids() -> list[int]:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 
 
 def _carries(pid: int, marker: bytes) -> bool:

@@ -61,7 +61,8 @@ class ScriptedProvider(Provider):
         root: where its sandboxes' directories go (``root / name``); by
             default a temporary directory removed by `aclose`.
         script: the answers of the next creates, in order (`Step`).
-        capabilities: what the entry offers to ``acquire(requires=...)``.
+        capabilities: what the entry offers to ``acquire(requires=...)``; by
+            default what its local sandboxes do (streams, processes, terminals...).
         unconfigured: a reason the entry is unusable (as a missing API key).
         kill_gate: when given, each sandbox's own ``kill`` (the one a lease's
             release makes) first waits for this event.
@@ -80,13 +81,15 @@ class ScriptedProvider(Provider):
         root: Path | None = None,
         script: Iterable[Step] = (),
         *,
-        capabilities: Iterable[str] = ("run_code",),
+        capabilities: Iterable[str] | None = None,
         unconfigured: str | None = None,
         kill_gate: threading.Event | None = None,
     ) -> None:
         super().__init__(name)
         self.script: list[Step] = list(script)
-        self.capabilities = frozenset(capabilities)
+        self.capabilities = frozenset(
+            LocalProvider.capabilities if capabilities is None else capabilities
+        )
         self._unconfigured = unconfigured
         self._kill_gate = kill_gate
         self._own_root = None

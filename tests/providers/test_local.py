@@ -351,3 +351,109 @@ def test_missing_bwrap_is_one_plain_line_once_per_process(tmp_path: Path) -> Non
     assert r.stdout == ""
     [line] = r.stderr.splitlines()
     assert line.startswith("bubblewrap (bwrap) is not on PATH"), line
+
+
+async def test_cwd_may_be_hidden_or_tmp(sandbox: LocalSandbox) -> None:
+    await sandbox.run("mkdir .hidden")
+    assert (await sandbox.run("pwd", cwd=".hidden")).stdout.endswith("/.hidden\n")
+    assert (await sandbox.run("pwd", cwd="/tmp/")).stdout == "/tmp\n"
+    with pytest.raises(SandboxPathError, match="outside the sandbox"):
+        await sandbox.run("pwd", cwd="/tmpfoo")
+
+
+_STARTER = """
+import asyncio, sys
+from pathlib import Path
+from providers.local import LocalOptions, LocalProvider
+
+async def start() -> None:
+    options = LocalOptions(root=Path(sys.argv[1]), isolation=sys.argv[2])
+    sandbox = await LocalProvider("local", options).connect(sys.argv[3])
+    process = await sandbox.start(sys.argv[4])
+    print(process.id)
+
+asyncio.run(start())
+"""
+
+
+async def test_a_process_outlives_its_starter_and_another_process_attaches(
+    provider: LocalProvider, sandbox: LocalSandbox
+) -> None:
+    """Another OS process starts it and exits; this one lists, follows from the start, waits."""
+    command = "echo early; until [ -e go ]; do sleep 0.02; done; echo late >&2; exit 5"
+    where = [str(provider.root), provider.opts.isolation, sandbox.id]
+    starter = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _STARTER, *where, command, stdout=subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(starter.communicate(), 60)
+    process_id = out.decode().strip()
+    [info] = await sandbox.processes()
+    assert (info.id, info.command, info.running) == (process_id, command, True)
+    await sandbox.write_file("go", "")
+    attached = await sandbox.attach(process_id)
+    done = await attached.wait(timeout=10)
+    assert (done.stdout, done.stderr, done.exit_code) == ("early\n", "late\n", 5)
+    with pytest.raises(SandboxError, match="started by another handle"):
+        await attached.write_stdin("x")
+    assert await attached.kill() is False
+    [ended] = await sandbox.processes()
+    assert (ended.running, ended.exit_code) == (False, 5)
+    for unknown in ("2", "../1", "", "1/.."):
+        with pytest.raises(NotFound, match="no process"):
+            await sandbox.attach(unknown)
+
+
+async def test_a_process_kill_ends_its_group_and_with_bwrap_its_namespace(
+    provider: LocalProvider, sandbox: LocalSandbox
+) -> None:
+    nonce = f"{secrets.randbelow(10**6):06d}"
+    grouped, alone, leader = (f"{300 + i}.{nonce}" for i in range(3))
+    process = await sandbox.start(f"sleep {grouped} & setsid sleep {alone} & exec sleep {leader}")
+    await until(lambda: len(_sleepers([grouped, alone, leader])) == 3)
+    assert await process.kill() is True
+    assert (await process.wait(timeout=10)).exit_code == 137
+    # The one that left the group by setsid dies with the pid namespace, else with the sandbox.
+    ended = [grouped, alone, leader] if provider.use_bwrap else [grouped, leader]
+    await until(lambda: not _sleepers(ended))
+    assert not _sleepers(ended)
+    await sandbox.kill()
+    await until(lambda: not _sleepers([alone]))
+    assert not _sleepers([alone])
+
+
+async def test_the_sandbox_kill_ends_background_processes_and_their_records(
+    provider: LocalProvider, sandbox: LocalSandbox
+) -> None:
+    process = await sandbox.start("echo up; sleep 60")
+    assert (await anext(process.output())).data == "up\n"
+    await sandbox.kill()
+    assert (await process.wait(timeout=10)).exit_code == 137
+    assert not (provider.root / f"{sandbox.id}.procs").exists()
+
+
+async def _read_until(output: AsyncIterator[bytes], needle: bytes, seen: bytearray) -> None:
+    async for data in output:
+        seen.extend(data)
+        if needle in seen:
+            return
+
+
+async def test_a_terminal_is_the_shells_controlling_tty_and_its_kill_ends_its_jobs(
+    sandbox: LocalSandbox,
+) -> None:
+    nonce = f"{secrets.randbelow(10**6):06d}"
+    sleeps = [f"300.{nonce}", f"301.{nonce}"]
+    tty = await sandbox.open_terminal(rows=10, cols=50)
+    seen = bytearray()
+    output = tty.output()
+    await tty.write(
+        f"exec 3</dev/tty && echo tty-$((6*7)); sleep {sleeps[0]} & sleep {sleeps[1]}\n"
+    )
+    await asyncio.wait_for(_read_until(output, b"tty-42", seen), 10)
+    await until(lambda: len(_sleepers(sleeps)) == 2)
+    assert await tty.kill() is True
+    assert await tty.wait(10) == 137
+    await until(lambda: not _sleepers(sleeps))
+    assert not _sleepers(sleeps)
+    with pytest.raises(SandboxError, match="exited"):
+        await tty.write("x")
