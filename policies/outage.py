@@ -33,6 +33,7 @@ from policies.quota import UNITS, Limits
 __all__ = ["Contact", "OutageShare", "outage_limits"]
 
 _CUMULATIVE = ("sessions", "sandbox_seconds")  # concurrent is a level, not a sum
+_WINDOWS = 8  # contacts a rate is measured back over
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,26 +75,35 @@ class Contact:
         used: per pool, per unit, the pool's usage then (``concurrent`` is
             its live leases).
         rate: per pool, the fleet's spend per second of the cumulative units
-            (sessions, sandbox_seconds) between the previous contact and this one.
+            (sessions, sandbox_seconds) up to this contact (see `then`).
+        earlier: the last few contacts' times and usage, the rate's windows.
     """
 
     at: float
     fleet: int
     used: Mapping[str, Mapping[str, float]]
     rate: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    earlier: tuple[tuple[float, Mapping[str, Mapping[str, float]]], ...] = ()
 
     def then(self, at: float, fleet: int, used: Mapping[str, Mapping[str, float]]) -> Contact:
-        """The next contact, with the fleet's spend rate since this one."""
-        span = at - self.at
-        rate = {
-            pool: {
-                unit: max(0.0, (units.get(unit, 0.0) - self.used[pool].get(unit, 0.0)) / span)
-                for unit in _CUMULATIVE
-            }
-            for pool, units in used.items()
-            if pool in self.used and span > 0
-        }
-        return Contact(at, fleet, used, rate)
+        """The next contact, with the fleet's spend rate up to it.
+
+        The rate is the highest over the windows from each of the last few
+        contacts to this one: spend comes in bursts, and underestimating it
+        is what would let the fleet overspend.
+        """
+        earlier = ((*self.earlier, (self.at, self.used)))[-_WINDOWS:]
+        rate: dict[str, dict[str, float]] = {}
+        for pool, units in used.items():
+            for unit in _CUMULATIVE:
+                spans = [
+                    (units.get(unit, 0.0) - then[pool].get(unit, 0.0)) / (at - when)
+                    for when, then in earlier
+                    if pool in then and at > when
+                ]
+                if spans:
+                    rate.setdefault(pool, {})[unit] = max(0.0, *spans)
+        return Contact(at, fleet, used, rate, earlier)
 
 
 def outage_limits(
@@ -102,9 +112,12 @@ def outage_limits(
     contact: Contact | None,
     share: OutageShare,
     started: float | None = None,
+    own: Mapping[str, float] | None = None,
 ) -> Limits:
     """The limits of this replica's outage ledger for ``pool``, for an outage that
-    ``started`` then (default: at the contact).
+    ``started`` then (default: at the contact), ``own``: what this replica itself
+    spent from the pool since the contact (known exactly; the fleet's projected
+    spend is at least that).
 
     Unlimited units stay unlimited. Counted units (sessions, concurrent)
     round down, so a share of less than one unit is none.
@@ -115,8 +128,9 @@ def outage_limits(
     else:
         elapsed = max(0.0, (started if started is not None else contact.at) - contact.at)
         rate = contact.rate.get(pool, {})
+        mine = own or {}
         used = {
-            unit: value + rate.get(unit, 0.0) * elapsed
+            unit: value + max(rate.get(unit, 0.0) * elapsed, mine.get(unit, 0.0))
             for unit, value in contact.used[pool].items()
         }
         fraction = share.fraction(contact.fleet)

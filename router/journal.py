@@ -148,12 +148,20 @@ class OutageJournal:
         with self._db() as db:
             db.execute("delete from leases where batch = ?", (batch,))
 
+    def abandon(self) -> None:
+        """Leave this replica's rows to whichever process reaches the store next
+        (it closes with the store still down)."""
+        with self._db() as db:
+            db.execute("update leases set pid = 0 where owner = ?", (self.owner,))
+
     def _mine(self, db: sqlite3.Connection) -> list[tuple[Any, ...]]:
         rows = db.execute("select * from leases order by started").fetchall()
         return [r for r in rows if r[1] == self.owner or not _alive(int(r[2]))]
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False  # abandoned
     if pid == os.getpid():
         return True
     try:

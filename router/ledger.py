@@ -128,14 +128,14 @@ class Ledger:
         lease_id = "l-" + secrets.token_hex(8)
         budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
         hold, now = budget + RESERVE_GRACE, self._ctx.clock()
-        shared = not self.outage.active()  # just back: the share serves until all handed over
+        shared = not await self.outage.active(self.store)
         if shared:
             try:
+                await self.outage.keep_in_touch(self.store)  # owed outage spend lands first
                 reservation = await self.store.reserve(
                     entry.ref, self._breaker, lease_id, now, hold, new_session=new_session
                 )
                 self.state_error = None
-                self.outage.keep_in_touch(self.store)
             except StateUnavailable as exc:
                 self.on_state_error("reserve", exc)
                 shared = False
@@ -149,6 +149,8 @@ class Ledger:
             self.transition(entry.name, reservation.transition)
         if not reservation.granted:
             raise Denied(reservation)
+        if shared and new_session:
+            self.outage.spent(entry.ref.pool, "sessions", 1)
         return booking
 
     def booking(self, held: Held, ref: EntryRef) -> Booking:
@@ -284,6 +286,8 @@ class Ledger:
         )
         if not booking.shared:
             self.outage.released(booking.lease_id, seconds or 0.0)
+        elif seconds:
+            self.outage.spent(booking.ref.pool, "sandbox_seconds", seconds)
         return seconds
 
     async def charge(self, booking: Booking, sandbox_id: str, seconds: float) -> None:

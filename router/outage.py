@@ -14,9 +14,10 @@ Three things make a fleet's outage spend safe, all kept here:
   lease still held then moves to the store, which meters it from then on.
 
 When the store answers again the replica keeps serving from its share for
-three more heartbeats (the registry's TTL): by then every live replica has handed
-its journal over,
-so the shared ledger it goes back to knows the whole outage's spend.
+three more heartbeats (the registry's TTL), then grants nothing for two more
+while it hands over its last batch. Every live replica hands over within a
+heartbeat of the others, so by the time any goes back to the shared ledger,
+the ledger knows the whole outage's spend.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Outage:
         self.started: float | None = None  # when the current outage began
         self._until: float | None = None  # the outage ends then (the store is back)
         self._journal: OutageJournal | None = None
+        self._own: dict[str, dict[str, float]] = {}  # spent since the contact, per pool
         self._held: set[str] = set()  # leases the outage ledger holds now
         self._moved: set[str] = set()  # leases handed over to the shared store
         self._beat: asyncio.Task[None] | None = None
@@ -66,14 +68,23 @@ class Outage:
     def serving(self) -> bool:
         return self._ctx.config.on_state_error == "fail_open"
 
-    def active(self) -> bool:
-        """True while this replica must serve from its share (down, or just back)."""
+    async def active(self, store: StateStore) -> bool:
+        """True while this replica must serve from its share (down, or just back).
+
+        Between the two it waits out the quiet period (at most two heartbeats),
+        its last batch handed over.
+        """
         if self.started is None:
             return False
-        if self._until is not None and self._ctx.clock() >= self._until:
-            self.started = self._until = None
-            return False
-        return True
+        now = self._ctx.clock()
+        if self._until is None or now < self._until:
+            return True
+        await self.hand_over(store)
+        quiet = self._until + 2 * self._ctx.config.fleet_heartbeat
+        if now < quiet:
+            await asyncio.sleep(quiet - now)
+        self.started = self._until = None
+        return False
 
     def share(self, ref: EntryRef) -> EntryRef:
         """``ref`` with this replica's share of what was left, for the current outage."""
@@ -81,18 +92,31 @@ class Outage:
             self.started = self._ctx.clock()
             if not self._held:  # a new outage counts from the last contact, not the last outage
                 self.store = MemoryStore("memory://fail-open", self._ctx.config.key_prefix)
-        limits = outage_limits(ref.limits, ref.pool, self.contact, self._policy, self.started)
+        own = self._own.get(ref.pool)
+        limits = outage_limits(ref.limits, ref.pool, self.contact, self._policy, self.started, own)
         return replace(ref, limits=limits)
 
-    def keep_in_touch(self, store: StateStore) -> None:
-        """Heartbeat into the fleet registry from now on (fail_open replicas only)."""
-        if self.serving and (self._beat is None or self._beat.done()):
-            self._beat = asyncio.create_task(self._heartbeat(store))
+    def spent(self, pool: str, unit: str, amount: float) -> None:
+        """This replica spent ``amount`` from the shared ledger since its last contact."""
+        units = self._own.setdefault(pool, {})
+        units[unit] = units.get(unit, 0.0) + amount
+
+    async def keep_in_touch(self, store: StateStore) -> None:
+        """Heartbeat into the fleet registry from now on (fail_open replicas only).
+
+        The first contact is made at once (one round trip, once), so a
+        replica knows its share as soon as it has served.
+        """
+        if not self.serving or (self._beat is not None and not self._beat.done()):
+            return
+        if self.contact is None:
+            await self.touch(store)
+        self._beat = asyncio.create_task(self._heartbeat(store))
 
     async def _heartbeat(self, store: StateStore) -> None:
         while True:
-            await self.touch(store)
             await asyncio.sleep(self._ctx.config.fleet_heartbeat)
+            await self.touch(store)
 
     async def touch(self, store: StateStore) -> None:
         """One contact: register, learn the fleet, hand over what the journal holds."""
@@ -109,6 +133,7 @@ class Outage:
 
     def _learn(self, view: FleetView) -> None:
         now = self._ctx.clock()
+        self._own = {}
         used = {pool: dict(status.used) for pool, status in view.pools.items()}
         if self.contact is None:
             self.contact = Contact(now, view.replicas, used)
@@ -193,3 +218,5 @@ class Outage:
             await self.touch(store)  # a last hand-over while we can
             with contextlib.suppress(StateUnavailable):
                 await store.deregister_replica(self.replica)
+        if self._journal is not None and self._journal.pending():
+            self._journal.abandon()  # the next replica to reach the store hands it over

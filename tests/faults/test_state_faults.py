@@ -72,12 +72,12 @@ def test_redis_killed_mid_run_fail_closed(aof_redis: RedisServer, tmp_path: Path
 def test_redis_killed_mid_run_fail_open(aof_redis: RedisServer, tmp_path: Path) -> None:
     events: list[Event] = []
     with router(aof_redis.url, tmp_path, events, on_state_error="fail_open",
-                fail_open_share=0.5) as r:  # fmt: skip
+                fail_open_journal=str(tmp_path / "journal.db")) as r:  # fmt: skip
         r.acquire().release()
         aof_redis.stop()
         served, refusal = drain(r)
-        assert served == 3  # a conservative half of the pool, per replica
-        assert "sessions 3/3" in str(refusal)
+        assert served == 5  # alone in the fleet: all that was left at its last contact
+        assert "sessions 5/5" in str(refusal)
         status = r.status()
         assert not status.state_ok
         assert status.state_error
@@ -190,3 +190,29 @@ def test_a_cluster_down_at_start_is_served_by_fail_open(tmp_path: Path) -> None:
         r.acquire().release()
         assert not r.status().state_ok
     assert any(e.name == "state_error" and e.fields["mode"] == "fail_open" for e in events)
+
+
+def test_outage_spend_outlives_the_replica_and_is_written_back_once(
+    aof_redis: RedisServer, tmp_path: Path
+) -> None:
+    """A replica that closes while Redis is still down leaves its journal; the next
+    router to reach Redis hands it over, once."""
+    journal = str(tmp_path / "journal.db")
+    events: list[Event] = []
+    with router(aof_redis.url, tmp_path, events, on_state_error="fail_open",
+                fail_open_journal=journal) as r:  # fmt: skip
+        r.acquire().release()
+        aof_redis.stop()
+        served, _ = drain(r)
+        assert served == 5
+    aof_redis.start()
+    with router(aof_redis.url, tmp_path, events, on_state_error="fail_open",
+                fail_open_journal=journal) as later:  # fmt: skip
+        with pytest.raises(NoProviderAvailable, match="sessions 6/6"):
+            later.acquire()  # its first contact hands the journal over, before any grant
+        assert later.status().entries[0].used["sessions"] == 1 + 5
+    with router(aof_redis.url, tmp_path, events, on_state_error="fail_open",
+                fail_open_journal=journal) as third:  # fmt: skip
+        assert third.status().entries[0].used["sessions"] == 6  # not twice
+    handed = [e.fields for e in events if e.name == "outage_handed_over"]
+    assert [h["sessions"] for h in handed] == [5]
