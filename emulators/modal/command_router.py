@@ -84,8 +84,10 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
             for secret_id in request.secret_ids:
                 env.update(self.core.secrets.get(secret_id, {}))
             opts = self.core.local.opts
+            pty = request.pty_info if request.HasField("pty_info") else None
+            workdir = request.workdir or sandbox.workdir
             process = await sandbox.local.spawn(
-                sandbox.argv(argv, request.workdir or sandbox.workdir, opts.python), env=env
+                sandbox.argv(argv, workdir, opts.python, pty), env=env
             )
             execution = Exec(request.exec_id, op, process)
             sandbox.execs[execution.id] = execution
