@@ -94,6 +94,7 @@ _SECRET_HEADER = re.compile(
 )
 _RAW_BLOCKS = frozenset({"Encoded header block to %s", "Decoding %s"})
 _TIMED_OUT = -1
+_LOST = -1  # a terminal whose end the sandbox could not report (it was killed)
 _PIDS = "/tmp/.sandbox-router"
 # A background process: its own process group (setsid; -w waits when setsid has to fork),
 # whose id it records for the kill before it becomes the command.
@@ -612,7 +613,7 @@ class ModalTerminal(TerminalBase):
         self._pump = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
-        code = _TIMED_OUT
+        code = _LOST
         with contextlib.suppress(ProviderError), self._sandbox._errors():
             async for data in self._native.stdout:
                 self._feed(data)

@@ -66,7 +66,8 @@ def main() -> None:
     _relay(terminal)
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code != signal.SIGKILL:  # the one signal whose handler cannot be set
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     sys.exit(code)
 
