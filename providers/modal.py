@@ -34,6 +34,14 @@ error (``SandboxFilesystemNotFoundError`` and kin) or an invalid request
 `SandboxError`. A command's non-zero exit is a `CommandResult`, and one that
 runs out of its timeout (``ExecTimeoutError``, or the SDK's exit code -1) a
 result with ``timed_out=True``.
+
+Background processes and terminals are execs the SDK returns at once, their
+output read from its streams as it comes (`ModalProcess`, `ModalTerminal`).
+Modal has no per-process kill, no process list and no public reattach: the
+kill is built as an exec of ``kill`` on the process group `ModalSandbox.start`
+recorded (``setsid``, its id in a file under ``/tmp/.sandbox-router``); the
+list and the reattach stay undeclared. A terminal is an exec with
+``pty=True``: no resize, so its size is set once from inside.
 """
 
 from __future__ import annotations

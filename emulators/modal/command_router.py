@@ -9,8 +9,10 @@ sandbox (``modal-sandbox-fs-tools`` included: that is how the SDK's
 stderr from an offset until the command exits, ``TaskExecWait`` /
 ``TaskExecPoll`` give its exit code (or signal), and stdin is written with
 ``TaskExecStdinWrite`` or the client stream ``TaskExecStdinWriteStream``
-(``TaskExecStdinStatus`` tells where to resume). A task whose sandbox has
-ended is NOT_FOUND. Faults: op ``exec``, or ``files`` for fs-tools execs.
+(``TaskExecStdinStatus`` tells where to resume). An exec with ``pty_info``
+runs on a terminal of its own (`emulators.modal.pty_relay`), its output all
+on stdout. A task whose sandbox has ended is NOT_FOUND. Faults: op
+``exec``, or ``files`` for fs-tools execs.
 """
 
 from __future__ import annotations
