@@ -104,8 +104,11 @@ _RAW_BLOCKS = frozenset({"Encoded header block to %s", "Decoding %s"})
 _TIMED_OUT = -1
 _LOST = -1  # a terminal whose end the sandbox could not report (it was killed)
 _PIDS = "/tmp/.sandbox-router"
-# A background process: its own process group (setsid; -w waits when setsid has to fork),
-# whose id it records for the kill before it becomes the command.
+# A background process: a child of a shell, so never a group leader and setsid never has to
+# fork; in a session (and group) of its own it records its id for the kill, then becomes the
+# command. The shell waits and reports its end (128 + 9 after the kill), its own stderr
+# closed so that it says nothing of the kill.
+_SESSION = 'exec 3>&2 2>&-; setsid "$@" 2>&3 3>&-; exit $?'
 _GROUP = 'mkdir -p -- "${1%/*}" && echo $$ > "$1" && shift && exec "$@"'
 # A terminal: the PTY's size set from inside (Modal sizes it from the caller's tty), the pid
 # of its shell (the session leader of the PTY) recorded, then an interactive login shell.
@@ -484,7 +487,8 @@ class ModalSandbox(Sandbox):
         """
         argv = ("bash", "-c", cmd) if isinstance(cmd, str) else tuple(cmd)
         process_id = secrets.token_hex(8)
-        wrapped = ("setsid", "-w", "bash", "-c", _GROUP, "sandbox-router", _pidfile(process_id))
+        group = ("bash", "-c", _GROUP, "sandbox-router", _pidfile(process_id))
+        wrapped = ("bash", "-c", _SESSION, "sandbox-router", *group)
         native = await self._spawn((*wrapped, *argv), env=env, cwd=cwd, pty=False)
         return ModalProcess(self, process_id, native)
 

@@ -135,7 +135,8 @@ async def test_process_kill_by_exec_ends_its_whole_group(sandbox: ModalSandbox) 
     in time even when it comes before the process recorded it."""
     at_once = await sandbox.start("sleep 60")
     assert await at_once.kill() is True
-    assert (await at_once.wait(timeout=10)).exit_code != 0
+    ended = await at_once.wait(timeout=10)
+    assert (ended.exit_code, ended.stderr) == (128 + 9, "")
 
     parent = await sandbox.start(["bash", "-c", "sleep 60 & echo $!; wait"])
     child = (await anext(parent.output())).data.strip()
