@@ -34,19 +34,29 @@ error (``SandboxFilesystemNotFoundError`` and kin) or an invalid request
 `SandboxError`. A command's non-zero exit is a `CommandResult`, and one that
 runs out of its timeout (``ExecTimeoutError``, or the SDK's exit code -1) a
 result with ``timed_out=True``.
+
+Background processes and terminals are execs the SDK returns at once, their
+output read from its streams as it comes (`ModalProcess`, `ModalTerminal`).
+Modal has no per-process kill, no process list and no public reattach: the
+kill is built as an exec of ``kill`` on the process group `ModalSandbox.start`
+recorded (``setsid``, its id in a file under ``/tmp/.sandbox-router``); the
+list and the reattach stay undeclared. A terminal is an exec with
+``pty=True``: no resize, so its size is set once from inside.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import codecs
 import contextlib
 import logging
 import math
 import posixpath
 import re
+import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import structlog
@@ -74,6 +84,7 @@ from providers.errors import (
     Unavailable,
 )
 from providers.mapping import ErrorMap, Where
+from providers.processes import Capability, ProcessBase, TerminalBase
 
 __all__ = ["TOKEN_ID_ENV", "TOKEN_SECRET_ENV", "ModalOptions", "ModalProvider", "ModalSandbox"]
 
@@ -91,6 +102,24 @@ _SECRET_HEADER = re.compile(
 )
 _RAW_BLOCKS = frozenset({"Encoded header block to %s", "Decoding %s"})
 _TIMED_OUT = -1
+_LOST = -1  # a terminal whose end the sandbox could not report (it was killed)
+_PIDS = "/tmp/.sandbox-router"
+# A background process: a child of a shell, so never a group leader and setsid never has to
+# fork; in a session (and group) of its own it records its id for the kill, then becomes the
+# command. The shell waits and reports its end (128 + 9 after the kill), its own stderr
+# closed so that it says nothing of the kill.
+_SESSION = 'exec 3>&2 2>&-; setsid "$@" 2>&3 3>&-; exit $?'
+_GROUP = 'mkdir -p -- "${1%/*}" && echo $$ > "$1" && shift && exec "$@"'
+# A terminal: the PTY's size set from inside (Modal sizes it from the caller's tty), the pid
+# of its shell (the session leader of the PTY) recorded, then an interactive login shell.
+_TERMINAL = 'stty rows "$2" cols "$3" && mkdir -p -- "${1%/*}" && echo $$ > "$1" && exec bash -i -l'
+# The kill: wait briefly for a process started just now to record its id, then kill its
+# group (or, when it leads none, the process); exit 1 when it is not there.
+_KILL = (
+    'for _ in $(seq 50); do [ -s "$1" ] && break; sleep 0.1; done; '
+    'pg=$(cat -- "$1" 2>/dev/null) && [ -n "$pg" ] || exit 1; rm -f -- "$1"; '
+    'kill -KILL -- "-$pg" 2>/dev/null || kill -KILL -- "$pg" 2>/dev/null'
+)
 
 
 def _sdk() -> Any:
@@ -204,7 +233,18 @@ class ModalProvider(Provider):
 
     kind: ClassVar[str] = "modal"
     Options: ClassVar[type[ProviderOptions]] = ModalOptions
-    capabilities = frozenset({"run_code", "files", "gpu"})
+    capabilities = frozenset(
+        {
+            Capability.RUN_CODE,
+            Capability.FILES,
+            Capability.GPU,
+            Capability.STREAM,
+            Capability.STDIN,
+            Capability.PROCESS,
+            Capability.PROCESS_KILL,
+            Capability.PTY,
+        }
+    )
 
     def __init__(self, name: str = "modal", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
@@ -434,6 +474,69 @@ class ModalSandbox(Sandbox):
             timed_out=timed_out,
         )
 
+    async def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ModalProcess:
+        """Start ``cmd`` in a process group of its own, recorded for `ModalProcess.kill`.
+
+        Modal has no per-process kill: the kill is an exec of ``kill`` on that group.
+        """
+        argv = ("bash", "-c", cmd) if isinstance(cmd, str) else tuple(cmd)
+        process_id = secrets.token_hex(8)
+        group = ("bash", "-c", _GROUP, "sandbox-router", _pidfile(process_id))
+        wrapped = ("bash", "-c", _SESSION, "sandbox-router", *group)
+        native = await self._spawn((*wrapped, *argv), env=env, cwd=cwd, pty=False)
+        return ModalProcess(self, process_id, native)
+
+    async def open_terminal(
+        self,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ModalTerminal:
+        """A login shell on Modal's exec PTY (``pty=True``); its size is set once, from inside.
+
+        Modal offers no resize and no reattach for it; the kill is an exec of ``kill``.
+        """
+        terminal_id = secrets.token_hex(8)
+        argv = (
+            "bash",
+            "-c",
+            _TERMINAL,
+            "sandbox-router",
+            _pidfile(terminal_id),
+            str(rows),
+            str(cols),
+        )
+        shell_env = {"TERM": "xterm-256color", **(env or {})}
+        native = await self._spawn(argv, env=shell_env, cwd=cwd, pty=True)
+        return ModalTerminal(self, terminal_id, native)
+
+    async def _spawn(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None, pty: bool
+    ) -> Any:
+        """An SDK ``ContainerProcess`` running ``argv``, returned as soon as it started."""
+        with self._errors():
+            async with asyncio.timeout(self._timeout):
+                return await self._native.exec.aio(
+                    *argv,
+                    workdir=self._path(cwd or "."),
+                    env=dict(env) if env else None,
+                    text=False,
+                    pty=pty,
+                )
+
+    async def _kill_recorded(self, process_id: str) -> bool:
+        """Kill what `start` or `open_terminal` recorded as ``process_id``; False if it is gone."""
+        killer = ("bash", "-c", _KILL, "sandbox-router", _pidfile(process_id))
+        return (await self._exec(killer, timeout=self._timeout)).exit_code == 0
+
     async def write_file(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else data
         with self._errors():
@@ -474,6 +577,89 @@ class ModalSandbox(Sandbox):
                 await self._native.terminate.aio()
         self._killed = True
         await _detach(self._native)
+
+
+class ModalProcess(ProcessBase):
+    """A background exec; its output is read from the SDK's streams as it arrives."""
+
+    def __init__(self, sandbox: ModalSandbox, process_id: str, native: Any) -> None:
+        super().__init__(process_id, sandbox.provider)
+        self._sandbox = sandbox
+        self._native = native
+        self._pump = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        try:
+            with self._sandbox._errors():
+                await asyncio.gather(
+                    _decoded(self._native.stdout, lambda text: self._feed("stdout", text)),
+                    _decoded(self._native.stderr, lambda text: self._feed("stderr", text)),
+                )
+                code: int = await self._native.wait.aio()
+        except ProviderError as exc:
+            self._fail(exc)
+        else:
+            self._finish(code)
+
+    async def write_stdin(self, data: str | bytes) -> None:
+        with self._sandbox._errors():
+            self._native.stdin.write(data.encode() if isinstance(data, str) else data)
+            await self._native.stdin.drain.aio()
+
+    async def close_stdin(self) -> None:
+        with self._sandbox._errors():
+            self._native.stdin.write_eof()
+            await self._native.stdin.drain.aio()
+
+    async def kill(self) -> bool:
+        return not self.finished and await _kill(self._sandbox, self.id, self._native)
+
+
+class ModalTerminal(TerminalBase):
+    """A shell on an exec PTY: Modal merges its output into stdout."""
+
+    def __init__(self, sandbox: ModalSandbox, terminal_id: str, native: Any) -> None:
+        super().__init__(terminal_id, sandbox.provider)
+        self._sandbox = sandbox
+        self._native = native
+        self._pump = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        code = _LOST
+        with contextlib.suppress(ProviderError), self._sandbox._errors():
+            async for data in self._native.stdout:
+                self._feed(data)
+            code = await self._native.wait.aio()
+        self._finish(code)
+
+    async def write(self, data: str | bytes) -> None:
+        with self._sandbox._errors():
+            self._native.stdin.write(data.encode() if isinstance(data, str) else data)
+            await self._native.stdin.drain.aio()
+
+    async def kill(self) -> bool:
+        return not self._exit.done() and await _kill(self._sandbox, self.id, self._native)
+
+
+async def _kill(sandbox: ModalSandbox, process_id: str, native: Any) -> bool:
+    """Kill a running exec by what it recorded; False when it has ended."""
+    with sandbox._errors():
+        async with asyncio.timeout(sandbox._timeout):
+            if await native.poll.aio() is not None:
+                return False
+    return await sandbox._kill_recorded(process_id)
+
+
+async def _decoded(reader: AsyncIterable[bytes], feed: Any) -> None:
+    """Hand ``reader``'s bytes to ``feed`` as text, a character split across chunks kept whole."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    async for data in reader:
+        feed(decoder.decode(data))
+    feed(decoder.decode(b"", final=True))
+
+
+def _pidfile(process_id: str) -> str:
+    return f"{_PIDS}/{process_id}"
 
 
 async def _detach(native: Any) -> None:

@@ -9,8 +9,10 @@ sandbox (``modal-sandbox-fs-tools`` included: that is how the SDK's
 stderr from an offset until the command exits, ``TaskExecWait`` /
 ``TaskExecPoll`` give its exit code (or signal), and stdin is written with
 ``TaskExecStdinWrite`` or the client stream ``TaskExecStdinWriteStream``
-(``TaskExecStdinStatus`` tells where to resume). A task whose sandbox has
-ended is NOT_FOUND. Faults: op ``exec``, or ``files`` for fs-tools execs.
+(``TaskExecStdinStatus`` tells where to resume). An exec with ``pty_info``
+runs on a terminal of its own (`emulators.modal.pty_relay`), its output all
+on stdout. A task whose sandbox has ended is NOT_FOUND. Faults: op
+``exec``, or ``files`` for fs-tools execs.
 """
 
 from __future__ import annotations
@@ -84,8 +86,10 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
             for secret_id in request.secret_ids:
                 env.update(self.core.secrets.get(secret_id, {}))
             opts = self.core.local.opts
+            pty = request.pty_info if request.HasField("pty_info") else None
+            workdir = request.workdir or sandbox.workdir
             process = await sandbox.local.spawn(
-                sandbox.argv(argv, request.workdir or sandbox.workdir, opts.python), env=env
+                sandbox.argv(argv, workdir, opts.python, pty), env=env
             )
             execution = Exec(request.exec_id, op, process)
             sandbox.execs[execution.id] = execution

@@ -26,7 +26,7 @@ from modal_proto import api_grpc, api_pb2
 
 from emulators.harness import QuotaViolation
 from emulators.modal.rpc import apply_fault, fill_unimplemented, metadata_value
-from emulators.modal.sandboxes import MODAL_HOME, ModalSandbox, new_id
+from emulators.modal.sandboxes import MODAL_HOME, Container, ModalSandbox, new_id
 from providers.base import SandboxSpec
 
 if TYPE_CHECKING:
@@ -212,6 +212,7 @@ class ControlPlane(api_grpc.ModalClientBase):
         except QuotaViolation as exc:
             template = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else QUOTA_MESSAGE
             raise GRPCError(Status.RESOURCE_EXHAUSTED, template.format(limit=exc.limit)) from None
+        container = self.core.sandboxes[sandbox_id] = Container(local)
         sandbox = ModalSandbox(
             id=sandbox_id,
             task_id=new_id("ta", suffix="V" if v2 else "1"),
@@ -220,7 +221,7 @@ class ControlPlane(api_grpc.ModalClientBase):
             owner=workspace,
             tags=tags,
             definition=definition,
-            local=local,
+            local=container,
         )
         self.core.add(sandbox)
         return sandbox

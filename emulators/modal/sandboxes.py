@@ -23,12 +23,13 @@ import contextlib
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import shlex
 import signal
 import string
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from providers.local import LocalProcess
 __all__ = [
     "FS_TOOLS",
     "MODAL_HOME",
+    "Container",
     "Exec",
     "ModalCore",
     "ModalSandbox",
@@ -58,6 +60,8 @@ _ENDINGS = {
     "idle": (api_pb2.GenericResult.GENERIC_STATUS_IDLE_TIMEOUT, "Sandbox was idle too long"),
 }
 _FS_TOOLS_SOURCE = (Path(__file__).parent / "fs_tools.py").read_text()
+_PTY_SOURCE = (Path(__file__).parent / "pty_relay.py").read_text()
+_HOLDER_SECONDS = 5.0
 
 
 def new_id(prefix: str, length: int = 22, *, suffix: str = "") -> str:
@@ -94,6 +98,75 @@ class Tokens:
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class Container(GuestSandbox):
+    """A guest sandbox whose commands share one PID namespace, as a Modal container's do.
+
+    Under bubblewrap each command would get a PID namespace of its own, so one
+    exec could not signal another (the router's kill of a background process
+    is an exec of ``kill``). So the first command starts a holder, a
+    ``sleep`` in a namespace of its own whose bubblewrap init reaps orphans as
+    a container's init does, and every command joins its user and PID
+    namespaces (``bwrap --userns --pidns``). Killing the sandbox kills the
+    holder with the rest, and the namespace with it. Without bubblewrap the
+    commands share the host's namespace anyway.
+    """
+
+    def __init__(self, guest: GuestSandbox) -> None:
+        super().__init__(guest, guest.home, isolate=guest.isolate)
+        self._init: int | None = None
+        self._holding = asyncio.Lock()
+
+    async def spawn(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> LocalProcess:
+        if self.isolate:
+            await self._hold()
+        return await super().spawn(cmd, env=env, cwd=cwd)
+
+    async def _hold(self) -> None:
+        async with self._holding:
+            if self._init is None:
+                holder = await super().spawn(["sleep", "infinity"])
+                self._init = await _child_of(holder.pid)
+
+    def _bwrap(self, cwd: str) -> list[str]:
+        alone = super()._bwrap(cwd)
+        if self._init is None:
+            return alone
+        assert alone[:2] == ["bwrap", "--unshare-all"]
+        shared = ["--userns", "3", "--pidns", "4", "--unshare-ipc", "--unshare-net"]
+        shared += ["--unshare-uts", "--unshare-cgroup-try", *alone[2:]]
+        join = 'exec 3<"$1/user" 4<"$1/pid" && shift && exec "$@"'
+        return ["/bin/sh", "-c", join, "join", f"/proc/{self._init}/ns", "bwrap", *shared]
+
+
+async def _child_of(pid: int) -> int:
+    """The host pid of ``pid``'s child (the holder's bubblewrap init), once it exists."""
+    deadline = time.monotonic() + _HOLDER_SECONDS
+    while time.monotonic() < deadline:
+        child = next((p for p in _pids() if _parent(p) == pid), None)
+        if child is not None:
+            return child
+        await asyncio.sleep(0.01)
+    raise OSError(f"the PID namespace holder (pid {pid}) started no init")
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 @dataclass
@@ -210,17 +283,28 @@ class ModalSandbox:
             return 0.0
         return now - self.last_active
 
-    def argv(self, command: Sequence[str], workdir: str, python: str) -> list[str]:
+    def argv(
+        self,
+        command: Sequence[str],
+        workdir: str,
+        python: str,
+        pty: api_pb2.PTYInfo | None = None,
+    ) -> list[str]:
         """``command`` as the sandbox runs it: from ``workdir``, fs-tools included.
 
         The fs-tools command is `emulators.modal.fs_tools`, run by the
         sandbox's Python; it reads its JSON request, with its path as the
         sandbox's processes see it, and the read-only directories from argv.
+        With ``pty`` the command runs on a terminal of that size
+        (`emulators.modal.pty_relay`).
         """
         if command and command[0] == FS_TOOLS:
             request = self._fs_request(command[1] if len(command) > 1 else "", workdir)
             readonly = json.dumps(self.local.system_dirs)
             command = [python, "-c", _FS_TOOLS_SOURCE, request, readonly]
+        elif pty is not None:
+            size = [str(pty.winsz_rows), str(pty.winsz_cols)]
+            command = [python, "-c", _PTY_SOURCE, *size, *command]
         prelude = f"cd -- {shlex.quote(self.local.inside(workdir))} || exit 126"
         return ["/bin/bash", "-c", prelude + '; exec "$@"', "modal-exec", *command]
 

@@ -153,6 +153,43 @@ def test_exec_timeout_stdin_and_streaming(emu: ModalEmulator, client: Any) -> No
         sb.terminate()
 
 
+def test_execs_share_the_containers_pid_namespace(
+    isolation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One exec signals another by pid, as in a Modal container (the router's kill)."""
+    with ModalEmulator(isolation=isolation) as emu:
+        for key, value in emu.sdk_env().items():
+            monkeypatch.setenv(key, value)
+        sdk_client = modal.Client.from_credentials(TEST_TOKEN_ID, TEST_TOKEN_SECRET)
+        sb = create(sdk_client)
+        try:
+            sleeper = sb.exec("bash", "-c", "echo $$; exec sleep 60")
+            pid = next(iter(sleeper.stdout)).strip()
+            assert sb.exec("kill", "-KILL", pid).wait() == 0
+            assert sleeper.wait() == 128 + 9
+        finally:
+            sb.terminate()
+            sdk_client.close()
+
+
+def test_pty_exec_runs_on_a_terminal(client: Any) -> None:
+    """``exec(pty=True)``: a controlling terminal, stdin typed into it, stderr merged into
+    stdout; a caller without a tty asks for 0 x 0."""
+    sb = create(client)
+    try:
+        shell = "tty -s && stty size && read -r line && echo got=$line && echo err >&2; exit 5"
+        term = sb.exec("bash", "-c", shell, pty=True, text=False)
+        term.stdin.write(b"typed\n")
+        term.stdin.drain()
+        out = term.stdout.read()
+        assert b"0 0\r\n" in out
+        assert b"got=typed\r\n" in out
+        assert b"err\r\n" in out
+        assert (term.stderr.read(), term.wait()) == (b"", 5)
+    finally:
+        sb.terminate()
+
+
 def test_filesystem_errors(client: Any) -> None:
     sb = create(client)
     try:

@@ -27,6 +27,7 @@ from providers.errors import (
     RateLimited,
     SandboxError,
     Unavailable,
+    Unsupported,
 )
 from providers.modal import ModalOptions, ModalProvider, ModalSandbox
 from tests.polling import until
@@ -127,6 +128,38 @@ async def test_command_timeout_is_a_result(emu: ModalEmulator, sandbox: ModalSan
     assert all(e.done for e in execs.values())
     quick = await sandbox.run("exit 0", timeout=1)
     assert (quick.timed_out, quick.exit_code) == (False, 0)
+
+
+async def test_process_kill_by_exec_ends_its_whole_group(sandbox: ModalSandbox) -> None:
+    """Modal has no kill RPC: the kill is an exec of ``kill`` on the group `start` recorded,
+    in time even when it comes before the process recorded it."""
+    at_once = await sandbox.start("sleep 60")
+    assert await at_once.kill() is True
+    ended = await at_once.wait(timeout=10)
+    assert (ended.exit_code, ended.stderr) == (128 + 9, "")
+
+    parent = await sandbox.start(["bash", "-c", "sleep 60 & echo $!; wait"])
+    child = (await anext(parent.output())).data.strip()
+    assert await parent.kill() is True
+    await parent.wait(timeout=10)
+    assert (await sandbox.run(f"kill -0 {child}")).exit_code != 0
+
+
+async def test_process_output_keeps_a_character_split_across_chunks(
+    sandbox: ModalSandbox,
+) -> None:
+    proc = await sandbox.start(r"printf '\xc3'; sleep 0.3; printf '\xa9\n'")
+    chunks = [chunk.data async for chunk in proc.output()]
+    assert "".join(chunks) == "\u00e9\n"
+
+
+async def test_terminal_has_no_resize_and_is_killed_by_exec(sandbox: ModalSandbox) -> None:
+    tty = await sandbox.open_terminal(rows=10, cols=40)
+    with pytest.raises(Unsupported, match=r"modal-a.*pty\.resize"):
+        await tty.resize(30, 100)
+    assert await tty.kill() is True
+    assert await tty.wait(10) == 128 + 9
+    assert await tty.kill() is False
 
 
 async def test_secrets_and_lifetime(provider: ModalProvider) -> None:
