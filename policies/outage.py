@@ -113,11 +113,13 @@ def outage_limits(
     share: OutageShare,
     started: float | None = None,
     own: Mapping[str, float] | None = None,
+    margin: float = 0.0,
 ) -> Limits:
     """The limits of this replica's outage ledger for ``pool``, for an outage that
     ``started`` then (default: at the contact), ``own``: what this replica itself
     spent from the pool since the contact (known exactly; the fleet's projected
-    spend is at least that).
+    spend is at least that). ``margin`` seconds more of the fleet's rate are kept
+    back for the error of a rate measured over bursts.
 
     Unlimited units stay unlimited. Counted units (sessions, concurrent)
     round down, so a share of less than one unit is none.
@@ -130,7 +132,9 @@ def outage_limits(
         rate = contact.rate.get(pool, {})
         mine = own or {}
         used = {
-            unit: value + max(rate.get(unit, 0.0) * elapsed, mine.get(unit, 0.0))
+            unit: value
+            + max(rate.get(unit, 0.0) * elapsed, mine.get(unit, 0.0))
+            + rate.get(unit, 0.0) * margin
             for unit, value in contact.used[pool].items()
         }
         fraction = share.fraction(contact.fleet)

@@ -135,6 +135,7 @@ class Ledger:
                 reservation = await self.store.reserve(
                     entry.ref, self._breaker, lease_id, now, hold, new_session=new_session
                 )
+                self.outage.answered = now
                 self.state_error = None
             except StateUnavailable as exc:
                 self.on_state_error("reserve", exc)

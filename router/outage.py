@@ -29,6 +29,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from policies.outage import Contact, outage_limits
+from policies.quota import Limits
 from providers.errors import StateUnavailable
 from router.context import Context
 from router.events import OutageHandedOver
@@ -51,6 +52,8 @@ class Outage:
         self.contact: Contact | None = None
         self.started: float | None = None  # when the current outage began
         self._until: float | None = None  # the outage ends then (the store is back)
+        self.answered = 0.0  # the store's last answer: the fleet could spend until then
+        self._limits: dict[str, Limits] = {}  # this outage's share, per pool
         self._journal: OutageJournal | None = None
         self._own: dict[str, dict[str, float]] = {}  # spent since the contact, per pool
         self._held: set[str] = set()  # leases the outage ledger holds now
@@ -90,10 +93,17 @@ class Outage:
         """``ref`` with this replica's share of what was left, for the current outage."""
         if self.started is None:
             self.started = self._ctx.clock()
+            self._limits = {}
             if not self._held:  # a new outage counts from the last contact, not the last outage
                 self.store = MemoryStore("memory://fail-open", self._ctx.config.key_prefix)
-        own = self._own.get(ref.pool)
-        limits = outage_limits(ref.limits, ref.pool, self.contact, self._policy, self.started, own)
+        limits = self._limits.get(ref.pool)
+        if limits is None:  # fixed for the whole outage: the fleet's shares must not overlap
+            own = self._own.get(ref.pool)
+            margin = self._ctx.config.fleet_heartbeat / 2  # the rate's error: half a heartbeat
+            limits = outage_limits(
+                ref.limits, ref.pool, self.contact, self._policy, self.answered, own, margin
+            )
+            self._limits[ref.pool] = limits
         return replace(ref, limits=limits)
 
     def spent(self, pool: str, unit: str, amount: float) -> None:
@@ -126,6 +136,7 @@ class Outage:
             view = await store.register_replica(self.replica, ttl, refs, self._ctx.clock())
         except StateUnavailable:
             return
+        self.answered = self._ctx.clock()
         self._learn(view)
         owed = self._journal is not None or self._ctx.config.journal_path().exists()
         if self.started is not None or (owed and self.journal.pending()):

@@ -79,6 +79,7 @@ def test_redis_killed_mid_run_fail_open(aof_redis: RedisServer, tmp_path: Path) 
         assert served == 5  # alone in the fleet: all that was left at its last contact
         assert "sessions 5/5" in str(refusal)
         status = r.status()
+        assert status.entries[0].used["sessions"] == 1 + 5  # the fleet's as last seen + ours
         assert not status.state_ok
         assert status.state_error
     assert any(e.name == "state_error" and e.fields["mode"] == "fail_open" for e in events)

@@ -84,3 +84,14 @@ def test_the_fleet_s_spend_since_the_contact_is_projected_to_the_outage() -> Non
     # 5 s after the contact the fleet has likely spent 10 more sessions
     later = outage_limits(limits, "p", second, OutageShare(), started=15.0)
     assert later == Limits(sessions=10, sandbox_seconds=225.0, concurrent=1)
+
+
+def test_own_spend_and_a_margin_are_kept_back() -> None:
+    lone = contact(1, sessions=0)
+    assert outage_limits(Limits(sessions=6), "p", lone, OutageShare()).sessions == 6
+    own = {"sessions": 1.0}  # this replica served one since its contact
+    assert outage_limits(Limits(sessions=6), "p", lone, OutageShare(), own=own).sessions == 5
+    busy = lone.then(1.0, 1, {"p": {"sessions": 4}})  # 4 a second
+    assert outage_limits(Limits(sessions=10), "p", busy, OutageShare()).sessions == 6
+    kept = outage_limits(Limits(sessions=10), "p", busy, OutageShare(), margin=0.5)
+    assert kept.sessions == 4
