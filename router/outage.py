@@ -210,13 +210,17 @@ class Outage:
                 self._until = self._ctx.clock() + 3 * self._ctx.config.fleet_heartbeat
 
     def usage(self, snap: Snapshot) -> Snapshot:
-        """The outage ledger's ``snap`` plus the fleet's usage at the last contact."""
+        """The outage ledger's ``snap`` plus the fleet's usage at the last contact and
+        this replica's own spend since."""
         if self.contact is None:
             return snap
         pools = {}
         for name, status in snap.pools.items():
-            seen = self.contact.used.get(name, {})
-            used = {unit: value + seen.get(unit, 0.0) for unit, value in status.used.items()}
+            seen, own = self.contact.used.get(name, {}), self._own.get(name, {})
+            used = {
+                unit: value + seen.get(unit, 0.0) + own.get(unit, 0.0)
+                for unit, value in status.used.items()
+            }
             pools[name] = PoolStatus(status.pool, status.window, used, status.limits)
         return Snapshot(pools, snap.entries)
 
