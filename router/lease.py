@@ -26,7 +26,7 @@ from providers.processes import (
     Terminal,
     deliver,
 )
-from router.portal import Portal, blocking, iterate, on_caller_loop, relay
+from router.portal import OnEngine, Portal, blocking, iterate, on_caller_loop, relay
 from router.processes import AsyncProcess, AsyncTerminal, SyncProcess, SyncTerminal
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class Held:
     committing: asyncio.Task[None] | None = None
 
 
-class AsyncSandboxHandle:
+class AsyncSandboxHandle(OnEngine):
     """The sandbox handle for async code: each call is awaited on the router's loop.
 
     This is where a method of the sandbox API is written; `SyncSandbox`
@@ -63,17 +63,8 @@ class AsyncSandboxHandle:
     """
 
     def __init__(self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None]) -> None:
+        super().__init__(engine, alive)
         self._sandbox = sandbox
-        self._engine = engine
-        self._alive = alive
-
-    async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            self._alive()
-        except LeaseError:
-            coro.close()
-            raise
-        return await self._engine.arun(coro)
 
     @property
     def id(self) -> str:

@@ -23,7 +23,7 @@ from providers.processes import deliver
 if TYPE_CHECKING:
     from router.engine import Engine
 
-__all__ = ["Portal", "blocking", "iterate", "on_caller_loop", "relay"]
+__all__ = ["OnEngine", "Portal", "blocking", "iterate", "on_caller_loop", "relay"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -32,6 +32,23 @@ D = TypeVar("D", str, bytes)
 
 
 A = TypeVar("A")
+
+
+class OnEngine:
+    """An async handle whose calls run on the router's engine loop, refused once its
+    lease is gone (``alive`` raises `LeaseError`)."""
+
+    def __init__(self, engine: Engine, alive: Callable[[], None]) -> None:
+        self._engine = engine
+        self._alive = alive
+
+    async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            self._alive()
+        except LeaseError:
+            coro.close()
+            raise
+        return await self._engine.arun(coro)
 
 
 class Portal(Generic[A]):

@@ -8,12 +8,11 @@ derive the sync twins from them (`SyncProcess`, `SyncTerminal`, see
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
 
-from providers.errors import LeaseError
 from providers.processes import OutputChunk, Process, ProcessResult, Terminal
-from router.portal import Portal, blocking, iterate, relay
+from router.portal import OnEngine, Portal, blocking, iterate, relay
 
 if TYPE_CHECKING:
     from router.engine import Engine
@@ -23,21 +22,7 @@ __all__ = ["AsyncProcess", "AsyncTerminal", "SyncProcess", "SyncTerminal"]
 T = TypeVar("T")
 
 
-class _OnEngine:
-    def __init__(self, engine: Engine, alive: Callable[[], None]) -> None:
-        self._engine = engine
-        self._alive = alive
-
-    async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            self._alive()
-        except LeaseError:
-            coro.close()
-            raise
-        return await self._engine.arun(coro)
-
-
-class AsyncProcess(_OnEngine):
+class AsyncProcess(OnEngine):
     """A background command of a lease's sandbox (`AsyncSandboxHandle.start`)."""
 
     def __init__(self, process: Process, engine: Engine, alive: Callable[[], None]) -> None:
@@ -104,7 +89,7 @@ class SyncProcess(Portal[AsyncProcess]):
         return f"<{type(self).__name__} {self._async._process!r}>"
 
 
-class AsyncTerminal(_OnEngine):
+class AsyncTerminal(OnEngine):
     """An interactive terminal in a lease's sandbox (`AsyncSandboxHandle.open_terminal`)."""
 
     def __init__(self, terminal: Terminal, engine: Engine, alive: Callable[[], None]) -> None:
