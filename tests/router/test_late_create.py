@@ -15,7 +15,7 @@ from providers.base import LABEL_ROUTER, Sandbox, SandboxSpec
 from router import Router
 from router.testing import ScriptedProvider
 from tests.polling import wait_until
-from tests.router.conftest import fired
+from tests.router.conftest import Clock, fired
 
 PROVIDERS = available(["daytona", "runloop", "e2b"])  # the HTTP emulators
 
@@ -90,10 +90,29 @@ class SlowProvider(ScriptedProvider):
         return sandbox
 
 
+class SlowToDie(SlowProvider):
+    """Its sandboxes take ``dying`` seconds of the router's clock to kill (and bill them)."""
+
+    def __init__(self, name: str, root: Path, delay: float, clock: Clock, dying: float) -> None:
+        super().__init__(name, root, delay)
+        self.clock, self.dying = clock, dying
+
+    async def _server_side(self, spec: SandboxSpec) -> Sandbox:
+        sandbox = await super()._server_side(spec)
+        kill = sandbox.kill
+
+        async def slow_kill() -> None:
+            self.clock.advance(self.dying)
+            await kill()
+
+        sandbox.kill = slow_kill  # type: ignore[method-assign]
+        return sandbox
+
+
 def test_late_creates_are_counted_and_killed_by_the_router(
-    make_router, tmp_path: Path, events
+    make_router, tmp_path: Path, events, clock: Clock
 ) -> None:
-    slow = SlowProvider("slow", tmp_path, delay=2.0)
+    slow = SlowToDie("slow", tmp_path, delay=2.0, clock=clock, dying=1.5)
     router = make_router(
         providers={"slow": slow},
         create_timeout=0.3,
@@ -114,8 +133,11 @@ def test_late_creates_are_counted_and_killed_by_the_router(
     assert asyncio.run(four()) == ["local"] * 4
     wait_until(lambda: len(slow.created) == 4, seconds=10)
     wait_until(lambda: slow.alive() == [], seconds=5)  # killed by the router, not a janitor
+    wait_until(lambda: len(fired(events, "late_create")) == 4, seconds=5)
     view = next(v for v in router.status().entries if v.name == "slow")
     assert view.used["sessions"] == 4  # the provider made (and bills) four
+    assert [e["seconds"] for e in fired(events, "late_create")] == [1.5] * 4
+    assert view.used["sandbox_seconds"] == pytest.approx(6.0)  # each metered until killed
     assert view.live_leases == 0
     assert [e["outcome"] for e in fired(events, "late_create")] == ["killed"] * 4
     assert fired(events, "refund") == []
