@@ -338,7 +338,11 @@ def test_no_sdk_import_until_used() -> None:
                 await dead.create(SandboxSpec(), timeout=10)
             except Unavailable:
                 return time.monotonic() - started
-        print(round(asyncio.run(attempt()), 3))
+        print(round(asyncio.run(attempt()), 3), flush=True)
+        # The SDK's pyqwest transport, after its own connection retries against a dead
+        # endpoint, aborts the interpreter's shutdown about 1 time in 2 (SIGABRT, no
+        # Python frame; the SDK's bug, not measured here): leave without the shutdown.
+        import os; os._exit(0)
         """
     )
     done = subprocess.run(
