@@ -178,7 +178,8 @@ async def test_python_runs_in_the_interpreter_whatever_the_language(
 async def test_a_process_is_a_session_whose_deletion_ends_all_it_started(
     emu: DaytonaEmulator, sandbox: DaytonaSandbox
 ) -> None:
-    proc = await sandbox.start("(while :; do date +%s%N > beat; sleep 0.05; done) & echo up; wait")
+    beats = "(while :; do date +%s%N > beat; sleep 0.05; done) &"
+    proc = await sandbox.start(f"date +%s%N > beat; {beats} echo up; wait")  # up: beat exists
     session, _, command = proc.id.partition(":")
     assert session.startswith(SESSION_PREFIX)
     assert command in {c.id for c in box(emu, sandbox.id).sessions[session].commands.values()}
