@@ -77,7 +77,7 @@ class Outage:
         Between the two it waits out the quiet period (at most two heartbeats),
         its last batch handed over.
         """
-        if self.started is None:
+        if self.started is None or not self.serving:
             return False
         now = self._ctx.clock()
         if self._until is None or now < self._until:
@@ -91,7 +91,7 @@ class Outage:
 
     def share(self, ref: EntryRef) -> EntryRef:
         """``ref`` with this replica's share of what was left, for the current outage."""
-        if self.started is None:
+        if self.started is None and self.serving:  # (fail_closed's status reads it too)
             self.started = self._ctx.clock()
             self._limits = {}
             if not self._held:  # a new outage counts from the last contact, not the last outage

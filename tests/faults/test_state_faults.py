@@ -217,3 +217,21 @@ def test_outage_spend_outlives_the_replica_and_is_written_back_once(
         assert third.status().entries[0].used["sessions"] == 6  # not twice
     handed = [e.fields for e in events if e.name == "outage_handed_over"]
     assert [h["sessions"] for h in handed] == [5]
+
+
+def test_fail_closed_reading_status_in_an_outage_serves_from_the_store_after(
+    aof_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Status reads the outage ledger while the store is down; under fail_closed that
+    must not start serving from it once the store is back."""
+    events: list[Event] = []
+    with router(aof_redis.url, tmp_path, events) as r:
+        r.acquire().release()
+        aof_redis.stop()
+        assert not r.status().state_ok
+        aof_redis.start()
+        for _ in range(5):
+            r.acquire().release()
+        assert r.status().entries[0].used["sessions"] == 6  # every one in the shared ledger
+        with pytest.raises(NoProviderAvailable, match="sessions 6/6"):
+            r.acquire()
