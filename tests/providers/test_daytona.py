@@ -258,7 +258,7 @@ async def test_command_timeout_is_a_result(emu: DaytonaEmulator, sandbox: Dayton
 async def test_gone_sandbox_is_not_found(emu: DaytonaEmulator, provider: DaytonaProvider) -> None:
     emu.core.minute = 0.3
     sbx = await provider.create(SandboxSpec(lifetime=1), timeout=5)
-    await until(lambda: not emu.alive())
+    await until(lambda: emu.core.boxes[sbx.id].state == "destroyed")  # not just destroying
     assert [r.ended_by for r in emu.records()] == ["expired"]
     with pytest.raises(NotFound) as gone:
         await sbx.run("true")
