@@ -63,7 +63,7 @@ from providers.errors import (
     Unavailable,
 )
 from providers.mapping import ErrorMap, Where, from_status, retry_after
-from providers.processes import Capability, ProcessBase, ProcessInfo, TerminalBase
+from providers.processes import AGENT_WORK, Capability, ProcessBase, ProcessInfo, TerminalBase
 from providers.shell import piped
 
 if TYPE_CHECKING:
@@ -80,18 +80,6 @@ _STATUS_PREFIX = re.compile(r"^(\d{3})\b")
 _RETRY_AFTER = re.compile(r"retry[- ]after[:= ]*(\d+(?:\.\d+)?)", re.IGNORECASE)
 _KERNEL_TEMPLATES = "code-interpreter"  # the prefix of the templates that run a Jupyter kernel
 _INTERPRETERS = {"python": "python3 -", "bash": "bash -s"}  # where there is no kernel
-_AGENT_WORK = frozenset(
-    {
-        Capability.STREAM,
-        Capability.STDIN,
-        Capability.PROCESS,
-        Capability.PROCESS_KILL,
-        Capability.PROCESS_LIST,
-        Capability.PROCESS_ATTACH,
-        Capability.PTY,
-        Capability.PTY_RESIZE,
-    }
-)
 _RESULT_FORMATS = (
     "text",
     "html",
@@ -157,7 +145,7 @@ class E2BProvider(KeyedProvider[Any]):
     def __init__(self, name: str = "e2b", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
         kernel = {Capability.STATEFUL_CODE} if _has_kernel(self.opts.template) else set()
-        self.capabilities = frozenset({"run_code", "files", *_AGENT_WORK, *kernel})
+        self.capabilities = frozenset({"run_code", "files", *AGENT_WORK, *kernel})
 
     @property
     def opts(self) -> E2BOptions:

@@ -103,7 +103,7 @@ from providers.local_processes import (
     sweep,
     wrapped,
 )
-from providers.processes import Capability, ProcessInfo
+from providers.processes import AGENT_WORK, Capability, ProcessInfo
 
 __all__ = ["LocalOptions", "LocalProvider", "LocalSandbox", "bwrap_available"]
 
@@ -158,19 +158,14 @@ class LocalProvider(Provider):
 
     kind: ClassVar[str] = "local"
     Options: ClassVar[type[ProviderOptions]] = LocalOptions
-    capabilities = frozenset(
-        {
-            Capability.RUN_CODE,
-            Capability.FILES,
-            Capability.STREAM,
-            Capability.STDIN,
-            Capability.PROCESS,
-            Capability.PROCESS_KILL,
-            Capability.PROCESS_LIST,
-            Capability.PROCESS_ATTACH,
-            Capability.PTY,
-            Capability.PTY_RESIZE,
-        }
+    capabilities = (
+        frozenset(
+            {
+                Capability.RUN_CODE,
+                Capability.FILES,
+            }
+        )
+        | AGENT_WORK
     )
 
     def __init__(self, name: str = "local", options: ProviderOptions | None = None) -> None:

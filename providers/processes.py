@@ -28,6 +28,7 @@ from typing import Literal, TypeVar
 from providers.errors import Unsupported
 
 __all__ = [
+    "AGENT_WORK",
     "Capability",
     "OnOutput",
     "OnTerminalData",
@@ -58,6 +59,20 @@ class Capability(StrEnum):
     PTY = "pty"
     PTY_RESIZE = "pty.resize"
 
+
+AGENT_WORK = frozenset(
+    {
+        Capability.STREAM,
+        Capability.STDIN,
+        Capability.PROCESS,
+        Capability.PROCESS_KILL,
+        Capability.PROCESS_LIST,
+        Capability.PROCESS_ATTACH,
+        Capability.PTY,
+        Capability.PTY_RESIZE,
+    }
+)
+"""Every process and terminal capability: what a provider declares when it lacks none."""
 
 OnOutput = Callable[[str], Awaitable[None] | None]
 """A stdout/stderr callback: plain or async; it gets each chunk as it arrives."""
