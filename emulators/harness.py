@@ -448,6 +448,15 @@ class Emulator(abc.ABC):
         """Environment variables pointing the vendor SDK (and adapter) here."""
         return {}
 
+    def resolve(self, host: str) -> tuple[str, int] | None:
+        """Where the vendor's DNS points ``host`` (a wildcard port URL name), or None.
+
+        An emulator whose port URLs are wildcard host names (``8000-<id>.<domain>``)
+        serves them on its ingress and says so here; clients connect there and
+        keep the name in the ``Host`` header.
+        """
+        return None
+
     # -- conveniences for tests -------------------------------------------
     def inject(self, op: str = "*", **kw: Any) -> FaultSpec:
         return self.core.faults.add(FaultSpec(op=op, **kw))

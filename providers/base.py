@@ -19,10 +19,12 @@ import os
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
+from providers.capabilities import Capability
 from providers.errors import (
     AuthError,
     CapacityExceeded,
@@ -36,8 +38,8 @@ from providers.errors import (
     Unavailable,
     Unsupported,
 )
+from providers.files import Chunks, FileInfo, file_chunks, pack_dir, unpack_dir
 from providers.processes import (
-    Capability,
     OnOutput,
     OutputChunk,
     Process,
@@ -57,6 +59,7 @@ __all__ = [
     "CommandResult",
     "FileInfo",
     "NotFound",
+    "PortURL",
     "Provider",
     "ProviderError",
     "ProviderOptions",
@@ -67,6 +70,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxPathError",
     "SandboxSpec",
+    "Snapshot",
     "Unavailable",
 ]
 
@@ -92,6 +96,8 @@ class SandboxSpec:
         idle_timeout: seconds of inactivity after which it may stop it.
         cpu: cores; memory_mb and disk_gb: sizes; gpu: a GPU type, e.g. ``"T4"``.
         workdir: working directory for commands.
+        ports: ports to open at create, for a vendor that fixes them then
+            (Modal); the others open any port on `Sandbox.expose`.
     """
 
     template: str | None = None
@@ -105,9 +111,12 @@ class SandboxSpec:
     disk_gb: int | None = None
     gpu: str | None = None
     workdir: str | None = None
+    ports: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_env(self.env, "SandboxSpec(env=...)")
+        for port in self.ports:
+            check_port(port, "SandboxSpec(ports=...)")
 
     def with_labels(self, labels: Mapping[str, str]) -> SandboxSpec:
         """A copy with ``labels`` merged over the existing ones."""
@@ -131,6 +140,12 @@ def check_env(env: Mapping[str, str], argument: str) -> None:
             )
         if not isinstance(value, str) or "\x00" in value:
             raise InvalidArgument(f"{argument}: the value of {name!r} contains a NUL byte")
+
+
+def check_port(port: object, argument: str) -> None:
+    """Refuse anything but a TCP port number, naming ``argument``."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise InvalidArgument(f"{argument}: {port!r} is not a port number (1-65535)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,11 +196,30 @@ def failure(output: str, exit_code: int, timed_out: bool, timeout: float | None)
 
 
 @dataclass(frozen=True, slots=True)
-class FileInfo:
-    name: str
-    path: str
-    is_dir: bool
-    size: int
+class PortURL:
+    """Where the app reaches a port of the sandbox: the URL and the headers to send.
+
+    ``headers`` carries the access token where the vendor wants one (Daytona's
+    preview token, E2B's traffic token, Runloop's tunnel auth); it is a
+    secret, so the repr names the headers but never shows their values.
+    """
+
+    port: int
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"PortURL(port={self.port}, url={self.url!r}, headers={sorted(self.headers)})"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A sandbox's filesystem kept by the provider: ``SandboxSpec(template=snapshot.id)``
+    on the same entry creates a sandbox from it."""
+
+    id: str
+    entry: str
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +359,89 @@ class Sandbox(abc.ABC):
                 with contextlib.suppress(Exception):
                     await proc.kill()
 
+    async def remove(self, path: str) -> None:
+        """Remove a file, or a directory with all it holds; SandboxError when it is missing."""
+        raise Unsupported(self.provider, Capability.FILES_MANAGE)
+
+    async def make_dir(self, path: str) -> bool:
+        """Make a directory and its parents; False when it already existed."""
+        raise Unsupported(self.provider, Capability.FILES_MANAGE)
+
+    async def exists(self, path: str) -> bool:
+        raise Unsupported(self.provider, Capability.FILES_MANAGE)
+
+    async def rename(self, src: str, dst: str) -> FileInfo:
+        """Move ``src`` to ``dst`` (replacing a file there); what ``dst`` is now."""
+        raise Unsupported(self.provider, Capability.FILES_MANAGE)
+
+    async def stat(self, path: str) -> FileInfo:
+        """What ``path`` is; SandboxError when it is missing."""
+        raise Unsupported(self.provider, Capability.FILES_MANAGE)
+
+    def read_stream(self, path: str) -> AsyncIterator[bytes]:
+        """A file's content in chunks as it arrives, never whole in memory."""
+        raise Unsupported(self.provider, Capability.FILES_STREAM)
+
+    async def write_stream(self, path: str, chunks: Chunks) -> None:
+        """Write a file from chunks as they come, never whole in memory (parents are made)."""
+        raise Unsupported(self.provider, Capability.FILES_STREAM)
+
+    async def upload_file(self, local: Path, path: str) -> None:
+        """Copy a local file into the sandbox, streamed."""
+        await self.write_stream(path, file_chunks(local))
+
+    async def download_file(self, path: str, local: Path) -> None:
+        """Copy a sandbox file to ``local``, streamed."""
+        chunks = self.read_stream(path)
+        with local.open("wb") as out:
+            async for chunk in chunks:
+                await asyncio.to_thread(out.write, chunk)
+
+    async def upload_dir(self, local: Path, path: str) -> None:
+        """Copy a local directory's content into ``path`` (made if missing) as one tar stream.
+
+        The archive lands in the sandbox's home and is unpacked there by
+        ``tar``, which every vendor's image has.
+        """
+        archive = f".sandbox-router-{os.urandom(6).hex()}.tar"
+        try:
+            await self.write_stream(archive, pack_dir(local))
+            await self._tar("upload_dir", 'mkdir -p -- "$1" && tar -xf "$2" -C "$1"', path, archive)
+        finally:
+            with contextlib.suppress(ProviderError):
+                await self.run(["rm", "-f", "--", archive], timeout=60)
+
+    async def download_dir(self, path: str, local: Path) -> None:
+        """Copy a sandbox directory's content into ``local`` (made if missing), streamed."""
+        archive = f".sandbox-router-{os.urandom(6).hex()}.tar"
+        try:
+            await self._tar("download_dir", 'tar -cf "$2" -C "$1" .', path, archive)
+            await unpack_dir(self.read_stream(archive), local)
+        finally:
+            with contextlib.suppress(ProviderError):
+                await self.run(["rm", "-f", "--", archive], timeout=60)
+
+    async def _tar(self, op: str, script: str, path: str, archive: str) -> None:
+        res = await self.run(["sh", "-c", script, "sh", path, archive], timeout=None)
+        if not res.ok:
+            raise SandboxError(
+                f"{op} {path}: {res.stderr.strip() or f'exit code {res.exit_code}'}",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+
+    async def expose(self, port: int) -> PortURL:
+        """A URL the app can reach for ``port`` of the sandbox (a server listening there)."""
+        raise Unsupported(self.provider, Capability.PORT)
+
+    async def pause(self) -> None:
+        """Pause the sandbox: its files stay, its bill stops; `Provider.resume` wakes it."""
+        raise Unsupported(self.provider, Capability.PAUSE)
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """Keep the sandbox's filesystem as a template for creates on this entry."""
+        raise Unsupported(self.provider, Capability.SNAPSHOT)
+
     async def keepalive(self, seconds: float) -> None:  # noqa: B027 - optional hook
         """Ask the provider to keep the sandbox alive ``seconds`` more.
 
@@ -430,6 +547,17 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def kill(self, sandbox_id: str) -> bool:
         """Destroy a sandbox by id; False when it did not exist."""
+
+    async def resume(self, sandbox_id: str, *, timeout: float) -> Sandbox:
+        """A running handle on a sandbox `Sandbox.pause` paused, on the same id.
+
+        NotFound when it is gone. Resuming a running sandbox is not an error.
+        """
+        raise Unsupported(self.name, Capability.PAUSE)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Delete a snapshot `Sandbox.snapshot` made; False when it did not exist."""
+        raise Unsupported(self.name, Capability.SNAPSHOT)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release SDK clients; called when the router closes."""

@@ -54,6 +54,7 @@ from providers.base import (
     SandboxInfo,
     SandboxSpec,
 )
+from providers.capabilities import AGENT_WORK, Capability
 from providers.errors import (
     AuthError,
     NotFound,
@@ -63,7 +64,7 @@ from providers.errors import (
     Unavailable,
 )
 from providers.mapping import ErrorMap, Where, from_status, retry_after
-from providers.processes import AGENT_WORK, Capability, ProcessBase, ProcessInfo, TerminalBase
+from providers.processes import ProcessBase, ProcessInfo, TerminalBase
 from providers.shell import piped
 
 if TYPE_CHECKING:

@@ -91,6 +91,7 @@ from providers.base import (
     SandboxInfo,
     SandboxSpec,
 )
+from providers.capabilities import AGENT_WORK, Capability
 from providers.errors import ConfigError, NotFound, SandboxError, SandboxPathError
 from providers.local_processes import (
     LocalTerminal,
@@ -103,7 +104,7 @@ from providers.local_processes import (
     sweep,
     wrapped,
 )
-from providers.processes import AGENT_WORK, Capability, ProcessInfo
+from providers.processes import ProcessInfo
 
 __all__ = ["LocalOptions", "LocalProvider", "LocalSandbox", "bwrap_available"]
 

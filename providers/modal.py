@@ -73,6 +73,7 @@ from providers.base import (
     SandboxSpec,
     credential,
 )
+from providers.capabilities import Capability
 from providers.errors import (
     AuthError,
     CapacityExceeded,
@@ -84,7 +85,7 @@ from providers.errors import (
     Unavailable,
 )
 from providers.mapping import ErrorMap, Where
-from providers.processes import Capability, ProcessBase, TerminalBase
+from providers.processes import ProcessBase, TerminalBase
 
 __all__ = ["TOKEN_ID_ENV", "TOKEN_SECRET_ENV", "ModalOptions", "ModalProvider", "ModalSandbox"]
 

@@ -10,7 +10,7 @@ holds for terminals (`TerminalBase`). Streaming `run` (callbacks, stdin) and
 process streams for free.
 
 What a provider cannot do is a capability it does not declare (see
-`Capability`), and calling it raises `Unsupported`, naming the provider and the
+`providers.capabilities`), and calling it raises `Unsupported`, naming the provider and the
 capability: never a silent no-op.
 """
 
@@ -22,14 +22,12 @@ import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Literal, TypeVar
 
+from providers.capabilities import Capability
 from providers.errors import Unsupported
 
 __all__ = [
-    "AGENT_WORK",
-    "Capability",
     "OnOutput",
     "OnTerminalData",
     "OutputChunk",
@@ -42,37 +40,6 @@ __all__ = [
     "deliver",
 ]
 
-
-class Capability(StrEnum):
-    """What an entry can do beyond run/files; ``acquire(requires=...)`` routes by these."""
-
-    RUN_CODE = "run_code"
-    STATEFUL_CODE = "run_code.stateful"  # a kernel keeps variables between calls
-    FILES = "files"
-    GPU = "gpu"
-    STREAM = "stream"  # output reaches the caller while the command runs
-    STDIN = "stdin"  # write to / close a running command's stdin
-    PROCESS = "process"  # start in the background, wait for it
-    PROCESS_KILL = "process.kill"  # kill one process, not the sandbox
-    PROCESS_LIST = "process.list"
-    PROCESS_ATTACH = "process.attach"  # reattach by id from another process or replica
-    PTY = "pty"
-    PTY_RESIZE = "pty.resize"
-
-
-AGENT_WORK = frozenset(
-    {
-        Capability.STREAM,
-        Capability.STDIN,
-        Capability.PROCESS,
-        Capability.PROCESS_KILL,
-        Capability.PROCESS_LIST,
-        Capability.PROCESS_ATTACH,
-        Capability.PTY,
-        Capability.PTY_RESIZE,
-    }
-)
-"""Every process and terminal capability: what a provider declares when it lacks none."""
 
 OnOutput = Callable[[str], Awaitable[None] | None]
 """A stdout/stderr callback: plain or async; it gets each chunk as it arrives."""

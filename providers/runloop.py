@@ -62,9 +62,10 @@ from providers.base import (
     SandboxInfo,
     SandboxSpec,
 )
+from providers.capabilities import Capability
 from providers.errors import InvalidArgument, NotFound, ProviderError, SandboxError, Unavailable
 from providers.mapping import ErrorMap, Where, from_status, retry_after
-from providers.processes import Capability, ProcessBase
+from providers.processes import ProcessBase
 from providers.shell import piped, script
 
 if TYPE_CHECKING:

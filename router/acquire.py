@@ -27,6 +27,7 @@ from policies.ordering import Candidate
 from policies.outcome import classify
 from policies.quota import remaining_fraction
 from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER, LABEL_SESSION, SandboxSpec
+from providers.capabilities import Capability
 from providers.errors import (
     InvalidArgument,
     NoProviderAvailable,
@@ -34,7 +35,6 @@ from providers.errors import (
     StateUnavailable,
     Unavailable,
 )
-from providers.processes import Capability
 from router.context import Context
 from router.entries import Entry
 from router.events import Acquired, AcquireFailed, Created, Failover, emit

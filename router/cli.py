@@ -38,8 +38,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from policies.quota import UNITS
+from providers.capabilities import Capability
 from providers.errors import ConfigError, NoProviderAvailable, SandboxRouterError
-from providers.processes import Capability
 from router import config as config_mod
 from router.core import EntryView, Router, RouterStatus
 from router.logs import LogFormat, configure_logging

@@ -29,12 +29,12 @@ import structlog
 
 from providers.account import KeyedProvider
 from providers.base import LABEL_LEASE, ProviderOptions, SandboxInfo, SandboxSpec
+from providers.capabilities import Capability
 from providers.daytona.errors import sdk_errors
 from providers.daytona.options import API_KEY_ENV, DaytonaOptions
 from providers.daytona.sandbox import DaytonaSandbox
 from providers.daytona.states import DELETED, STARTABLE, UNUSABLE, state
 from providers.errors import NotFound, ProviderError, Unavailable
-from providers.processes import Capability
 
 if TYPE_CHECKING:
     from daytona import AsyncDaytona, AsyncSandbox

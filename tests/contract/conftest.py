@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from emulators import daytona, e2b, emulator_class, modal, runloop
@@ -21,7 +22,7 @@ from emulators.e2b import E2BEmulator
 from emulators.harness import Emulator
 from emulators.modal import ModalEmulator
 from emulators.runloop import RunloopEmulator
-from providers.base import Provider, Sandbox, SandboxSpec
+from providers.base import PortURL, Provider, Sandbox, SandboxSpec
 from providers.daytona import DaytonaOptions, DaytonaProvider
 from providers.e2b import E2BOptions, E2BProvider
 from providers.local import HOME, LocalOptions, LocalProvider
@@ -63,6 +64,21 @@ class Backend:
 
     async def create(self, **spec: Any) -> Sandbox:
         return await self.provider.create(SandboxSpec(**spec), timeout=10)
+
+    async def fetch(self, exposed: PortURL, path: str = "/") -> httpx.Response:
+        """GET ``path`` from an exposed port as an app would, with the port's headers.
+
+        A wildcard host name the vendor's DNS would point at its edge is sent to
+        the emulator's ingress (`Emulator.resolve`), keeping the name as ``Host``.
+        """
+        url = httpx.URL(exposed.url).join(path)
+        headers = dict(exposed.headers)
+        target = self.emulator.resolve(url.host) if self.emulator is not None else None
+        if target is not None:
+            headers["Host"] = url.netloc.decode()
+            url = url.copy_with(scheme="http", host=target[0], port=target[1])
+        async with httpx.AsyncClient(timeout=5) as client:
+            return await client.get(url, headers=headers)
 
     def only_templates(self, templates: set[str] | None) -> None:
         """Make the emulator refuse every template but ``templates`` (None: accept any)."""

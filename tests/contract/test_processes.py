@@ -13,8 +13,9 @@ import time
 import pytest
 
 from providers.base import Sandbox
+from providers.capabilities import Capability
 from providers.errors import NotFound, Unsupported
-from providers.processes import Capability, OutputChunk
+from providers.processes import OutputChunk
 from tests.contract.conftest import Backend
 
 

@@ -17,6 +17,7 @@ from emulators.e2b import TEST_API_KEY, E2BEmulator
 from emulators.harness import Emulator, free_port
 from providers import provider_class
 from providers.base import SandboxSpec
+from providers.capabilities import Capability
 from providers.e2b import E2BOptions, E2BProvider, E2BSandbox
 from providers.errors import (
     AuthError,
@@ -28,7 +29,6 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
-from providers.processes import Capability
 from tests.polling import until
 
 
