@@ -34,6 +34,7 @@ from typing import Any
 
 from benchmarks.common import paired
 from emulators import available, emulator_class, sdk_environment
+from emulators.latency import LatencyProfile
 from providers.base import SandboxSpec
 from router import Router
 
@@ -50,11 +51,16 @@ class Remote:
 
 
 @contextmanager
-def emulator_process(name: str) -> Iterator[Remote]:
-    """Run ``name``'s emulator in a child process for the duration of the block."""
+def emulator_process(name: str, latency: LatencyProfile | None = None) -> Iterator[Remote]:
+    """Run ``name``'s emulator in a child process for the duration of the block.
+
+    ``latency``: how long its creates take (`emulators.latency`); None: as fast as it can.
+    """
     ctx = multiprocessing.get_context("spawn")
     here, there = ctx.Pipe()
-    process = ctx.Process(target=_serve, args=(name, there), name=f"emulator-{name}", daemon=True)
+    process = ctx.Process(
+        target=_serve, args=(name, there, latency), name=f"emulator-{name}", daemon=True
+    )
     process.start()
     try:
         if here not in wait([here, process.sentinel], timeout=60):
@@ -68,10 +74,10 @@ def emulator_process(name: str) -> Iterator[Remote]:
             process.kill()
 
 
-def _serve(name: str, conn: Connection) -> None:
+def _serve(name: str, conn: Connection, latency: LatencyProfile | None) -> None:
     # Sandboxes without bubblewrap: a command then takes ~2 ms instead of
     # ~25, and both paths' spread shrinks with it.
-    with emulator_class(name)(isolation="none") as emu:
+    with emulator_class(name)(isolation="none", latency=latency) as emu:
         conn.send((emu.url, emu.sdk_env()))
         conn.recv()
 

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from emulators.filesystem import GuestSandbox
+from emulators.latency import LatencyProfile
 from providers.base import SandboxSpec
 from providers.local import LocalOptions, LocalProvider
 
@@ -187,6 +188,8 @@ class EmulatorCore:
         self.records: dict[str, SandboxRecord] = {}
         self.sandboxes: dict[str, GuestSandbox] = {}
         self.accepted_keys: set[str] | None = None
+        self.latency: LatencyProfile | None = None
+        self._rng = random.Random()
         self._lock = threading.Lock()
         self.isolation = isolation
         # The local provider decides whether bubblewrap is used (and says so when it is
@@ -243,6 +246,8 @@ class EmulatorCore:
                 if quota.max_created is not None and quota.created >= quota.max_created:
                     raise QuotaViolation("created", quota.max_created)
                 quota.created += 1
+        if self.latency is not None:
+            await asyncio.sleep(self.latency.sample(self._rng))
         local = await self.local.create(spec, sandbox_id=sandbox_id)
         try:
             sandbox = GuestSandbox(local, home, isolate=self.isolate, dirs=dirs)
@@ -419,12 +424,14 @@ class Emulator(abc.ABC):
         host: str = "127.0.0.1",
         root: Path | None = None,
         isolation: str = "auto",
+        latency: LatencyProfile | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port()
         self.control_port = control_port or free_port()
         self._tmp = None if root else tempfile.TemporaryDirectory(prefix=f"emu-{self.name}-")
         self.core = EmulatorCore(self.name, root or Path(self._tmp.name), isolation=isolation)  # type: ignore[union-attr]
+        self.core.latency = latency
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
@@ -466,6 +473,10 @@ class Emulator(abc.ABC):
 
     def set_quota(self, **kw: Any) -> None:
         self.core.set_quota(**kw)
+
+    def set_latency(self, profile: LatencyProfile | None) -> None:
+        """Make every create take a draw from ``profile`` (None: as fast as it can)."""
+        self.core.latency = profile
 
     def records(self) -> list[SandboxRecord]:
         return list(self.core.records.values())
@@ -562,6 +573,18 @@ class Emulator(abc.ABC):
                 return web.json_response({"error": str(exc)}, status=400)
             return web.json_response({"ok": True})
 
+        async def set_latency(request: web.Request) -> web.Response:
+            body = await request.json()
+            try:
+                core.latency = LatencyProfile(body["p50_ms"] / 1000, body["p95_ms"] / 1000)
+            except (KeyError, TypeError, ValueError) as exc:
+                return web.json_response({"error": f"latency: {exc}"}, status=400)
+            return web.json_response({"ok": True})
+
+        async def clear_latency(_: web.Request) -> web.Response:
+            core.latency = None
+            return web.json_response({"ok": True})
+
         async def records(_: web.Request) -> web.Response:
             return web.json_response(core.summary())
 
@@ -577,6 +600,8 @@ class Emulator(abc.ABC):
         app.router.add_get("/faults", list_faults)
         app.router.add_delete("/faults", clear_faults)
         app.router.add_put("/quota", set_quota)
+        app.router.add_put("/latency", set_latency)
+        app.router.add_delete("/latency", clear_latency)
         app.router.add_get("/records", records)
         app.router.add_post("/reset", reset)
         app.router.add_get("/health", health)

@@ -1,0 +1,105 @@
+"""``python -m benchmarks time_to_sandbox``: how long an app waits for a ready sandbox.
+
+What users wait for is the provider's create. The emulators play back each
+vendor's published create latency (`emulators.latency.PUBLISHED`), each in
+a process of its own, and the router is timed from ``acquire`` until the
+lease holds a sandbox ready for commands:
+
+* ``cold``: no warm pool, every acquire creates.
+* ``warm``: a warm pool sized for the load; the sandboxes are made by one
+  replica and claimed by another, as a fleet runs.
+* ``degraded``: the first entry's creates slowed to 5 s, the second healthy;
+  unhedged, then with ``hedge`` on the first entry.
+
+The two scaling ratios ride along: balanced acquire at 100,000 live leases
+over 10 (`benchmarks.scaling.balanced_ratio`) and a chain of 16 entries, 15
+of them out of quota, over a chain of 1 (``skip15_over_chain1_ratio``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import summary_ms
+from benchmarks.scaling import balanced_ratio, chain_length
+from benchmarks.vendors import emulator_process
+from emulators import sdk_environment
+from emulators.latency import PUBLISHED, LatencyProfile
+from router import Router
+
+VENDOR = "e2b"  # the entry timed cold and warm: the fastest published create but Daytona's
+SLOW = LatencyProfile(5.0, 5.0, "degraded: every create takes 5 s")
+
+
+def _entry(name: str, provider: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "provider": provider, **extra}
+
+
+async def _time_acquires(router: Router, n: int, pause: float = 0.0) -> list[float]:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        lease = await router.aacquire()
+        times.append(time.perf_counter() - start)
+        await lease.release()
+        if pause:
+            await asyncio.sleep(pause)
+    return times
+
+
+def cold(redis_url: str, n: int) -> dict[str, Any]:
+    """Every acquire creates on the vendor's emulator at its published latency."""
+    with emulator_process(VENDOR, PUBLISHED[VENDOR]) as emu, sdk_environment(emu):
+        config = {"state_url": redis_url, "key_prefix": f"tts-cold-{secrets.token_hex(3)}",
+                  "chain": [_entry(VENDOR, VENDOR)]}  # fmt: skip
+
+        async def run() -> list[float]:
+            async with Router.from_config(config, hooks=[]) as router:
+                await _time_acquires(router, 3)
+                return await _time_acquires(router, n)
+
+        return {
+            "provider": VENDOR,
+            "profile": PUBLISHED[VENDOR].source,
+            **summary_ms(asyncio.run(run())),
+        }
+
+
+def skip15(redis_url: str, root: Path, n: int) -> dict[str, Any]:
+    """A chain of 16 with 15 entries out of quota, against a chain of 1 (p50 over p50)."""
+    curve = chain_length(redis_url, root, [1, 16], n)
+    return {
+        "chain1": curve[0],
+        "chain16_skip15": curve[1],
+        "ratio": round(curve[1]["p50_ms"] / curve[0]["p50_ms"], 3),
+    }
+
+
+def time_to_sandbox(redis_url: str, root: Path, quick: bool) -> dict[str, Any]:
+    n = 20 if quick else 100
+    result: dict[str, Any] = {}
+    cold_run = cold(redis_url, n)
+    result["cold"] = cold_run
+    result["cold_p50_ms"] = cold_run["p50_ms"]
+    skip = skip15(redis_url, root / "skip", 30 if quick else 300)
+    result["skip15"] = skip
+    result["skip15_over_chain1_ratio"] = skip["ratio"]
+    balanced = balanced_ratio(
+        redis_url, root / "bal", 10_000 if quick else 100_000, 10, 30 if quick else 300
+    )
+    result["balanced"] = balanced
+    result["balanced_100k_over_10_ratio"] = balanced["ratio"]
+    result["targets"] = {
+        "warm_p50_ms": "<= 5 and <= cold_p50_ms / 20",
+        "degraded_hedged_p99_ms": "<= hedge delay + second entry's cold p99 x 1.2",
+        "balanced_100k_over_10_ratio": "<= 1.2",
+        "skip15_over_chain1_ratio": "<= 1.2",
+    }
+    return result
+
+
+__all__ = ["cold", "skip15", "time_to_sandbox"]

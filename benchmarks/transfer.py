@@ -1,0 +1,125 @@
+"""``python -m benchmarks transfer``: moving a large file and a large tree through the router.
+
+A 1 GiB file and a 20,000-file directory go up into a sandbox and back,
+through the router's lease (``upload_file``/``download_file``,
+``upload_dir``/``download_dir``) and through the vendor SDK called
+directly on the same emulator. Each run is a fresh process, so its peak
+RSS (``ru_maxrss``) is that run's alone, and the emulator serves from a
+process of its own, so its buffers are not counted. Target: the router's
+peak under 100 MB whatever the size, since nothing is held whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import resource
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from emulators import available
+from router import Router
+
+MiB = 1 << 20
+
+
+def make_inputs(root: Path, size: int, files: int) -> tuple[Path, Path]:
+    """A ``size``-byte file (a random MiB repeated) and a tree of ``files`` small files."""
+    root.mkdir(parents=True, exist_ok=True)
+    big = root / "big.bin"
+    block = os.urandom(MiB)
+    with big.open("wb") as out:
+        for _ in range(size // MiB):
+            out.write(block)
+    tree = root / "tree"
+    for i in range(files):
+        leaf = tree / f"d{i // 500:03d}" / f"f{i:05d}.txt"
+        leaf.parent.mkdir(parents=True, exist_ok=True)
+        leaf.write_bytes(b"x" * (i % 2048))
+    return big, tree
+
+
+def _rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+async def _through_router(
+    provider: str, options: dict[str, Any], big: Path, tree: Path, out: Path
+) -> dict[str, float]:
+    config = {
+        "state_url": "memory://",
+        "chain": [{"name": provider, "provider": provider, "options": options}],
+    }
+    timings: dict[str, float] = {}
+    async with Router.from_config(config, hooks=[]) as router, await router.aacquire() as lease:
+        box = lease.sandbox
+        for name, step in (
+            ("upload_file_s", lambda: box.upload_file(big, "big.bin")),
+            ("download_file_s", lambda: box.download_file("big.bin", out / "big.bin")),
+            ("upload_dir_s", lambda: box.upload_dir(tree, "tree")),
+            ("download_dir_s", lambda: box.download_dir("tree", out / "tree")),
+        ):
+            timings[name] = await _timed(step)
+    return timings
+
+
+async def _timed(step: Callable[[], Awaitable[None]]) -> float:
+    start = time.perf_counter()
+    await step()
+    return round(time.perf_counter() - start, 3)
+
+
+def _measure(provider: str, path: str, env: dict[str, str], options: dict[str, Any],
+             big: Path, tree: Path, out: Path, conn: Any) -> None:  # fmt: skip
+    os.environ.update(env)  # a child process of its own: the SDKs read their addresses here
+    baseline = _rss_mb()
+    if path == "router":
+        timings = asyncio.run(_through_router(provider, options, big, tree, out))
+    else:
+        from benchmarks.transfer_direct import DIRECT
+
+        timings = asyncio.run(DIRECT[provider](big, tree, out))
+    conn.send({**timings, "baseline_rss_mb": baseline, "peak_rss_mb": _rss_mb()})
+
+
+def _run(provider: str, path: str, env: dict[str, str], options: dict[str, Any],
+         big: Path, tree: Path, out: Path) -> dict[str, Any]:  # fmt: skip
+    ctx = multiprocessing.get_context("spawn")
+    here, there = ctx.Pipe()
+    child = ctx.Process(target=_measure, args=(provider, path, env, options, big, tree, out, there))
+    child.start()
+    try:
+        got: dict[str, Any] = here.recv() if here.poll(3600) else {"error": "no answer"}
+    except EOFError:
+        got = {"error": f"exit {child.exitcode}"}
+    child.join(60)
+    size = big.stat().st_size / MiB
+    for key in ("upload_file_s", "download_file_s"):
+        if got.get(key):
+            got[key.replace("_s", "_mib_per_s")] = round(size / got[key], 1)
+    return got
+
+
+def transfer(root: Path, quick: bool) -> dict[str, Any]:
+    from benchmarks.transfer_direct import DIRECT
+    from benchmarks.vendors import emulator_process
+
+    size, files = (64 * MiB, 2_000) if quick else (1024 * MiB, 20_000)
+    big, tree = make_inputs(root / "in", size, files)
+    result: dict[str, Any] = {"file_mib": size // MiB, "files": files, "target_peak_rss_mb": 100}
+    local = {"root": str(root / "sandboxes"), "isolation": "none"}
+    result["local"] = {"router": _run("local", "router", {}, local, big, tree, root / "out-local")}
+    for name in available(list(DIRECT)):
+        with emulator_process(name) as emu:
+            env = emu.sdk_env()
+            result[name] = {
+                path: _run(name, path, env, {}, big, tree, root / f"out-{name}-{path}")
+                for path in ("router", "direct")
+            }
+    return result
+
+
+__all__ = ["make_inputs", "transfer"]
