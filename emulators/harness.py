@@ -431,7 +431,7 @@ class Emulator(abc.ABC):
         self.control_port = control_port or free_port()
         self._tmp = None if root else tempfile.TemporaryDirectory(prefix=f"emu-{self.name}-")
         self.core = EmulatorCore(self.name, root or Path(self._tmp.name), isolation=isolation)  # type: ignore[union-attr]
-        self.core.latency = latency
+        self._latency = latency  # set on start: a vendor's emulator may replace its core
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
@@ -491,6 +491,8 @@ class Emulator(abc.ABC):
 
     # -- running ----------------------------------------------------------
     def start(self) -> Emulator:
+        if self._latency is not None:
+            self.core.latency = self._latency
         self._thread = threading.Thread(target=self._run, name=f"emulator-{self.name}", daemon=True)
         self._thread.start()
         self._started.wait(30)

@@ -32,6 +32,11 @@ def test_every_vendor_has_a_published_profile_with_its_source() -> None:
     assert all(profile.source for profile in PUBLISHED.values())
 
 
+def test_a_profile_given_at_construction_holds_for_a_vendor_core() -> None:
+    with E2BEmulator(isolation="none", latency=PUBLISHED["e2b"]) as emu:
+        assert emu.core.latency == PUBLISHED["e2b"]
+
+
 async def test_creates_take_the_profile_set_on_the_control_port() -> None:
     with E2BEmulator(isolation="none") as emu:
         async with httpx.AsyncClient() as client:
