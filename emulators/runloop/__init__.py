@@ -123,7 +123,8 @@ class RunloopEmulator(Emulator):
     Args:
         blueprints: blueprint names and ids a create may use; None accepts any
             (an unknown one answers 404 when a set is given).
-        snapshots: snapshot ids a create may use, likewise.
+        snapshots: snapshot ids a create may use besides the disk snapshots the
+            emulator made, likewise.
         boot_seconds: how long a devbox takes from ``provisioning`` to ``running``.
         **kwargs: `emulators.harness.Emulator` arguments (``port``, ``root``...).
     """

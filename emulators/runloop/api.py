@@ -26,7 +26,8 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   file is never held whole.
 * ``POST .../keep_alive`` resets the idle timer; ``POST .../shutdown``.
 * ``POST .../suspend`` (``suspending`` -> ``suspended``: every execution
-  ends, the disk stays) and ``POST .../resume`` (``resuming`` -> ``running``).
+  ends, the disk stays) and ``POST .../resume`` (``resuming`` -> ``running``;
+  429 when the devbox would break the concurrency cap, as a create would).
 * ``POST .../enable_tunnel`` (``auth_mode`` open or authenticated) gives the
   devbox's one tunnel (a second call answers it again), shown as ``tunnel``
   in the devbox's view; ``POST .../remove_tunnel``. The tunnel is served by
@@ -330,7 +331,7 @@ class DevboxApi:
                 if disk is not None and (disk.api_key != key or disk.status != "complete"):
                     disk = None
                 known = self.emulator.snapshots
-                if disk is None and (known is None or body[source] not in known):
+                if disk is None and known is not None and body[source] not in known:
                     raise ApiError(404, f"Snapshot {body[source]} not found")
             elif (
                 self.emulator.blueprints is not None
@@ -470,6 +471,9 @@ class DevboxApi:
         devbox = self._alive(request)
         if devbox.status != "suspended":
             raise ApiError(400, f"Devbox {devbox.id} cannot be resumed from {devbox.status}")
+        limit = self.core.wake_refused(devbox)
+        if limit is not None:
+            raise ApiError(429, CONCURRENCY_MESSAGE.format(limit=limit))
         devbox.set_status("resuming")
         devbox.boot = asyncio.create_task(self._wake(devbox))
         return web.json_response(devbox.view())

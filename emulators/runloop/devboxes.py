@@ -8,9 +8,10 @@ tunnel.
 
 Suspending a devbox (``suspend``) ends every execution in it, as on Runloop
 (the disk is kept, not the memory), and a suspended devbox does not count
-toward the account's concurrency cap. A disk snapshot (`DiskSnapshot`) is a
-copy of the devbox's directory, kept by the core until it is deleted; a
-devbox created from it starts with that copy as its filesystem.
+toward the account's concurrency cap (waking it is refused at the cap). A
+disk snapshot (`DiskSnapshot`) is a copy of the devbox's directory, kept by
+the core until it is deleted; a devbox created from it starts with that copy
+as its filesystem.
 
 Lifetimes are Runloop's: ``keep_alive_time_seconds`` caps a devbox's life
 (one hour when unset) and ``after_idle`` shuts it down after that many
@@ -332,6 +333,15 @@ class RunloopCore(EmulatorCore):
             and (api_key is None or d.api_key == api_key)
         )
         return super().live_count(api_key) - asleep
+
+    def wake_refused(self, devbox: Devbox) -> int | None:
+        """The concurrency cap waking ``devbox`` would break (it counts again), or None."""
+        with self._lock:
+            quota = self._quota_for(devbox.api_key)
+            if quota is None or quota.max_concurrent is None:
+                return None
+            keyed = devbox.api_key if devbox.api_key in self.quotas else None
+            return quota.max_concurrent if self.live_count(keyed) >= quota.max_concurrent else None
 
     def by_tunnel(self, key: str) -> Devbox | None:
         return next(
