@@ -5,9 +5,10 @@ metadata beside it (``<id>.json``, outside the writable tree so a command
 cannot rewrite its own labels). Commands run with a scrubbed environment,
 resource limits (CPU seconds, address space, file size, processes) and in a
 new session so a timeout kills the whole process group. When ``bwrap`` is on
-PATH the command runs inside bubblewrap: new pid/net/ipc/uts namespaces, the
-system directories read-only and the sandbox directory as the only writable
-home, ``/home/sandbox``. bubblewrap's own ``--new-session`` is left out: the
+PATH the command runs inside bubblewrap: new pid/net/ipc/uts namespaces (the
+host's network instead with the ``network`` option), the system directories
+read-only and the sandbox directory as the only writable home,
+``/home/sandbox``. bubblewrap's own ``--new-session`` is left out: the
 session started here already has no controlling terminal, and bwrap would
 move its pid 1 out of the process group, where a kill that lands during
 bwrap's setup (before its pid 1 sets its parent-death signal) cannot reach
@@ -48,6 +49,17 @@ ends the processes, then removes the tree no process writes into any more.
 Background processes (recorded so that any process can list, follow and
 attach to them) and terminals (PTYs) are in ``providers.local_processes``;
 their processes are the sandbox's like any other, and die with it.
+
+A pause stops every process where it is by the same means the kill finds
+them (the cgroup's freezer, else SIGSTOP to what carries the marker) and
+leaves ``<id>.paused`` beside the metadata, so every process on the host
+lists it paused and may resume it. A snapshot is a copy of the directory in
+``<root>/.snapshots/``. The file calls work on the directory itself, on a
+worker thread, with `LocalSandbox.resolve`'s checks: they need no command,
+so they work on a paused sandbox too. Those checks resolve the path before
+the call uses it, so a command running meanwhile that swaps a directory for
+a symlink between the two can send the call out of the sandbox (as it can
+`read_file` and `write_file`); a paused sandbox runs nothing.
 
 The same machinery backs every emulator in ``emulators/``, so an emulated
 cloud sandbox runs real commands too.
