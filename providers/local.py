@@ -259,7 +259,7 @@ class LocalProvider(Provider):
             raise NotFound(f"no local snapshot {snapshot_id!r}", provider=self.name)
         target = self.root / sandbox_id
         try:
-            copy_tree(source, target)
+            _copy_tree(source, target)
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -953,7 +953,7 @@ class LocalSandbox(Sandbox):
         def copy() -> None:
             store.mkdir(exist_ok=True)
             try:
-                copy_tree(self.dir, partial)
+                _copy_tree(self.dir, partial)
                 os.rename(partial, store / snapshot_id)
             except BaseException:
                 shutil.rmtree(partial, ignore_errors=True)
@@ -1020,7 +1020,7 @@ class LocalSandbox(Sandbox):
         return self.dir.is_dir()
 
 
-def copy_tree(source: Path, target: Path) -> None:
+def _copy_tree(source: Path, target: Path) -> None:
     """Copy a sandbox's tree: symlinks as links, FIFOs, sockets and devices left out
     (a FIFO would block the copy; a socket's server is gone with its process)."""
 
