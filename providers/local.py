@@ -90,7 +90,7 @@ import sys
 import tempfile
 import termios
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Literal
 
@@ -890,10 +890,7 @@ class LocalSandbox(Sandbox):
         """Unpack a tar stream of ``local`` straight into the sandbox's directory."""
         self._check_alive()
         target = self.resolve(path)
-        try:
-            await unpack_dir(pack_dir(local), target)
-        except SandboxError as exc:
-            raise self._error(f"upload_dir {path!r}: {exc.message}") from exc
+        await self._moved("upload_dir", path, unpack_dir(pack_dir(local), target))
 
     async def download_dir(self, path: str, local: Path) -> None:
         """Pack the sandbox's directory as a tar stream and unpack it into ``local``."""
@@ -901,10 +898,16 @@ class LocalSandbox(Sandbox):
         source = self.resolve(path)
         if not await asyncio.to_thread(source.is_dir):
             raise self._error(f"download_dir {path!r}: no such directory")
+        await self._moved("download_dir", path, unpack_dir(pack_dir(source), local))
+
+    async def _moved(self, op: str, path: str, transfer: Awaitable[None]) -> None:
+        """Await a tar transfer; its failure is a SandboxError naming ``path`` and the sandbox."""
         try:
-            await unpack_dir(pack_dir(source), local)
+            await transfer
         except SandboxError as exc:
-            raise self._error(f"download_dir {path!r}: {exc.message}") from exc
+            raise self._error(f"{op} {path!r}: {exc.message}") from exc
+        except OSError as exc:
+            raise self._error(f"{op} {path!r}: {exc.strerror or exc}") from exc
 
     async def expose(self, port: int) -> PortURL:
         """The sandbox shares this host's network: its port is this host's loopback one."""

@@ -631,3 +631,17 @@ async def test_bwrap_network_option_decides_whether_a_server_is_reachable(
                 await _get(port)
     finally:
         await sandbox.kill()
+
+
+async def test_a_directory_transfer_failure_is_a_sandbox_error_naming_the_path(
+    sandbox: LocalSandbox, tmp_path: Path
+) -> None:
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "f").write_text("x")
+    await sandbox.write_file("taken", b"a file, not a directory")
+    with pytest.raises(SandboxError, match="upload_dir 'taken'") as failed:
+        await sandbox.upload_dir(tmp_path / "up", "taken")
+    assert failed.value.sandbox_id == sandbox.id
+    (tmp_path / "down").write_text("a local file")
+    with pytest.raises(SandboxError, match=r"download_dir '\.'"):
+        await sandbox.download_dir(".", tmp_path / "down")
