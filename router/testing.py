@@ -87,15 +87,15 @@ class ScriptedProvider(Provider):
     ) -> None:
         super().__init__(name)
         self.script: list[Step] = list(script)
-        self.capabilities = frozenset(
-            LocalProvider.capabilities if capabilities is None else capabilities
-        )
         self._unconfigured = unconfigured
         self._kill_gate = kill_gate
         self._own_root = None
         if root is None:
             root = self._own_root = Path(tempfile.mkdtemp(prefix="sandbox-router-scripted-"))
         self.local = LocalProvider(name, LocalOptions(root=root / name))
+        self.capabilities = frozenset(
+            self.local.capabilities if capabilities is None else capabilities
+        )
         self.creates = 0
         self.created: list[str] = []
 
@@ -127,6 +127,12 @@ class ScriptedProvider(Provider):
 
     async def kill(self, sandbox_id: str) -> bool:
         return await self.local.kill(sandbox_id)
+
+    async def resume(self, sandbox_id: str, *, timeout: float) -> Sandbox:
+        return self._gated(await self.local.resume(sandbox_id, timeout=timeout))
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await self.local.delete_snapshot(snapshot_id)
 
     async def aclose(self) -> None:
         """Remove the temporary root it made (a given ``root`` is left alone)."""
