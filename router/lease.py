@@ -26,7 +26,8 @@ from providers.processes import (
     Terminal,
     deliver,
 )
-from router.portal import OnEngine, Portal, blocking, iterate, on_caller_loop, relay
+from router.files import AsyncFiles, SyncFiles
+from router.portal import blocking, iterate, on_caller_loop, relay
 from router.processes import AsyncProcess, AsyncTerminal, SyncProcess, SyncTerminal
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class Held:
     committing: asyncio.Task[None] | None = None
 
 
-class AsyncSandboxHandle(OnEngine):
+class AsyncSandboxHandle(AsyncFiles):
     """The sandbox handle for async code: each call is awaited on the router's loop.
 
     This is where a method of the sandbox API is written; `SyncSandbox`
@@ -219,7 +220,7 @@ def _check_run(cmd: str | Sequence[str], env: Mapping[str, str] | None, cwd: str
         raise InvalidArgument("run(cwd=...): contains a NUL byte")
 
 
-class SyncSandbox(Portal["AsyncSandboxHandle"]):
+class SyncSandbox(SyncFiles["AsyncSandboxHandle"]):
     """The sandbox handle for sync code: `AsyncSandboxHandle`'s methods, waited for.
 
     Callbacks (``on_stdout``...) run on the router's thread.
@@ -297,11 +298,16 @@ class SyncSandbox(Portal["AsyncSandboxHandle"]):
 
 class _LeaseBase:
     def __init__(
-        self, held: Held, engine: Engine, release: Callable[[Held], Coroutine[Any, Any, None]]
+        self,
+        held: Held,
+        engine: Engine,
+        release: Callable[[Held], Coroutine[Any, Any, None]],
+        pause: Callable[[Held], Coroutine[Any, Any, str]],
     ) -> None:
         self._held = held
         self._engine = engine
         self._release_fn = release
+        self._pause_fn = pause
 
     @property
     def id(self) -> str:
@@ -363,6 +369,15 @@ class Lease(_LeaseBase):
         """Kill the sandbox, meter its time, free the slot (idempotent)."""
         self._engine.run(self._release_fn(self._held))
 
+    def pause(self) -> str:
+        """Pause the sandbox and end the lease without killing it; a token for `Router.resume`.
+
+        The seconds are metered up to here and the slot is freed. The token is a
+        secret (it wakes the sandbox from any replica) valid for ``pause_ttl``.
+        Raises `Unsupported` (the lease stays live) where the entry cannot pause.
+        """
+        return self._engine.run(self._pause_fn(self._held))
+
     def __enter__(self) -> Lease:
         return self
 
@@ -385,6 +400,10 @@ class AsyncLease(_LeaseBase):
     async def release(self) -> None:
         """Kill the sandbox, meter its time, free the slot (idempotent)."""
         await self._engine.arun(self._release_fn(self._held))
+
+    async def pause(self) -> str:
+        """`Lease.pause`, awaited."""
+        return await self._engine.arun(self._pause_fn(self._held))
 
     async def __aenter__(self) -> AsyncLease:
         return self

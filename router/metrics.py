@@ -55,12 +55,12 @@ from router.events import (
     LateCreate,
     LeaseLost,
     OutageHandedOver,
-    QuotaChanged,
     Paused,
+    QuotaChanged,
     Reaped,
-    Resumed,
     Refund,
     Released,
+    Resumed,
     RouterEvent,
     SessionClosed,
     SessionLost,
@@ -173,7 +173,9 @@ class RouterMetrics:
             "orphans_reaped", "Orphaned sandboxes killed by the janitor, by entry.", ("entry",)
         )
         self.paused = counter(
-            "sandboxes_paused", "Sandboxes paused at a lease's end (their bill stops), by entry.", ("entry",)
+            "sandboxes_paused",
+            "Sandboxes paused at a lease's end (their bill stops), by entry.",
+            ("entry",),
         )
         self.resumed = counter(
             "sandboxes_resumed", "Paused sandboxes woken under a new lease, by entry.", ("entry",)

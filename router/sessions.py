@@ -60,9 +60,14 @@ class Sessions:
             return None
         started = self._ctx.clock()
         try:
-            sandbox = await asyncio.wait_for(
-                entry.provider.connect(binding.sandbox_id), booking.budget
+            # A paused session's sandbox is woken; resuming a running one is no error, so
+            # the binding need not say which it is.
+            wake = (
+                entry.provider.resume(binding.sandbox_id, timeout=booking.budget)
+                if self._upkeep.session_pauses(entry)
+                else entry.provider.connect(binding.sandbox_id)
             )
+            sandbox = await asyncio.wait_for(wake, booking.budget)
         except Exception as exc:
             await self._ledger.settle_failure(booking, exc, 1, started)
             self._lose(
