@@ -341,7 +341,8 @@ class _LeaseBase:
 
     @property
     def resumed(self) -> bool:
-        """True when a sticky session got its existing sandbox back."""
+        """True when a sticky session got its existing sandbox back, or a pause token its
+        paused one (`Router.resume`)."""
         return self._held.resumed
 
     @property
@@ -370,12 +371,9 @@ class Lease(_LeaseBase):
         self._engine.run(self._release_fn(self._held))
 
     def pause(self) -> str:
-        """Pause the sandbox and end the lease without killing it; a token for `Router.resume`.
-
-        The seconds are metered up to here and the slot is freed. The token is a
-        secret (it wakes the sandbox from any replica) valid for ``pause_ttl``.
-        Raises `Unsupported` (the lease stays live) where the entry cannot pause.
-        """
+        """End the lease with its sandbox paused, not killed (metered so far, slot freed);
+        the secret token `Router.resume` wakes it with, from any replica, for ``pause_ttl``.
+        `Unsupported` (the lease stays live) where the entry cannot pause."""
         return self._engine.run(self._pause_fn(self._held))
 
     def __enter__(self) -> Lease:

@@ -45,6 +45,9 @@ class Pauses:
     async def pause(self, held: Held) -> str:
         """Pause the lease's sandbox, end the lease without killing it; the resume token.
 
+        A sticky session's lease leaves its session: the sandbox is the token's,
+        and the session's next acquire creates a new one.
+
         Raises:
             Unsupported: the entry does not declare ``pause`` (the lease stays live).
             LeaseError: the lease was already released.
@@ -65,6 +68,8 @@ class Pauses:
         except BaseException:
             await asyncio.shield(self._ledger.store.unbind_session(_KEY + token))
             raise
+        if held.session is not None:  # the sandbox is the token's now, not the session's
+            await self._ledger.store.unbind_session(held.session)
         await self._upkeep.release(held, kill=False)
         self._ctx.emit(Paused(held.entry, held.lease_id, held.sandbox.id, held.session or ""))
         return token

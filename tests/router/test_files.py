@@ -11,7 +11,7 @@ import pytest
 
 from providers.base import SandboxSpec
 from providers.capabilities import Capability
-from providers.errors import InvalidArgument, SandboxError, Unsupported
+from providers.errors import InvalidArgument, NoProviderAvailable, SandboxError, Unsupported
 from router import Router
 from router.testing import ScriptedProvider
 
@@ -117,8 +117,7 @@ def test_a_capability_the_entry_lacks_is_refused_by_name(tmp_path: Path) -> None
     provider = ScriptedProvider("plain", tmp_path, capabilities={"run_code"})
     config = {"state_url": "memory://", "chain": [{"name": "plain", "provider": "local"}]}
     with Router.from_config(config, providers={"plain": provider}, hooks=[]) as router:
-        with router.acquire() as lease:
-            with pytest.raises(Unsupported, match="port"):
-                lease.sandbox.expose(8080)
-        with pytest.raises(Exception, match=Capability.PAUSE.value):
+        with router.acquire() as lease, pytest.raises(Unsupported, match="port"):
+            lease.sandbox.expose(8080)
+        with pytest.raises(NoProviderAvailable, match=Capability.PAUSE.value):
             router.acquire(requires=(Capability.PAUSE,))

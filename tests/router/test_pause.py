@@ -186,5 +186,20 @@ def test_a_session_that_cannot_pause_stays_running(make_router, scripted, why: s
         pass
     assert (flaky.alive(), flaky.paused()) == ([first.sandbox_id], [])
     with router.acquire(session="s") as second:
-        assert second.resumed and second.sandbox_id == first.sandbox_id
+        assert second.resumed
+        assert second.sandbox_id == first.sandbox_id
     router.close_session("s")
+
+
+def test_pausing_a_session_lease_hands_its_sandbox_to_the_token(make_router, scripted) -> None:
+    flaky = scripted()
+    router = make_router(providers={"flaky": flaky}, chain=only())
+    lease = router.acquire(session="conv-2")
+    token = lease.pause()
+    with router.acquire(session="conv-2") as fresh:
+        assert not fresh.resumed
+        assert fresh.sandbox_id != lease.sandbox_id
+    with router.resume(token) as back:
+        assert back.sandbox_id == lease.sandbox_id
+    router.close_session("conv-2")
+    assert flaky.alive() == []
