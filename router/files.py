@@ -12,6 +12,7 @@ file) one at a time on a worker thread.
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from os import PathLike
 from pathlib import Path
@@ -186,7 +187,7 @@ class SyncFiles(Portal[F]):
     def write_stream(self, path: str, chunks: Iterable[bytes] | IO[bytes]) -> None:
         """Write a file from an iterable of bytes or a binary file, never read whole."""
         source: object = chunks
-        if isinstance(source, bytes | bytearray | str) or not (
+        if isinstance(source, bytes | bytearray | str | io.TextIOBase) or not (
             hasattr(source, "read") or isinstance(source, Iterable)
         ):
             raise InvalidArgument("write_stream(chunks): not an iterable of bytes or a binary file")

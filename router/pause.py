@@ -22,7 +22,13 @@ import asyncio
 import secrets
 
 from providers.capabilities import Capability
-from providers.errors import LeaseError, NoProviderAvailable, NotFound, Unsupported
+from providers.errors import (
+    LeaseError,
+    NoProviderAvailable,
+    NotFound,
+    StateUnavailable,
+    Unsupported,
+)
 from router.context import Context
 from router.events import Paused, Resumed
 from router.lease import Held
@@ -115,7 +121,10 @@ class Pauses:
             if isinstance(exc, NotFound):
                 await self._ledger.store.unbind_session(key)
             raise
-        await self._ledger.store.unbind_session(key)
+        try:
+            await self._ledger.store.unbind_session(key)
+        except StateUnavailable as exc:  # the sandbox runs: the lease is the caller's anyway
+            self._ledger.report("session", exc)
         held = booking.held(entry.provider.kind, sandbox, self._ctx.clock(), 1, resumed=True)
         self._upkeep.start(held, booking)
         self._ctx.emit(Resumed(name, held.lease_id, sandbox.id))

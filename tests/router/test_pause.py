@@ -203,3 +203,20 @@ def test_pausing_a_session_lease_hands_its_sandbox_to_the_token(make_router, scr
         assert back.sandbox_id == lease.sandbox_id
     router.close_session("conv-2")
     assert flaky.alive() == []
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_pause_resume_and_reap_on_the_other_stores(
+    make_router, scripted, tmp_path, clock: Clock, store: str
+) -> None:
+    url = f"sqlite:///{tmp_path}/s.db" if store == "sqlite" else "memory://"
+    flaky = scripted()
+    router = make_router(providers={"flaky": flaky}, chain=only(), state_url=url, pause_ttl=60)
+    with router.resume(router.acquire().pause()) as back:
+        back.sandbox.write_file("a", "1")
+        token = back.pause()
+    assert router.reap().killed == []
+    clock.advance(61)
+    assert router.reap().killed == [("flaky", back.sandbox_id)]
+    with pytest.raises(LeaseError):
+        router.resume(token)
