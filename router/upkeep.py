@@ -159,12 +159,15 @@ class Upkeep:
         entry = self._ctx.entries[held.entry]
         idle = self._ctx.config.session_idle_ttl
         if held.session is not None and idle > 0:
+            # Bound as paused before the pause: should the pause fail, a resume of a
+            # running sandbox is no error.
+            pausing = self._ctx.config.session_pause and Capability.PAUSE in entry.capabilities
             try:
-                await self._ledger.bind(held, idle)
+                await self._ledger.bind(held, idle, paused=pausing)
             except StateUnavailable:
                 await self.kill(entry, held.sandbox)
                 return
-            if self.session_pauses(entry):
+            if pausing:
                 with contextlib.suppress(ProviderError):
                     await held.sandbox.pause()
                     self._ctx.emit(Paused(entry.name, held.lease_id, held.sandbox.id, held.session))
@@ -173,10 +176,6 @@ class Upkeep:
                 await held.sandbox.keepalive(idle)
         else:
             await self.kill(entry, held.sandbox)
-
-    def session_pauses(self, entry: Entry) -> bool:
-        """Whether a released session's sandbox on ``entry`` is paused through its idle TTL."""
-        return self._ctx.config.session_pause and Capability.PAUSE in entry.capabilities
 
     async def _free_slot(self, held: Held) -> None:
         booking = await self._booking(held)

@@ -169,6 +169,7 @@ def test_a_released_session_is_paused_and_resumed_on_its_next_acquire(
         assert second.sandbox.read_file("state.txt") == b"step 1"
         assert flaky.paused() == []
         assert b.status().entries[0].used["sessions"] == 1
+    assert [e["session"] for e in fired(events, "resumed")] == ["conv-1"]
     assert flaky.paused() == [first.sandbox_id]
     assert a.close_session("conv-1")
     assert flaky.alive() == []
