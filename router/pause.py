@@ -35,9 +35,9 @@ from router.lease import Held
 from router.ledger import RESERVE_GRACE, Denied, Ledger
 from router.upkeep import Upkeep
 
-__all__ = ["Pauses"]
+__all__ = ["PAUSE_KEY", "Pauses"]
 
-_KEY = "pause:"
+PAUSE_KEY = "pause:"  # session bindings under it are pause tokens'; no session key starts so
 
 
 class Pauses:
@@ -67,12 +67,12 @@ class Pauses:
         now = self._ctx.clock()
         # Bound first: a sandbox paused with no record of it could be neither resumed nor kept.
         await self._ledger.store.bind_session(
-            _KEY + token, held.entry, held.sandbox.id, now + self._ctx.config.pause_ttl, now
+            PAUSE_KEY + token, held.entry, held.sandbox.id, now + self._ctx.config.pause_ttl, now
         )
         try:
             await held.sandbox.pause()
         except BaseException:
-            await asyncio.shield(self._ledger.store.unbind_session(_KEY + token))
+            await asyncio.shield(self._ledger.store.unbind_session(PAUSE_KEY + token))
             raise
         if held.session is not None:  # the sandbox is the token's now, not the session's
             await self._ledger.store.unbind_session(held.session)
@@ -90,7 +90,7 @@ class Pauses:
                 the token stays valid.
             NotFound: the sandbox is gone at the provider (the token is dropped).
         """
-        key, now = _KEY + token, self._ctx.clock()
+        key, now = PAUSE_KEY + token, self._ctx.clock()
         binding = await self._ledger.store.session(key, now)
         if binding is None:
             raise LeaseError("no paused sandbox for this token (unknown, expired or resumed)")

@@ -221,3 +221,10 @@ def test_pause_resume_and_reap_on_the_other_stores(
     assert router.reap().killed == [("flaky", back.sandbox_id)]
     with pytest.raises(LeaseError):
         router.resume(token)
+
+
+def test_a_session_key_cannot_reach_into_the_pause_tokens(make_router, scripted) -> None:
+    router = make_router(providers={"flaky": scripted()}, chain=only())
+    token = router.acquire().pause()
+    with pytest.raises(InvalidArgument, match="pause"):
+        router.acquire(session="pause:" + token)
