@@ -143,6 +143,10 @@ class ScriptedProvider(Provider):
         """The ids of the sandboxes it created that are not killed yet."""
         return [s for s in self.created if (self.local.root / s).exists()]
 
+    def paused(self) -> builtins.list[str]:
+        """The ids of the sandboxes it created that are paused."""
+        return [s for s in self.alive() if (self.local.root / f"{s}.paused").exists()]
+
     def _gated(self, sandbox: LocalSandbox) -> Sandbox:
         if self._kill_gate is None:
             return sandbox
