@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from providers.base import Provider, SandboxSpec
+from providers.errors import InvalidArgument
 from router import config as config_mod
 from router.acquire import Acquirer, check_acquire
 from router.config import RouterConfig
@@ -30,6 +32,7 @@ from router.events import Hook, QuotaChanged, emit, log_hook
 from router.janitor import Janitor, ReapReport
 from router.lease import AsyncLease, Lease
 from router.ledger import Ledger
+from router.pause import Pauses
 from router.sessions import Sessions
 from router.state import StateStore, open_store
 from router.status import EntryView, RouterStatus, read_status
@@ -68,6 +71,7 @@ class Router:
         self._sessions = Sessions(self._ledger, self._upkeep, ctx)
         self._acquirer = Acquirer(self._ledger, self._upkeep, self._sessions, ctx, sleep)
         self._janitor = Janitor(store, ctx)
+        self._pauses = Pauses(self._ledger, self._upkeep, ctx)
 
     # -- construction ----------------------------------------------------------
     @classmethod
@@ -131,7 +135,7 @@ class Router:
         """
         requires = check_acquire(spec, requires, labels, session, timeout)
         held = self._engine.run(self._acquirer.acquire(spec, requires, labels, session, timeout))
-        return Lease(held, self._engine, self._upkeep.release)
+        return Lease(held, self._engine, self._upkeep.release, self._pauses.pause)
 
     async def aacquire(
         self,
@@ -145,7 +149,31 @@ class Router:
         """The async twin of `acquire` (same logic, same arguments)."""
         requires = check_acquire(spec, requires, labels, session, timeout)
         work = self._acquirer.acquire(spec, requires, labels, session, timeout)
-        return AsyncLease(await self._engine.arun(work), self._engine, self._upkeep.release)
+        held = await self._engine.arun(work)
+        return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause)
+
+    def resume(self, token: str, *, timeout: float | None = None) -> Lease:
+        """A live lease on the sandbox `Lease.pause` paused, from any replica.
+
+        A slot-only reservation on the sandbox's entry: it takes a concurrency
+        slot but no session unit. Releasing the lease kills the sandbox.
+
+        Raises:
+            LeaseError: no paused sandbox for this token (unknown, expired or
+                resumed already).
+            NoProviderAvailable: the entry cannot take it now (concurrency full,
+                breaker open); the token and the paused sandbox stay.
+            NotFound: the sandbox is gone at the provider (the token is dropped).
+        """
+        timeout = _check_resume(token, timeout, self.config.acquire_timeout)
+        held = self._engine.run(self._pauses.resume(token, timeout))
+        return Lease(held, self._engine, self._upkeep.release, self._pauses.pause)
+
+    async def aresume(self, token: str, *, timeout: float | None = None) -> AsyncLease:
+        """The async twin of `resume`."""
+        timeout = _check_resume(token, timeout, self.config.acquire_timeout)
+        held = await self._engine.arun(self._pauses.resume(token, timeout))
+        return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause)
 
     def status(self) -> RouterStatus:
         """Per entry: configured, breaker state, quota used/limit, reset, live leases."""
@@ -231,3 +259,17 @@ class Router:
             with contextlib.suppress(Exception):
                 await entry.provider.aclose()
         await self._ledger.close()
+
+
+def _check_resume(token: object, timeout: float | None, default: float) -> float:
+    if not isinstance(token, str) or not token or not token.isascii() or not token.isprintable():
+        raise InvalidArgument("resume(token): not a pause token")
+    if timeout is None:
+        return default
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout < math.inf
+    ):
+        raise InvalidArgument(f"resume(timeout): {timeout!r} is not a positive number of seconds")
+    return float(timeout)
