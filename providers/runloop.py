@@ -129,6 +129,9 @@ _QUOTA_WORDS = ("quota", "limit", "usage", "credit", "billing", "plan")
 _CONCURRENCY_WORDS = ("concurrent", "at once")
 _KILL_TIMEOUT = 10.0
 _PAUSE_TIMEOUT = 120.0
+# The SDK's own timeout for file transfers; httpx applies it to each read and write of the
+# stream (and to the answer after the last chunk), not to the whole transfer.
+_TRANSFER_TIMEOUT = 600.0
 _SNAPSHOT_TIMEOUT = 600.0
 _RESUME_PAUSE = 0.2
 
@@ -553,7 +556,7 @@ class RunloopSandbox(ShellFiles, Sandbox):
     async def read_stream(self, path: str) -> AsyncIterator[bytes]:
         with self._errors():
             async with self._api.devboxes.with_streaming_response.download_file(
-                self.id, path=path
+                self.id, path=path, timeout=_TRANSFER_TIMEOUT
             ) as response:
                 async for chunk in response.iter_bytes(CHUNK):
                     yield chunk
@@ -568,7 +571,7 @@ class RunloopSandbox(ShellFiles, Sandbox):
                 content=_multipart(boundary, path, chunks),
                 options={
                     "headers": {"Content-Type": f"{_MULTIPART}; boundary={boundary}"},
-                    "timeout": None,
+                    "timeout": _TRANSFER_TIMEOUT,
                 },
             )
 
