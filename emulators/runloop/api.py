@@ -512,18 +512,19 @@ class DevboxApi:
             raise ApiError(400, f"Devbox {devbox.id} cannot be snapshotted while {devbox.status}")
         body = await self.body(request)
         name, message = body.get("name"), body.get("commit_message")
+        snapshot_id = new_id("snp")
         snap = DiskSnapshot(
-            id=new_id("snp"),
+            id=snapshot_id,
             api_key=devbox.api_key,
             source_devbox_id=devbox.id,
-            path=self.core.snapshot_root / devbox.id / new_id("disk"),
+            path=self.core.snapshot_root / snapshot_id,
             name=name if isinstance(name, str) else None,
             metadata=_string_map(body.get("metadata"), "metadata"),
             commit_message=message if isinstance(message, str) else None,
             source_blueprint_id=devbox.source.get("blueprint_id"),
         )
         self.core.snapshots[snap.id] = snap
-        asyncio.create_task(self.core.snapshot(snap, devbox))  # noqa: RUF006 - snap.done holds it
+        snap.copy = asyncio.create_task(self.core.snapshot(snap, devbox))
         return snap
 
     async def snapshot_disk(self, request: web.Request) -> web.Response:

@@ -195,6 +195,7 @@ class DiskSnapshot:
     size_bytes: int | None = None
     created_ms: int = field(default_factory=now_ms)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    copy: asyncio.Task[None] | None = None
 
     def view(self) -> dict[str, Any]:
         """``DevboxSnapshotView``."""
@@ -321,7 +322,7 @@ class RunloopCore(EmulatorCore):
         self.devboxes: dict[str, Devbox] = {}
         self.created_by_request: dict[tuple[str, str], str] = {}
         self.snapshots: dict[str, DiskSnapshot] = {}
-        self.snapshot_root = root / "disk-snapshots"
+        self.snapshot_root = root / ".disk-snapshots"
 
     def live_count(self, api_key: str | None) -> int:
         """Live devboxes but the suspended ones: Runloop's cap counts running devboxes."""
