@@ -3,8 +3,8 @@
 Each concern lives in a module of its own (see docs/design.md's map):
 ``acquire`` (the chain walk with retries and failover), ``ledger`` (the
 state store and its fail-open fallback), ``upkeep`` (commits, heartbeats,
-releases, background tasks), ``sessions`` (sticky sessions), ``pause`` (pause tokens), ``janitor``
-(orphan reaping) and ``status``. The facade builds them, and gives each
+releases, background tasks), ``sessions`` (sticky sessions), ``pause``
+(pause tokens), ``janitor`` (orphan reaping) and ``status``. The facade builds them, and gives each
 async operation its sync twin: ``acquire`` runs the one async
 implementation on the router's engine loop and waits, ``aacquire`` awaits
 it there (see ``router.engine``).
