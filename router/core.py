@@ -3,8 +3,8 @@
 Each concern lives in a module of its own (see docs/design.md's map):
 ``acquire`` (the chain walk with retries and failover), ``ledger`` (the
 state store and its fail-open fallback), ``upkeep`` (commits, heartbeats,
-releases, background tasks), ``sessions`` (sticky sessions), ``janitor``
-(orphan reaping) and ``status``. The facade builds them, and gives each
+releases, background tasks), ``sessions`` (sticky sessions), ``pause``
+(pause tokens), ``janitor`` (orphan reaping) and ``status``. The facade builds them, and gives each
 async operation its sync twin: ``acquire`` runs the one async
 implementation on the router's engine loop and waits, ``aacquire`` awaits
 it there (see ``router.engine``).
@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from providers.base import Provider, SandboxSpec
+from providers.base import Provider, SandboxSpec, Snapshot
 from providers.errors import InvalidArgument
 from router import config as config_mod
 from router.acquire import Acquirer, check_acquire
@@ -175,6 +175,13 @@ class Router:
         held = await self._engine.arun(self._pauses.resume(token, timeout))
         return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause)
 
+    def delete_snapshot(self, snapshot: Snapshot) -> bool:
+        """Delete a snapshot `sandbox.snapshot()` made, on its entry; False when it was gone."""
+        return self._engine.run(self._delete_snapshot(snapshot))
+
+    async def adelete_snapshot(self, snapshot: Snapshot) -> bool:
+        return await self._engine.arun(self._delete_snapshot(snapshot))
+
     def status(self) -> RouterStatus:
         """Per entry: configured, breaker state, quota used/limit, reset, live leases."""
         return self._engine.run(self._status())
@@ -252,6 +259,12 @@ class Router:
             raise ValueError(f"no pool {pool!r} in this config (pools: {', '.join(pools)})")
         await self._ledger.store.set_usage(refs[0], unit, value, self._clock())
         emit(self._hooks, QuotaChanged(pool=pool, unit=unit, value=value))
+
+    async def _delete_snapshot(self, snapshot: Snapshot) -> bool:
+        entry = self._entries.get(snapshot.entry)
+        if entry is None:
+            raise InvalidArgument(f"delete_snapshot: entry {snapshot.entry!r} is not in the chain")
+        return await entry.provider.delete_snapshot(snapshot.id)
 
     async def _aclose(self) -> None:
         await self._upkeep.close()

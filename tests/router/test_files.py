@@ -111,6 +111,8 @@ def test_snapshot_is_a_template_on_the_same_entry(router: Router) -> None:
     assert (snap.entry, snap.name) == ("files", "base")
     with router.acquire(SandboxSpec(template=snap.id)) as child:
         assert child.sandbox.read_file("kept.txt") == b"from the snapshot"
+    assert router.delete_snapshot(snap) is True
+    assert router.delete_snapshot(snap) is False
 
 
 def test_a_capability_the_entry_lacks_is_refused_by_name(tmp_path: Path) -> None:
