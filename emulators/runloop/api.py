@@ -28,10 +28,11 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
 * ``POST .../suspend`` (``suspending`` -> ``suspended``: every execution
   ends, the disk stays) and ``POST .../resume`` (``resuming`` -> ``running``;
   429 when the devbox would break the concurrency cap, as a create would).
-* ``POST .../enable_tunnel`` (``auth_mode`` open or authenticated) gives the
-  devbox's one tunnel (a second call answers it again), shown as ``tunnel``
-  in the devbox's view; ``POST .../remove_tunnel``. The tunnel is served by
-  the emulator's ingress (`emulators.runloop.RunloopEmulator`).
+* ``POST .../enable_tunnel`` (``auth_mode`` open or authenticated; or a
+  create's ``tunnel``) gives the devbox's one tunnel (a second call answers
+  it again), shown as ``tunnel`` in the devbox's view; ``POST
+  .../remove_tunnel``. The tunnel is served by the emulator's ingress
+  (`emulators.runloop.RunloopEmulator`).
 * ``POST .../snapshot_disk`` (answers once the copy is done) and
   ``.../snapshot_disk_async`` (answers at once) keep the devbox's disk as
   ``snp_...``; ``GET /v1/devboxes/disk_snapshots`` lists them,
@@ -203,6 +204,22 @@ def _launch_parameters(raw: Any) -> tuple[dict[str, Any], int, int | None]:
     return params, keep_alive, idle
 
 
+def _tunnel(config: Any) -> Tunnel:
+    """A new tunnel from ``enable_tunnel``'s body or a create's ``tunnel`` (open by default)."""
+    if not isinstance(config, dict):
+        raise ApiError(400, "tunnel must be an object")
+    mode = config.get("auth_mode") or "open"
+    if mode not in ("open", "authenticated"):
+        raise ApiError(400, "auth_mode must be one of ['authenticated', 'open']")
+    return Tunnel(
+        key=secrets.token_hex(12),
+        auth_mode=mode,
+        auth_token=secrets.token_urlsafe(24) if mode == "authenticated" else None,
+        http_keep_alive=config.get("http_keep_alive") is not False,
+        wake_on_http=bool(config.get("wake_on_http")),
+    )
+
+
 class DevboxApi:
     """The handlers, over the emulator's core."""
 
@@ -339,6 +356,7 @@ class DevboxApi:
             ):
                 raise ApiError(404, f"Blueprint {body[source]} not found")
         params, keep_alive, idle = _launch_parameters(body.get("launch_parameters"))
+        tunnel = _tunnel(body["tunnel"]) if body.get("tunnel") is not None else None
         metadata = _string_map(body.get("metadata"), "metadata")
         env = _string_map(body.get("environment_variables"), "environment_variables")
         name = body.get("name")
@@ -363,6 +381,7 @@ class DevboxApi:
             idle_seconds=idle,
             source={s: body[s] for s in sources},
             name=name if isinstance(name, str) else None,
+            tunnel=tunnel,
         )
         self.core.add(devbox)
         if request_id:
@@ -488,16 +507,7 @@ class DevboxApi:
         devbox = self._alive(request)
         body = await self.body(request)
         if devbox.tunnel is None:
-            mode = body.get("auth_mode") or "open"
-            if mode not in ("open", "authenticated"):
-                raise ApiError(400, "auth_mode must be one of ['authenticated', 'open']")
-            devbox.tunnel = Tunnel(
-                key=secrets.token_hex(12),
-                auth_mode=mode,
-                auth_token=secrets.token_urlsafe(24) if mode == "authenticated" else None,
-                http_keep_alive=body.get("http_keep_alive") is not False,
-                wake_on_http=bool(body.get("wake_on_http")),
-            )
+            devbox.tunnel = _tunnel(body)
         return web.json_response(devbox.tunnel.view())
 
     async def remove_tunnel(self, request: web.Request) -> web.Response:

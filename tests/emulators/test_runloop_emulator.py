@@ -482,3 +482,6 @@ async def test_tunnel_reaches_a_server_with_its_token(
         assert (await web.get(edge, headers=host)).status_code == 401
         await client.devboxes.suspend(box.id)
         assert (await web.get(edge, headers={**host, **auth})).status_code == 503
+    opened = await client.devboxes.create(tunnel={"auth_mode": "open"})
+    assert opened.tunnel is not None
+    assert (opened.tunnel.auth_mode, opened.tunnel.auth_token) == ("open", None)
