@@ -8,8 +8,10 @@ directory, the sandbox's root: its own directories (the home, ``/root``,
 (``/usr``, ``/etc``, ...) are the host's, read-only.
 
 With bubblewrap each command runs with that directory as ``/`` (the system
-directories bound read-only over it, no network), so paths are the vendor's
-exactly. Without it commands run on the host, and the emulator makes them
+directories bound read-only over it), so paths are the vendor's exactly. It
+shares the host's network, as a vendor's sandbox has network: a server it
+starts on a port is reachable on 127.0.0.1, where the emulator's port ingress
+forwards to. Without it commands run on the host, and the emulator makes them
 look the same as far as text allows: vendor paths of the sandbox's own
 directories in a command (and in its environment) are rewritten onto the
 sandbox's host directory, the command starts in the host directory of its
@@ -205,7 +207,8 @@ class GuestSandbox(LocalSandbox):
         return process
 
     def _bwrap(self, cwd: str) -> list[str]:
-        cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--bind", str(self.root), "/"]
+        cmd = ["bwrap", "--unshare-all", "--share-net", "--die-with-parent"]
+        cmd += ["--bind", str(self.root), "/"]
         for system in self.system_dirs:
             cmd += ["--ro-bind", system, system]
         cmd += ["--proc", "/proc", "--dev", "/dev", "--chdir", cwd, "--hostname", "sandbox"]

@@ -55,10 +55,12 @@ from router.events import (
     LateCreate,
     LeaseLost,
     OutageHandedOver,
+    Paused,
     QuotaChanged,
     Reaped,
     Refund,
     Released,
+    Resumed,
     RouterEvent,
     SessionClosed,
     SessionLost,
@@ -170,6 +172,14 @@ class RouterMetrics:
         self.reaped = counter(
             "orphans_reaped", "Orphaned sandboxes killed by the janitor, by entry.", ("entry",)
         )
+        self.paused = counter(
+            "sandboxes_paused",
+            "Sandboxes paused at a lease's end (their bill stops), by entry.",
+            ("entry",),
+        )
+        self.resumed = counter(
+            "sandboxes_resumed", "Paused sandboxes woken under a new lease, by entry.", ("entry",)
+        )
         self.quota_changes = counter(
             "quota_adjustments",
             "Operator overwrites of a pool's usage (sandbox-router quota set/reset).",
@@ -238,6 +248,10 @@ class RouterMetrics:
                 self.kill_failures.labels(entry).inc()
             case SessionLost(entry=entry):
                 self.sessions_lost.labels(entry).inc()
+            case Paused(entry=entry):
+                self.paused.labels(entry).inc()
+            case Resumed(entry=entry):
+                self.resumed.labels(entry).inc()
             case Reaped(entry=entry):
                 self.reaped.labels(entry).inc()
             case QuotaChanged(pool=pool, unit=unit):

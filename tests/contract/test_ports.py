@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import pytest
 
 from emulators.harness import free_port
@@ -32,9 +33,14 @@ async def test_port_url_reaches_a_server_in_the_sandbox(backend: Backend) -> Non
         assert all(value not in repr(exposed) for value in exposed.headers.values())
         deadline = time.monotonic() + 15
         while True:
-            answer = await backend.fetch(exposed, "/hello.txt")
-            if answer.status_code == 200 or time.monotonic() > deadline:
-                break
+            try:
+                answer = await backend.fetch(exposed, "/hello.txt")
+            except httpx.ConnectError:  # a loopback URL refuses until the server listens
+                if time.monotonic() > deadline:
+                    raise
+            else:
+                if answer.status_code == 200 or time.monotonic() > deadline:
+                    break
             await asyncio.sleep(0.2)
         assert (answer.status_code, answer.text) == (200, "hello from the sandbox\n")
         await server.kill()
