@@ -116,9 +116,7 @@ class RedisStore(StateStore):
         if r["granted"]:
             transition = (r["from"], r["to"]) if r["from"] else None
             claimed = Claim(**r["claimed"]) if "claimed" in r else None
-            return Reservation(
-                True, probe=bool(r["probe"]), transition=transition, claimed=claimed
-            )
+            return Reservation(True, probe=bool(r["probe"]), transition=transition, claimed=claimed)
         if r["reason"] == "quota":
             return Reservation(
                 False,
@@ -309,14 +307,9 @@ class RedisStore(StateStore):
         return [keys.usage, keys.leases, keys.meta, keys.held, self._keys.warm(ref)]
 
     async def warm_put(self, ref: EntryRef, lease_id: str, record: WarmRecord, now: float) -> bool:
-        return bool(
-            await self._script(
-                "warm_put",
-                self._warm_keys(ref, now),
-                [lease_id, json.dumps(dataclasses.asdict(record)), "1" if record.paused else "0",
-                 record.since, record.expires, _USAGE_TTL],
-            )  # fmt: skip
-        )
+        args = [lease_id, json.dumps(dataclasses.asdict(record)), "1" if record.paused else "0",
+                record.since, record.expires, _USAGE_TTL]  # fmt: skip
+        return bool(await self._script("warm_put", self._warm_keys(ref, now), args))
 
     async def warm_take(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
         seconds = await self._script(

@@ -28,7 +28,11 @@ async def test_a_claim_hands_over_the_first_made_under_its_lease_id(store: State
     got = await store.reserve(r, CFG, "l-new", NOW + 10, 30, warm=True)
     assert got.granted
     assert got.claimed is not None
-    assert (got.claimed.lease_id, got.claimed.sandbox_id, got.claimed.paused) == ("w1", "sb-w1", False)
+    assert (got.claimed.lease_id, got.claimed.sandbox_id, got.claimed.paused) == (
+        "w1",
+        "sb-w1",
+        False,
+    )
     assert got.claimed.idle == pytest.approx(10)
     assert got.claimed.metered == pytest.approx(10)
     assert set(await store.warm_list(r, NOW + 10)) == {"w2"}
