@@ -22,6 +22,7 @@ from providers.base import (
 from providers.errors import NoProviderAvailable, Unavailable
 from providers.local import LocalProvider, LocalSandbox
 from router.testing import ScriptedProvider
+from tests.polling import wait_until
 from tests.router.conftest import Clock, fired
 
 
@@ -246,3 +247,15 @@ def test_a_paused_warm_sandbox_holds_no_slot_and_is_resumed_on_claim(
         assert view(two).used["concurrent"] == 1
     [hit] = fired(events, "warm_claimed")
     assert (hit["paused"], hit["metered"]) == (True, 0)
+
+
+def test_the_background_refill_replaces_a_claimed_sandbox(make_router, scripted) -> None:
+    maker = scripted()
+    router = make_router(
+        chain=warm_chain(size=1, max_idle=300), providers={"flaky": maker}, warm_refill_every=60
+    )
+    router.fill_warm()  # starts the loop
+    with router.acquire() as lease:
+        assert lease.sandbox.id == maker.created[0]
+        wait_until(lambda: maker.creates == 2)  # the claim woke the refill at once
+    assert router.warm_ready() == {"flaky": 1}
