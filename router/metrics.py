@@ -28,6 +28,7 @@ Ways to run it:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -43,6 +44,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from policies.quota import UNITS
+from providers.errors import StateUnavailable
 from router.events import (
     Acquired,
     AcquireFailed,
@@ -401,8 +403,9 @@ class StateCollector(Collector):
             available = value in (CLOSED, HALF_OPEN) and room
             fam["entry_available"].add_metric([view.name], 1.0 if available else 0.0)
             fam["live_leases"].add_metric([view.name], float(view.live_leases))
-        for entry, ready in self.router.warm_ready().items():
-            fam["warm_ready"].add_metric([entry], float(ready))
+        with contextlib.suppress(StateUnavailable):  # the store went away since the status
+            for entry, ready in self.router.warm_ready().items():
+                fam["warm_ready"].add_metric([entry], float(ready))
         for pool, view in pools.items():
             reset = view.reset_at.timestamp()
             start = windows[view.name].bounds(reset - 1.0)[0].timestamp()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from providers.base import (
     LABEL_ENTRY,
@@ -21,6 +22,7 @@ from providers.base import (
 )
 from providers.errors import NoProviderAvailable, Unavailable
 from providers.local import LocalProvider, LocalSandbox
+from router.metrics import instrument
 from router.testing import ScriptedProvider
 from tests.polling import wait_until
 from tests.router.conftest import Clock, fired
@@ -259,3 +261,22 @@ def test_the_background_refill_replaces_a_claimed_sandbox(make_router, scripted)
         assert lease.sandbox.id == maker.created[0]
         wait_until(lambda: maker.creates == 2)  # the claim woke the refill at once
     assert router.warm_ready() == {"flaky": 1}
+
+
+def test_warm_hits_misses_idle_seconds_and_the_ready_gauge_are_exported(pool, clock: Clock) -> None:
+    one, two, *_ = pool(size=1, max_idle=300)
+    registry = CollectorRegistry()
+    instrument(two, registry, clock=clock)
+    one.fill_warm()
+    assert registry.get_sample_value("sandbox_router_warm_ready", {"entry": "flaky"}) == 1
+    clock.advance(7)
+    with two.acquire(), two.acquire():  # a hit, then a miss
+        pass
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(f"sandbox_router_{name}", {"entry": "flaky", **labels})
+
+    assert value("warm_hits_total") == 1
+    assert value("warm_misses_total") == 1
+    assert value("warm_idle_seconds_total", state="running") == pytest.approx(7)
+    assert value("warm_ready") == 0
