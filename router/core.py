@@ -184,14 +184,20 @@ class Router:
         """Set ``entry``'s warm pool as its config's ``warm`` would (size 0 drops it);
         unset arguments keep what the entry had (else the `WarmConfig` defaults).
         The next refill applies it: call `fill_warm` to apply it now."""
-        current = self._warm.settings.get(entry)
+        known = self._entries.get(entry)
+        current = self._warm.settings.get(entry) or (known.cfg.warm if known else None)
         fields = current.model_dump() if current is not None else {}
         fields["size"] = size
         if max_idle is not None:
             fields["max_idle"] = max_idle
         if pause is not None:
             fields["pause"] = pause
-        self._warm.configure(entry, config_mod.WarmConfig.model_validate(fields))
+        warm = config_mod.WarmConfig.model_validate(fields)
+
+        async def configure() -> None:  # on the engine loop, between two refill passes
+            self._warm.configure(entry, warm)
+
+        self._engine.run(configure())
 
     def fill_warm(self) -> dict[str, int]:
         """Refill the warm pools now and wait: kill idle and drained ones, create up to

@@ -252,6 +252,9 @@ class WarmPools:
             booking = await self._ledger.book(entry, deadline)
         except Denied:
             return False  # quota, concurrency or the breaker says no: the pool stays short
+        if not booking.shared:  # the store went away since the pass began
+            await self._ledger.refund(booking, "warm_refill_outage")
+            return False
         spec = SandboxSpec()
         if entry.provider.kind != "local" or entry.cfg.template:
             spec = SandboxSpec(template=entry.cfg.template)
