@@ -280,3 +280,14 @@ def test_warm_hits_misses_idle_seconds_and_the_ready_gauge_are_exported(pool, cl
     assert value("warm_misses_total") == 1
     assert value("warm_idle_seconds_total", state="running") == pytest.approx(7)
     assert value("warm_ready") == 0
+
+
+def test_a_sticky_session_is_bound_to_the_warm_sandbox_it_claimed(pool) -> None:
+    one, two, maker, claimer = pool(size=1, max_idle=300)
+    one.fill_warm()
+    with two.acquire(session="chat-1") as first:
+        assert first.sandbox.id == maker.created[0]
+    with one.acquire(session="chat-1") as again:
+        assert again.resumed
+        assert again.sandbox.id == first.sandbox.id
+    assert claimer.creates == 0

@@ -36,6 +36,7 @@ async def test_a_claim_hands_over_the_first_made_under_its_lease_id(store: State
     assert got.claimed.idle == pytest.approx(10)
     assert got.claimed.metered == pytest.approx(10)
     assert set(await store.warm_list(r, NOW + 10)) == {"w2"}
+    assert await store.warm_take(r, "w1", NOW + 10) is None  # claimed: the refill kills nothing
     # sessions spent by the creates only; the claimed lease keeps its slot (2 of 2)
     snap = await store.snapshot([r], NOW + 10)
     assert snap.pools["p"].used == {"sessions": 2, "sandbox_seconds": 10, "concurrent": 2}
