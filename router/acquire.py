@@ -26,7 +26,14 @@ from policies import order
 from policies.ordering import Candidate
 from policies.outcome import classify
 from policies.quota import remaining_fraction
-from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER, LABEL_SESSION, SandboxSpec
+from providers.base import (
+    LABEL_ENTRY,
+    LABEL_LEASE,
+    LABEL_ROUTER,
+    LABEL_SESSION,
+    LABEL_WARM,
+    SandboxSpec,
+)
 from providers.capabilities import Capability
 from providers.errors import (
     InvalidArgument,
@@ -43,6 +50,7 @@ from router.ledger import Denied, Ledger
 from router.pause import PAUSE_KEY
 from router.sessions import Sessions
 from router.upkeep import Upkeep
+from router.warm import WarmPools
 
 __all__ = ["Acquirer", "check_acquire"]
 
@@ -57,8 +65,10 @@ class Acquirer:
         sessions: Sessions,
         ctx: Context,
         sleep: Callable[[float], Awaitable[None]],
+        warm: WarmPools,
     ) -> None:
         self._ctx = ctx
+        self._warm = warm
         self._ledger = ledger
         self._upkeep = upkeep
         self._sessions = sessions
@@ -83,6 +93,7 @@ class Acquirer:
         spec = spec or SandboxSpec()
         requires = tuple(requires)
         await self._ledger.check()
+        self._warm.start()
         await self._upkeep.caught_up(self._slot_pools)
         if session is not None:
             resumed = await self._sessions.resume(session, requires, deadline)
@@ -197,7 +208,15 @@ class Acquirer:
         deadline: float,
         attempt: int,
     ) -> Held:
-        booking = await self._ledger.book(entry, deadline)
+        warm = self._warm.fits(entry, spec, labels or {})
+        booking = await self._ledger.book(entry, deadline, warm=warm)
+        while booking.claimed is not None:  # each claim that fails drops its sandbox
+            held = await self._warm.claim(entry, booking, attempt)
+            if held is not None:
+                return held
+            booking = await self._ledger.book(entry, deadline, warm=True)
+        if warm:
+            self._warm.missed(entry)
         if entry.provider.kind != "local" or entry.cfg.template:
             spec = replace(spec, template=spec.template or entry.cfg.template)
         spec = spec.with_labels(
@@ -242,7 +261,7 @@ class Acquirer:
         return held
 
 
-_RESERVED_LABELS = frozenset({LABEL_ROUTER, LABEL_ENTRY, LABEL_LEASE, LABEL_SESSION})
+_RESERVED_LABELS = frozenset({LABEL_ROUTER, LABEL_ENTRY, LABEL_LEASE, LABEL_SESSION, LABEL_WARM})
 
 
 def check_acquire(

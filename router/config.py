@@ -45,6 +45,7 @@ from policies.quota import Limits, MonthlyWindow
 from policies.retry import RetryPolicy
 from providers import PROVIDERS, provider_class
 from providers.base import ProviderOptions
+from providers.capabilities import Capability
 from providers.errors import ConfigError
 from router.config_file import MAX_DEPTH, read_yaml
 from router.logs import LogFormat
@@ -57,6 +58,7 @@ __all__ = [
     "QuotaConfig",
     "RetrySettings",
     "RouterConfig",
+    "WarmConfig",
     "default_state_url",
     "load_config",
 ]
@@ -151,6 +153,15 @@ class BreakerSettings(_Strict):
         )
 
 
+class WarmConfig(_Strict):
+    """A warm pool: ``size`` sandboxes kept ready, each killed after ``max_idle`` seconds
+    unclaimed; ``pause`` parks them paused (the entry must declare ``pause``)."""
+
+    size: Annotated[Int, Field(ge=0, le=1000)]
+    max_idle: Annotated[Float, Field(gt=0, le=7 * 24 * 3600)] = 600.0
+    pause: Bool = False
+
+
 class EntryConfig(_Strict):
     """One chain entry: a provider account (and template) with its pool."""
 
@@ -161,6 +172,7 @@ class EntryConfig(_Strict):
     template: str | None = None
     capabilities: list[str] | None = None
     enabled: Bool = True
+    warm: WarmConfig | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("provider")
@@ -237,6 +249,9 @@ class RouterConfig(_Strict):
             resume it on the session's next acquire.
         pause_ttl: how long a paused lease's resume token stays valid; past
             it the janitor kills the paused sandbox.
+        warm_refill_every: how often a replica tries to refill the warm pools
+            (entries' ``warm``) and kill their idle sandboxes; 0: only when
+            `Router.fill_warm` is called.
     """
 
     version: Int = 1
@@ -257,6 +272,7 @@ class RouterConfig(_Strict):
     session_idle_ttl: Annotated[Float, Field(ge=0, le=7 * 24 * 3600)] = 900.0
     session_pause: Bool = True
     pause_ttl: Annotated[Float, Field(gt=0, le=90 * 24 * 3600)] = 7 * 24 * 3600.0
+    warm_refill_every: Annotated[Float, Field(ge=0, le=3600)] = 2.0
     retry: RetrySettings = RetrySettings()
     breaker: BreakerSettings = BreakerSettings()
     pools: dict[Annotated[str, Field(pattern=_NAME)], QuotaConfig] = Field(default_factory=dict)
@@ -308,6 +324,17 @@ class RouterConfig(_Strict):
                         f"{where}.quota: pool {entry.name!r} is already defined; use quota_pool"
                     )
                 inline_pools[entry.name] = where
+            if entry.warm is not None and entry.warm.pause:
+                declared = entry.capabilities
+                if declared is None:
+                    declared = list(provider_class(entry.provider).capabilities)
+                if Capability.PAUSE not in declared:
+                    raise ValueError(
+                        f"{where}.warm.pause: entry {entry.name!r} (provider "
+                        f"{entry.provider}) does not declare the 'pause' capability, so its "
+                        "warm sandboxes cannot be parked paused; drop pause or list it "
+                        "under capabilities"
+                    )
             try:
                 _no_bool_numbers(entry)
                 entry.provider_options()

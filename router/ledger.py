@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -38,6 +38,7 @@ from router.events import (
 from router.lease import Held
 from router.outage import Outage
 from router.state import EntryRef, Reservation, Snapshot, Spend, StateStore
+from router.state.warm import Claim
 
 __all__ = ["RESERVE_GRACE", "Booking", "Denied", "Ledger"]
 
@@ -70,7 +71,8 @@ class Booking:
     ref: EntryRef
     shared: bool
     budget: float = 0.0
-    counted: bool = True  # took a session unit (False: a sticky session's reconnect)
+    counted: bool = True  # took a session unit (False: a reconnect, or a warm claim)
+    claimed: Claim | None = None  # the warm sandbox the reservation claimed
 
     def held(
         self,
@@ -119,11 +121,15 @@ class Ledger:
         for problem in problems:
             self._ctx.emit(StateWarning(url=self.store.url, problem=problem))
 
-    async def book(self, entry: Entry, deadline: float, *, new_session: bool = True) -> Booking:
+    async def book(
+        self, entry: Entry, deadline: float, *, new_session: bool = True, warm: bool = False
+    ) -> Booking:
         """Reserve what one create (or reconnect) needs before ``deadline``; raises `Denied`.
 
         ``new_session=False`` takes a slot only: reconnecting to a session's
-        sandbox creates nothing.
+        sandbox creates nothing. ``warm=True`` claims a ready warm sandbox of
+        the entry in the same call when there is one (`Booking.claimed`, whose
+        lease id the booking takes); only the shared store holds warm pools.
         """
         lease_id = "l-" + secrets.token_hex(8)
         budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
@@ -133,8 +139,9 @@ class Ledger:
             try:
                 await self.outage.keep_in_touch(self.store)  # owed outage spend lands first
                 reservation = await self.store.reserve(
-                    entry.ref, self._breaker, lease_id, now, hold, new_session=new_session
-                )
+                    entry.ref, self._breaker, lease_id, now, hold,
+                    new_session=new_session, warm=warm,
+                )  # fmt: skip
                 self.outage.answered = now
                 self.state_error = None
             except StateUnavailable as exc:
@@ -150,6 +157,9 @@ class Ledger:
             self.transition(entry.name, reservation.transition)
         if not reservation.granted:
             raise Denied(reservation)
+        if (claimed := reservation.claimed) is not None:
+            self.outage.spent(entry.ref.pool, "sandbox_seconds", claimed.metered)
+            return replace(booking, lease_id=claimed.lease_id, counted=False, claimed=claimed)
         if shared and new_session:
             self.outage.spent(entry.ref.pool, "sessions", 1)
         return booking
@@ -165,9 +175,11 @@ class Ledger:
     def _store(self, booking: Booking) -> StateStore:
         return self.store if booking.shared else self.outage.store
 
-    async def commit(self, booking: Booking, sandbox_id: str, now: float) -> bool | None:
-        """Turn the reservation into a live lease: False when it was lost, None when the
-        store failed (reported)."""
+    async def commit(
+        self, booking: Booking, sandbox_id: str, now: float, *, ttl: float | None = None
+    ) -> bool | None:
+        """Turn the reservation into a live lease (for ``ttl``, default ``lease_ttl``):
+        False when it was lost, None when the store failed (reported)."""
         try:
             settled = await self._store(booking).settle(
                 booking.ref,
@@ -175,7 +187,7 @@ class Ledger:
                 booking.lease_id,
                 now,
                 outcome=Outcome.SUCCESS,
-                ttl=self._ctx.config.lease_ttl,
+                ttl=self._ctx.config.lease_ttl if ttl is None else ttl,
                 sandbox_id=sandbox_id,
             )
         except StateUnavailable as exc:

@@ -28,6 +28,7 @@ Ways to run it:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -43,6 +44,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from policies.quota import UNITS
+from providers.errors import StateUnavailable
 from router.events import (
     Acquired,
     AcquireFailed,
@@ -67,6 +69,10 @@ from router.events import (
     StateError,
     StateWarning,
     TaskFailed,
+    WarmClaimed,
+    WarmCreated,
+    WarmKilled,
+    WarmMissed,
 )
 
 if TYPE_CHECKING:
@@ -185,6 +191,29 @@ class RouterMetrics:
             "Operator overwrites of a pool's usage (sandbox-router quota set/reset).",
             ("pool", "unit"),
         )
+        self.warm_hits = counter(
+            "warm_hits", "Acquires served by a warm sandbox (claimed from the pool).", ("entry",)
+        )
+        self.warm_misses = counter(
+            "warm_misses",
+            "Acquires a warm sandbox could have served that found the pool empty (created).",
+            ("entry",),
+        )
+        self.warm_created = counter(
+            "warm_created", "Sandboxes the refill made for a warm pool.", ("entry",)
+        )
+        self.warm_killed = counter(
+            "warm_killed",
+            "Warm sandboxes killed unclaimed, by reason: max_idle, unreachable (a claim could "
+            "not connect), drained (the entry failed).",
+            ("entry", "reason"),
+        )
+        self.warm_idle_seconds = counter(
+            "warm_idle_seconds",
+            "Seconds warm sandboxes waited in the pool before a claim or a kill (what the pool "
+            "costs), by state: running (metered into sandbox_seconds) or paused (not metered).",
+            ("entry", "state"),
+        )
         self.acquire_seconds = Histogram(
             f"{PREFIX}_acquire_seconds",
             "Whole acquire latency (retries and failovers included), by the entry that served "
@@ -242,22 +271,49 @@ class RouterMetrics:
                 self.late_creates.labels(entry, outcome).inc()
                 if seconds:
                     self.sandbox_seconds.labels(entry).inc(seconds)
-            case LeaseLost(entry=entry):
-                self.leases_lost.labels(entry).inc()
-            case KillFailed(entry=entry):
-                self.kill_failures.labels(entry).inc()
-            case SessionLost(entry=entry):
-                self.sessions_lost.labels(entry).inc()
-            case Paused(entry=entry):
-                self.paused.labels(entry).inc()
-            case Resumed(entry=entry):
-                self.resumed.labels(entry).inc()
-            case Reaped(entry=entry):
-                self.reaped.labels(entry).inc()
+            case LeaseLost() | KillFailed() | SessionLost() | Paused() | Resumed() | Reaped():
+                self._per_entry(event).labels(event.entry).inc()
             case QuotaChanged(pool=pool, unit=unit):
                 self.quota_changes.labels(pool, unit).inc()
+            case WarmClaimed() | WarmKilled() | WarmMissed() | WarmCreated():
+                self._warm(event)
             case StateWarning() | SessionClosed() | FreesOwed() | TaskFailed() | OutageHandedOver():
                 pass  # nothing to count
+            case _:
+                assert_never(event)
+
+    def _per_entry(
+        self, event: LeaseLost | KillFailed | SessionLost | Paused | Resumed | Reaped
+    ) -> Counter:
+        """The counter of an event that counts once per entry."""
+        match event:
+            case LeaseLost():
+                return self.leases_lost
+            case KillFailed():
+                return self.kill_failures
+            case SessionLost():
+                return self.sessions_lost
+            case Paused():
+                return self.paused
+            case Resumed():
+                return self.resumed
+            case Reaped():
+                return self.reaped
+            case _:
+                assert_never(event)
+
+    def _warm(self, event: WarmClaimed | WarmKilled | WarmMissed | WarmCreated) -> None:
+        match event:
+            case WarmClaimed(entry=entry, paused=paused, idle=idle):
+                self.warm_hits.labels(entry).inc()
+                self.warm_idle_seconds.labels(entry, "paused" if paused else "running").inc(idle)
+            case WarmKilled(entry=entry, reason=reason, paused=paused, idle=idle):
+                self.warm_killed.labels(entry, reason.partition(":")[0]).inc()
+                self.warm_idle_seconds.labels(entry, "paused" if paused else "running").inc(idle)
+            case WarmMissed(entry=entry):
+                self.warm_misses.labels(entry).inc()
+            case WarmCreated(entry=entry):
+                self.warm_created.labels(entry).inc()
             case _:
                 assert_never(event)
 
@@ -313,6 +369,11 @@ class StateCollector(Collector):
         )
         yield gauge("live_leases", "Unexpired leases held on the entry, fleet-wide.", ("entry",))
         yield gauge(
+            "warm_ready",
+            "Warm sandboxes ready to claim in the entry's pool, fleet-wide (entries with warm).",
+            ("entry",),
+        )
+        yield gauge(
             "quota_used",
             "Used this window: sessions (sandboxes created), sandbox_seconds (metered), "
             "concurrent (live leases).",
@@ -366,6 +427,9 @@ class StateCollector(Collector):
             available = value in (CLOSED, HALF_OPEN) and room
             fam["entry_available"].add_metric([view.name], 1.0 if available else 0.0)
             fam["live_leases"].add_metric([view.name], float(view.live_leases))
+        with contextlib.suppress(StateUnavailable):  # the store went away since the status
+            for entry, ready in self.router.warm_ready().items():
+                fam["warm_ready"].add_metric([entry], float(ready))
         for pool, view in pools.items():
             reset = view.reset_at.timestamp()
             start = windows[view.name].bounds(reset - 1.0)[0].timestamp()

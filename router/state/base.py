@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import Limits, MonthlyWindow
+from router.state.warm import Claim, WarmSupport
 
 __all__ = [
     "CALL_MEMORY",
@@ -77,6 +78,7 @@ class Reservation:
     limit: float = 0.0
     detail: str = ""
     transition: tuple[str, str] | None = None
+    claimed: Claim | None = None  # a warm sandbox handed to this reservation (see WarmSupport)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +176,16 @@ class LedgerSupport(abc.ABC):
         hold: float,
         *,
         new_session: bool = True,
+        warm: bool = False,
         call_id: str = "",
     ) -> Reservation:
         """Admit through the breaker and reserve a session and a slot.
 
         ``new_session=False`` reserves only a slot (reconnecting to a sticky
-        session's existing sandbox creates nothing).
+        session's existing sandbox creates nothing). ``warm=True`` first
+        claims a ready warm sandbox of the entry when one is (never for the
+        half-open probe): ``Reservation.claimed`` names it, and its lease id
+        replaces ``lease_id`` (`policies.warm.claim`).
         """
 
     @abc.abstractmethod
@@ -307,7 +313,7 @@ class FleetSupport(abc.ABC):
         """
 
 
-class StateStore(LedgerSupport, SessionSupport, LockSupport, FleetSupport):
+class StateStore(LedgerSupport, SessionSupport, LockSupport, FleetSupport, WarmSupport):
     """Shared state for one router configuration (namespaced by ``prefix``)."""
 
     url: str

@@ -49,6 +49,11 @@ class KeySpace:
         """Where a script keeps this call's answer for a retry (see `LedgerSupport`)."""
         return f"{self._tag(ref.pool)}:call:{call_id or uuid.uuid4().hex}"
 
+    def warm(self, ref: EntryRef) -> str:
+        """The entry's warm records (hash: lease id -> record json), under its pool's tag:
+        reserve claims from it in the same script."""
+        return f"{self._tag(ref.pool)}:warm:{ref.entry}"
+
     def journal(self, ref: EntryRef, journal_id: str) -> str:
         """Marks a replica's outage journal as reconciled into this pool."""
         return f"{self._tag(ref.pool)}:journal:{journal_id}"
