@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
 
 from policies.breaker import Outcome
+from policies.exhausted import ExhaustedPools
 from policies.outcome import classify
 from providers.base import Sandbox
 from providers.errors import QuotaExceeded, RateLimited, StateUnavailable
@@ -42,8 +41,6 @@ from router.state import EntryRef, Reservation, Snapshot, Spend, StateStore
 __all__ = ["RESERVE_GRACE", "Booking", "Denied", "Ledger"]
 
 RESERVE_GRACE = 30.0  # a reservation outlives its create by this much before it expires
-
-T = TypeVar("T")
 
 
 class Denied(Exception):
@@ -106,6 +103,8 @@ class Ledger:
         self.outage = Outage(ctx)
         self._breaker = ctx.config.breaker_policy()
         self._checked = False
+        # Pools seen out of quota: skipped with no round trip (policies/exhausted.py).
+        self.exhausted = ExhaustedPools(recheck=ctx.config.fleet_heartbeat)
 
     async def check(self) -> None:
         """Warn once about a store that would lose the ledger (no persistence)."""
@@ -129,6 +128,8 @@ class Ledger:
         budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
         hold, now = budget + RESERVE_GRACE, self._ctx.clock()
         shared = not await self.outage.active(self.store)
+        if shared and new_session:
+            self._skip_exhausted(entry.ref, now)
         if shared:
             try:
                 await self.outage.keep_in_touch(self.store)  # owed outage spend lands first
@@ -140,6 +141,8 @@ class Ledger:
             except StateUnavailable as exc:
                 self.on_state_error("reserve", exc)
                 shared = False
+            else:
+                self._remember(entry.ref, reservation, now)
         ref = entry.ref if shared else self.outage.share(entry.ref)
         booking = Booking(lease_id, entry.name, ref, shared, budget, new_session)
         if not shared:
@@ -153,6 +156,36 @@ class Ledger:
         if shared and new_session:
             self.outage.spent(entry.ref.pool, "sessions", 1)
         return booking
+
+    def _skip_exhausted(self, ref: EntryRef, now: float) -> None:
+        """Raise `Denied` for a pool this replica knows is out of quota, asking nobody."""
+        known = self.exhausted.lookup(ref.pool, ref.limits, now)
+        if known is not None:
+            raise Denied(
+                Reservation(
+                    False,
+                    reason="quota",
+                    unit=known.unit,
+                    used=known.used,
+                    limit=known.limit,
+                    until=known.until,
+                    version=known.version,
+                )
+            )
+
+    def _remember(self, ref: EntryRef, r: Reservation, now: float) -> None:
+        if r.granted:
+            self.exhausted.granted(ref.pool)
+        elif r.reason == "quota":
+            self.exhausted.note(
+                ref.pool, ref.limits, r.unit, r.used, r.limit, r.until, r.version, now
+            )
+
+    def _observe(self, snap: Snapshot) -> Snapshot:
+        """Let a pool status read anyway clear what this replica remembers of it."""
+        for status in snap.pools.values():
+            self.exhausted.observe(status.pool, status.version, status.used)
+        return snap
 
     def booking(self, held: Held, ref: EntryRef) -> Booking:
         """The booking behind a lease (``ref``: its entry's)."""
@@ -315,13 +348,17 @@ class Ledger:
 
     async def usage(self, refs: list[EntryRef]) -> Snapshot:
         """Usage for ordering: the fallback's under fail_open, raises under fail_closed."""
-        return await self._either("snapshot", lambda s: s.snapshot(refs, self._ctx.clock()))
+        try:
+            return self._observe(await self.store.snapshot(refs, self._ctx.clock()))
+        except StateUnavailable as exc:
+            self.on_state_error("snapshot", exc)
+            return await self.outage.store.snapshot(refs, self._ctx.clock())
 
     async def snapshot(self, refs: list[EntryRef]) -> tuple[Snapshot, str | None]:
         """Usage and health for status, and the store's error when only the fallback answered."""
         now = self._ctx.clock()
         try:
-            return await self.store.snapshot(refs, now), None
+            return self._observe(await self.store.snapshot(refs, now)), None
         except StateUnavailable as exc:
             local = await self.outage.store.snapshot([self.outage.share(r) for r in refs], now)
             return self.outage.usage(local), str(exc)
@@ -331,13 +368,6 @@ class Ledger:
         assert held.session is not None
         now = self._ctx.clock()
         await self.store.bind_session(held.session, held.entry, held.sandbox.id, now + ttl, now)
-
-    async def _either(self, operation: str, call: Callable[[StateStore], Awaitable[T]]) -> T:
-        try:
-            return await call(self.store)
-        except StateUnavailable as exc:
-            self.on_state_error(operation, exc)
-            return await call(self.outage.store)
 
     def report(self, operation: str, exc: Exception) -> None:
         self._ctx.emit(
