@@ -93,6 +93,6 @@ class ExhaustedPools:
         if version != known.version or used.get(known.unit, known.used) < known.limit:
             del self._pools[pool]
 
-    def granted(self, pool: str) -> None:
-        """A reserve on ``pool`` was granted (a reconnect, a recheck): it has room."""
+    def forget(self, pool: str) -> None:
+        """``pool`` has room (a reserve on it was granted) or this replica changed its usage."""
         self._pools.pop(pool, None)

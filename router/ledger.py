@@ -175,7 +175,7 @@ class Ledger:
 
     def _remember(self, ref: EntryRef, r: Reservation, now: float) -> None:
         if r.granted:
-            self.exhausted.granted(ref.pool)
+            self.exhausted.forget(ref.pool)
         elif r.reason == "quota":
             self.exhausted.note(
                 ref.pool, ref.limits, r.unit, r.used, r.limit, r.until, r.version, now

@@ -59,7 +59,7 @@ def test_concurrency_and_past_windows_are_never_remembered() -> None:
 
 def test_a_grant_forgets_it() -> None:
     pools = spent()
-    pools.granted("p")
+    pools.forget("p")
     assert "p" not in pools
 
 
@@ -97,8 +97,8 @@ class Machine(RuleBasedStateMachine):
             del self.model[pool]
 
     @rule(pool=st.sampled_from("ab"))
-    def granted(self, pool: str) -> None:
-        self.pools.granted(pool)
+    def forget(self, pool: str) -> None:
+        self.pools.forget(pool)
         self.model.pop(pool, None)
 
     @rule(seconds=st.floats(0, 10))

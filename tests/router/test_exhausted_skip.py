@@ -72,12 +72,24 @@ def test_second_acquire_reserves_once_and_quota_reset_brings_entries_back(
         assert lease.entry == "good"
     assert calls == ["good"]
 
-    router.set_usage("spent3", "sessions", 0)  # `quota reset`: another process would do the same
-    router.status()  # any pool status read (status, balanced's snapshot) shows the new version
+    # `quota reset spent3` from another process: this replica has not seen it yet...
+    ref = router._entries["spent3"].ref
+    router._engine.run(router._ledger.store.set_usage(ref, "sessions", 0, clock()))
+    calls.clear()
+    with router.acquire() as lease:
+        assert lease.entry == "good"
+    assert calls == ["good"]
+    router.status()  # ...until any pool status it reads (status, balanced's snapshot)
     calls.clear()
     with router.acquire() as lease:
         assert lease.entry == "spent3"
     assert calls == ["spent3"]
+
+    router.set_usage("spent5", "sessions", 0)  # its own `quota set`: known at once
+    calls.clear()
+    with router.acquire() as lease:
+        assert lease.entry == "spent5"
+    assert calls == ["spent3", "spent5"]  # spent3's last session went just now: asked once
 
 
 @pytest.mark.parametrize("state_url", ["memory"], indirect=True)
