@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from providers.errors import Unavailable
 from router import Router
 from router.events import HedgeSettled, HedgeStarted, LateCreate, RouterEvent
+from router.metrics import instrument
 from router.testing import ScriptedProvider
 from tests.polling import wait_until
 
@@ -152,3 +154,19 @@ def test_percentile_mode_does_not_hedge_before_it_knows_the_entry(
         assert lease.entry == "slow"
     assert of(events, HedgeStarted) == []
     assert len(router._acquirer._hedger.sketch("slow")) == 1  # learned from this create
+
+
+def test_hedges_and_create_latency_are_exported(
+    new_router: Any, tmp_path: Path, gate: threading.Event
+) -> None:
+    slow, spare = ScriptedProvider("slow", tmp_path, [gate]), ScriptedProvider("spare", tmp_path)
+    router = build(new_router, [], {"slow": slow, "spare": spare}, after=0.05)
+    registry = CollectorRegistry()
+    instrument(router, registry)
+    with router.acquire():
+        pass
+    labels = {"entry": "slow", "hedge_entry": "spare"}
+    assert registry.get_sample_value("sandbox_router_hedges_started_total", labels) == 1
+    assert registry.get_sample_value("sandbox_router_hedge_wins_total", labels) == 1
+    p95 = {"entry": "spare", "quantile": "0.95"}
+    assert registry.get_sample_value("sandbox_router_create_latency_seconds", p95) is not None
