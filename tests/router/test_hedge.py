@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from emulators import available, emulator_class
 from providers.errors import Unavailable
 from router import Router
 from router.events import HedgeSettled, HedgeStarted, LateCreate, RouterEvent
@@ -170,3 +171,36 @@ def test_hedges_and_create_latency_are_exported(
     assert registry.get_sample_value("sandbox_router_hedge_wins_total", labels) == 1
     p95 = {"entry": "spare", "quantile": "0.95"}
     assert registry.get_sample_value("sandbox_router_create_latency_seconds", p95) is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", available(["e2b"]))
+def test_a_vendor_create_slowed_by_the_emulator_is_hedged_and_its_sandbox_killed(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The vendor's SDK on its emulator: the slow leg's sandbox is made on the vendor's
+    side, answered late, then killed by the router."""
+    with emulator_class(name)() as emu:
+        for key, value in emu.sdk_env().items():
+            monkeypatch.setenv(key, value)
+        chain = [
+            {"name": name, "provider": name, "hedge": {"after": 0.3}},
+            {"name": "local", "provider": "local", "options": {"root": str(tmp_path)}},
+        ]
+        events: list[RouterEvent] = []
+        config = {"state_url": "memory://", "key_prefix": "hedge", "chain": chain}
+        warm_chain = [{"name": name, "provider": name}]  # SDK imports: seconds, not hedged
+        warm = Router.from_config({**config, "chain": warm_chain}, hooks=[])
+        with warm, warm.acquire() as lease:
+            assert lease.entry == name
+        known = {r.id for r in emu.records()}
+        with Router.from_config(config, hooks=[events.append]) as router:
+            emu.inject("create", delay=2.0, after=True)
+            with router.acquire() as lease:
+                assert lease.entry == "local"
+            wait_until(lambda: of(events, LateCreate), seconds=15)
+            [late] = of(events, LateCreate)
+            assert late.outcome == "killed"
+            made = [r for r in emu.records() if r.id not in known]
+            assert [r.id for r in made] == [late.sandbox_id]
+            assert not made[0].alive
