@@ -5,9 +5,10 @@ metadata beside it (``<id>.json``, outside the writable tree so a command
 cannot rewrite its own labels). Commands run with a scrubbed environment,
 resource limits (CPU seconds, address space, file size, processes) and in a
 new session so a timeout kills the whole process group. When ``bwrap`` is on
-PATH the command runs inside bubblewrap: new pid/net/ipc/uts namespaces, the
-system directories read-only and the sandbox directory as the only writable
-home, ``/home/sandbox``. bubblewrap's own ``--new-session`` is left out: the
+PATH the command runs inside bubblewrap: new pid/net/ipc/uts namespaces (the
+host's network instead with the ``network`` option), the system directories
+read-only and the sandbox directory as the only writable home,
+``/home/sandbox``. bubblewrap's own ``--new-session`` is left out: the
 session started here already has no controlling terminal, and bwrap would
 move its pid 1 out of the process group, where a kill that lands during
 bwrap's setup (before its pid 1 sets its parent-death signal) cannot reach
@@ -49,6 +50,17 @@ Background processes (recorded so that any process can list, follow and
 attach to them) and terminals (PTYs) are in ``providers.local_processes``;
 their processes are the sandbox's like any other, and die with it.
 
+A pause stops every process where it is by the same means the kill finds
+them (the cgroup's freezer, else SIGSTOP to what carries the marker) and
+leaves ``<id>.paused`` beside the metadata, so every process on the host
+lists it paused and may resume it. A snapshot is a copy of the directory in
+``<root>/.snapshots/``. The file calls work on the directory itself, on a
+worker thread, with `LocalSandbox.resolve`'s checks: they need no command,
+so they work on a paused sandbox too. Those checks resolve the path before
+the call uses it, so a command running meanwhile that swaps a directory for
+a symlink between the two can send the call out of the sandbox (as it can
+`read_file` and `write_file`); a paused sandbox runs nothing.
+
 The same machinery backs every emulator in ``emulators/``, so an emulated
 cloud sandbox runs real commands too.
 """
@@ -72,35 +84,42 @@ import secrets
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import termios
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, BinaryIO, ClassVar, Literal
 
 from providers.base import (
     CodeResult,
     CommandResult,
     FileInfo,
+    PortURL,
     Provider,
     ProviderOptions,
     Sandbox,
     SandboxInfo,
     SandboxSpec,
+    Snapshot,
+    check_port,
 )
-from providers.capabilities import AGENT_WORK, Capability
-from providers.errors import ConfigError, NotFound, SandboxError, SandboxPathError
+from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
+from providers.errors import ConfigError, NotFound, SandboxError, SandboxPathError, Unsupported
+from providers.files import CHUNK, Chunks, pack_dir, unpack_dir
 from providers.local_processes import (
     LocalTerminal,
     RecordedProcess,
     find_record,
     list_records,
     new_record,
+    resume_all,
     set_size,
     started,
+    stop_all,
     sweep,
     wrapped,
 )
@@ -116,6 +135,12 @@ _REAP_SECONDS = 5.0  # a process stuck in the kernel (state D) may take this lon
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_SNAPSHOT = re.compile(r"local-snap-[0-9a-f]{16}")
+_SNAPSHOTS = ".snapshots"  # under the root; a dot name, so never taken for a sandbox
+
+_CAPABILITIES = (
+    frozenset({Capability.RUN_CODE, Capability.PAUSE, Capability.SNAPSHOT}) | FILE_WORK | AGENT_WORK
+)
 
 
 def bwrap_available() -> bool:
@@ -141,6 +166,12 @@ class LocalOptions(ProviderOptions):
             may make one, so a kill ends its every process whatever they
             did to their environment; ``False`` leaves that to the
             environment marker and, with bwrap, the pid namespace.
+        network: with bwrap, share the host's network (``--share-net``):
+            a server in the sandbox is reachable on 127.0.0.1, so the entry
+            declares ``port``, and the sandbox reaches everything this host
+            does (its loopback services included). ``False`` gives it an
+            empty network namespace of its own. Without bwrap commands
+            always share the host's network.
     """
 
     root: Path | None = None
@@ -152,22 +183,20 @@ class LocalOptions(ProviderOptions):
     max_output_bytes: int = 10 * 1024 * 1024
     python: str = "python3"
     cgroup: bool = True
+    network: bool = False
 
 
 class LocalProvider(Provider):
-    """Sandboxes on this host: always configured, the chain's last resort."""
+    """Sandboxes on this host: always configured, the chain's last resort.
+
+    ``capabilities`` on the class is what every entry has; an entry whose
+    sandboxes share the host's network (no bwrap, or ``network: true``) adds
+    ``port``.
+    """
 
     kind: ClassVar[str] = "local"
     Options: ClassVar[type[ProviderOptions]] = LocalOptions
-    capabilities = (
-        frozenset(
-            {
-                Capability.RUN_CODE,
-                Capability.FILES,
-            }
-        )
-        | AGENT_WORK
-    )
+    capabilities = _CAPABILITIES
 
     def __init__(self, name: str = "local", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
@@ -176,6 +205,9 @@ class LocalProvider(Provider):
         self.use_bwrap = _resolve_isolation(opts.isolation, name)
         self.cgroup_base = _cgroup_base() if opts.cgroup else None
         self._root_hash = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        self.share_net = opts.network or not self.use_bwrap
+        if self.share_net:
+            self.capabilities = _CAPABILITIES | {Capability.PORT}
 
     def marker(self, sandbox_id: str) -> str:
         """The value of ``SANDBOX_ROUTER_SANDBOX`` in the sandbox's processes: unique per root."""
@@ -189,10 +221,21 @@ class LocalProvider(Provider):
     async def create(
         self, spec: SandboxSpec, *, timeout: float = 60.0, sandbox_id: str | None = None
     ) -> LocalSandbox:
-        """Create a sandbox directory; ``sandbox_id`` lets an emulator mint vendor-shaped ids."""
+        """Create a sandbox directory; ``sandbox_id`` lets an emulator mint vendor-shaped ids.
+
+        A ``template`` naming a snapshot (`LocalSandbox.snapshot`) starts from
+        a copy of it; any other template is ignored (there are no images here).
+
+        Raises:
+            NotFound: the snapshot ``template`` names is gone.
+        """
         sandbox_id = sandbox_id or "local-" + secrets.token_hex(8)
         if not _ID.fullmatch(sandbox_id):
             raise ValueError(f"invalid local sandbox id {sandbox_id!r}")
+        copied = spec.template is not None and spec.template.startswith("local-snap-")
+        if copied:
+            assert spec.template is not None
+            await asyncio.to_thread(self._copy_snapshot, spec.template, sandbox_id)
         meta = {
             "id": sandbox_id,
             "labels": dict(spec.labels),
@@ -204,13 +247,29 @@ class LocalProvider(Provider):
             else None,
         }
         # A mkdir and a small file: cheaper inline than a hop to a worker thread.
-        self._write_meta(sandbox_id, meta)
+        self._write_meta(sandbox_id, meta, made=copied)
         return LocalSandbox(self, sandbox_id, meta)
 
-    def _write_meta(self, sandbox_id: str, meta: dict[str, Any]) -> None:
+    def _snapshot_dir(self, snapshot_id: str) -> Path:
+        return self.root / _SNAPSHOTS / snapshot_id
+
+    def _copy_snapshot(self, snapshot_id: str, sandbox_id: str) -> None:
+        source = self._snapshot_dir(snapshot_id)
+        if not _SNAPSHOT.fullmatch(snapshot_id) or not source.is_dir():
+            raise NotFound(f"no local snapshot {snapshot_id!r}", provider=self.name)
+        target = self.root / sandbox_id
+        try:
+            _copy_tree(source, target)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        os.chmod(target, 0o700)
+
+    def _write_meta(self, sandbox_id: str, meta: dict[str, Any], *, made: bool = False) -> None:
         root = str(self.root)
         try:
-            os.mkdir(os.path.join(root, sandbox_id), mode=0o700)
+            if not made:
+                os.mkdir(os.path.join(root, sandbox_id), mode=0o700)
         except FileNotFoundError:  # the first sandbox under this root
             os.makedirs(os.path.join(root, sandbox_id), mode=0o700)
         tmp = os.path.join(root, f".{sandbox_id}.json.tmp")
@@ -246,7 +305,9 @@ class LocalProvider(Provider):
             except (OSError, ValueError):
                 continue
             if all(meta["labels"].get(k) == v for k, v in labels.items()):
-                found.append(SandboxInfo(meta["id"], meta["labels"], "running", meta["created_at"]))
+                paused = os.path.exists(self.root / f"{meta['id']}.paused")
+                state = "paused" if paused else "running"
+                found.append(SandboxInfo(meta["id"], meta["labels"], state, meta["created_at"]))
         return found
 
     async def kill(self, sandbox_id: str) -> bool:
@@ -260,6 +321,23 @@ class LocalProvider(Provider):
         except NotFound:
             return False
         await LocalSandbox(self, sandbox_id, meta).kill()
+        return True
+
+    async def resume(self, sandbox_id: str, *, timeout: float) -> LocalSandbox:
+        """Thaw a paused sandbox's processes (at once: nothing to load), on the same id."""
+        sandbox = await self.connect(sandbox_id)
+        await sandbox.thaw()
+        return sandbox
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        if not _SNAPSHOT.fullmatch(snapshot_id):
+            return False
+        doomed = self.root / _SNAPSHOTS / f".{snapshot_id}.{secrets.token_hex(4)}.dead"
+        try:
+            os.rename(self._snapshot_dir(snapshot_id), doomed)
+        except FileNotFoundError:
+            return False
+        await asyncio.to_thread(shutil.rmtree, doomed, ignore_errors=True)
         return True
 
 
@@ -367,10 +445,29 @@ class LocalSandbox(Sandbox):
     def labels(self) -> dict[str, str]:
         return dict(self.meta["labels"])
 
+    @property
+    def _paused(self) -> str:
+        """Beside the metadata while the sandbox is paused: any process on the host sees it."""
+        return os.path.join(self._provider.root, f"{self.id}.paused")
+
     def _check_alive(self) -> None:
         if not self.dir.is_dir():
             raise NotFound(
                 f"local sandbox {self.id} was killed", provider=self.provider, sandbox_id=self.id
+            )
+
+    @property
+    def paused(self) -> bool:
+        return os.path.exists(self._paused)
+
+    def _check_running(self) -> None:
+        """Before a command starts: alive, and not paused (its command would hang frozen)."""
+        self._check_alive()
+        if self.paused:
+            raise SandboxError(
+                f"local sandbox {self.id} is paused: resume it to run commands",
+                provider=self.provider,
+                sandbox_id=self.id,
             )
 
     def resolve(self, path: str) -> Path:
@@ -417,6 +514,8 @@ class LocalSandbox(Sandbox):
             relative = inside.relative_to(self.dir.resolve())
             scratch = HOME if relative == Path() else f"{HOME}/{relative}"
         cmd = ["bwrap", "--unshare-all", "--die-with-parent"]
+        if self._provider.share_net:
+            cmd.append("--share-net")
         for d in _system_dirs():
             cmd += ["--ro-bind", d, d]
         cmd += [
@@ -465,7 +564,7 @@ class LocalSandbox(Sandbox):
         cwd: str | None = None,
     ) -> LocalProcess:
         """Start a command and return it running (stdin, stdout, stderr piped)."""
-        self._check_alive()
+        self._check_running()
         self._track()
         argv = _shell(cmd)
         full, workdir = self._argv(argv, cwd)
@@ -525,7 +624,7 @@ class LocalSandbox(Sandbox):
         cwd: str | None = None,
     ) -> RecordedProcess:
         """Start a recorded background process (`providers.local_processes`)."""
-        self._check_alive()
+        self._check_running()
         self._track()
         argv = _shell(cmd)
         full, workdir = self._argv(argv, cwd)
@@ -573,7 +672,7 @@ class LocalSandbox(Sandbox):
         cwd: str | None = None,
     ) -> LocalTerminal:
         """An interactive bash on a new PTY (``bash -i``: the sandbox's ``~/.bashrc``)."""
-        self._check_alive()
+        self._check_running()
         self._track()
         full, workdir = self._argv(["/bin/bash", "-i"], cwd)
         master, slave = os.openpty()
@@ -666,13 +765,213 @@ class LocalSandbox(Sandbox):
         try:
             return op()
         except FileNotFoundError as exc:
-            raise SandboxError(
-                f"no such file or directory: {path!r}", provider=self.provider, sandbox_id=self.id
-            ) from exc
+            raise self._error(f"no such file or directory: {path!r}") from exc
         except OSError as exc:
-            raise SandboxError(
-                f"{path!r}: {exc.strerror}", provider=self.provider, sandbox_id=self.id
-            ) from exc
+            raise self._error(f"{path!r}: {exc.strerror}") from exc
+
+    def _error(self, message: str) -> SandboxError:
+        return SandboxError(message, provider=self.provider, sandbox_id=self.id)
+
+    def _entry(self, path: str) -> Path:
+        """The host path of ``path`` itself: its directory resolved (and checked) like
+        `resolve`, its last name not followed, so a symlink is removed, moved or
+        statted, not its target."""
+        normal = posixpath.normpath(path)
+        head, name = posixpath.split(normal)
+        if name in ("", ".", "..") or "\x00" in name or normal in (HOME, str(self.dir)):
+            return self.resolve(path)
+        return self.resolve(head or ".") / name
+
+    def _info(self, host: Path) -> FileInfo:
+        st = host.lstat()
+        root = self.dir.resolve()
+        relative = host.relative_to(root)
+        return FileInfo(
+            name=host.name if relative != Path() else posixpath.basename(HOME),
+            path=HOME if relative == Path() else f"{HOME}/{relative}",
+            is_dir=stat.S_ISDIR(st.st_mode),
+            size=st.st_size,
+            mode=stat.S_IMODE(st.st_mode),
+            modified=st.st_mtime,
+        )
+
+    async def remove(self, path: str) -> None:
+        self._check_alive()
+        target = self._entry(path)
+        if target == self.dir.resolve():
+            raise self._error(f"remove {path!r}: the sandbox's home cannot be removed")
+
+        def remove() -> None:
+            if stat.S_ISDIR(target.lstat().st_mode):
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+
+        await asyncio.to_thread(self._fs, remove, path)
+
+    async def make_dir(self, path: str) -> bool:
+        self._check_alive()
+        target = self.resolve(path)
+
+        def make() -> bool:
+            if target.is_dir():
+                return False
+            target.mkdir(parents=True)
+            return True
+
+        made: bool = await asyncio.to_thread(self._fs, make, path)
+        return made
+
+    async def exists(self, path: str) -> bool:
+        self._check_alive()
+        return await asyncio.to_thread(os.path.lexists, self._entry(path))
+
+    async def rename(self, src: str, dst: str) -> FileInfo:
+        self._check_alive()
+        source, target = self._entry(src), self._entry(dst)
+        if self.dir.resolve() in (source, target):
+            raise self._error(f"rename {src!r} {dst!r}: the sandbox's home cannot be moved")
+
+        def move() -> FileInfo:
+            if not os.path.lexists(source):
+                raise FileNotFoundError(src)
+            os.replace(source, target)
+            return self._info(target)
+
+        info: FileInfo = await asyncio.to_thread(self._fs, move, src)
+        return info
+
+    async def stat(self, path: str) -> FileInfo:
+        self._check_alive()
+        info: FileInfo = await asyncio.to_thread(
+            self._fs, functools.partial(self._info, self._entry(path)), path
+        )
+        return info
+
+    async def read_stream(self, path: str) -> AsyncIterator[bytes]:
+        """The file in `CHUNK` pieces, each read on a worker thread."""
+        self._check_alive()
+        target = self.resolve(path)
+
+        def open_regular() -> BinaryIO:
+            # Non-blocking, so a FIFO a command made is refused rather than waited on.
+            fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise IsADirectoryError(errno.EISDIR, "not a regular file")
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+
+        handle: BinaryIO = await asyncio.to_thread(self._fs, open_regular, path)
+        try:
+            read = functools.partial(handle.read, CHUNK)
+            while chunk := await asyncio.to_thread(self._fs, read, path):
+                yield chunk
+        finally:
+            handle.close()
+
+    async def write_stream(self, path: str, chunks: Chunks) -> None:
+        """Write ``chunks`` into the file as they come, each write on a worker thread."""
+        self._check_alive()
+        target = self.resolve(path)
+
+        def open_target() -> BinaryIO:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            return target.open("wb")
+
+        handle: BinaryIO = await asyncio.to_thread(self._fs, open_target, path)
+        try:
+            async for chunk in chunks:
+                await asyncio.to_thread(self._fs, functools.partial(handle.write, chunk), path)
+        finally:
+            handle.close()
+
+    async def upload_dir(self, local: Path, path: str) -> None:
+        """Unpack a tar stream of ``local`` straight into the sandbox's directory."""
+        self._check_alive()
+        target = self.resolve(path)
+        await self._moved("upload_dir", path, unpack_dir(pack_dir(local), target))
+
+    async def download_dir(self, path: str, local: Path) -> None:
+        """Pack the sandbox's directory as a tar stream and unpack it into ``local``."""
+        self._check_alive()
+        source = self.resolve(path)
+        if not await asyncio.to_thread(source.is_dir):
+            raise self._error(f"download_dir {path!r}: no such directory")
+        await self._moved("download_dir", path, unpack_dir(pack_dir(source), local))
+
+    async def _moved(self, op: str, path: str, transfer: Awaitable[None]) -> None:
+        """Await a tar transfer; its failure is a SandboxError naming ``path`` and the sandbox."""
+        try:
+            await transfer
+        except SandboxError as exc:
+            raise self._error(f"{op} {path!r}: {exc.message}") from exc
+        except OSError as exc:
+            raise self._error(f"{op} {path!r}: {exc.strerror or exc}") from exc
+
+    async def expose(self, port: int) -> PortURL:
+        """The sandbox shares this host's network: its port is this host's loopback one."""
+        if Capability.PORT not in self._provider.capabilities:
+            raise Unsupported(self.provider, Capability.PORT)
+        check_port(port, "expose(port)")
+        self._check_alive()
+        return PortURL(port, f"http://127.0.0.1:{port}", {})
+
+    async def pause(self) -> None:
+        """Stop every process of the sandbox where it is; the files stay as they are.
+
+        The paused mark goes first, so a command starting meanwhile is
+        refused (or, past that check, stopped with the rest). A cgroup is
+        frozen (``cgroup.freeze``); without one the marked processes get
+        SIGSTOP until a scan finds them all stopped (a stopped process
+        cannot fork).
+        """
+        self._check_alive()
+        os.close(os.open(self._paused, os.O_WRONLY | os.O_CREAT, 0o600))
+        cgroup = self.meta.get("cgroup")
+        if cgroup and await _cgroup_freeze(cgroup, True):
+            return
+        if self._ran_commands():
+            await asyncio.to_thread(stop_all, self._carrier())
+
+    async def thaw(self) -> None:
+        """Continue what `pause` stopped (nothing when it is not paused)."""
+        self._check_alive()
+        if not self.paused:
+            return
+        cgroup = self.meta.get("cgroup")
+        if not (cgroup and await _cgroup_freeze(cgroup, False)) and self._ran_commands():
+            await asyncio.to_thread(resume_all, self._carrier())
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._paused)
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """Copy the sandbox's directory into the root's snapshot store (a later
+        ``SandboxSpec(template=snapshot.id)`` on this entry starts from a copy)."""
+        self._check_alive()
+        snapshot_id = "local-snap-" + secrets.token_hex(8)
+        store = self._provider.root / _SNAPSHOTS
+        partial = store / f".{snapshot_id}.part"
+
+        def copy() -> None:
+            store.mkdir(exist_ok=True)
+            try:
+                _copy_tree(self.dir, partial)
+                os.rename(partial, store / snapshot_id)
+            except BaseException:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
+
+        try:
+            await asyncio.to_thread(copy)
+        except (OSError, shutil.Error) as exc:
+            raise self._error(f"snapshot: cannot copy the sandbox: {exc}") from exc
+        return Snapshot(snapshot_id, self.provider, name)
+
+    def _carrier(self) -> Callable[[int], bool]:
+        """Whether a pid carries this sandbox's environment marker."""
+        marker = f"\0{MARKER}={self._provider.marker(self.id)}\0".encode()
+        return functools.partial(_carries, marker=marker)
 
     async def kill(self) -> None:
         """End the sandbox: see the module docstring for the order and why.
@@ -696,6 +995,8 @@ class LocalSandbox(Sandbox):
         if doomed is not None:
             await asyncio.to_thread(shutil.rmtree, doomed, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._paused)
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self._provider.root, f"{self.id}.json"))
 
     def _ran_commands(self) -> bool:
@@ -714,13 +1015,61 @@ class LocalSandbox(Sandbox):
         if cgroup and _cgroup_kill(cgroup):
             await _cgroup_remove(cgroup)
         else:
-            marker = f"\0{MARKER}={self._provider.marker(self.id)}\0".encode()
-            await asyncio.to_thread(sweep, functools.partial(_carries, marker=marker))
+            await asyncio.to_thread(sweep, self._carrier())
         await asyncio.to_thread(shutil.rmtree, self._procs, ignore_errors=True)
 
     @property
     def alive(self) -> bool:
         return self.dir.is_dir()
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """Copy a sandbox's tree: symlinks as links, FIFOs, sockets and devices left out
+    (a FIFO would block the copy; a socket's server is gone with its process)."""
+
+    def specials(directory: str, names: list[str]) -> set[str]:
+        kinds = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK)
+        return {
+            n
+            for n in names
+            if not any(k(os.lstat(os.path.join(directory, n)).st_mode) for k in kinds)
+        }
+
+    shutil.copytree(source, target, symlinks=True, ignore=specials)
+
+
+async def _cgroup_freeze(cgroup: str, frozen: bool) -> bool:
+    """Freeze or thaw ``cgroup`` and wait until the kernel says it is done; False when
+    there is no such cgroup (no command ran, or it could not be made)."""
+    try:
+        fd = os.open(os.path.join(cgroup, "cgroup.freeze"), os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"1" if frozen else b"0")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    want = f"frozen {int(frozen)}"
+    deadline = time.monotonic() + _REAP_SECONDS
+    delay = 0.0005
+    while time.monotonic() < deadline:
+        if _cgroup_event(cgroup, want):
+            return True
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    _log.warning("cgroup %s not %s after %ss", cgroup, want, _REAP_SECONDS)
+    return True
+
+
+def _cgroup_event(cgroup: str, line: str) -> bool:
+    """Whether ``cgroup.events`` says ``line`` (or the cgroup is gone: a kill ended it)."""
+    try:
+        with open(os.path.join(cgroup, "cgroup.events")) as f:
+            return line in f.read().splitlines()
+    except OSError:
+        return True
 
 
 def _shell(cmd: str | Sequence[str]) -> list[str]:

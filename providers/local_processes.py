@@ -55,8 +55,10 @@ __all__ = [
     "find_record",
     "list_records",
     "new_record",
+    "resume_all",
     "set_size",
     "started",
+    "stop_all",
     "sweep",
     "wrapped",
 ]
@@ -401,7 +403,7 @@ def sweep(belongs: Callable[[int], bool]) -> None:
         if time.monotonic() > deadline:
             _log.warning("processes %s outlived their kill", found)
             return
-        killed = [fd for pid in found if (fd := _kill_if(pid, belongs)) is not None]
+        killed = [fd for pid in found if (fd := _signal_if(pid, belongs)) is not None]
         try:
             exits = select.poll()
             for pidfd in killed:
@@ -416,8 +418,46 @@ def sweep(belongs: Callable[[int], bool]) -> None:
                 os.close(pidfd)
 
 
-def _kill_if(pid: int, belongs: Callable[[int], bool]) -> int | None:
-    """SIGKILL ``pid`` if it ``belongs``; its pidfd (to wait on) if it was killed.
+def stop_all(belongs: Callable[[int], bool]) -> None:
+    """SIGSTOP every process that ``belongs`` until a scan finds them all stopped.
+
+    A stopped process cannot fork, so the set closes: what a running one
+    forked meanwhile is found by the next scan.
+    """
+    me = os.getpid()
+    deadline = time.monotonic() + _REAP_SECONDS
+    delay = 0.0005
+    while running := [p for p in _all_pids() if p != me and _state(p) not in "TtZX" and belongs(p)]:
+        if time.monotonic() > deadline:
+            _log.warning("processes %s did not stop", running)
+            return
+        for pid in running:
+            if (pidfd := _signal_if(pid, belongs, signal.SIGSTOP)) is not None:
+                os.close(pidfd)
+        time.sleep(delay)  # the stop lands asynchronously: let it before the next scan
+        delay = min(delay * 2, _POLL_MAX)
+
+
+def resume_all(belongs: Callable[[int], bool]) -> None:
+    """SIGCONT every process that ``belongs`` (what `stop_all` stopped)."""
+    me = os.getpid()
+    for pid in _all_pids():
+        if pid != me and (pidfd := _signal_if(pid, belongs, signal.SIGCONT)) is not None:
+            os.close(pidfd)
+
+
+def _state(pid: int) -> str:
+    """The state letter of ``pid`` (``X`` when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return "X"
+    return stat[stat.rindex(")") + 2]
+
+
+def _signal_if(pid: int, belongs: Callable[[int], bool], sig: int = signal.SIGKILL) -> int | None:
+    """Send ``sig`` to ``pid`` if it ``belongs``; its pidfd (to wait on) if it was sent.
 
     The pidfd is opened first and pins the pid, so what is checked after it
     is that very process, never a newcomer's with a reused pid.
@@ -428,7 +468,7 @@ def _kill_if(pid: int, belongs: Callable[[int], bool]) -> int | None:
         return None
     try:
         if belongs(pid):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            signal.pidfd_send_signal(pidfd, sig)
             return pidfd
     except ProcessLookupError:
         pass

@@ -16,7 +16,22 @@ with ``execute``, long-polls the execution until the caller's timeout and
 then kills it (``executions.kill``), returning ``timed_out=True``. Env and
 cwd, which the API does not take per command, become a shell prelude.
 Binary files go through ``upload_file`` / ``download_file``; the listing is
-``find`` run in the devbox, as the API has none.
+``find`` run in the devbox, as the API has none, and so are remove, make_dir,
+exists, rename and stat (`providers.files.ShellFiles`). A streamed write is
+the same multipart ``upload_file`` request the SDK sends, its body built
+chunk by chunk and posted through the SDK's client (its ``upload_file``
+reads a file part whole); a streamed read is ``download_file`` through
+``with_streaming_response``.
+
+Ports go through the devbox's one V2 tunnel (``enable_tunnel``, made on the
+first `RunloopSandbox.expose` with ``auth_mode="authenticated"``): the URL
+is ``https://{port}-{tunnel_key}.tunnel.{domain}`` as the SDK's
+``get_tunnel_url`` builds it, and the tunnel's ``auth_token`` goes in the
+``X-Runloop-Tunnel-Authorization`` header. Pause is ``suspend`` (the disk is
+kept, running processes are not) and `RunloopProvider.resume` is
+``resume``; both wait for the status. A snapshot is a disk snapshot
+(``snapshot_disk_async``, then its status is polled); its ``snp_...`` id as
+a spec's template creates from it.
 
 A background process (`RunloopSandbox.start`) is an ``execute_async`` with
 stdin attached; its id is the execution id, so `RunloopSandbox.attach` finds
@@ -46,7 +61,7 @@ import math
 import os
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import structlog
@@ -57,21 +72,26 @@ from providers.base import (
     CodeResult,
     CommandResult,
     FileInfo,
+    PortURL,
     ProviderOptions,
     Sandbox,
     SandboxInfo,
     SandboxSpec,
+    Snapshot,
+    check_port,
 )
 from providers.capabilities import Capability
 from providers.errors import InvalidArgument, NotFound, ProviderError, SandboxError, Unavailable
+from providers.files import CHUNK, Chunks, ShellFiles
 from providers.mapping import ErrorMap, Where, from_status, retry_after
 from providers.processes import ProcessBase
 from providers.shell import piped, script
 
 if TYPE_CHECKING:
     from runloop_api_client import AsyncRunloop
+    from runloop_api_client.lib.polling import PollingConfig
     from runloop_api_client.sdk import AsyncDevbox
-    from runloop_api_client.types import DevboxAsyncExecutionDetailView
+    from runloop_api_client.types import DevboxAsyncExecutionDetailView, DevboxView
 
 __all__ = [
     "API_KEY_ENV",
@@ -98,10 +118,21 @@ LIVE_STATUSES = (
     "resuming",
 )
 _GONE = frozenset({"shutdown", "failure"})
+_ASLEEP = frozenset({"suspending", "suspended"})
+TUNNEL_AUTH_HEADER = "X-Runloop-Tunnel-Authorization"
+# Capitalized on purpose: the SDK swaps a body sent as "multipart/form-data" for its own
+# encoder, which reads a file part whole (and refuses streamed content); media types are
+# case-insensitive (RFC 9110, 8.3.1), so the server reads this one the same.
+_MULTIPART = "Multipart/form-data"
 _EXEC_HOLD_MAX = 25
 _QUOTA_WORDS = ("quota", "limit", "usage", "credit", "billing", "plan")
 _CONCURRENCY_WORDS = ("concurrent", "at once")
 _KILL_TIMEOUT = 10.0
+_PAUSE_TIMEOUT = 120.0
+# The SDK's own timeout for file transfers; httpx applies it to each read and write of the
+# stream (and to the answer after the last chunk), not to the whole transfer.
+_TRANSFER_TIMEOUT = 600.0
+_SNAPSHOT_TIMEOUT = 600.0
 _RESUME_PAUSE = 0.2
 
 ResourceSize = Literal["X_SMALL", "SMALL", "MEDIUM", "LARGE", "X_LARGE", "XX_LARGE"]
@@ -173,11 +204,16 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
         {
             Capability.RUN_CODE,
             Capability.FILES,
+            Capability.FILES_MANAGE,
+            Capability.FILES_STREAM,
             Capability.STREAM,
             Capability.STDIN,
             Capability.PROCESS,
             Capability.PROCESS_KILL,
             Capability.PROCESS_ATTACH,
+            Capability.PORT,
+            Capability.PAUSE,
+            Capability.SNAPSHOT,
         }
     )
     api_key_env = API_KEY_ENV
@@ -252,8 +288,6 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
         return params
 
     async def create(self, spec: SandboxSpec, *, timeout: float) -> RunloopSandbox:
-        from runloop_api_client.lib.polling import PollingConfig
-
         api = self._api()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -266,12 +300,7 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
                 )
                 devbox_id = view.id
                 if view.status != "running":
-                    left = max(deadline - loop.time(), 0.001)
-                    polling = PollingConfig(
-                        interval_seconds=1.0,
-                        max_attempts=math.ceil(left) + 1,
-                        timeout_seconds=left,
-                    )
+                    polling = _polling(deadline - loop.time())
                     view = await api.devboxes.await_running(view.id, polling_config=polling)
         except asyncio.CancelledError:
             if devbox_id is not None:
@@ -329,7 +358,7 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
                 SandboxInfo(
                     id=view.id,
                     labels=dict(view.metadata),
-                    state=view.status,
+                    state="paused" if view.status in _ASLEEP else view.status,
                     created_at=view.create_time_ms / 1000,
                 )
                 async for view in api.devboxes.list(status=status, limit=100)
@@ -339,6 +368,41 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
         with sdk_errors(self.name):
             pages = await asyncio.gather(*(of_status(s) for s in LIVE_STATUSES))
         return sorted((i for page in pages for i in page), key=lambda i: i.created_at or 0.0)
+
+    async def resume(self, sandbox_id: str, *, timeout: float) -> RunloopSandbox:
+        """Resume a suspended devbox and wait until it runs (a running one is returned as is)."""
+        devboxes = self._api().devboxes
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        with sdk_errors(self.name, sandbox_id):
+            async with asyncio.timeout(timeout):
+                view = await devboxes.retrieve(sandbox_id)
+                if view.status in _GONE:
+                    raise NotFound(
+                        f"devbox {sandbox_id} is {view.status}",
+                        provider=self.name,
+                        sandbox_id=sandbox_id,
+                    )
+                if view.status == "suspending":
+                    view = await devboxes.await_suspended(
+                        sandbox_id, polling_config=_polling(deadline - loop.time())
+                    )
+                if view.status == "suspended":
+                    view = await devboxes.resume(sandbox_id)
+                if view.status != "running":
+                    await devboxes.await_running(
+                        sandbox_id, polling_config=_polling(deadline - loop.time())
+                    )
+        log.debug("sandbox_router.runloop.resumed", entry=self.name, sandbox_id=sandbox_id)
+        return self._sandbox(sandbox_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        try:
+            with sdk_errors(self.name):
+                await self._api().devboxes.disk_snapshots.delete(snapshot_id)
+        except NotFound:
+            return False
+        return True
 
     async def kill(self, sandbox_id: str) -> bool:
         api = self._api()
@@ -354,7 +418,7 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
         return True
 
 
-class RunloopSandbox(Sandbox):
+class RunloopSandbox(ShellFiles, Sandbox):
     """A live Runloop devbox; ``native`` is the SDK's ``AsyncDevbox`` for it."""
 
     def __init__(
@@ -489,6 +553,28 @@ class RunloopSandbox(Sandbox):
             response = await self._api.devboxes.download_file(self.id, path=path)
             return await response.read()
 
+    async def read_stream(self, path: str) -> AsyncIterator[bytes]:
+        with self._errors():
+            async with self._api.devboxes.with_streaming_response.download_file(
+                self.id, path=path, timeout=_TRANSFER_TIMEOUT
+            ) as response:
+                async for chunk in response.iter_bytes(CHUNK):
+                    yield chunk
+
+    async def write_stream(self, path: str, chunks: Chunks) -> None:
+        """``upload_file``'s multipart request, its file part streamed from ``chunks``."""
+        boundary = os.urandom(16).hex()
+        with self._errors():
+            await self._api.post(
+                f"/v1/devboxes/{self.id}/upload_file",
+                cast_to=object,
+                content=_multipart(boundary, path, chunks),
+                options={
+                    "headers": {"Content-Type": f"{_MULTIPART}; boundary={boundary}"},
+                    "timeout": _TRANSFER_TIMEOUT,
+                },
+            )
+
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         listing = await self.run(
             f"cd -- {shlex.quote(path)} && printf '%s\\0' \"$PWD\" && "
@@ -530,6 +616,41 @@ class RunloopSandbox(Sandbox):
             )
         res = await self.run(piped(code, interpreters[language]), timeout=timeout)
         return CodeResult.of_command(res, timeout)
+
+    async def expose(self, port: int) -> PortURL:
+        """The port through the devbox's tunnel, enabled (authenticated) on first use."""
+        check_port(port, "expose")
+        devboxes = self._api.devboxes
+        with self._errors():
+            tunnel = (await devboxes.retrieve(self.id)).tunnel
+            if tunnel is None:
+                tunnel = await devboxes.enable_tunnel(self.id, auth_mode="authenticated")
+        host = self._api.base_url.host
+        domain = host[4:] if host.startswith("api.") else host
+        token = tunnel.auth_token
+        return PortURL(
+            port,
+            f"https://{port}-{tunnel.tunnel_key}.tunnel.{domain}",
+            {TUNNEL_AUTH_HEADER: f"Bearer {token}"} if token else {},
+        )
+
+    async def pause(self) -> None:
+        """Suspend the devbox (disk kept, processes end) and wait until it is suspended."""
+        devboxes = self._api.devboxes
+        with self._errors():
+            view: DevboxView = await devboxes.suspend(self.id)
+            if view.status != "suspended":
+                await devboxes.await_suspended(self.id, polling_config=_polling(_PAUSE_TIMEOUT))
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """A disk snapshot; returns once Runloop says it is complete."""
+        devboxes = self._api.devboxes
+        with self._errors():
+            started = await devboxes.snapshot_disk_async(self.id, name=name)
+            await devboxes.disk_snapshots.await_completed(
+                started.id, polling_config=_polling(_SNAPSHOT_TIMEOUT)
+            )
+        return Snapshot(started.id, self.provider, name)
 
     async def kill(self) -> None:
         with contextlib.suppress(NotFound), self._errors():
@@ -646,6 +767,33 @@ class RunloopProcess(ProcessBase):
 
 def _left(deadline: float) -> float:
     return deadline - time.monotonic()
+
+
+def _polling(seconds: float) -> PollingConfig:
+    """Poll about once a second for at most ``seconds``."""
+    from runloop_api_client.lib.polling import PollingConfig
+
+    left = max(seconds, 0.001)
+    return PollingConfig(
+        interval_seconds=1.0, max_attempts=math.ceil(left) + 1, timeout_seconds=left
+    )
+
+
+async def _multipart(boundary: str, path: str, chunks: Chunks) -> AsyncIterator[bytes]:
+    """``path`` and ``file`` as multipart/form-data, the file's bytes as they come."""
+    head = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="path"\r\n\r\n'
+        f"{path}\r\n"
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="file"; filename="'
+        f'{os.path.basename(path).replace(chr(34), "") or "file"}"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    )
+    yield head.encode()
+    async for chunk in chunks:
+        yield chunk
+    yield f"\r\n--{boundary}--\r\n".encode()
 
 
 def _message(exc: BaseException) -> str:

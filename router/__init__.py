@@ -8,7 +8,7 @@
 The error classes are drawn as one tree in ``providers.errors``.
 """
 
-from providers.base import CodeResult, CommandResult, FileInfo, SandboxSpec
+from providers.base import CodeResult, CommandResult, FileInfo, PortURL, SandboxSpec, Snapshot
 from providers.errors import (
     AuthError,
     CapacityExceeded,
@@ -25,6 +25,7 @@ from providers.errors import (
     SandboxRouterError,
     StateUnavailable,
     Unavailable,
+    Unsupported,
 )
 from router.config import RouterConfig, load_config
 from router.core import EntryView, ReapReport, Router, RouterStatus
@@ -48,6 +49,7 @@ __all__ = [
     "LeaseError",
     "NoProviderAvailable",
     "NotFound",
+    "PortURL",
     "ProviderError",
     "QuotaExceeded",
     "RateLimited",
@@ -59,8 +61,10 @@ __all__ = [
     "SandboxPathError",
     "SandboxRouterError",
     "SandboxSpec",
+    "Snapshot",
     "StateUnavailable",
     "Unavailable",
+    "Unsupported",
     "configure_logging",
     "load_config",
 ]

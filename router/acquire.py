@@ -42,6 +42,7 @@ from router.events import Acquired, AcquireFailed, Created, Failover, emit
 from router.hedge import Hedger, Leg, Runner, Spare
 from router.lease import Held
 from router.ledger import Booking, Denied, Ledger
+from router.pause import PAUSE_KEY
 from router.sessions import Sessions
 from router.upkeep import Upkeep
 
@@ -328,6 +329,8 @@ def check_acquire(
             raise InvalidArgument(f"acquire(labels=...): {key!r} is set by the router itself")
     if session is not None and (not isinstance(session, str) or not session.strip()):
         raise InvalidArgument(f"acquire(session={session!r}): a session key is a non-empty string")
+    if session is not None and session.startswith(PAUSE_KEY):
+        raise InvalidArgument(f"acquire(session=...): {PAUSE_KEY!r} keys are the pause tokens'")
     if timeout is not None and not timeout > 0:
         raise InvalidArgument(
             f"acquire(timeout={timeout!r}): the deadline must be a positive number of seconds"

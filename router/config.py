@@ -263,6 +263,11 @@ class RouterConfig(_Strict):
         create_timeout: the cap of one create attempt.
         lease_ttl: a lease not heartbeated for this long expires (crashed app).
         session_idle_ttl: how long a released session sandbox stays bound.
+        session_pause: pause a released session's sandbox through its idle
+            TTL where its entry declares ``pause`` (its bill stops), and
+            resume it on the session's next acquire.
+        pause_ttl: how long a paused lease's resume token stays valid; past
+            it the janitor kills the paused sandbox.
     """
 
     version: Int = 1
@@ -281,6 +286,8 @@ class RouterConfig(_Strict):
     create_timeout: Annotated[Float, Field(gt=0, le=3600)] = 60.0
     lease_ttl: Annotated[Float, Field(ge=5, le=7 * 24 * 3600)] = 300.0
     session_idle_ttl: Annotated[Float, Field(ge=0, le=7 * 24 * 3600)] = 900.0
+    session_pause: Bool = True
+    pause_ttl: Annotated[Float, Field(gt=0, le=90 * 24 * 3600)] = 7 * 24 * 3600.0
     retry: RetrySettings = RetrySettings()
     breaker: BreakerSettings = BreakerSettings()
     pools: dict[Annotated[str, Field(pattern=_NAME)], QuotaConfig] = Field(default_factory=dict)

@@ -3,8 +3,8 @@
 Each concern lives in a module of its own (see docs/design.md's map):
 ``acquire`` (the chain walk with retries and failover), ``ledger`` (the
 state store and its fail-open fallback), ``upkeep`` (commits, heartbeats,
-releases, background tasks), ``sessions`` (sticky sessions), ``janitor``
-(orphan reaping) and ``status``. The facade builds them, and gives each
+releases, background tasks), ``sessions`` (sticky sessions), ``pause``
+(pause tokens), ``janitor`` (orphan reaping) and ``status``. The facade builds them, and gives each
 async operation its sync twin: ``acquire`` runs the one async
 implementation on the router's engine loop and waits, ``aacquire`` awaits
 it there (see ``router.engine``).
@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from providers.base import Provider, SandboxSpec
+from providers.base import Provider, SandboxSpec, Snapshot
+from providers.errors import InvalidArgument
 from router import config as config_mod
 from router.acquire import Acquirer, check_acquire
 from router.config import RouterConfig
@@ -30,6 +32,7 @@ from router.events import Hook, QuotaChanged, emit, log_hook
 from router.janitor import Janitor, ReapReport
 from router.lease import AsyncLease, Lease
 from router.ledger import Ledger
+from router.pause import Pauses
 from router.sessions import Sessions
 from router.state import StateStore, open_store
 from router.status import EntryView, RouterStatus, read_status
@@ -68,6 +71,7 @@ class Router:
         self._sessions = Sessions(self._ledger, self._upkeep, ctx)
         self._acquirer = Acquirer(self._ledger, self._upkeep, self._sessions, ctx, sleep)
         self._janitor = Janitor(store, ctx)
+        self._pauses = Pauses(self._ledger, self._upkeep, ctx)
 
     # -- construction ----------------------------------------------------------
     @classmethod
@@ -131,7 +135,7 @@ class Router:
         """
         requires = check_acquire(spec, requires, labels, session, timeout)
         held = self._engine.run(self._acquirer.acquire(spec, requires, labels, session, timeout))
-        return Lease(held, self._engine, self._upkeep.release)
+        return Lease(held, self._engine, self._upkeep.release, self._pauses.pause)
 
     async def aacquire(
         self,
@@ -145,7 +149,38 @@ class Router:
         """The async twin of `acquire` (same logic, same arguments)."""
         requires = check_acquire(spec, requires, labels, session, timeout)
         work = self._acquirer.acquire(spec, requires, labels, session, timeout)
-        return AsyncLease(await self._engine.arun(work), self._engine, self._upkeep.release)
+        held = await self._engine.arun(work)
+        return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause)
+
+    def resume(self, token: str, *, timeout: float | None = None) -> Lease:
+        """A live lease on the sandbox `Lease.pause` paused, from any replica.
+
+        A slot-only reservation on the sandbox's entry: it takes a concurrency
+        slot but no session unit. Releasing the lease kills the sandbox.
+
+        Raises:
+            LeaseError: no paused sandbox for this token (unknown, expired or
+                resumed already).
+            NoProviderAvailable: the entry cannot take it now (concurrency full,
+                breaker open); the token and the paused sandbox stay.
+            NotFound: the sandbox is gone at the provider (the token is dropped).
+        """
+        timeout = _check_resume(token, timeout, self.config.acquire_timeout)
+        held = self._engine.run(self._pauses.resume(token, timeout))
+        return Lease(held, self._engine, self._upkeep.release, self._pauses.pause)
+
+    async def aresume(self, token: str, *, timeout: float | None = None) -> AsyncLease:
+        """The async twin of `resume`."""
+        timeout = _check_resume(token, timeout, self.config.acquire_timeout)
+        held = await self._engine.arun(self._pauses.resume(token, timeout))
+        return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause)
+
+    def delete_snapshot(self, snapshot: Snapshot) -> bool:
+        """Delete a snapshot `sandbox.snapshot()` made, on its entry; False when it was gone."""
+        return self._engine.run(self._delete_snapshot(snapshot))
+
+    async def adelete_snapshot(self, snapshot: Snapshot) -> bool:
+        return await self._engine.arun(self._delete_snapshot(snapshot))
 
     def status(self) -> RouterStatus:
         """Per entry: configured, breaker state, quota used/limit, reset, live leases."""
@@ -226,9 +261,29 @@ class Router:
         self._ledger.exhausted.forget(pool)  # other replicas learn it from the limits version
         emit(self._hooks, QuotaChanged(pool=pool, unit=unit, value=value))
 
+    async def _delete_snapshot(self, snapshot: Snapshot) -> bool:
+        entry = self._entries.get(snapshot.entry)
+        if entry is None:
+            raise InvalidArgument(f"delete_snapshot: entry {snapshot.entry!r} is not in the chain")
+        return await entry.provider.delete_snapshot(snapshot.id)
+
     async def _aclose(self) -> None:
         await self._upkeep.close()
         for entry in self._entries.values():
             with contextlib.suppress(Exception):
                 await entry.provider.aclose()
         await self._ledger.close()
+
+
+def _check_resume(token: object, timeout: float | None, default: float) -> float:
+    if not isinstance(token, str) or not token or not token.isascii() or not token.isprintable():
+        raise InvalidArgument("resume(token): not a pause token")
+    if timeout is None:
+        return default
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout < math.inf
+    ):
+        raise InvalidArgument(f"resume(timeout): {timeout!r} is not a positive number of seconds")
+    return float(timeout)

@@ -52,10 +52,12 @@ __all__ = [
     "LateCreate",
     "LeaseLost",
     "OutageHandedOver",
+    "Paused",
     "QuotaChanged",
     "Reaped",
     "Refund",
     "Released",
+    "Resumed",
     "RouterEvent",
     "SessionClosed",
     "SessionLost",
@@ -290,6 +292,29 @@ class SessionClosed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class Paused(Event):
+    """A lease's sandbox was paused: its lease ended (seconds metered, slot freed) and it
+    waits for a resume (``session``: a sticky session's, else a token's)."""
+
+    name: ClassVar[str] = "paused"
+    entry: str
+    lease_id: str
+    sandbox_id: str
+    session: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed(Event):
+    """A paused sandbox runs again under a new lease (``session`` as in `Paused`)."""
+
+    name: ClassVar[str] = "resumed"
+    entry: str
+    lease_id: str
+    sandbox_id: str
+    session: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Reaped(Event):
     """The janitor killed an orphan."""
 
@@ -330,6 +355,8 @@ RouterEvent = (
     | StateWarning
     | SessionLost
     | SessionClosed
+    | Paused
+    | Resumed
     | Reaped
     | QuotaChanged
 )
@@ -371,6 +398,8 @@ def log_hook(event: RouterEvent) -> None:
             | BreakerTransition()
             | Released()
             | SessionClosed()
+            | Paused()
+            | Resumed()
         ):
             _line(logging.INFO, event.name, event.fields)
         case _:

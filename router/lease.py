@@ -26,7 +26,8 @@ from providers.processes import (
     Terminal,
     deliver,
 )
-from router.portal import OnEngine, Portal, blocking, iterate, on_caller_loop, relay
+from router.files import AsyncFiles, SyncFiles
+from router.portal import blocking, iterate, on_caller_loop, relay
 from router.processes import AsyncProcess, AsyncTerminal, SyncProcess, SyncTerminal
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class Held:
     committing: asyncio.Task[None] | None = None
 
 
-class AsyncSandboxHandle(OnEngine):
+class AsyncSandboxHandle(AsyncFiles):
     """The sandbox handle for async code: each call is awaited on the router's loop.
 
     This is where a method of the sandbox API is written; `SyncSandbox`
@@ -219,7 +220,7 @@ def _check_run(cmd: str | Sequence[str], env: Mapping[str, str] | None, cwd: str
         raise InvalidArgument("run(cwd=...): contains a NUL byte")
 
 
-class SyncSandbox(Portal["AsyncSandboxHandle"]):
+class SyncSandbox(SyncFiles["AsyncSandboxHandle"]):
     """The sandbox handle for sync code: `AsyncSandboxHandle`'s methods, waited for.
 
     Callbacks (``on_stdout``...) run on the router's thread.
@@ -297,11 +298,16 @@ class SyncSandbox(Portal["AsyncSandboxHandle"]):
 
 class _LeaseBase:
     def __init__(
-        self, held: Held, engine: Engine, release: Callable[[Held], Coroutine[Any, Any, None]]
+        self,
+        held: Held,
+        engine: Engine,
+        release: Callable[[Held], Coroutine[Any, Any, None]],
+        pause: Callable[[Held], Coroutine[Any, Any, str]],
     ) -> None:
         self._held = held
         self._engine = engine
         self._release_fn = release
+        self._pause_fn = pause
 
     @property
     def id(self) -> str:
@@ -335,7 +341,8 @@ class _LeaseBase:
 
     @property
     def resumed(self) -> bool:
-        """True when a sticky session got its existing sandbox back."""
+        """True when a sticky session got its existing sandbox back, or a pause token its
+        paused one (`Router.resume`)."""
         return self._held.resumed
 
     @property
@@ -363,6 +370,12 @@ class Lease(_LeaseBase):
         """Kill the sandbox, meter its time, free the slot (idempotent)."""
         self._engine.run(self._release_fn(self._held))
 
+    def pause(self) -> str:
+        """End the lease with its sandbox paused, not killed (metered so far, slot freed);
+        the secret token `Router.resume` wakes it with, from any replica, for ``pause_ttl``.
+        `Unsupported` (the lease stays live) where the entry cannot pause."""
+        return self._engine.run(self._pause_fn(self._held))
+
     def __enter__(self) -> Lease:
         return self
 
@@ -385,6 +398,10 @@ class AsyncLease(_LeaseBase):
     async def release(self) -> None:
         """Kill the sandbox, meter its time, free the slot (idempotent)."""
         await self._engine.arun(self._release_fn(self._held))
+
+    async def pause(self) -> str:
+        """`Lease.pause`, awaited."""
+        return await self._engine.arun(self._pause_fn(self._held))
 
     async def __aenter__(self) -> AsyncLease:
         return self

@@ -363,11 +363,13 @@ class Ledger:
             local = await self.outage.store.snapshot([self.outage.share(r) for r in refs], now)
             return self.outage.usage(local), str(exc)
 
-    async def bind(self, held: Held, ttl: float) -> None:
+    async def bind(self, held: Held, ttl: float, *, paused: bool = False) -> None:
         """Bind the lease's sticky session to its sandbox for ``ttl`` seconds."""
         assert held.session is not None
         now = self._ctx.clock()
-        await self.store.bind_session(held.session, held.entry, held.sandbox.id, now + ttl, now)
+        await self.store.bind_session(
+            held.session, held.entry, held.sandbox.id, now + ttl, now, paused=paused
+        )
 
     def report(self, operation: str, exc: Exception) -> None:
         self._ctx.emit(

@@ -58,10 +58,12 @@ from router.events import (
     LateCreate,
     LeaseLost,
     OutageHandedOver,
+    Paused,
     QuotaChanged,
     Reaped,
     Refund,
     Released,
+    Resumed,
     RouterEvent,
     SessionClosed,
     SessionLost,
@@ -173,6 +175,14 @@ class RouterMetrics:
         self.reaped = counter(
             "orphans_reaped", "Orphaned sandboxes killed by the janitor, by entry.", ("entry",)
         )
+        self.paused = counter(
+            "sandboxes_paused",
+            "Sandboxes paused at a lease's end (their bill stops), by entry.",
+            ("entry",),
+        )
+        self.resumed = counter(
+            "sandboxes_resumed", "Paused sandboxes woken under a new lease, by entry.", ("entry",)
+        )
         self.quota_changes = counter(
             "quota_adjustments",
             "Operator overwrites of a pool's usage (sandbox-router quota set/reset).",
@@ -212,8 +222,15 @@ class RouterMetrics:
             registry=registry,
         )
 
-    def _hedged(self, event: HedgeStarted | HedgeSettled) -> None:
+    def _created(self, event: Created | HedgeStarted | HedgeSettled) -> None:
+        """A create that made a sandbox (and this process's recent latency), or a hedge."""
         match event:
+            case Created(entry=entry, latency=latency):
+                self.create_seconds.labels(entry, "success").observe(latency)
+                sketch = self._sketches.setdefault(entry, LatencySketch())
+                sketch.add(latency)
+                for label, q in (("0.5", 0.5), ("0.95", 0.95)):
+                    self.create_latency.labels(entry, label).set(sketch.quantile(q) or 0.0)
             case HedgeStarted(entry=entry, hedge_entry=hedge):
                 self.hedges_started.labels(entry, hedge).inc()
             case HedgeSettled(entry=entry, hedge_entry=hedge, winner=winner):
@@ -221,12 +238,6 @@ class RouterMetrics:
                     self.hedge_wins.labels(entry, hedge).inc()
             case _:
                 assert_never(event)
-
-    def _quantiles(self, entry: str, latency: float) -> None:
-        sketch = self._sketches.setdefault(entry, LatencySketch())
-        sketch.add(latency)
-        for label, q in (("0.5", 0.5), ("0.95", 0.95)):
-            self.create_latency.labels(entry, label).set(sketch.quantile(q) or 0.0)
 
     def prime(self, router: Router) -> None:
         """Create the router's label sets at zero, so rates and alerts see the first event."""
@@ -246,11 +257,8 @@ class RouterMetrics:
             case AcquireFailed(latency=latency):
                 self.acquisitions.labels("none", "no_provider").inc()
                 self.acquire_seconds.labels("none").observe(latency)
-            case Created(entry=entry, latency=latency):
-                self.create_seconds.labels(entry, "success").observe(latency)
-                self._quantiles(entry, latency)
-            case HedgeStarted() | HedgeSettled():
-                self._hedged(event)
+            case Created() | HedgeStarted() | HedgeSettled():
+                self._created(event)
             case CreateFailed(entry=entry, reason=reason, latency=latency):
                 self.create_seconds.labels(entry, "failure").observe(latency)
                 self.create_failures.labels(entry, reason).inc()
@@ -278,6 +286,10 @@ class RouterMetrics:
                 self.kill_failures.labels(entry).inc()
             case SessionLost(entry=entry):
                 self.sessions_lost.labels(entry).inc()
+            case Paused(entry=entry):
+                self.paused.labels(entry).inc()
+            case Resumed(entry=entry):
+                self.resumed.labels(entry).inc()
             case Reaped(entry=entry):
                 self.reaped.labels(entry).inc()
             case QuotaChanged(pool=pool, unit=unit):

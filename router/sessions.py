@@ -1,8 +1,9 @@
 """Sticky sessions: the same key gets the same live sandbox back, from any replica.
 
-The binding (session -> entry, sandbox id, until when) lives in the shared
-store. An acquire with a session first tries `Sessions.resume`: reconnect
-to the bound sandbox under a slot-only reservation (nothing new is
+The binding (session -> entry, sandbox id, until when, paused or not) lives
+in the shared store. An acquire with a session first tries
+`Sessions.resume`: reconnect to the bound sandbox (wake it, when the
+session's release paused it) under a slot-only reservation (nothing new is
 created). When that sandbox is gone, the entry left the chain or cannot
 serve, the session is lost (an event says why), its old sandbox is killed
 in the background, and the acquire creates and binds a new one.
@@ -15,7 +16,7 @@ import asyncio
 from policies.outcome import classify
 from providers.errors import ProviderError, StateUnavailable
 from router.context import Context
-from router.events import KillFailed, SessionClosed, SessionLost
+from router.events import KillFailed, Resumed, SessionClosed, SessionLost
 from router.lease import Held
 from router.ledger import Denied, Ledger
 from router.state.base import SessionBinding
@@ -60,9 +61,12 @@ class Sessions:
             return None
         started = self._ctx.clock()
         try:
-            sandbox = await asyncio.wait_for(
-                entry.provider.connect(binding.sandbox_id), booking.budget
+            wake = (
+                entry.provider.resume(binding.sandbox_id, timeout=booking.budget)
+                if binding.paused
+                else entry.provider.connect(binding.sandbox_id)
             )
+            sandbox = await asyncio.wait_for(wake, booking.budget)
         except Exception as exc:
             await self._ledger.settle_failure(booking, exc, 1, started)
             self._lose(
@@ -76,6 +80,8 @@ class Sessions:
         )
         await self.bind(held, session)
         self._upkeep.keep(held)
+        if binding.paused:
+            self._ctx.emit(Resumed(entry.name, held.lease_id, sandbox.id, session))
         return held
 
     async def bind(self, held: Held, session: str) -> None:

@@ -87,15 +87,15 @@ class ScriptedProvider(Provider):
     ) -> None:
         super().__init__(name)
         self.script: list[Step] = list(script)
-        self.capabilities = frozenset(
-            LocalProvider.capabilities if capabilities is None else capabilities
-        )
         self._unconfigured = unconfigured
         self._kill_gate = kill_gate
         self._own_root = None
         if root is None:
             root = self._own_root = Path(tempfile.mkdtemp(prefix="sandbox-router-scripted-"))
         self.local = LocalProvider(name, LocalOptions(root=root / name))
+        self.capabilities = frozenset(
+            self.local.capabilities if capabilities is None else capabilities
+        )
         self.creates = 0
         self.created: list[str] = []
 
@@ -128,6 +128,12 @@ class ScriptedProvider(Provider):
     async def kill(self, sandbox_id: str) -> bool:
         return await self.local.kill(sandbox_id)
 
+    async def resume(self, sandbox_id: str, *, timeout: float) -> Sandbox:
+        return self._gated(await self.local.resume(sandbox_id, timeout=timeout))
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await self.local.delete_snapshot(snapshot_id)
+
     async def aclose(self) -> None:
         """Remove the temporary root it made (a given ``root`` is left alone)."""
         if self._own_root is not None:
@@ -136,6 +142,10 @@ class ScriptedProvider(Provider):
     def alive(self) -> builtins.list[str]:
         """The ids of the sandboxes it created that are not killed yet."""
         return [s for s in self.created if (self.local.root / s).exists()]
+
+    def paused(self) -> builtins.list[str]:
+        """The ids of the sandboxes it created that are paused."""
+        return [s for s in self.alive() if (self.local.root / f"{s}.paused").exists()]
 
     def _gated(self, sandbox: LocalSandbox) -> Sandbox:
         if self._kill_gate is None:

@@ -16,6 +16,7 @@ from collections.abc import Coroutine, Iterable
 from typing import Any
 
 from providers.base import Sandbox
+from providers.capabilities import Capability
 from providers.errors import ProviderError, StateUnavailable
 from router.context import Context
 from router.entries import Entry
@@ -24,6 +25,7 @@ from router.events import (
     KillFailed,
     LateCreate,
     LeaseLost,
+    Paused,
     Released,
     TaskFailed,
 )
@@ -129,8 +131,9 @@ class Upkeep:
         with contextlib.suppress(ProviderError):
             await held.sandbox.keepalive(ttl * 2)
 
-    async def release(self, held: Held) -> None:
-        """Dispose of the sandbox; free the slot beside it, off the caller's path.
+    async def release(self, held: Held, *, kill: bool = True) -> None:
+        """Dispose of the sandbox (``kill=False``: a paused one, left as it is); free the
+        slot beside it, off the caller's path.
 
         The caller waits for the kill only. The slot's release is a task of
         its own that this router's status, and its next acquire on a pool with
@@ -142,25 +145,35 @@ class Upkeep:
             return
         held.released = True
         self.live.pop(held.lease_id, None)
-        disposing = self.spawn(self._dispose(held))  # first: the kill is what the caller awaits
+        disposing = self.spawn(self._dispose(held)) if kill else None  # first: the caller awaits it
         freeing = self.spawn(self._free_slot(held))
         in_pool = self._freeing.setdefault(self._ctx.entries[held.entry].ref.pool, set())
         in_pool.add(freeing)
         freeing.add_done_callback(in_pool.discard)
-        await asyncio.shield(disposing)  # a cancelled release still kills the sandbox
+        if disposing is not None:
+            await asyncio.shield(disposing)  # a cancelled release still kills the sandbox
 
     async def _dispose(self, held: Held) -> None:
-        """Kill the sandbox, or keep a session's for its idle TTL (a task of its own)."""
+        """Kill the sandbox, or keep a session's for its idle TTL (a task of its own):
+        paused where the entry can pause (its bill stops), else kept running."""
         entry = self._ctx.entries[held.entry]
         idle = self._ctx.config.session_idle_ttl
         if held.session is not None and idle > 0:
+            # Bound as paused before the pause: should the pause fail, a resume of a
+            # running sandbox is no error.
+            pausing = self._ctx.config.session_pause and Capability.PAUSE in entry.capabilities
             try:
-                await self._ledger.bind(held, idle)
+                await self._ledger.bind(held, idle, paused=pausing)
             except StateUnavailable:
                 await self.kill(entry, held.sandbox)
-            else:
+                return
+            if pausing:
                 with contextlib.suppress(ProviderError):
-                    await held.sandbox.keepalive(idle)
+                    await held.sandbox.pause()
+                    self._ctx.emit(Paused(entry.name, held.lease_id, held.sandbox.id, held.session))
+                    return
+            with contextlib.suppress(ProviderError):
+                await held.sandbox.keepalive(idle)
         else:
             await self.kill(entry, held.sandbox)
 

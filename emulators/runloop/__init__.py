@@ -8,10 +8,21 @@ local sandboxes (`emulators.runloop.devboxes`) that boot in
 ``boot_seconds`` and end after their keep-alive or idle time, as on Runloop.
 `sdk_env` gives the SDK's variables for it.
 
+Tunnels are served by a second loopback server, the ingress: it routes on
+the ``Host`` header, ``{port}-{tunnel_key}.tunnel.{domain}`` as the SDK's
+``get_tunnel_url`` builds it (``domain`` is the API's host without
+``api.``; here the emulator's own host), checks
+``X-Runloop-Tunnel-Authorization: Bearer <auth_token>`` on an authenticated
+tunnel (401 without it) and forwards to the port inside the devbox. A
+suspended devbox's tunnel answers 503. `RunloopEmulator.resolve` points
+those names at the ingress, as Runloop's DNS does.
+
 Faults come from the shared harness, per operation: ``create`` (both create
 routes), ``list``, ``get``, ``wait`` (the devbox status long-poll),
 ``kill`` (shutdown), ``keepalive``, ``exec`` (execute, execute_async and
-everything under ``executions/``) and ``files``; plus ``boot``, taken when a
+everything under ``executions/``), ``files``, ``pause`` (suspend),
+``resume``, ``port`` (enable_tunnel) and ``snapshot`` (snapshot_disk,
+snapshot_disk_async and ``disk_snapshots/``); plus ``boot``, taken when a
 devbox starts booting: a status fault makes it end in ``failure``, a delay
 slows the boot, a hang keeps it ``provisioning``. A status fault answers
 Runloop's error body ``{"status", "message"}``, with ``Retry-After`` when
@@ -23,12 +34,20 @@ the fault has one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 
-from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
+from emulators.harness import (
+    Emulator,
+    FaultSpec,
+    free_port,
+    http_fault_middleware,
+    unknown_route_middleware,
+)
+from emulators.ingress import forward
 from emulators.runloop.api import DevboxApi, api_error
 from emulators.runloop.devboxes import RunloopCore
 
@@ -58,7 +77,15 @@ _SUB_OPS = {
     "read_file_contents": "files",
     "upload_file": "files",
     "download_file": "files",
+    "suspend": "pause",
+    "resume": "resume",
+    "enable_tunnel": "port",
+    "remove_tunnel": "port",
+    "snapshot_disk": "snapshot",
+    "snapshot_disk_async": "snapshot",
 }
+TUNNEL_AUTH_HEADER = "X-Runloop-Tunnel-Authorization"
+_TUNNEL_HOST = re.compile(r"(?P<port>\d{1,5})-(?P<key>[A-Za-z0-9]+)\.tunnel\.(?P<domain>.+)")
 
 
 def _op_for(request: web.Request) -> str | None:
@@ -66,6 +93,8 @@ def _op_for(request: web.Request) -> str | None:
     if parts[:2] != ["v1", "devboxes"]:
         return None
     rest = parts[2:]
+    if rest[:1] == ["disk_snapshots"]:
+        return "snapshot"
     if not rest:
         return {"POST": "create", "GET": "list"}.get(request.method)
     if rest == ["create_and_await_running"]:
@@ -94,7 +123,8 @@ class RunloopEmulator(Emulator):
     Args:
         blueprints: blueprint names and ids a create may use; None accepts any
             (an unknown one answers 404 when a set is given).
-        snapshots: snapshot ids a create may use, likewise.
+        snapshots: snapshot ids a create may use besides the disk snapshots the
+            emulator made, likewise.
         boot_seconds: how long a devbox takes from ``provisioning`` to ``running``.
         **kwargs: `emulators.harness.Emulator` arguments (``port``, ``root``...).
     """
@@ -116,6 +146,20 @@ class RunloopEmulator(Emulator):
         self.blueprints = set(blueprints) if blueprints is not None else None
         self.snapshots = set(snapshots) if snapshots is not None else None
         self.boot_seconds = boot_seconds
+        self.ingress_port = free_port()
+
+    @property
+    def domain(self) -> str:
+        """The tunnels' domain, as the SDK derives it from the API's host."""
+        return self.host[4:] if self.host.startswith("api.") else self.host
+
+    def resolve(self, host: str) -> tuple[str, int] | None:
+        """``*.tunnel.<domain>`` names point at the ingress."""
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        match = _TUNNEL_HOST.fullmatch(name)
+        if match is None or match["domain"] != self.domain:
+            return None
+        return self.host, self.ingress_port
 
     def sdk_env(self) -> dict[str, str]:
         return {"RUNLOOP_BASE_URL": self.url, "RUNLOOP_API_KEY": TEST_API_KEY}
@@ -137,4 +181,36 @@ class RunloopEmulator(Emulator):
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, self.host, self.port).start()
-        return runner.cleanup
+        ingress = web.Application(client_max_size=0)
+        ingress.router.add_route("*", "/{path:.*}", self._tunnel)
+        edge = web.AppRunner(ingress, access_log=None, handler_cancellation=True)
+        await edge.setup()
+        await web.TCPSite(edge, self.host, self.ingress_port).start()
+
+        async def stop() -> None:
+            await edge.cleanup()
+            await runner.cleanup()
+
+        return stop
+
+    async def _tunnel(self, request: web.Request) -> web.StreamResponse:
+        """A request to ``{port}-{key}.tunnel.{domain}``, forwarded to the devbox's port."""
+        match = _TUNNEL_HOST.fullmatch(request.host.rsplit(":", 1)[0])
+        devbox = self.core.by_tunnel(match["key"]) if match is not None else None
+        if match is None or devbox is None or devbox.tunnel is None:
+            return api_error(404, "Tunnel not found")
+        tunnel = devbox.tunnel
+        if tunnel.auth_token is not None:
+            scheme, _, token = request.headers.get(TUNNEL_AUTH_HEADER, "").partition(" ")
+            if scheme.lower() != "bearer" or token != tunnel.auth_token:
+                return api_error(401, "Unauthorized: missing or invalid tunnel token")
+        if devbox.status != "running":
+            return api_error(503, f"Devbox {devbox.id} is {devbox.status}")
+        port = int(match["port"])
+        if not 0 < port < 65536:
+            return api_error(400, f"port {port} is out of range")
+        if tunnel.http_keep_alive:
+            self.core.touch(devbox)
+        return await forward(
+            request, port, request.rel_url.raw_path, drop=frozenset({TUNNEL_AUTH_HEADER})
+        )

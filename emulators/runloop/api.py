@@ -22,7 +22,23 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   lines were dropped; the streams give all of it.
 * ``POST .../write_file_contents``, ``read_file_contents`` (plain text),
   ``upload_file`` (multipart ``path`` + ``file``), ``download_file`` (bytes).
+  Uploads stream to disk part by part and downloads go out in chunks: a
+  file is never held whole.
 * ``POST .../keep_alive`` resets the idle timer; ``POST .../shutdown``.
+* ``POST .../suspend`` (``suspending`` -> ``suspended``: every execution
+  ends, the disk stays) and ``POST .../resume`` (``resuming`` -> ``running``;
+  429 when the devbox would break the concurrency cap, as a create would).
+* ``POST .../enable_tunnel`` (``auth_mode`` open or authenticated; or a
+  create's ``tunnel``) gives the devbox's one tunnel (a second call answers
+  it again), shown as ``tunnel`` in the devbox's view; ``POST
+  .../remove_tunnel``. The tunnel is served by the emulator's ingress
+  (`emulators.runloop.RunloopEmulator`).
+* ``POST .../snapshot_disk`` (answers once the copy is done) and
+  ``.../snapshot_disk_async`` (answers at once) keep the devbox's disk as
+  ``snp_...``; ``GET /v1/devboxes/disk_snapshots`` lists them,
+  ``GET .../disk_snapshots/{id}/status`` tells the copy's progress and
+  ``POST .../disk_snapshots/{id}/delete`` deletes one (404 once gone). A create
+  with ``snapshot_id`` starts from that disk.
 
 A devbox belongs to the key that created it: other keys get 404. Commands
 and files on a devbox that is shut down answer 404, on one still booting
@@ -36,19 +52,27 @@ import asyncio
 import codecs
 import functools
 import json
+import os
+import secrets
+import tempfile
+from pathlib import Path
 from signal import SIGINT
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from emulators.filesystem import PathRefused
 from emulators.harness import QuotaViolation, apply_delay_or_hang
 from emulators.runloop.devboxes import (
+    ASLEEP,
     DEFAULT_KEEP_ALIVE,
     RUNLOOP_HOME,
     TERMINAL,
     Devbox,
+    DiskSnapshot,
     Execution,
+    Tunnel,
+    copy_disk,
     new_id,
 )
 from providers.base import SandboxSpec
@@ -86,6 +110,7 @@ _DEVBOX_STATUSES = frozenset(
     }
 )
 _EXEC_STATUSES = frozenset({"queued", "running", "completed"})
+_CHUNK = 1 << 20
 _SIZES = frozenset({"X_SMALL", "SMALL", "MEDIUM", "LARGE", "X_LARGE", "XX_LARGE", "CUSTOM_SIZE"})
 
 
@@ -179,6 +204,22 @@ def _launch_parameters(raw: Any) -> tuple[dict[str, Any], int, int | None]:
     return params, keep_alive, idle
 
 
+def _tunnel(config: Any) -> Tunnel:
+    """A new tunnel from ``enable_tunnel``'s body or a create's ``tunnel`` (open by default)."""
+    if not isinstance(config, dict):
+        raise ApiError(400, "tunnel must be an object")
+    mode = config.get("auth_mode") or "open"
+    if mode not in ("open", "authenticated"):
+        raise ApiError(400, "auth_mode must be one of ['authenticated', 'open']")
+    return Tunnel(
+        key=secrets.token_hex(12),
+        auth_mode=mode,
+        auth_token=secrets.token_urlsafe(24) if mode == "authenticated" else None,
+        http_keep_alive=config.get("http_keep_alive") is not False,
+        wake_on_http=bool(config.get("wake_on_http")),
+    )
+
+
 class DevboxApi:
     """The handlers, over the emulator's core."""
 
@@ -189,7 +230,11 @@ class DevboxApi:
     def routes(self) -> list[web.RouteDef]:
         base = "/v1/devboxes/{devbox_id}"
         execution = base + "/executions/{execution_id}"
+        snapshot = "/v1/devboxes/disk_snapshots/{snapshot_id}"
         return [
+            web.get("/v1/devboxes/disk_snapshots", self.list_snapshots),
+            web.get(snapshot + "/status", self.snapshot_status),
+            web.post(snapshot + "/delete", self.delete_snapshot),
             web.post("/v1/devboxes", self.create),
             web.post("/v1/devboxes/create_and_await_running", self.create_and_await_running),
             web.get("/v1/devboxes", self.list),
@@ -197,6 +242,12 @@ class DevboxApi:
             web.post(base + "/wait_for_status", self.wait_for_status),
             web.post(base + "/shutdown", self.shutdown),
             web.post(base + "/keep_alive", self.keep_alive),
+            web.post(base + "/suspend", self.suspend),
+            web.post(base + "/resume", self.resume),
+            web.post(base + "/enable_tunnel", self.enable_tunnel),
+            web.post(base + "/remove_tunnel", self.remove_tunnel),
+            web.post(base + "/snapshot_disk", self.snapshot_disk),
+            web.post(base + "/snapshot_disk_async", self.snapshot_disk_async),
             web.post(base + "/execute", self.execute),
             web.post(base + "/execute_async", self.execute_async),
             web.get(execution, self.execution),
@@ -290,12 +341,22 @@ class DevboxApi:
         sources = [s for s in ("blueprint_id", "blueprint_name", "snapshot_id") if body.get(s)]
         if len(sources) > 1:
             raise ApiError(400, "only one of blueprint_id, blueprint_name and snapshot_id")
+        disk: DiskSnapshot | None = None
         for source in sources:
-            known = self.emulator.snapshots if source == "snapshot_id" else self.emulator.blueprints
-            if known is not None and body[source] not in known:
-                kind = "Snapshot" if source == "snapshot_id" else "Blueprint"
-                raise ApiError(404, f"{kind} {body[source]} not found")
+            if source == "snapshot_id":
+                disk = self.core.snapshots.get(body[source])
+                if disk is not None and (disk.api_key != key or disk.status != "complete"):
+                    disk = None
+                known = self.emulator.snapshots
+                if disk is None and known is not None and body[source] not in known:
+                    raise ApiError(404, f"Snapshot {body[source]} not found")
+            elif (
+                self.emulator.blueprints is not None
+                and body[source] not in self.emulator.blueprints
+            ):
+                raise ApiError(404, f"Blueprint {body[source]} not found")
         params, keep_alive, idle = _launch_parameters(body.get("launch_parameters"))
+        tunnel = _tunnel(body["tunnel"]) if body.get("tunnel") is not None else None
         metadata = _string_map(body.get("metadata"), "metadata")
         env = _string_map(body.get("environment_variables"), "environment_variables")
         name = body.get("name")
@@ -308,6 +369,8 @@ class DevboxApi:
             if violation.kind == "concurrent":
                 raise ApiError(429, CONCURRENCY_MESSAGE.format(limit=violation.limit)) from None
             raise ApiError(403, QUOTA_MESSAGE.format(limit=violation.limit)) from None
+        if disk is not None:
+            await asyncio.to_thread(copy_disk, disk.path, local.root)
         devbox = Devbox(
             id=devbox_id,
             api_key=key,
@@ -318,6 +381,7 @@ class DevboxApi:
             idle_seconds=idle,
             source={s: body[s] for s in sources},
             name=name if isinstance(name, str) else None,
+            tunnel=tunnel,
         )
         self.core.add(devbox)
         if request_id:
@@ -406,6 +470,110 @@ class DevboxApi:
     async def keep_alive(self, request: web.Request) -> web.Response:
         self.running(request)
         return web.json_response({})
+
+    def _alive(self, request: web.Request) -> Devbox:
+        devbox = self.devbox(request)
+        if devbox.status in TERMINAL:
+            raise ApiError(404, f"Devbox {devbox.id} is {devbox.status} and no longer available")
+        return devbox
+
+    async def suspend(self, request: web.Request) -> web.Response:
+        """Suspend a running devbox: its executions end, its disk stays."""
+        devbox = self._alive(request)
+        if devbox.status != "running":
+            raise ApiError(400, f"Devbox {devbox.id} cannot be suspended from {devbox.status}")
+        await self.core.suspend(devbox)
+        return web.json_response(devbox.view())
+
+    async def resume(self, request: web.Request) -> web.Response:
+        """Wake a suspended devbox; it is ``resuming`` until it runs again."""
+        devbox = self._alive(request)
+        if devbox.status != "suspended":
+            raise ApiError(400, f"Devbox {devbox.id} cannot be resumed from {devbox.status}")
+        limit = self.core.wake_refused(devbox)
+        if limit is not None:
+            raise ApiError(429, CONCURRENCY_MESSAGE.format(limit=limit))
+        devbox.set_status("resuming")
+        devbox.boot = asyncio.create_task(self._wake(devbox))
+        return web.json_response(devbox.view())
+
+    async def _wake(self, devbox: Devbox) -> None:
+        await asyncio.sleep(self.emulator.boot_seconds / 2)
+        devbox.set_status("running")
+        self.core.touch(devbox)
+
+    # -- tunnels -------------------------------------------------------------
+    async def enable_tunnel(self, request: web.Request) -> web.Response:
+        devbox = self._alive(request)
+        body = await self.body(request)
+        if devbox.tunnel is None:
+            devbox.tunnel = _tunnel(body)
+        return web.json_response(devbox.tunnel.view())
+
+    async def remove_tunnel(self, request: web.Request) -> web.Response:
+        devbox = self._alive(request)
+        devbox.tunnel = None
+        return web.json_response({})
+
+    # -- disk snapshots ----------------------------------------------------------
+    async def _snapshot(self, request: web.Request) -> DiskSnapshot:
+        devbox = self._alive(request)
+        if devbox.status not in ("running", *ASLEEP):
+            raise ApiError(400, f"Devbox {devbox.id} cannot be snapshotted while {devbox.status}")
+        body = await self.body(request)
+        name, message = body.get("name"), body.get("commit_message")
+        snapshot_id = new_id("snp")
+        snap = DiskSnapshot(
+            id=snapshot_id,
+            api_key=devbox.api_key,
+            source_devbox_id=devbox.id,
+            path=self.core.snapshot_root / snapshot_id,
+            name=name if isinstance(name, str) else None,
+            metadata=_string_map(body.get("metadata"), "metadata"),
+            commit_message=message if isinstance(message, str) else None,
+            source_blueprint_id=devbox.source.get("blueprint_id"),
+        )
+        self.core.snapshots[snap.id] = snap
+        snap.copy = asyncio.create_task(self.core.snapshot(snap, devbox))
+        return snap
+
+    async def snapshot_disk(self, request: web.Request) -> web.Response:
+        snap = await self._snapshot(request)
+        await snap.done.wait()
+        if snap.status != "complete":
+            raise ApiError(500, snap.error_message or "snapshot failed")
+        return web.json_response(snap.view())
+
+    async def snapshot_disk_async(self, request: web.Request) -> web.Response:
+        return web.json_response((await self._snapshot(request)).view())
+
+    def snapshot_of(self, request: web.Request) -> DiskSnapshot:
+        snapshot_id = request.match_info["snapshot_id"]
+        snap = self.core.snapshots.get(snapshot_id)
+        if snap is None or snap.api_key != self.key(request):
+            raise ApiError(404, f"Snapshot {snapshot_id} not found")
+        return snap
+
+    async def snapshot_status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.snapshot_of(request).status_view())
+
+    async def delete_snapshot(self, request: web.Request) -> web.Response:
+        snap = self.snapshot_of(request)
+        await snap.done.wait()
+        await self.core.delete_snapshot(snap)
+        return web.json_response({})
+
+    async def list_snapshots(self, request: web.Request) -> web.Response:
+        key = self.key(request)
+        devbox_id = request.query.get("devbox_id")
+        snaps = [
+            s.view()
+            for s in sorted(self.core.snapshots.values(), key=lambda s: -s.created_ms)
+            if s.api_key == key
+            and s.status == "complete"
+            and (devbox_id is None or s.source_devbox_id == devbox_id)
+        ]
+        return web.json_response({"snapshots": snaps, "has_more": False, "total_count": len(snaps)})
 
     # -- executions ----------------------------------------------------------
     async def _start(self, devbox: Devbox, body: dict[str, Any]) -> Execution:
@@ -559,23 +727,77 @@ class DevboxApi:
         return web.Response(text=data.decode("utf-8", "replace"), content_type="text/plain")
 
     async def upload_file(self, request: web.Request) -> web.Response:
+        """Multipart ``path`` and ``file``, the file streamed to disk part by part."""
         devbox = self.running(request)
         if not request.content_type.startswith("multipart/"):
             raise ApiError(400, "upload_file takes multipart/form-data with path and file")
-        form = await request.post()
-        upload = form.get("file")
-        if not isinstance(upload, web.FileField):
-            raise ApiError(400, "file is required (a file part)")
-        target = self.path(devbox, form.get("path"), "path", write=True)
-        await self._write(target, upload.file.read())
+        reader = await request.multipart()
+        spool = self.core.local.root / ".uploads"
+        await asyncio.to_thread(spool.mkdir, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=spool)
+        os.close(fd)
+        staged = Path(name)
+        try:
+            path: str | None = None
+            received = False
+            while (part := await reader.next()) is not None:
+                if not isinstance(part, BodyPartReader):
+                    raise ApiError(400, "nested multipart is not accepted")
+                if part.name == "path":
+                    path = await part.text()
+                elif part.name == "file":
+                    await self._spool(part, staged)
+                    received = True
+            if not received:
+                raise ApiError(400, "file is required (a file part)")
+            target = self.path(devbox, path, "path", write=True)
+            await self._place(staged, target)
+        finally:
+            await asyncio.to_thread(staged.unlink, True)
         return web.json_response({})
 
-    async def download_file(self, request: web.Request) -> web.Response:
+    @staticmethod
+    async def _spool(part: BodyPartReader, staged: Path) -> None:
+        handle = await asyncio.to_thread(staged.open, "wb")
+        try:
+            while chunk := await part.read_chunk(_CHUNK):
+                await asyncio.to_thread(handle.write, chunk)
+        finally:
+            await asyncio.to_thread(handle.close)
+
+    @staticmethod
+    async def _place(staged: Path, target: Path) -> None:
+        def place() -> None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, target)
+
+        try:
+            await asyncio.to_thread(place)
+        except OSError as exc:
+            raise ApiError(400, f"cannot write {target.name}: {exc.strerror}") from None
+
+    async def download_file(self, request: web.Request) -> web.StreamResponse:
+        """The file's bytes, sent a chunk at a time."""
         devbox = self.running(request)
         body = await self.body(request)
         target = self.path(devbox, body.get("path"), "path")
-        data = await self._read(target, body["path"])
-        return web.Response(body=data, content_type="application/octet-stream")
+        try:
+            handle = await asyncio.to_thread(target.open, "rb")
+        except FileNotFoundError:
+            raise ApiError(400, f"No such file or directory: {body['path']}") from None
+        except OSError as exc:
+            raise ApiError(400, f"cannot read {body['path']}: {exc.strerror}") from None
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            response.content_length = size
+            await response.prepare(request)
+            while chunk := await asyncio.to_thread(handle.read, _CHUNK):
+                await response.write(chunk)
+            await response.write_eof()
+        finally:
+            handle.close()
+        return response
 
     @staticmethod
     async def _write(target: Any, data: bytes) -> None:

@@ -3,7 +3,15 @@
 A devbox is a `providers.local.LocalSandbox` (real commands, real files)
 plus what Runloop keeps around it: the API key that owns it, its status
 (``provisioning`` -> ``running`` -> ``shutdown`` or ``failure``) with the
-transitions, its launch parameters and the executions started in it.
+transitions, its launch parameters, the executions started in it and its
+tunnel.
+
+Suspending a devbox (``suspend``) ends every execution in it, as on Runloop
+(the disk is kept, not the memory), and a suspended devbox does not count
+toward the account's concurrency cap (waking it is refused at the cap). A
+disk snapshot (`DiskSnapshot`) is a copy of the devbox's directory, kept by
+the core until it is deleted; a devbox created from it starts with that copy
+as its filesystem.
 
 Lifetimes are Runloop's: ``keep_alive_time_seconds`` caps a devbox's life
 (one hour when unset) and ``after_idle`` shuts it down after that many
@@ -20,7 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
+import shutil
 import string
 import time
 from collections.abc import Callable
@@ -36,6 +46,7 @@ __all__ = [
     "DEFAULT_KEEP_ALIVE",
     "RUNLOOP_HOME",
     "Devbox",
+    "DiskSnapshot",
     "Execution",
     "RunloopCore",
     "new_id",
@@ -44,6 +55,7 @@ __all__ = [
 RUNLOOP_HOME = "/home/user"
 DEFAULT_KEEP_ALIVE = 3600
 TERMINAL = frozenset({"shutdown", "failure"})
+ASLEEP = frozenset({"suspending", "suspended"})
 _ALPHABET = string.ascii_lowercase + string.digits
 _OUTPUT_CAP = 10 * 1024 * 1024
 
@@ -144,6 +156,91 @@ class Execution:
 
 
 @dataclass
+class Tunnel:
+    """A devbox's V2 tunnel: ``{port}-{key}.tunnel.{domain}`` reaches its ports."""
+
+    key: str
+    auth_mode: str
+    auth_token: str | None
+    http_keep_alive: bool
+    wake_on_http: bool
+    created_ms: int = field(default_factory=now_ms)
+
+    def view(self) -> dict[str, Any]:
+        """``TunnelView``."""
+        return {
+            "tunnel_key": self.key,
+            "auth_mode": self.auth_mode,
+            "auth_token": self.auth_token,
+            "http_keep_alive": self.http_keep_alive,
+            "wake_on_http": self.wake_on_http,
+            "create_time_ms": self.created_ms,
+        }
+
+
+@dataclass
+class DiskSnapshot:
+    """A devbox's disk kept in ``path`` (a copy of its root); ``status`` as the async API says."""
+
+    id: str
+    api_key: str
+    source_devbox_id: str
+    path: Path
+    name: str | None
+    metadata: dict[str, str]
+    commit_message: str | None
+    source_blueprint_id: str | None
+    status: str = "in_progress"
+    error_message: str | None = None
+    size_bytes: int | None = None
+    created_ms: int = field(default_factory=now_ms)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    copy: asyncio.Task[None] | None = None
+
+    def view(self) -> dict[str, Any]:
+        """``DevboxSnapshotView``."""
+        return {
+            "id": self.id,
+            "create_time_ms": self.created_ms,
+            "metadata": self.metadata,
+            "source_devbox_id": self.source_devbox_id,
+            "commit_message": self.commit_message,
+            "name": self.name,
+            "size_bytes": self.size_bytes,
+            "source_blueprint_id": self.source_blueprint_id,
+        }
+
+    def status_view(self) -> dict[str, Any]:
+        """``DevboxSnapshotAsyncStatusView``."""
+        return {
+            "status": self.status,
+            "error_message": self.error_message,
+            "snapshot": self.view() if self.status == "complete" else None,
+        }
+
+
+def _top_level_links(root: str) -> Callable[[str, list[str]], list[str]]:
+    """copytree's ignore: the root's symlinks (the host's ``/bin -> usr/bin``) every devbox has."""
+
+    def ignore(directory: str, names: list[str]) -> list[str]:
+        if directory != root:
+            return []
+        return [n for n in names if os.path.islink(os.path.join(directory, n))]
+
+    return ignore
+
+
+def copy_disk(source: Path, target: Path) -> int:
+    """Copy a devbox's root to ``target`` (merged into what is there); the bytes copied."""
+    shutil.copytree(
+        source, target, symlinks=True, dirs_exist_ok=True, ignore=_top_level_links(str(source))
+    )
+    return sum(
+        entry.stat(follow_symlinks=False).st_size for entry in target.rglob("*") if entry.is_file()
+    )
+
+
+@dataclass
 class Devbox:
     """One emulated devbox; ``source`` is the blueprint or snapshot its create named."""
 
@@ -167,6 +264,7 @@ class Devbox:
     by_command_id: dict[str, str] = field(default_factory=dict)
     changes: Changes = field(default_factory=Changes)
     boot: asyncio.Task[None] | None = None
+    tunnel: Tunnel | None = None
 
     def __post_init__(self) -> None:
         self.transitions.append({"status": self.status, "transition_time_ms": self.created_ms})
@@ -188,7 +286,10 @@ class Devbox:
     def idle_end(self) -> float | None:
         return None if self.idle_seconds is None else self.last_activity + self.idle_seconds
 
-    def expires_at(self) -> float:
+    def expires_at(self) -> float | None:
+        """When the reaper ends the devbox: never while it sleeps (suspended)."""
+        if self.status in ASLEEP:
+            return None
         idle_end = self.idle_end
         return self.lifetime_end if idle_end is None else min(self.lifetime_end, idle_end)
 
@@ -209,6 +310,7 @@ class Devbox:
             "failure_reason": self.failure_reason,
             "shutdown_reason": self.shutdown_reason,
             "initiator_type": "api",
+            "tunnel": self.tunnel.view() if self.tunnel is not None else None,
         }
 
 
@@ -219,6 +321,57 @@ class RunloopCore(EmulatorCore):
         super().__init__(name, root, isolation=isolation)
         self.devboxes: dict[str, Devbox] = {}
         self.created_by_request: dict[tuple[str, str], str] = {}
+        self.snapshots: dict[str, DiskSnapshot] = {}
+        self.snapshot_root = root / ".disk-snapshots"
+
+    def live_count(self, api_key: str | None) -> int:
+        """Live devboxes but the suspended ones: Runloop's cap counts running devboxes."""
+        asleep = sum(
+            1
+            for d in self.devboxes.values()
+            if d.status in ASLEEP
+            and d.id in self.sandboxes
+            and (api_key is None or d.api_key == api_key)
+        )
+        return super().live_count(api_key) - asleep
+
+    def wake_refused(self, devbox: Devbox) -> int | None:
+        """The concurrency cap waking ``devbox`` would break (it counts again), or None."""
+        with self._lock:
+            quota = self._quota_for(devbox.api_key)
+            if quota is None or quota.max_concurrent is None:
+                return None
+            keyed = devbox.api_key if devbox.api_key in self.quotas else None
+            return quota.max_concurrent if self.live_count(keyed) >= quota.max_concurrent else None
+
+    def by_tunnel(self, key: str) -> Devbox | None:
+        return next(
+            (d for d in self.devboxes.values() if d.tunnel is not None and d.tunnel.key == key),
+            None,
+        )
+
+    async def suspend(self, devbox: Devbox) -> None:
+        """Stop every execution (memory is not kept) and sleep; the disk stays."""
+        devbox.set_status("suspending")
+        for execution in list(devbox.executions.values()):
+            await execution.kill()
+        devbox.set_status("suspended")
+        self.refresh(devbox)
+
+    async def snapshot(self, snap: DiskSnapshot, devbox: Devbox) -> None:
+        """Copy the devbox's root into the snapshot, off the loop."""
+        try:
+            snap.size_bytes = await asyncio.to_thread(copy_disk, devbox.local.root, snap.path)
+        except OSError as exc:
+            snap.status, snap.error_message = "error", f"copying the disk failed: {exc.strerror}"
+        else:
+            snap.status = "complete"
+        snap.done.set()
+
+    async def delete_snapshot(self, snap: DiskSnapshot) -> None:
+        snap.status = "deleted"
+        self.snapshots.pop(snap.id, None)
+        await asyncio.to_thread(shutil.rmtree, snap.path, True)
 
     def add(self, devbox: Devbox) -> None:
         self.devboxes[devbox.id] = devbox

@@ -109,11 +109,13 @@ class EntryStatus:
 
 @dataclass(frozen=True, slots=True)
 class SessionBinding:
-    """A sticky session's sandbox: where it lives and until when it is kept."""
+    """A sticky session's sandbox: where it lives, until when it is kept, and whether it
+    was paused (a binding written before the field existed reads as not paused)."""
 
     entry: str
     sandbox_id: str
     expires: float
+    paused: bool = False
 
 
 @dataclass(slots=True)
@@ -245,9 +247,17 @@ class SessionSupport(abc.ABC):
 
     @abc.abstractmethod
     async def bind_session(
-        self, session: str, entry: str, sandbox_id: str, expires: float, now: float
+        self,
+        session: str,
+        entry: str,
+        sandbox_id: str,
+        expires: float,
+        now: float,
+        *,
+        paused: bool = False,
     ) -> None:
-        """Bind (or re-bind) a sticky session to a sandbox until ``expires``."""
+        """Bind (or re-bind) a sticky session to a sandbox until ``expires``; ``paused``:
+        its sandbox is paused (a resume wakes it rather than connects)."""
 
     @abc.abstractmethod
     async def session(self, session: str, now: float) -> SessionBinding | None:

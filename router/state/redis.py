@@ -227,10 +227,20 @@ class RedisStore(StateStore):
         return {i.decode() for i in ids}
 
     async def bind_session(
-        self, session: str, entry: str, sandbox_id: str, expires: float, now: float
+        self,
+        session: str,
+        entry: str,
+        sandbox_id: str,
+        expires: float,
+        now: float,
+        *,
+        paused: bool = False,
     ) -> None:
         index, bindings = self._keys.sessions()
-        value = json.dumps({"entry": entry, "sandbox_id": sandbox_id})
+        binding: dict[str, object] = {"entry": entry, "sandbox_id": sandbox_id}
+        if paused:  # a running sandbox's binding keeps the shape it had before
+            binding["paused"] = True
+        value = json.dumps(binding)
         await self._commands(
             lambda pipe: pipe.hset(bindings, session, value).zadd(index, {session: expires}),
             transaction=True,
@@ -244,7 +254,9 @@ class RedisStore(StateStore):
         if raw is None or expires is None or expires <= now:
             return None
         data = json.loads(raw)
-        return SessionBinding(data["entry"], data["sandbox_id"], float(expires))
+        return SessionBinding(
+            data["entry"], data["sandbox_id"], float(expires), data.get("paused", False)
+        )
 
     async def unbind_session(self, session: str) -> None:
         index, bindings = self._keys.sessions()

@@ -268,24 +268,32 @@ class TableStore(StateStore):
         return await self._transact(lambda tx: tx.lease_ids(ref.pool, now))
 
     async def bind_session(
-        self, session: str, entry: str, sandbox_id: str, expires: float, now: float
+        self,
+        session: str,
+        entry: str,
+        sandbox_id: str,
+        expires: float,
+        now: float,
+        *,
+        paused: bool = False,
     ) -> None:
-        value = json.dumps([entry, sandbox_id])
+        # A running sandbox's row keeps the shape it had before ``paused`` existed.
+        value = json.dumps([entry, sandbox_id, True] if paused else [entry, sandbox_id])
         await self._transact(lambda tx: tx.put("session", session, value, expires, now))
 
     async def session(self, session: str, now: float) -> SessionBinding | None:
         row = await self._transact(lambda tx: tx.get("session", session))
         if row is None or row[1] <= now:
             return None
-        entry, sandbox_id = json.loads(row[0])
-        return SessionBinding(entry, sandbox_id, row[1])
+        entry, sandbox_id, *paused = json.loads(row[0])
+        return SessionBinding(entry, sandbox_id, row[1], bool(paused and paused[0]))
 
     async def unbind_session(self, session: str) -> None:
         await self._transact(lambda tx: tx.delete("session", session))
 
     async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
         rows = await self._transact(lambda tx: tx.live("session", now))
-        return {tuple(json.loads(value)) for value, _ in rows.values()}
+        return {tuple(json.loads(value)[:2]) for value, _ in rows.values()}
 
     async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
         def lock(tx: Tables) -> bool:

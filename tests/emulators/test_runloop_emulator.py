@@ -6,10 +6,15 @@ If Runloop's wire protocol moves under a new SDK version, these fail first.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from runloop_api_client import (
     APIConnectionError,
@@ -27,9 +32,9 @@ from runloop_api_client import (
     RunloopSDK,
 )
 from runloop_api_client.lib.polling import PollingConfig, PollingTimeout
-from runloop_api_client.sdk import AsyncExecution
+from runloop_api_client.sdk import AsyncDevbox, AsyncExecution
 
-from emulators.harness import Emulator
+from emulators.harness import Emulator, free_port
 from emulators.runloop import TEST_API_KEY, RunloopEmulator
 from tests.polling import until
 
@@ -361,3 +366,122 @@ async def test_reattach_to_an_execution_by_id(emu: RunloopEmulator, client: Asyn
         assert (result.exit_code, await result.stdout()) == (0, "early\n")
         with pytest.raises(NotFoundError):
             await other.devboxes.executions.retrieve("exn_none", devbox_id=view.id)
+
+
+async def test_suspend_ends_processes_keeps_the_disk_and_frees_the_cap(
+    emu: RunloopEmulator, client: AsyncRunloop
+) -> None:
+    emu.set_quota(max_concurrent=1)
+    box = await client.devboxes.create_and_await_running()
+    await client.devboxes.write_file_contents(box.id, file_path="kept.txt", contents="disk")
+    sleeper = await client.devboxes.execute_async(box.id, command="sleep 300")
+    suspended = await client.devboxes.suspend(box.id)
+    assert suspended.status == "suspended"
+    await client.devboxes.await_suspended(box.id)
+    gone = await client.devboxes.executions.retrieve(sleeper.execution_id, devbox_id=box.id)
+    assert gone.status == "completed"
+    with pytest.raises(BadRequestError, match="not running"):
+        await client.devboxes.execute(box.id, command="true")
+    assert [d.id async for d in client.devboxes.list(status="suspended")] == [box.id]
+    other = await client.devboxes.create()  # a suspended devbox is not counted
+    with pytest.raises(RateLimitError, match="at once"):  # waking counts again
+        await client.devboxes.resume(box.id)
+    await client.devboxes.shutdown(other.id)
+    resumed = await client.devboxes.resume(box.id)
+    assert resumed.status == "resuming"
+    await client.devboxes.await_running(box.id)
+    read = await client.devboxes.read_file_contents(box.id, file_path="kept.txt")
+    assert read == "disk"
+    with pytest.raises(BadRequestError, match="cannot be resumed from running"):
+        await client.devboxes.resume(box.id)
+
+
+async def test_disk_snapshot_is_a_source_for_a_create(emu: RunloopEmulator) -> None:
+    emu.snapshots = set()  # only the snapshots it made
+    async with AsyncRunloopSDK(**kwargs(emu)) as sdk:
+        box = await sdk.devbox.create()
+        try:
+            await box.file.write(file_path="app/config.txt", contents="baked in")
+            snap = await box.snapshot_disk(name="base-image", metadata={"v": "1"})
+            assert snap.id.startswith("snp_")
+            info = await snap.get_info()
+            assert (info.status, info.snapshot and info.snapshot.name) == ("complete", "base-image")
+        finally:
+            await box.shutdown()
+        child = await sdk.devbox.create_from_snapshot(snap.id)
+        try:
+            assert await child.file.read(file_path="app/config.txt") == "baked in"
+            assert (await child.get_info()).snapshot_id == snap.id
+        finally:
+            await child.shutdown()
+        api = sdk.api
+        assert [s.id async for s in api.devboxes.disk_snapshots.list()] == [snap.id]
+        await snap.delete()
+        with pytest.raises(NotFoundError):
+            await api.devboxes.disk_snapshots.delete(snap.id)
+        with pytest.raises(NotFoundError, match="Snapshot"):
+            await sdk.devbox.create_from_snapshot(snap.id)
+
+
+async def test_large_files_stream_both_ways(
+    emu: RunloopEmulator, client: AsyncRunloop, tmp_path: Path
+) -> None:
+    """A file far larger than the memory the transfer may use goes up and down whole."""
+    box = await client.devboxes.create_and_await_running()
+    source = tmp_path / "big.bin"
+    block = os.urandom(1 << 20)
+    with source.open("wb") as out:
+        for _ in range(24):
+            out.write(block)
+    tracemalloc.start()
+    try:
+        with source.open("rb") as handle:
+            await client.devboxes.upload_file(box.id, path="data/big.bin", file=handle)
+        digest = hashlib.sha256()
+        async with client.devboxes.with_streaming_response.download_file(
+            box.id, path="data/big.bin"
+        ) as response:
+            async for chunk in response.iter_bytes(1 << 16):
+                digest.update(chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert digest.hexdigest() == hashlib.sha256(block * 24).hexdigest()
+    assert peak < 8 * (1 << 20), f"the transfer held {peak} bytes"
+    assert list((emu.core.local.root / ".uploads").iterdir()) == []
+
+
+async def test_tunnel_reaches_a_server_with_its_token(
+    emu: RunloopEmulator, client: AsyncRunloop
+) -> None:
+    box = await client.devboxes.create_and_await_running()
+    port = free_port()
+    await client.devboxes.write_file_contents(box.id, file_path="site/hi.txt", contents="hi\n")
+    await client.devboxes.execute_async(
+        box.id, command=f"cd site && exec python3 -m http.server {port} --bind 127.0.0.1"
+    )
+    tunnel = await client.devboxes.enable_tunnel(box.id, auth_mode="authenticated")
+    assert tunnel.auth_token
+    again = await client.devboxes.enable_tunnel(box.id, auth_mode="authenticated")
+    assert again.tunnel_key == tunnel.tunnel_key
+    url = await AsyncDevbox(client, box.id).get_tunnel_url(port)
+    assert url == f"https://{port}-{tunnel.tunnel_key}.tunnel.127.0.0.1"
+    target = emu.resolve(httpx.URL(url).host)
+    assert target is not None
+    edge = f"http://{target[0]}:{target[1]}/hi.txt"
+    host = {"Host": httpx.URL(url).host}
+    auth = {"X-Runloop-Tunnel-Authorization": f"Bearer {tunnel.auth_token}"}
+    async with httpx.AsyncClient(timeout=5) as web:
+        answer = await web.get(edge, headers={**host, **auth})
+        for _ in range(100):  # the server may not listen yet
+            if answer.status_code == 200:
+                break
+            await asyncio.sleep(0.1)
+            answer = await web.get(edge, headers={**host, **auth})
+        assert (answer.status_code, answer.text) == (200, "hi\n")
+        assert (await web.get(edge, headers=host)).status_code == 401
+        await client.devboxes.suspend(box.id)
+        assert (await web.get(edge, headers={**host, **auth})).status_code == 503
+    opened = await client.devboxes.create(tunnel={"auth_mode": "open"})
+    assert opened.tunnel is not None
+    assert (opened.tunnel.auth_mode, opened.tunnel.auth_token) == ("open", None)

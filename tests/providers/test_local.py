@@ -8,13 +8,18 @@ import secrets
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from emulators.harness import free_port
 from providers.base import SandboxSpec
-from providers.errors import NotFound, SandboxError, SandboxPathError
+from providers.capabilities import Capability
+from providers.errors import NotFound, SandboxError, SandboxPathError, Unsupported
 from providers.local import LocalOptions, LocalProvider, LocalSandbox
 from tests.polling import until
 
@@ -457,3 +462,186 @@ async def test_a_terminal_is_the_shells_controlling_tty_and_its_kill_ends_its_jo
     assert not _sleepers(sleeps)
     with pytest.raises(SandboxError, match="exited"):
         await tty.write("x")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda sb, p: sb.remove(p),
+        lambda sb, p: sb.make_dir(p),
+        lambda sb, p: sb.exists(p),
+        lambda sb, p: sb.stat(p),
+        lambda sb, p: sb.rename("a", p),
+        lambda sb, p: sb.write_stream(p, _one_chunk()),
+        lambda sb, p: _drain(sb.read_stream(p)),
+    ],
+    ids=["remove", "make_dir", "exists", "stat", "rename", "write_stream", "read_stream"],
+)
+async def test_file_calls_refuse_paths_escaping_the_sandbox(
+    sandbox: LocalSandbox, call: Any
+) -> None:
+    await sandbox.write_file("a", b"x")
+    for path in ("../outside", "/etc/passwd", "/home/sandbox/../x"):
+        with pytest.raises(SandboxPathError):
+            await call(sandbox, path)
+
+
+async def _one_chunk() -> AsyncIterator[bytes]:
+    yield b"x"
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> bytes:
+    return b"".join([c async for c in chunks])
+
+
+async def test_remove_and_rename_act_on_a_symlink_not_its_target(
+    sandbox: LocalSandbox, tmp_path: Path
+) -> None:
+    outside = tmp_path / "host.txt"
+    outside.write_text("host")
+    await sandbox.run(f"ln -s {outside} out; ln -s out twice")
+    assert (await sandbox.stat("out")).size == len(str(outside))  # the link itself
+    await sandbox.rename("twice", "again")
+    assert await sandbox.exists("again")
+    assert not await sandbox.exists("twice")
+    await sandbox.remove("out")
+    assert not await sandbox.exists("out")
+    assert outside.read_text() == "host"
+    with pytest.raises(SandboxError, match="home cannot be removed"):
+        await sandbox.remove("/home/sandbox")
+    assert (await sandbox.stat(".")).path == "/home/sandbox"
+
+
+async def test_read_stream_refuses_a_fifo_rather_than_wait_on_it(sandbox: LocalSandbox) -> None:
+    await sandbox.run("mkfifo pipe")
+    with pytest.raises(SandboxError, match="pipe"):
+        await asyncio.wait_for(_drain(sandbox.read_stream("pipe")), 5)
+
+
+def _size(sandbox: LocalSandbox, name: str) -> int:
+    path = sandbox.dir / name
+    return path.stat().st_size if path.exists() else 0
+
+
+async def test_pause_stops_every_process_and_another_provider_resumes_them(
+    reaper: LocalProvider,
+) -> None:
+    """Frozen (cgroup) or stopped (SIGSTOP): the ticker's file stops growing while paused;
+    another provider on the same root (another replica) sees it paused and thaws it."""
+    sandbox = await reaper.create(SandboxSpec())
+    try:
+        await sandbox.start("while :; do echo tick >> ticks; sleep 0.01; done")
+        await until(lambda: _size(sandbox, "ticks") > 0)
+        await sandbox.pause()
+        frozen = _size(sandbox, "ticks")
+        await asyncio.sleep(0.2)
+        assert _size(sandbox, "ticks") == frozen
+        with pytest.raises(SandboxError, match="paused"):
+            await sandbox.run("true")
+        replica = LocalProvider("local", reaper.opts)
+        assert [i.state for i in await replica.list()] == ["paused"]
+        woken = await replica.resume(sandbox.id, timeout=10)
+        await until(lambda: _size(sandbox, "ticks") > frozen)
+        assert _size(sandbox, "ticks") > frozen
+        assert [i.state for i in await reaper.list()] == ["running"]
+        assert (await woken.run("echo up")).stdout == "up\n"
+    finally:
+        await sandbox.kill()
+
+
+async def test_a_paused_sandbox_is_killed_with_every_process(reaper: LocalProvider) -> None:
+    sandbox = await reaper.create(SandboxSpec())
+    sleeps, proc = await _start_escapees(reaper, sandbox)
+    await sandbox.pause()
+    await sandbox.kill()
+    await _all_gone(sleeps, proc)
+    assert await reaper.list() == []
+    with pytest.raises(NotFound):
+        await reaper.resume(sandbox.id, timeout=10)
+
+
+async def test_a_snapshot_keeps_files_and_links_and_leaves_out_fifos(
+    provider: LocalProvider,
+) -> None:
+    sandbox = await provider.create(SandboxSpec())
+    try:
+        await sandbox.run("mkdir -p app && echo v1 > app/conf && ln -s conf app/link && mkfifo p")
+        snap = await sandbox.snapshot()
+        await sandbox.write_file("app/conf", b"v2")  # the snapshot is a copy
+    finally:
+        await sandbox.kill()
+    child = await provider.create(SandboxSpec(template=snap.id))
+    try:
+        assert (
+            await child.run("cat app/link; test -e p || echo no-fifo")
+        ).stdout == "v1\nno-fifo\n"
+    finally:
+        await child.kill()
+    assert await provider.delete_snapshot(snap.id)
+    with pytest.raises(NotFound, match=snap.id):
+        await provider.create(SandboxSpec(template=snap.id))
+    assert await provider.list() == []
+    assert not await provider.delete_snapshot("../local")
+
+
+def test_port_is_declared_when_the_sandbox_shares_the_hosts_network(tmp_path: Path) -> None:
+    def declares(isolation: str, network: bool) -> bool:
+        opts = LocalOptions(root=tmp_path, isolation=isolation, network=network)  # type: ignore[arg-type]
+        return Capability.PORT in LocalProvider("local", opts).capabilities
+
+    assert declares("none", False)
+    assert declares("none", True)
+    if shutil.which("bwrap") is not None:
+        assert declares("bwrap", True)
+        assert not declares("bwrap", False)
+
+
+async def _get(port: int) -> str:
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/hello.txt", timeout=2) as answer:
+            return str(answer.read().decode())
+
+    return await asyncio.to_thread(get)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("network", [True, False])
+async def test_bwrap_network_option_decides_whether_a_server_is_reachable(
+    tmp_path: Path, network: bool
+) -> None:
+    opts = LocalOptions(root=tmp_path, isolation="bwrap", network=network)
+    sandbox = await LocalProvider("local", opts).create(SandboxSpec())
+    port = free_port()
+    try:
+        await sandbox.write_file("hello.txt", b"hi\n")
+        server = await sandbox.start(
+            ["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+        )
+        async for chunk in server.output():  # listening once it says so
+            if "Serving HTTP" in chunk.data:
+                break
+        if network:
+            exposed = await sandbox.expose(port)
+            assert exposed.url == f"http://127.0.0.1:{port}"
+            assert await _get(port) == "hi\n"
+        else:
+            with pytest.raises(Unsupported, match="port"):
+                await sandbox.expose(port)
+            with pytest.raises(urllib.error.URLError, match="refused"):
+                await _get(port)
+    finally:
+        await sandbox.kill()
+
+
+async def test_a_directory_transfer_failure_is_a_sandbox_error_naming_the_path(
+    sandbox: LocalSandbox, tmp_path: Path
+) -> None:
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "f").write_text("x")
+    await sandbox.write_file("taken", b"a file, not a directory")
+    with pytest.raises(SandboxError, match="upload_dir 'taken'") as failed:
+        await sandbox.upload_dir(tmp_path / "up", "taken")
+    assert failed.value.sandbox_id == sandbox.id
+    (tmp_path / "down").write_text("a local file")
+    with pytest.raises(SandboxError, match=r"download_dir '\.'"):
+        await sandbox.download_dir(".", tmp_path / "down")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
 import subprocess
 import sys
 import textwrap
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -580,3 +583,59 @@ async def test_attach_finds_executions_by_id_only(
     for unknown in ("", "exn_never_started"):
         with pytest.raises(NotFound):
             await other.attach(unknown)
+
+
+async def test_files_stream_through_bounded_memory(sandbox: RunloopSandbox) -> None:
+    """24 MiB up and down (adapter and emulator in this process) within a few MiB."""
+    block = os.urandom(1 << 20)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(24):
+            yield block
+
+    tracemalloc.start()
+    try:
+        await sandbox.write_stream("deep/big.bin", chunks())
+        digest = hashlib.sha256()
+        async for chunk in sandbox.read_stream("deep/big.bin"):
+            digest.update(chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert digest.hexdigest() == hashlib.sha256(block * 24).hexdigest()
+    assert peak < 10 * (1 << 20), f"the transfer held {peak} bytes"
+    with pytest.raises(SandboxError, match="no/such") as missing:
+        async for _ in sandbox.read_stream("no/such"):
+            pass
+    assert missing.value.sandbox_id == sandbox.id
+
+
+async def test_expose_reuses_the_devbox_tunnel(
+    emu: RunloopEmulator, sandbox: RunloopSandbox
+) -> None:
+    first = await sandbox.expose(8080)
+    second = await sandbox.expose(9090)
+    key = emu.core.devboxes[sandbox.id].tunnel.key  # type: ignore[union-attr]
+    assert first.url == f"https://8080-{key}.tunnel.127.0.0.1"
+    assert second.url == f"https://9090-{key}.tunnel.127.0.0.1"
+    token = first.headers["X-Runloop-Tunnel-Authorization"]
+    assert token.startswith("Bearer ")
+    assert token[7:] not in repr(first)
+    with pytest.raises(InvalidArgument, match="expose"):
+        await sandbox.expose(0)
+
+
+async def test_pause_ends_processes_and_resume_waits_for_the_cap(
+    emu: RunloopEmulator, provider: RunloopProvider, sandbox: RunloopSandbox
+) -> None:
+    sleeper = await sandbox.start("sleep 300")
+    await sandbox.pause()
+    assert await sleeper.wait(timeout=5) != 0
+    emu.set_quota(max_concurrent=1)
+    other = await provider.create(SandboxSpec(), timeout=5)  # the paused devbox frees its slot
+    with pytest.raises(CapacityExceeded):
+        await provider.resume(sandbox.id, timeout=5)
+    await other.kill()
+    woken = await provider.resume(sandbox.id, timeout=5)
+    assert (await woken.run("echo up")).stdout == "up\n"
+    assert await provider.delete_snapshot("snp_never_made") is False

@@ -83,3 +83,15 @@ def test_heartbeat_keeps_a_lease_alive_past_its_ttl(
         time.sleep(6.5)
         assert router.status().entries[0].live_leases == 1
         assert lease.sandbox.run("echo alive").stdout == "alive\n"
+
+
+def test_pause_and_resume_need_the_shared_store(tmp_path: Path) -> None:
+    router, provider = build(tmp_path, "fail_open", [])
+    with router:
+        with router.acquire() as lease:  # served from this replica's share
+            with pytest.raises(StateUnavailable):
+                lease.pause()
+            assert not lease.released
+            assert provider.paused() == []
+        with pytest.raises(StateUnavailable):
+            router.resume("some-token")

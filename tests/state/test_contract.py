@@ -7,6 +7,7 @@ import pytest
 from policies.breaker import BreakerConfig, Outcome
 from policies.quota import Limits, MonthlyWindow
 from router.state import EntryRef, HeldLease, Spend, StateStore
+from router.state.base import SessionBinding
 
 NOW = 1_790_000_000.0  # 2026-09-21, mid-window
 CFG = BreakerConfig(failure_threshold=3, cooldown_base=10, cooldown_max=25, probe_timeout=5)
@@ -261,3 +262,13 @@ async def test_an_outage_spend_is_reconciled_once_per_journal(store: StateStore)
     assert await store.release(a, "held-1", NOW + 6) is None  # a repeated free frees nothing
     snap = await store.snapshot([a], NOW + 6)
     assert snap.pools["p"].used == {"sessions": 3, "sandbox_seconds": 50, "concurrent": 0}
+
+
+async def test_a_session_binding_says_whether_its_sandbox_is_paused(store: StateStore) -> None:
+    await store.bind_session("running", "a", "sb-1", NOW + 60, NOW)
+    await store.bind_session("parked", "a", "sb-2", NOW + 60, NOW, paused=True)
+    assert await store.session("running", NOW) == SessionBinding("a", "sb-1", NOW + 60)
+    assert await store.session("parked", NOW) == SessionBinding("a", "sb-2", NOW + 60, True)
+    assert await store.bound_sandboxes(NOW) == {("a", "sb-1"), ("a", "sb-2")}
+    await store.bind_session("parked", "a", "sb-2", NOW + 90, NOW)  # woken: re-bound running
+    assert await store.session("parked", NOW) == SessionBinding("a", "sb-2", NOW + 90, False)

@@ -1,0 +1,131 @@
+"""Pause a lease's sandbox and resume it later, from any replica.
+
+`Pauses.pause` pauses the sandbox and ends its lease without the kill: the
+seconds are metered up to the pause and the slot is freed (a paused
+sandbox is not running). The paused sandbox is recorded in the shared store
+as a session binding under a key of its own (``pause:<token>``) kept for
+``pause_ttl``, so any replica can find it and the janitor, which keeps every
+bound sandbox, leaves it alone until then and reaps it after.
+
+The token is a bearer secret (whoever holds it can wake the sandbox), so no
+error, event or log line shows it.
+
+`Pauses.resume` books a slot-only reservation on the same entry (a resume
+is not a new session for the quota, but the sandbox runs again, so it takes
+a concurrency slot), wakes the sandbox and hands back a live lease. A
+refused reservation leaves the token and the paused sandbox as they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+from providers.capabilities import Capability
+from providers.errors import (
+    LeaseError,
+    NoProviderAvailable,
+    NotFound,
+    StateUnavailable,
+    Unsupported,
+)
+from router.context import Context
+from router.events import Paused, Resumed
+from router.lease import Held
+from router.ledger import RESERVE_GRACE, Denied, Ledger
+from router.upkeep import Upkeep
+
+__all__ = ["PAUSE_KEY", "Pauses"]
+
+PAUSE_KEY = "pause:"  # session bindings under it are pause tokens'; no session key starts so
+
+
+class Pauses:
+    """Pause leases into tokens, and tokens back into leases."""
+
+    def __init__(self, ledger: Ledger, upkeep: Upkeep, ctx: Context) -> None:
+        self._ctx = ctx
+        self._ledger = ledger
+        self._upkeep = upkeep
+
+    async def pause(self, held: Held) -> str:
+        """Pause the lease's sandbox, end the lease without killing it; the resume token.
+
+        A sticky session's lease leaves its session: the sandbox is the token's,
+        and the session's next acquire creates a new one.
+
+        Raises:
+            Unsupported: the entry does not declare ``pause`` (the lease stays live).
+            LeaseError: the lease was already released.
+        """
+        if held.released:
+            raise LeaseError(f"lease {held.lease_id} on {held.entry} was already released")
+        entry = self._ctx.entries[held.entry]
+        if Capability.PAUSE not in entry.capabilities:
+            raise Unsupported(entry.name, Capability.PAUSE)
+        token = secrets.token_urlsafe(24)
+        now = self._ctx.clock()
+        # Bound first: a sandbox paused with no record of it could be neither resumed nor kept.
+        await self._ledger.store.bind_session(
+            PAUSE_KEY + token, held.entry, held.sandbox.id, now + self._ctx.config.pause_ttl, now
+        )
+        try:
+            await held.sandbox.pause()
+        except BaseException:
+            await asyncio.shield(self._ledger.store.unbind_session(PAUSE_KEY + token))
+            raise
+        if held.session is not None:  # the sandbox is the token's now, not the session's
+            await self._ledger.store.unbind_session(held.session)
+        await self._upkeep.release(held, kill=False)
+        self._ctx.emit(Paused(held.entry, held.lease_id, held.sandbox.id, held.session or ""))
+        return token
+
+    async def resume(self, token: str, timeout: float) -> Held:
+        """Wake the sandbox ``token`` names under a new lease on its entry.
+
+        Raises:
+            LeaseError: no paused sandbox for this token (unknown, expired, resumed
+                already or being resumed), or its entry left the chain.
+            NoProviderAvailable: the entry cannot take it now (concurrency, breaker);
+                the token stays valid.
+            NotFound: the sandbox is gone at the provider (the token is dropped).
+        """
+        key, now = PAUSE_KEY + token, self._ctx.clock()
+        binding = await self._ledger.store.session(key, now)
+        if binding is None:
+            raise LeaseError("no paused sandbox for this token (unknown, expired or resumed)")
+        entry = self._ctx.entries.get(binding.entry)
+        if entry is None:
+            raise LeaseError(f"the paused sandbox's entry {binding.entry!r} left the chain")
+        claim = secrets.token_hex(8)
+        if not await self._ledger.store.lock(key, claim, timeout + RESERVE_GRACE, now):
+            raise LeaseError("this paused sandbox is being resumed by another call")
+        try:
+            return await self._wake(key, entry.name, binding.sandbox_id, now + timeout)
+        finally:
+            await asyncio.shield(self._ledger.store.unlock(key, claim))
+
+    async def _wake(self, key: str, name: str, sandbox_id: str, deadline: float) -> Held:
+        entry = self._ctx.entries[name]
+        try:
+            booking = await self._ledger.book(entry, deadline, new_session=False)
+        except Denied as denied:
+            raise NoProviderAvailable({name: self._ledger.describe(denied.reservation)}) from None
+        started = self._ctx.clock()
+        try:
+            sandbox = await asyncio.wait_for(
+                entry.provider.resume(sandbox_id, timeout=booking.budget), booking.budget
+            )
+        except BaseException as exc:
+            await self._ledger.settle_failure(booking, exc, 1, started)
+            if isinstance(exc, NotFound):
+                await self._ledger.store.unbind_session(key)
+            raise
+        try:
+            await self._ledger.store.unbind_session(key)
+        except StateUnavailable as exc:  # the sandbox runs: the lease is the caller's anyway
+            self._ledger.report("session", exc)
+        held = booking.held(entry.provider.kind, sandbox, self._ctx.clock(), 1, resumed=True)
+        self._upkeep.start(held, booking)
+        self._ctx.emit(Resumed(name, held.lease_id, sandbox.id))
+        return held
