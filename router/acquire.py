@@ -9,6 +9,10 @@ For each entry in the order the policy gives::
     on a transient error: back off (full jitter) and try the same entry again;
     on anything else, or when attempts run out: fail over to the next entry.
 
+An entry with ``hedge`` races a slow create against the next eligible
+entry's (`router.hedge`); a pool known to be out of quota is denied by the
+ledger without a round trip (`policies.exhausted`).
+
 Nothing is lost on the way: a failed create refunds its reservation; a
 create the acquire stops waiting for keeps its reservation, and upkeep
 counts and kills the sandbox it may still make (the provider bills it).
