@@ -103,6 +103,9 @@ class Acquirer:
         for i, name in enumerate(names):
             entry = self._ctx.entries[name]
             spare.at = i
+            if (known := self._ledger.known_exhausted(entry)) is not None:
+                reasons[name] = known
+                continue
             try:
                 held = await self._try_entry(entry, spec, labels, deadline, spare)
             except Denied as denied:

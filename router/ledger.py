@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from policies.breaker import Outcome
-from policies.exhausted import ExhaustedPools
+from policies.exhausted import Exhausted, ExhaustedPools
 from policies.outcome import classify
 from providers.base import Sandbox
 from providers.errors import QuotaExceeded, RateLimited, StateUnavailable
@@ -105,6 +105,7 @@ class Ledger:
         self._checked = False
         # Pools seen out of quota: skipped with no round trip (policies/exhausted.py).
         self.exhausted = ExhaustedPools(recheck=ctx.config.fleet_heartbeat)
+        self._why: dict[str, tuple[Exhausted, str]] = {}
 
     async def check(self) -> None:
         """Warn once about a store that would lose the ledger (no persistence)."""
@@ -161,17 +162,21 @@ class Ledger:
         """Raise `Denied` for a pool this replica knows is out of quota, asking nobody."""
         known = self.exhausted.lookup(ref.pool, ref.limits, now)
         if known is not None:
-            raise Denied(
-                Reservation(
-                    False,
-                    reason="quota",
-                    unit=known.unit,
-                    used=known.used,
-                    limit=known.limit,
-                    until=known.until,
-                    version=known.version,
-                )
-            )
+            raise Denied(_denial(known))
+
+    def known_exhausted(self, entry: Entry) -> str | None:
+        """Why ``entry`` is skipped without even a booking (this replica knows its pool is
+        out of quota), or None. The reason's text is made once per remembered denial:
+        a chain walks past the same exhausted entries on every acquire."""
+        if self.outage.started is not None:
+            return None
+        known = self.exhausted.lookup(entry.ref.pool, entry.ref.limits, self._ctx.clock())
+        if known is None:
+            return None
+        why = self._why.get(entry.ref.pool)
+        if why is None or why[0] is not known:
+            why = self._why[entry.ref.pool] = (known, self.describe(_denial(known)))
+        return why[1]
 
     def _remember(self, ref: EntryRef, r: Reservation, now: float) -> None:
         if r.granted:
@@ -409,6 +414,19 @@ class Ledger:
     async def close(self) -> None:
         await self.outage.close(self.store)
         await self.store.close()
+
+
+def _denial(known: Exhausted) -> Reservation:
+    """The quota denial a remembered exhaustion stands for."""
+    return Reservation(
+        False,
+        reason="quota",
+        unit=known.unit,
+        used=known.used,
+        limit=known.limit,
+        until=known.until,
+        version=known.version,
+    )
 
 
 def _iso(ts: float) -> str:
