@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from emulators import available, emulator_class
-from providers.errors import Unavailable
+from providers.errors import NoProviderAvailable, Unavailable
 from router import Router
 from router.events import HedgeSettled, HedgeStarted, LateCreate, RouterEvent
 from router.metrics import instrument
@@ -204,3 +204,26 @@ def test_a_vendor_create_slowed_by_the_emulator_is_hedged_and_its_sandbox_killed
             made = [r for r in emu.records() if r.id not in known]
             assert [r.id for r in made] == [late.sandbox_id]
             assert not made[0].alive
+
+
+def test_both_legs_past_their_budget_fail_over_and_are_followed(
+    new_router: Any, tmp_path: Path
+) -> None:
+    gates = [threading.Event(), threading.Event()]
+    slow = ScriptedProvider("slow", tmp_path, [gates[0]])
+    spare = ScriptedProvider("spare", tmp_path, [gates[1]])
+    events: list[RouterEvent] = []
+    router = build(new_router, events, {"slow": slow, "spare": spare}, after=0.05)
+    try:
+        with pytest.raises(NoProviderAvailable):
+            router.acquire(timeout=0.3)
+    finally:
+        for g in gates:
+            g.set()
+    assert of(events, HedgeSettled) == [HedgeSettled("slow", "spare", winner="none")]
+    wait_until(lambda: len(of(events, LateCreate)) == 2, seconds=10)
+    assert {(e.entry, e.outcome) for e in of(events, LateCreate)} == {
+        ("slow", "killed"),
+        ("spare", "killed"),
+    }
+    assert slow.alive() == spare.alive() == []
