@@ -40,6 +40,7 @@ from pydantic import (
 )
 
 from policies.breaker import BreakerConfig
+from policies.latency import percentile
 from policies.outage import OutageShare
 from policies.quota import Limits, MonthlyWindow
 from policies.retry import RetryPolicy
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_CHAIN",
     "BreakerSettings",
     "EntryConfig",
+    "HedgeConfig",
     "QuotaConfig",
     "RetrySettings",
     "RouterConfig",
@@ -114,6 +116,34 @@ class QuotaConfig(_Strict):
         return Limits(self.sessions, self.sandbox_seconds, self.concurrent)
 
 
+class HedgeConfig(_Strict):
+    """When a create on this entry is slow, start the next eligible entry's beside it.
+
+    ``after``: seconds (e.g. ``1.5``), or a percentile of this entry's recent
+    create latency on this replica (``"p95"``; ``p50`` to ``p99.9``); a
+    percentile hedges only once the entry has `policies.latency.MIN_SAMPLES`
+    creates behind it.
+    """
+
+    after: float | str
+
+    @field_validator("after", mode="plain")
+    @classmethod
+    def _seconds_or_percentile(cls, value: object) -> float | str:
+        """One check and one message for both forms (a union would report each form's)."""
+        if isinstance(value, _FromEnv):
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 600:
+            return float(value)
+        if isinstance(value, str) and percentile(value) is not None:
+            return value
+        raise ValueError(
+            f"expected seconds (a number > 0, at most 600) or a percentile of this entry's "
+            f"recent creates such as 'p95' (p1 to p99.9), got {value!r}"
+        )
+
+
 # The policies own their defaults; the settings read them from there.
 _RETRY = RetryPolicy()
 _BREAKER = BreakerConfig()
@@ -169,6 +199,7 @@ class EntryConfig(_Strict):
     provider: str
     quota_pool: Annotated[str, Field(pattern=_NAME)] | None = None
     quota: QuotaConfig | None = None
+    hedge: HedgeConfig | None = None
     template: str | None = None
     capabilities: list[str] | None = None
     enabled: Bool = True

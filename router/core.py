@@ -296,6 +296,7 @@ class Router:
             pools = sorted({e.ref.pool for e in self._entries.values()})
             raise ValueError(f"no pool {pool!r} in this config (pools: {', '.join(pools)})")
         await self._ledger.store.set_usage(refs[0], unit, value, self._clock())
+        self._ledger.exhausted.forget(pool)  # other replicas learn it from the limits version
         emit(self._hooks, QuotaChanged(pool=pool, unit=unit, value=value))
 
     async def _delete_snapshot(self, snapshot: Snapshot) -> bool:

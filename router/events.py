@@ -45,6 +45,8 @@ __all__ = [
     "Event",
     "Failover",
     "FreesOwed",
+    "HedgeSettled",
+    "HedgeStarted",
     "Hook",
     "KillFailed",
     "LateCreate",
@@ -154,6 +156,28 @@ class OutageHandedOver(Event):
     sessions: int
     sandbox_seconds: float
     leases: int
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeStarted(Event):
+    """``entry``'s create was not done ``after`` seconds in, so ``hedge_entry``'s create
+    started beside it (its reservation granted first)."""
+
+    name: ClassVar[str] = "hedge_started"
+    entry: str
+    hedge_entry: str
+    after: float
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeSettled(Event):
+    """A hedged acquire ended: ``winner`` is the entry whose sandbox it got (``none``
+    when neither create made one); the other create is followed as a late create."""
+
+    name: ClassVar[str] = "hedge_settled"
+    entry: str
+    hedge_entry: str
+    winner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +395,8 @@ RouterEvent = (
     | Created
     | CreateFailed
     | LateCreate
+    | HedgeStarted
+    | HedgeSettled
     | OutageHandedOver
     | Failover
     | Refund
@@ -427,6 +453,8 @@ def log_hook(event: RouterEvent) -> None:
             Acquired()
             | Created()
             | CreateFailed()
+            | HedgeStarted()
+            | HedgeSettled()
             | BreakerTransition()
             | Released()
             | SessionClosed()

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TypeVar
 
 from policies.breaker import Outcome
+from policies.exhausted import Exhausted, ExhaustedPools
 from policies.outcome import classify
 from providers.base import Sandbox
 from providers.errors import QuotaExceeded, RateLimited, StateUnavailable
@@ -43,8 +42,6 @@ from router.state.warm import Claim
 __all__ = ["RESERVE_GRACE", "Booking", "Denied", "Ledger"]
 
 RESERVE_GRACE = 30.0  # a reservation outlives its create by this much before it expires
-
-T = TypeVar("T")
 
 
 class Denied(Exception):
@@ -108,6 +105,9 @@ class Ledger:
         self.outage = Outage(ctx)
         self._breaker = ctx.config.breaker_policy()
         self._checked = False
+        # Pools seen out of quota: skipped with no round trip (policies/exhausted.py).
+        self.exhausted = ExhaustedPools(recheck=ctx.config.fleet_heartbeat)
+        self._why: dict[str, tuple[Exhausted, str]] = {}
 
     async def check(self) -> None:
         """Warn once about a store that would lose the ledger (no persistence)."""
@@ -135,6 +135,8 @@ class Ledger:
         budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
         hold, now = budget + RESERVE_GRACE, self._ctx.clock()
         shared = not await self.outage.active(self.store)
+        if shared and new_session:
+            self._skip_exhausted(entry.ref, now)
         if shared:
             try:
                 await self.outage.keep_in_touch(self.store)  # owed outage spend lands first
@@ -147,6 +149,8 @@ class Ledger:
             except StateUnavailable as exc:
                 self.on_state_error("reserve", exc)
                 shared = False
+            else:
+                self._remember(entry.ref, reservation, now)
         ref = entry.ref if shared else self.outage.share(entry.ref)
         booking = Booking(lease_id, entry.name, ref, shared, budget, new_session)
         if not shared:
@@ -163,6 +167,40 @@ class Ledger:
         if shared and new_session:
             self.outage.spent(entry.ref.pool, "sessions", 1)
         return booking
+
+    def _skip_exhausted(self, ref: EntryRef, now: float) -> None:
+        """Raise `Denied` for a pool this replica knows is out of quota, asking nobody."""
+        known = self.exhausted.lookup(ref.pool, ref.limits, now)
+        if known is not None:
+            raise Denied(_denial(known))
+
+    def known_exhausted(self, entry: Entry) -> str | None:
+        """Why ``entry`` is skipped without even a booking (this replica knows its pool is
+        out of quota), or None. The reason's text is made once per remembered denial:
+        a chain walks past the same exhausted entries on every acquire."""
+        if self.outage.started is not None:
+            return None
+        known = self.exhausted.lookup(entry.ref.pool, entry.ref.limits, self._ctx.clock())
+        if known is None:
+            return None
+        why = self._why.get(entry.ref.pool)
+        if why is None or why[0] is not known:
+            why = self._why[entry.ref.pool] = (known, self.describe(_denial(known)))
+        return why[1]
+
+    def _remember(self, ref: EntryRef, r: Reservation, now: float) -> None:
+        if r.granted:
+            self.exhausted.forget(ref.pool)
+        elif r.reason == "quota":
+            self.exhausted.note(
+                ref.pool, ref.limits, r.unit, r.used, r.limit, r.until, r.version, now
+            )
+
+    def _observe(self, snap: Snapshot) -> Snapshot:
+        """Let a pool status read anyway clear what this replica remembers of it."""
+        for status in snap.pools.values():
+            self.exhausted.observe(status.pool, status.version, status.used)
+        return snap
 
     def booking(self, held: Held, ref: EntryRef) -> Booking:
         """The booking behind a lease (``ref``: its entry's)."""
@@ -327,13 +365,17 @@ class Ledger:
 
     async def usage(self, refs: list[EntryRef]) -> Snapshot:
         """Usage for ordering: the fallback's under fail_open, raises under fail_closed."""
-        return await self._either("snapshot", lambda s: s.snapshot(refs, self._ctx.clock()))
+        try:
+            return self._observe(await self.store.snapshot(refs, self._ctx.clock()))
+        except StateUnavailable as exc:
+            self.on_state_error("snapshot", exc)
+            return await self.outage.store.snapshot(refs, self._ctx.clock())
 
     async def snapshot(self, refs: list[EntryRef]) -> tuple[Snapshot, str | None]:
         """Usage and health for status, and the store's error when only the fallback answered."""
         now = self._ctx.clock()
         try:
-            return await self.store.snapshot(refs, now), None
+            return self._observe(await self.store.snapshot(refs, now)), None
         except StateUnavailable as exc:
             local = await self.outage.store.snapshot([self.outage.share(r) for r in refs], now)
             return self.outage.usage(local), str(exc)
@@ -345,13 +387,6 @@ class Ledger:
         await self.store.bind_session(
             held.session, held.entry, held.sandbox.id, now + ttl, now, paused=paused
         )
-
-    async def _either(self, operation: str, call: Callable[[StateStore], Awaitable[T]]) -> T:
-        try:
-            return await call(self.store)
-        except StateUnavailable as exc:
-            self.on_state_error(operation, exc)
-            return await call(self.outage.store)
 
     def report(self, operation: str, exc: Exception) -> None:
         self._ctx.emit(
@@ -391,6 +426,19 @@ class Ledger:
     async def close(self) -> None:
         await self.outage.close(self.store)
         await self.store.close()
+
+
+def _denial(known: Exhausted) -> Reservation:
+    """The quota denial a remembered exhaustion stands for."""
+    return Reservation(
+        False,
+        reason="quota",
+        unit=known.unit,
+        used=known.used,
+        limit=known.limit,
+        until=known.until,
+        version=known.version,
+    )
 
 
 def _iso(ts: float) -> str:

@@ -37,12 +37,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, assert_never
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from policies.latency import SAMPLES, LatencySketch
 from policies.quota import UNITS
 from providers.errors import StateUnavailable
 from router.events import (
@@ -53,6 +54,8 @@ from router.events import (
     CreateFailed,
     Failover,
     FreesOwed,
+    HedgeSettled,
+    HedgeStarted,
     KillFailed,
     LateCreate,
     LeaseLost,
@@ -214,6 +217,24 @@ class RouterMetrics:
             "costs), by state: running (metered into sandbox_seconds) or paused (not metered).",
             ("entry", "state"),
         )
+        self.hedges_started = counter(
+            "hedges_started",
+            "Hedged creates: entry's create was slow, hedge_entry's started beside it.",
+            ("entry", "hedge_entry"),
+        )
+        self.hedge_wins = counter(
+            "hedge_wins",
+            "Hedged acquires that hedge_entry's create won (the slow entry's was killed).",
+            ("entry", "hedge_entry"),
+        )
+        self.create_latency = Gauge(
+            f"{PREFIX}_create_latency_seconds",
+            f"This process's recent successful create latency by entry: the quantile over "
+            f"its last {SAMPLES} creates (what a hedge's percentile reads).",
+            ("entry", "quantile"),
+            registry=registry,
+        )
+        self._sketches: dict[str, LatencySketch] = {}
         self.acquire_seconds = Histogram(
             f"{PREFIX}_acquire_seconds",
             "Whole acquire latency (retries and failovers included), by the entry that served "
@@ -229,6 +250,23 @@ class RouterMetrics:
             buckets=BUCKETS,
             registry=registry,
         )
+
+    def _created(self, event: Created | HedgeStarted | HedgeSettled) -> None:
+        """A create that made a sandbox (and this process's recent latency), or a hedge."""
+        match event:
+            case Created(entry=entry, latency=latency):
+                self.create_seconds.labels(entry, "success").observe(latency)
+                sketch = self._sketches.setdefault(entry, LatencySketch())
+                sketch.add(latency)
+                for label, q in (("0.5", 0.5), ("0.95", 0.95)):
+                    self.create_latency.labels(entry, label).set(sketch.quantile(q) or 0.0)
+            case HedgeStarted(entry=entry, hedge_entry=hedge):
+                self.hedges_started.labels(entry, hedge).inc()
+            case HedgeSettled(entry=entry, hedge_entry=hedge, winner=winner):
+                if winner == hedge:
+                    self.hedge_wins.labels(entry, hedge).inc()
+            case _:
+                assert_never(event)
 
     def prime(self, router: Router) -> None:
         """Create the router's label sets at zero, so rates and alerts see the first event."""
@@ -248,8 +286,8 @@ class RouterMetrics:
             case AcquireFailed(latency=latency):
                 self.acquisitions.labels("none", "no_provider").inc()
                 self.acquire_seconds.labels("none").observe(latency)
-            case Created(entry=entry, latency=latency):
-                self.create_seconds.labels(entry, "success").observe(latency)
+            case Created() | HedgeStarted() | HedgeSettled():
+                self._created(event)
             case CreateFailed(entry=entry, reason=reason, latency=latency):
                 self.create_seconds.labels(entry, "failure").observe(latency)
                 self.create_failures.labels(entry, reason).inc()

@@ -79,6 +79,7 @@ class Reservation:
     detail: str = ""
     transition: tuple[str, str] | None = None
     claimed: Claim | None = None  # a warm sandbox handed to this reservation (see WarmSupport)
+    version: int = 0  # a quota denial's: the pool's limits version (see `PoolStatus`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +92,14 @@ class Settlement:
 
 @dataclass(frozen=True, slots=True)
 class PoolStatus:
+    """A pool's usage in ``window``; ``version`` moves on with every operator change of
+    it (`LedgerSupport.set_usage`), so a replica knows its remembered exhaustion is stale."""
+
     pool: str
     window: str
     used: dict[str, float]
     limits: dict[str, float | None]
+    version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +240,8 @@ class LedgerSupport(abc.ABC):
 
     @abc.abstractmethod
     async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
-        """Overwrite a pool's used amount in the current window (operators)."""
+        """Overwrite a pool's used amount in the current window (operators); bumps the
+        pool's limits version (`PoolStatus.version`, a quota denial's `Reservation.version`)."""
 
     @abc.abstractmethod
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:

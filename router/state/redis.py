@@ -125,6 +125,7 @@ class RedisStore(StateStore):
                 used=float(r["used"]),
                 limit=float(r["limit"]),
                 until=ref.window.reset_at(now).timestamp(),
+                version=int(r["version"]),
             )
         return Reservation(
             False, reason=r["reason"], until=float(r["until_"]), detail=r.get("detail", "")
@@ -218,7 +219,11 @@ class RedisStore(StateStore):
         if unit not in ("sessions", "sandbox_seconds"):
             raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
         amount = int(value) if unit == "sessions" else float(value)
-        await self._commands(lambda pipe: pipe.hset(self._keys.pool(ref, now).usage, unit, amount))
+        usage = self._keys.pool(ref, now).usage
+        await self._commands(
+            lambda pipe: pipe.hset(usage, unit, amount).hincrby(usage, "version", 1),
+            transaction=True,
+        )
 
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
         leases = self._keys.pool(ref, now).leases

@@ -21,7 +21,7 @@ __all__ = ["KeySpace", "PoolKeys"]
 class PoolKeys(NamedTuple):
     """The keys an entry's ledger scripts touch, all under its pool's hash tag."""
 
-    usage: str  # hash: sessions, sandbox_seconds of the current window
+    usage: str  # hash: sessions, sandbox_seconds, limits version of the current window
     leases: str  # zset: lease id -> expiry
     meta: str  # hash: lease id -> slot (json)
     health: str  # the entry's breaker state (json)

@@ -261,6 +261,9 @@ class TableStore(StateStore):
             else:
                 seconds = float(value)
             tx.save_usage(ref.pool, ref.window.key(now), sessions, seconds)
+            bumped = str(_version(tx, ref.pool, ref.window.key(now)) + 1)
+            expires = ref.window.reset_at(now).timestamp()  # the next window starts at 0
+            tx.put("version", f"{ref.pool}|{ref.window.key(now)}", bumped, expires, now)
 
         await self._transact(set_usage)
 
@@ -455,6 +458,7 @@ def _reserve(
             used=verdict.used,
             limit=verdict.limit,
             until=ref.window.reset_at(now).timestamp(),
+            version=_version(tx, ref.pool, pool.window),
         )
     tx.save_entry(ref.entry, health)
     _save(tx, ref.pool, pool)
@@ -482,6 +486,12 @@ def _save_warm(tx: Tables, ref: EntryRef, records: dict[str, WarmRecord], now: f
     for lid in records.keys() - stored.keys():
         record = records[lid]
         tx.put(table, lid, json.dumps(dataclasses.asdict(record)), record.expires, now)
+
+
+def _version(tx: Tables, pool: str, window: str) -> int:
+    """The pool's limits version in ``window`` (0 until an operator changes its usage)."""
+    row = tx.get("version", f"{pool}|{window}")
+    return int(row[0]) if row else 0
 
 
 def _record(
@@ -516,6 +526,7 @@ def _snapshot(tx: Tables, refs: list[EntryRef], now: float) -> Snapshot:
                 pool.window,
                 {u: float(pool.used(u)) for u in UNITS},
                 {u: ref.limits.get(u) for u in UNITS},
+                _version(tx, ref.pool, pool.window),
             )
         snap.entries[ref.entry] = EntryStatus(
             ref.entry, tx.load_entry(ref.entry), held[ref.pool].get(ref.entry, 0)

@@ -44,6 +44,8 @@ ops = st.one_of(
     st.tuples(st.just("reconcile"), st.integers(0, 1), st.lists(lease_ids, max_size=3),
               st.integers(1, 60)),
     st.tuples(st.just("snapshot")),
+    st.tuples(st.just("set_usage"), st.sampled_from(["sessions", "sandbox_seconds"]),
+              st.integers(0, 8)),
     st.tuples(st.just("advance"), st.integers(0, 40)),
     st.tuples(st.just("claim"), st.integers(0, 1), lease_ids, st.integers(1, 60)),
     st.tuples(st.just("warm_put"), st.integers(0, 1), lease_ids, st.booleans(),
@@ -72,6 +74,8 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         ref = REFS[op[1]]
         held = tuple(HeldLease(lid, ref.entry, now - 3, op[3]) for lid in dict.fromkeys(op[2]))
         return await store.reconcile(f"j{now}", [Spend(ref, 1, 2.5, held)], now)
+    if kind == "set_usage":  # bumps the limits version a quota denial and a snapshot carry
+        return await store.set_usage(REFS[0], op[1], op[2], now)
     if kind == "snapshot":  # it purges expired leases, as reserve does
         return await store.snapshot(REFS, now)
     if kind == "claim":

@@ -43,7 +43,8 @@ return once(function()
       if a.probe then s.probe_until = 0 end
       if a.changed then save_health(KEYS[4], s) end
       return cjson.encode({granted = false, reason = 'quota', unit = units[i],
-                           used = used[i], limit = tonumber(limit)})
+                           used = used[i], limit = tonumber(limit),
+                           version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')})
     end
   end
   if counted then
