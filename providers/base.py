@@ -53,6 +53,7 @@ __all__ = [
     "LABEL_LEASE",
     "LABEL_ROUTER",
     "LABEL_SESSION",
+    "LABEL_WARM",
     "AuthError",
     "CapacityExceeded",
     "CodeResult",
@@ -80,6 +81,7 @@ LABEL_ROUTER = "sandbox_router"
 LABEL_ENTRY = "sandbox_router_entry"
 LABEL_LEASE = "sandbox_router_lease"
 LABEL_SESSION = "sandbox_router_session"
+LABEL_WARM = "sandbox_router_warm"  # made in advance for the entry's warm pool
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,10 @@ For each entry in the order the policy gives::
     on a transient error: back off (full jitter) and try the same entry again;
     on anything else, or when attempts run out: fail over to the next entry.
 
+An entry with ``hedge`` races a slow create against the next eligible
+entry's (`router.hedge`); a pool known to be out of quota is denied by the
+ledger without a round trip (`policies.exhausted`).
+
 Nothing is lost on the way: a failed create refunds its reservation; a
 create the acquire stops waiting for keeps its reservation, and upkeep
 counts and kills the sandbox it may still make (the provider bills it).
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
+from typing import NoReturn
 
 import tenacity
 
@@ -26,7 +31,14 @@ from policies import order
 from policies.ordering import Candidate
 from policies.outcome import classify
 from policies.quota import remaining_fraction
-from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER, LABEL_SESSION, SandboxSpec
+from providers.base import (
+    LABEL_ENTRY,
+    LABEL_LEASE,
+    LABEL_ROUTER,
+    LABEL_SESSION,
+    LABEL_WARM,
+    SandboxSpec,
+)
 from providers.capabilities import Capability
 from providers.errors import (
     InvalidArgument,
@@ -38,11 +50,13 @@ from providers.errors import (
 from router.context import Context
 from router.entries import Entry
 from router.events import Acquired, AcquireFailed, Created, Failover, emit
+from router.hedge import Hedger, Leg, Runner, Spare
 from router.lease import Held
-from router.ledger import Denied, Ledger
+from router.ledger import Booking, Denied, Ledger
 from router.pause import PAUSE_KEY
 from router.sessions import Sessions
 from router.upkeep import Upkeep
+from router.warm import WarmPools
 
 __all__ = ["Acquirer", "check_acquire"]
 
@@ -57,13 +71,16 @@ class Acquirer:
         sessions: Sessions,
         ctx: Context,
         sleep: Callable[[float], Awaitable[None]],
+        warm: WarmPools,
     ) -> None:
         self._ctx = ctx
+        self._warm = warm
         self._ledger = ledger
         self._upkeep = upkeep
         self._sessions = sessions
         self._sleep = sleep
         self._retry = ctx.config.retry.policy()
+        self._hedger = Hedger(ctx)
         # Only a pool with a concurrency limit can turn an acquire away for a slot
         # this router is still freeing, so only its frees hold acquire back.
         self._slot_pools = {
@@ -83,6 +100,7 @@ class Acquirer:
         spec = spec or SandboxSpec()
         requires = tuple(requires)
         await self._ledger.check()
+        self._warm.start()
         await self._upkeep.caught_up(self._slot_pools)
         if session is not None:
             resumed = await self._sessions.resume(session, requires, deadline)
@@ -92,10 +110,15 @@ class Acquirer:
             labels = {**(labels or {}), LABEL_SESSION: session}
         names, reasons = order(await self._candidates(), self._ctx.config.strategy, requires)
         failed: list[str] = []
+        spare = Spare(names)
         for i, name in enumerate(names):
             entry = self._ctx.entries[name]
+            spare.at = i
+            if (known := self._ledger.known_exhausted(entry)) is not None:
+                reasons[name] = known
+                continue
             try:
-                held = await self._try_entry(entry, spec, labels, deadline)
+                held = await self._try_entry(entry, spec, labels, deadline, spare)
             except Denied as denied:
                 reasons[name] = self._ledger.describe(denied.reservation)
                 continue
@@ -163,9 +186,10 @@ class Acquirer:
         spec: SandboxSpec,
         labels: Mapping[str, str] | None,
         deadline: float,
+        spare: Spare,
     ) -> Held:
         try:
-            return await self._attempt(entry, spec, labels, deadline, 1)
+            return await self._attempt(entry, spec, labels, deadline, 1, spare)
         except Exception as exc:
             if not classify(exc).retry_same or self._retry.attempts == 1:
                 raise
@@ -186,7 +210,7 @@ class Acquirer:
                     error, first = first, None
                     raise error
                 attempt_no += 1
-                return await self._attempt(entry, spec, labels, deadline, attempt_no)
+                return await self._attempt(entry, spec, labels, deadline, attempt_no, spare)
         raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
 
     async def _attempt(
@@ -196,53 +220,110 @@ class Acquirer:
         labels: Mapping[str, str] | None,
         deadline: float,
         attempt: int,
+        spare: Spare,
     ) -> Held:
-        booking = await self._ledger.book(entry, deadline)
+        warm = self._warm.fits(entry, spec, labels or {})
+        booking = await self._ledger.book(entry, deadline, warm=warm)
+        while booking.claimed is not None:  # each claim that fails drops its sandbox
+            held = await self._warm.claim(entry, booking, attempt)
+            if held is not None:
+                return held
+            booking = await self._ledger.book(entry, deadline, warm=True)
+        if warm:
+            self._warm.missed(entry)
+        legs = _Legs(self, spec, labels, deadline)
+        leg = legs.launch(entry, booking, attempt)
+        delay = self._hedger.delay(entry, spare)
+        if delay is not None and delay < leg.booking.budget:
+            return await self._hedger.race(leg, delay, spare, legs)
+        # The create runs as a task of its own: when the deadline passes or the caller
+        # cancels, it is handed to upkeep (which counts and kills what it may yet
+        # make) instead of being cut off while the provider goes on making it.
+        try:
+            await asyncio.wait((leg.create,), timeout=leg.booking.budget + 1.0)
+        except asyncio.CancelledError:
+            legs.abandon(leg)
+            raise
+        if not leg.create.done():
+            await legs.timed_out(leg)
+        return await legs.land(leg)
+
+
+class _Legs(Runner):
+    """The creates of one attempt (and of its hedge): start, land, time out, abandon."""
+
+    def __init__(
+        self,
+        acquirer: Acquirer,
+        spec: SandboxSpec,
+        labels: Mapping[str, str] | None,
+        deadline: float,
+    ) -> None:
+        self._a = acquirer
+        self._spec = spec
+        self._labels = labels
+        self._deadline = deadline
+
+    def launch(self, entry: Entry, booking: Booking, attempt: int) -> Leg:
+        spec = self._spec
         if entry.provider.kind != "local" or entry.cfg.template:
             spec = replace(spec, template=spec.template or entry.cfg.template)
         spec = spec.with_labels(
             {
-                **(labels or {}),
-                LABEL_ROUTER: self._ctx.config.key_prefix,
+                **(self._labels or {}),
+                LABEL_ROUTER: self._a._ctx.config.key_prefix,
                 LABEL_ENTRY: entry.name,
                 LABEL_LEASE: booking.lease_id,
             }
         )
-        created_at = self._ctx.clock()
-        budget = booking.budget
-        # The create runs as a task of its own: when the deadline passes or the caller
-        # cancels, it is handed to upkeep (which counts and kills what it may yet
-        # make) instead of being cut off while the provider goes on making it.
-        create = asyncio.ensure_future(entry.provider.create(spec, timeout=budget))
+        create = asyncio.ensure_future(entry.provider.create(spec, timeout=booking.budget))
+        ends = asyncio.get_running_loop().time() + booking.budget + 1.0
+        return Leg(entry, booking, create, self._a._ctx.clock(), attempt, ends)
+
+    async def spare(self, spare: Spare) -> Leg | None:
+        for name in spare.after():
+            entry = self._a._ctx.entries[name]
+            try:
+                booking = await self._a._ledger.book(entry, self._deadline)
+            except (Denied, StateUnavailable):
+                continue
+            spare.used = True
+            return self.launch(entry, booking, 1)
+        return None
+
+    async def timed_out(self, leg: Leg) -> NoReturn:
+        budget, entry = leg.booking.budget, leg.entry
+        timeout = Unavailable(f"create timed out after {budget:.1f}s", provider=entry.name)
+        await self._a._ledger.record_failure(leg.booking, timeout, leg.attempt, leg.started)
+        self.abandon(leg)
+        raise timeout
+
+    def abandon(self, leg: Leg) -> None:
+        self._a._upkeep.abandon(leg.create, leg.booking, leg.entry)
+
+    async def land(self, leg: Leg) -> Held:
+        a, entry, booking = self._a, leg.entry, leg.booking
         try:
-            await asyncio.wait((create,), timeout=budget + 1.0)
-        except asyncio.CancelledError:
-            self._upkeep.abandon(create, booking, entry)
-            raise
-        if not create.done():
-            timeout = Unavailable(f"create timed out after {budget:.1f}s", provider=entry.name)
-            await self._ledger.record_failure(booking, timeout, attempt, created_at)
-            self._upkeep.abandon(create, booking, entry)
-            raise timeout
-        try:
-            sandbox = create.result()
+            sandbox = leg.create.result()
         except BaseException as exc:
-            await self._ledger.settle_failure(booking, exc, attempt, created_at)
+            await a._ledger.settle_failure(booking, exc, leg.attempt, leg.started)
             if isinstance(exc, TimeoutError):
                 raise Unavailable(
-                    f"create timed out after {budget:.1f}s", provider=entry.name
+                    f"create timed out after {booking.budget:.1f}s", provider=entry.name
                 ) from exc
             if isinstance(exc, ProviderError):
-                exc.attempt = attempt
+                exc.attempt = leg.attempt
                 exc.provider = exc.provider or entry.name
             raise
-        self._ctx.emit(Created(entry=entry.name, latency=self._ctx.clock() - created_at))
-        held = booking.held(entry.provider.kind, sandbox, self._ctx.clock(), attempt)
-        self._upkeep.start(held, booking)
+        latency = a._ctx.clock() - leg.started
+        a._hedger.sketch(entry.name).add(latency)
+        a._ctx.emit(Created(entry=entry.name, latency=latency))
+        held = booking.held(entry.provider.kind, sandbox, a._ctx.clock(), leg.attempt)
+        a._upkeep.start(held, booking)
         return held
 
 
-_RESERVED_LABELS = frozenset({LABEL_ROUTER, LABEL_ENTRY, LABEL_LEASE, LABEL_SESSION})
+_RESERVED_LABELS = frozenset({LABEL_ROUTER, LABEL_ENTRY, LABEL_LEASE, LABEL_SESSION, LABEL_WARM})
 
 
 def check_acquire(

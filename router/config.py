@@ -40,11 +40,13 @@ from pydantic import (
 )
 
 from policies.breaker import BreakerConfig
+from policies.latency import percentile
 from policies.outage import OutageShare
 from policies.quota import Limits, MonthlyWindow
 from policies.retry import RetryPolicy
 from providers import PROVIDERS, provider_class
 from providers.base import ProviderOptions
+from providers.capabilities import Capability
 from providers.errors import ConfigError
 from router.config_file import MAX_DEPTH, read_yaml
 from router.logs import LogFormat
@@ -54,9 +56,11 @@ __all__ = [
     "DEFAULT_CHAIN",
     "BreakerSettings",
     "EntryConfig",
+    "HedgeConfig",
     "QuotaConfig",
     "RetrySettings",
     "RouterConfig",
+    "WarmConfig",
     "default_state_url",
     "load_config",
 ]
@@ -112,6 +116,34 @@ class QuotaConfig(_Strict):
         return Limits(self.sessions, self.sandbox_seconds, self.concurrent)
 
 
+class HedgeConfig(_Strict):
+    """When a create on this entry is slow, start the next eligible entry's beside it.
+
+    ``after``: seconds (e.g. ``1.5``), or a percentile of this entry's recent
+    create latency on this replica (``"p95"``; ``p50`` to ``p99.9``); a
+    percentile hedges only once the entry has `policies.latency.MIN_SAMPLES`
+    creates behind it.
+    """
+
+    after: float | str
+
+    @field_validator("after", mode="plain")
+    @classmethod
+    def _seconds_or_percentile(cls, value: object) -> float | str:
+        """One check and one message for both forms (a union would report each form's)."""
+        if isinstance(value, _FromEnv):
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 600:
+            return float(value)
+        if isinstance(value, str) and percentile(value) is not None:
+            return value
+        raise ValueError(
+            f"expected seconds (a number > 0, at most 600) or a percentile of this entry's "
+            f"recent creates such as 'p95' (p1 to p99.9), got {value!r}"
+        )
+
+
 # The policies own their defaults; the settings read them from there.
 _RETRY = RetryPolicy()
 _BREAKER = BreakerConfig()
@@ -151,6 +183,15 @@ class BreakerSettings(_Strict):
         )
 
 
+class WarmConfig(_Strict):
+    """A warm pool: ``size`` sandboxes kept ready, each killed after ``max_idle`` seconds
+    unclaimed; ``pause`` parks them paused (the entry must declare ``pause``)."""
+
+    size: Annotated[Int, Field(ge=0, le=1000)]
+    max_idle: Annotated[Float, Field(gt=0, le=7 * 24 * 3600)] = 600.0
+    pause: Bool = False
+
+
 class EntryConfig(_Strict):
     """One chain entry: a provider account (and template) with its pool."""
 
@@ -158,9 +199,11 @@ class EntryConfig(_Strict):
     provider: str
     quota_pool: Annotated[str, Field(pattern=_NAME)] | None = None
     quota: QuotaConfig | None = None
+    hedge: HedgeConfig | None = None
     template: str | None = None
     capabilities: list[str] | None = None
     enabled: Bool = True
+    warm: WarmConfig | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("provider")
@@ -237,6 +280,9 @@ class RouterConfig(_Strict):
             resume it on the session's next acquire.
         pause_ttl: how long a paused lease's resume token stays valid; past
             it the janitor kills the paused sandbox.
+        warm_refill_every: how often a replica tries to refill the warm pools
+            (entries' ``warm``) and kill their idle sandboxes; 0: only when
+            `Router.fill_warm` is called.
     """
 
     version: Int = 1
@@ -257,6 +303,7 @@ class RouterConfig(_Strict):
     session_idle_ttl: Annotated[Float, Field(ge=0, le=7 * 24 * 3600)] = 900.0
     session_pause: Bool = True
     pause_ttl: Annotated[Float, Field(gt=0, le=90 * 24 * 3600)] = 7 * 24 * 3600.0
+    warm_refill_every: Annotated[Float, Field(ge=0, le=3600)] = 2.0
     retry: RetrySettings = RetrySettings()
     breaker: BreakerSettings = BreakerSettings()
     pools: dict[Annotated[str, Field(pattern=_NAME)], QuotaConfig] = Field(default_factory=dict)
@@ -308,6 +355,17 @@ class RouterConfig(_Strict):
                         f"{where}.quota: pool {entry.name!r} is already defined; use quota_pool"
                     )
                 inline_pools[entry.name] = where
+            if entry.warm is not None and entry.warm.pause:
+                declared = entry.capabilities
+                if declared is None:
+                    declared = list(provider_class(entry.provider).capabilities)
+                if Capability.PAUSE not in declared:
+                    raise ValueError(
+                        f"{where}.warm.pause: entry {entry.name!r} (provider "
+                        f"{entry.provider}) does not declare the 'pause' capability, so its "
+                        "warm sandboxes cannot be parked paused; drop pause or list it "
+                        "under capabilities"
+                    )
             try:
                 _no_bool_numbers(entry)
                 entry.provider_options()

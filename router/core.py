@@ -37,6 +37,7 @@ from router.sessions import Sessions
 from router.state import StateStore, open_store
 from router.status import EntryView, RouterStatus, read_status
 from router.upkeep import Upkeep
+from router.warm import WarmPools
 
 __all__ = ["EntryView", "ReapReport", "Router", "RouterStatus"]
 
@@ -69,7 +70,10 @@ class Router:
         self._ledger = Ledger(store, ctx)
         self._upkeep = Upkeep(self._ledger, ctx)
         self._sessions = Sessions(self._ledger, self._upkeep, ctx)
-        self._acquirer = Acquirer(self._ledger, self._upkeep, self._sessions, ctx, sleep)
+        self._warm = WarmPools(self._ledger, self._upkeep, ctx)
+        self._acquirer = Acquirer(
+            self._ledger, self._upkeep, self._sessions, ctx, sleep, self._warm
+        )
         self._janitor = Janitor(store, ctx)
         self._pauses = Pauses(self._ledger, self._upkeep, ctx)
 
@@ -209,6 +213,40 @@ class Router:
     async def areap(self) -> ReapReport:
         return await self._engine.arun(self._janitor.reap())
 
+    def set_warm(
+        self, entry: str, size: int, *, max_idle: float | None = None, pause: bool | None = None
+    ) -> None:
+        """Set ``entry``'s warm pool as its config's ``warm`` would (size 0 drops it);
+        unset arguments keep what the entry had (else the `WarmConfig` defaults).
+        The next refill applies it: call `fill_warm` to apply it now."""
+        known = self._entries.get(entry)
+        current = self._warm.settings.get(entry) or (known.cfg.warm if known else None)
+        fields = current.model_dump() if current is not None else {}
+        fields["size"] = size
+        if max_idle is not None:
+            fields["max_idle"] = max_idle
+        if pause is not None:
+            fields["pause"] = pause
+        warm = config_mod.WarmConfig.model_validate(fields)
+
+        async def configure() -> None:  # on the engine loop, between two refill passes
+            self._warm.configure(entry, warm)
+
+        self._engine.run(configure())
+
+    def fill_warm(self) -> dict[str, int]:
+        """Refill the warm pools now and wait: kill idle and drained ones, create up to
+        each ``size`` within the pool's limits. Returns each pool's ready count (a pool
+        another replica is refilling is left out). Starts the background refill."""
+        return self._engine.run(self._fill_warm())
+
+    async def afill_warm(self) -> dict[str, int]:
+        return await self._engine.arun(self._fill_warm())
+
+    def warm_ready(self) -> dict[str, int]:
+        """How many claimable warm sandboxes each warm pool holds, fleet-wide."""
+        return self._engine.run(self._warm.ready())
+
     def set_usage(self, pool: str, unit: str, value: float) -> None:
         """Overwrite a pool's used amount this window (``sandbox-router quota set``)."""
         self._engine.run(self._set_usage(pool, unit, value))
@@ -258,6 +296,7 @@ class Router:
             pools = sorted({e.ref.pool for e in self._entries.values()})
             raise ValueError(f"no pool {pool!r} in this config (pools: {', '.join(pools)})")
         await self._ledger.store.set_usage(refs[0], unit, value, self._clock())
+        self._ledger.exhausted.forget(pool)  # other replicas learn it from the limits version
         emit(self._hooks, QuotaChanged(pool=pool, unit=unit, value=value))
 
     async def _delete_snapshot(self, snapshot: Snapshot) -> bool:
@@ -266,7 +305,12 @@ class Router:
             raise InvalidArgument(f"delete_snapshot: entry {snapshot.entry!r} is not in the chain")
         return await entry.provider.delete_snapshot(snapshot.id)
 
+    async def _fill_warm(self) -> dict[str, int]:
+        self._warm.start()
+        return await self._warm.fill()
+
     async def _aclose(self) -> None:
+        await self._warm.close()
         await self._upkeep.close()
         for entry in self._entries.values():
             with contextlib.suppress(Exception):

@@ -45,6 +45,8 @@ __all__ = [
     "Event",
     "Failover",
     "FreesOwed",
+    "HedgeSettled",
+    "HedgeStarted",
     "Hook",
     "KillFailed",
     "LateCreate",
@@ -62,6 +64,10 @@ __all__ = [
     "StateError",
     "StateWarning",
     "TaskFailed",
+    "WarmClaimed",
+    "WarmCreated",
+    "WarmKilled",
+    "WarmMissed",
     "emit",
     "log_hook",
 ]
@@ -150,6 +156,28 @@ class OutageHandedOver(Event):
     sessions: int
     sandbox_seconds: float
     leases: int
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeStarted(Event):
+    """``entry``'s create was not done ``after`` seconds in, so ``hedge_entry``'s create
+    started beside it (its reservation granted first)."""
+
+    name: ClassVar[str] = "hedge_started"
+    entry: str
+    hedge_entry: str
+    after: float
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeSettled(Event):
+    """A hedged acquire ended: ``winner`` is the entry whose sandbox it got (``none``
+    when neither create made one); the other create is followed as a late create."""
+
+    name: ClassVar[str] = "hedge_settled"
+    entry: str
+    hedge_entry: str
+    winner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,12 +338,65 @@ class QuotaChanged(Event):
     value: float
 
 
+@dataclass(frozen=True, slots=True)
+class WarmClaimed(Event):
+    """An acquire was served by a warm sandbox (a hit): it waited ``idle`` seconds,
+    ``metered`` of them charged to the pool (0 when it waited paused); ``latency``
+    is its connect (or resume)."""
+
+    name: ClassVar[str] = "warm_claimed"
+    entry: str
+    lease_id: str
+    sandbox_id: str
+    paused: bool
+    idle: float
+    metered: float
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class WarmMissed(Event):
+    """An acquire a warm sandbox of ``entry`` would have served found none ready."""
+
+    name: ClassVar[str] = "warm_missed"
+    entry: str
+
+
+@dataclass(frozen=True, slots=True)
+class WarmCreated(Event):
+    """The refill put a new sandbox in ``entry``'s warm pool (``paused`` when parked)."""
+
+    name: ClassVar[str] = "warm_created"
+    entry: str
+    sandbox_id: str
+    paused: bool
+    latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class WarmKilled(Event):
+    """A warm sandbox left the pool unclaimed and was killed. ``reason``: ``max_idle``,
+    ``unreachable`` (a claim could not connect to it), or ``drained: <why>`` (the
+    entry failed: ``open``, ``misconfigured``, ``exhausted``, ``quota``). It waited
+    ``idle`` seconds, ``metered`` of them charged to the pool."""
+
+    name: ClassVar[str] = "warm_killed"
+    entry: str
+    sandbox_id: str
+    reason: str
+    paused: bool
+    idle: float
+    metered: float
+
+
 RouterEvent = (
     Acquired
     | AcquireFailed
     | Created
     | CreateFailed
     | LateCreate
+    | HedgeStarted
+    | HedgeSettled
     | OutageHandedOver
     | Failover
     | Refund
@@ -333,6 +414,10 @@ RouterEvent = (
     | Resumed
     | Reaped
     | QuotaChanged
+    | WarmClaimed
+    | WarmMissed
+    | WarmCreated
+    | WarmKilled
 )
 
 
@@ -360,6 +445,7 @@ def log_hook(event: RouterEvent) -> None:
             | StateWarning()
             | SessionLost()
             | Reaped()
+            | WarmKilled(reason="unreachable")
             | BreakerTransition(to_state="open")
         ):
             _line(logging.WARNING, event.name, event.fields)
@@ -367,11 +453,17 @@ def log_hook(event: RouterEvent) -> None:
             Acquired()
             | Created()
             | CreateFailed()
+            | HedgeStarted()
+            | HedgeSettled()
             | BreakerTransition()
             | Released()
             | SessionClosed()
             | Paused()
             | Resumed()
+            | WarmClaimed()
+            | WarmMissed()
+            | WarmCreated()
+            | WarmKilled()
         ):
             _line(logging.INFO, event.name, event.fields)
         case _:

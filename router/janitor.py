@@ -3,8 +3,10 @@
 The net under crashed processes: an app killed while holding leases leaves
 sandboxes behind; once their leases expire (no heartbeat for ``lease_ttl``)
 `Janitor.reap` finds them by this router's labels (never anyone else's)
-and kills them. A fleet-wide lock per entry lets several replicas run it at
-once.
+and kills them. A warm sandbox is kept while the store records it (a
+paused one holds no lease); one labelled warm that no record or lease
+holds (its refill died half way) is reaped like any orphan. A fleet-wide
+lock per entry lets several replicas run it at once.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class Janitor:
     ) -> None:
         ours = {LABEL_ROUTER: self._ctx.config.key_prefix, LABEL_ENTRY: entry.name}
         found = await entry.provider.list(ours)
-        live = await self._store.lease_ids(entry.ref, self._ctx.clock())
+        live = await self._store.warm_kept(entry.ref, self._ctx.clock())
         for info in found:
             if info.labels.get(LABEL_LEASE) in live or (entry.name, info.id) in bound:
                 report.kept += 1

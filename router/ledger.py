@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TypeVar
 
 from policies.breaker import Outcome
+from policies.exhausted import Exhausted, ExhaustedPools
 from policies.outcome import classify
 from providers.base import Sandbox
 from providers.errors import QuotaExceeded, RateLimited, StateUnavailable
@@ -38,12 +37,11 @@ from router.events import (
 from router.lease import Held
 from router.outage import Outage
 from router.state import EntryRef, Reservation, Snapshot, Spend, StateStore
+from router.state.warm import Claim
 
 __all__ = ["RESERVE_GRACE", "Booking", "Denied", "Ledger"]
 
 RESERVE_GRACE = 30.0  # a reservation outlives its create by this much before it expires
-
-T = TypeVar("T")
 
 
 class Denied(Exception):
@@ -70,7 +68,8 @@ class Booking:
     ref: EntryRef
     shared: bool
     budget: float = 0.0
-    counted: bool = True  # took a session unit (False: a sticky session's reconnect)
+    counted: bool = True  # took a session unit (False: a reconnect, or a warm claim)
+    claimed: Claim | None = None  # the warm sandbox the reservation claimed
 
     def held(
         self,
@@ -106,6 +105,9 @@ class Ledger:
         self.outage = Outage(ctx)
         self._breaker = ctx.config.breaker_policy()
         self._checked = False
+        # Pools seen out of quota: skipped with no round trip (policies/exhausted.py).
+        self.exhausted = ExhaustedPools(recheck=ctx.config.fleet_heartbeat)
+        self._why: dict[str, tuple[Exhausted, str]] = {}
 
     async def check(self) -> None:
         """Warn once about a store that would lose the ledger (no persistence)."""
@@ -119,27 +121,36 @@ class Ledger:
         for problem in problems:
             self._ctx.emit(StateWarning(url=self.store.url, problem=problem))
 
-    async def book(self, entry: Entry, deadline: float, *, new_session: bool = True) -> Booking:
+    async def book(
+        self, entry: Entry, deadline: float, *, new_session: bool = True, warm: bool = False
+    ) -> Booking:
         """Reserve what one create (or reconnect) needs before ``deadline``; raises `Denied`.
 
         ``new_session=False`` takes a slot only: reconnecting to a session's
-        sandbox creates nothing.
+        sandbox creates nothing. ``warm=True`` claims a ready warm sandbox of
+        the entry in the same call when there is one (`Booking.claimed`, whose
+        lease id the booking takes); only the shared store holds warm pools.
         """
         lease_id = "l-" + secrets.token_hex(8)
         budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
         hold, now = budget + RESERVE_GRACE, self._ctx.clock()
         shared = not await self.outage.active(self.store)
+        if shared and new_session:
+            self._skip_exhausted(entry.ref, now)
         if shared:
             try:
                 await self.outage.keep_in_touch(self.store)  # owed outage spend lands first
                 reservation = await self.store.reserve(
-                    entry.ref, self._breaker, lease_id, now, hold, new_session=new_session
-                )
+                    entry.ref, self._breaker, lease_id, now, hold,
+                    new_session=new_session, warm=warm,
+                )  # fmt: skip
                 self.outage.answered = now
                 self.state_error = None
             except StateUnavailable as exc:
                 self.on_state_error("reserve", exc)
                 shared = False
+            else:
+                self._remember(entry.ref, reservation, now)
         ref = entry.ref if shared else self.outage.share(entry.ref)
         booking = Booking(lease_id, entry.name, ref, shared, budget, new_session)
         if not shared:
@@ -150,9 +161,46 @@ class Ledger:
             self.transition(entry.name, reservation.transition)
         if not reservation.granted:
             raise Denied(reservation)
+        if (claimed := reservation.claimed) is not None:
+            self.outage.spent(entry.ref.pool, "sandbox_seconds", claimed.metered)
+            return replace(booking, lease_id=claimed.lease_id, counted=False, claimed=claimed)
         if shared and new_session:
             self.outage.spent(entry.ref.pool, "sessions", 1)
         return booking
+
+    def _skip_exhausted(self, ref: EntryRef, now: float) -> None:
+        """Raise `Denied` for a pool this replica knows is out of quota, asking nobody."""
+        known = self.exhausted.lookup(ref.pool, ref.limits, now)
+        if known is not None:
+            raise Denied(_denial(known))
+
+    def known_exhausted(self, entry: Entry) -> str | None:
+        """Why ``entry`` is skipped without even a booking (this replica knows its pool is
+        out of quota), or None. The reason's text is made once per remembered denial:
+        a chain walks past the same exhausted entries on every acquire."""
+        if self.outage.started is not None:
+            return None
+        known = self.exhausted.lookup(entry.ref.pool, entry.ref.limits, self._ctx.clock())
+        if known is None:
+            return None
+        why = self._why.get(entry.ref.pool)
+        if why is None or why[0] is not known:
+            why = self._why[entry.ref.pool] = (known, self.describe(_denial(known)))
+        return why[1]
+
+    def _remember(self, ref: EntryRef, r: Reservation, now: float) -> None:
+        if r.granted:
+            self.exhausted.forget(ref.pool)
+        elif r.reason == "quota":
+            self.exhausted.note(
+                ref.pool, ref.limits, r.unit, r.used, r.limit, r.until, r.version, now
+            )
+
+    def _observe(self, snap: Snapshot) -> Snapshot:
+        """Let a pool status read anyway clear what this replica remembers of it."""
+        for status in snap.pools.values():
+            self.exhausted.observe(status.pool, status.version, status.used)
+        return snap
 
     def booking(self, held: Held, ref: EntryRef) -> Booking:
         """The booking behind a lease (``ref``: its entry's)."""
@@ -165,9 +213,11 @@ class Ledger:
     def _store(self, booking: Booking) -> StateStore:
         return self.store if booking.shared else self.outage.store
 
-    async def commit(self, booking: Booking, sandbox_id: str, now: float) -> bool | None:
-        """Turn the reservation into a live lease: False when it was lost, None when the
-        store failed (reported)."""
+    async def commit(
+        self, booking: Booking, sandbox_id: str, now: float, *, ttl: float | None = None
+    ) -> bool | None:
+        """Turn the reservation into a live lease (for ``ttl``, default ``lease_ttl``):
+        False when it was lost, None when the store failed (reported)."""
         try:
             settled = await self._store(booking).settle(
                 booking.ref,
@@ -175,7 +225,7 @@ class Ledger:
                 booking.lease_id,
                 now,
                 outcome=Outcome.SUCCESS,
-                ttl=self._ctx.config.lease_ttl,
+                ttl=self._ctx.config.lease_ttl if ttl is None else ttl,
                 sandbox_id=sandbox_id,
             )
         except StateUnavailable as exc:
@@ -315,13 +365,17 @@ class Ledger:
 
     async def usage(self, refs: list[EntryRef]) -> Snapshot:
         """Usage for ordering: the fallback's under fail_open, raises under fail_closed."""
-        return await self._either("snapshot", lambda s: s.snapshot(refs, self._ctx.clock()))
+        try:
+            return self._observe(await self.store.snapshot(refs, self._ctx.clock()))
+        except StateUnavailable as exc:
+            self.on_state_error("snapshot", exc)
+            return await self.outage.store.snapshot(refs, self._ctx.clock())
 
     async def snapshot(self, refs: list[EntryRef]) -> tuple[Snapshot, str | None]:
         """Usage and health for status, and the store's error when only the fallback answered."""
         now = self._ctx.clock()
         try:
-            return await self.store.snapshot(refs, now), None
+            return self._observe(await self.store.snapshot(refs, now)), None
         except StateUnavailable as exc:
             local = await self.outage.store.snapshot([self.outage.share(r) for r in refs], now)
             return self.outage.usage(local), str(exc)
@@ -333,13 +387,6 @@ class Ledger:
         await self.store.bind_session(
             held.session, held.entry, held.sandbox.id, now + ttl, now, paused=paused
         )
-
-    async def _either(self, operation: str, call: Callable[[StateStore], Awaitable[T]]) -> T:
-        try:
-            return await call(self.store)
-        except StateUnavailable as exc:
-            self.on_state_error(operation, exc)
-            return await call(self.outage.store)
 
     def report(self, operation: str, exc: Exception) -> None:
         self._ctx.emit(
@@ -379,6 +426,19 @@ class Ledger:
     async def close(self) -> None:
         await self.outage.close(self.store)
         await self.store.close()
+
+
+def _denial(known: Exhausted) -> Reservation:
+    """The quota denial a remembered exhaustion stands for."""
+    return Reservation(
+        False,
+        reason="quota",
+        unit=known.unit,
+        used=known.used,
+        limit=known.limit,
+        until=known.until,
+        version=known.version,
+    )
 
 
 def _iso(ts: float) -> str:

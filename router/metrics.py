@@ -28,6 +28,7 @@ Ways to run it:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -36,13 +37,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, assert_never
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from policies.latency import SAMPLES, LatencySketch
 from policies.quota import UNITS
+from providers.errors import StateUnavailable
 from router.events import (
     Acquired,
     AcquireFailed,
@@ -51,6 +54,8 @@ from router.events import (
     CreateFailed,
     Failover,
     FreesOwed,
+    HedgeSettled,
+    HedgeStarted,
     KillFailed,
     LateCreate,
     LeaseLost,
@@ -67,6 +72,10 @@ from router.events import (
     StateError,
     StateWarning,
     TaskFailed,
+    WarmClaimed,
+    WarmCreated,
+    WarmKilled,
+    WarmMissed,
 )
 
 if TYPE_CHECKING:
@@ -185,6 +194,47 @@ class RouterMetrics:
             "Operator overwrites of a pool's usage (sandbox-router quota set/reset).",
             ("pool", "unit"),
         )
+        self.warm_hits = counter(
+            "warm_hits", "Acquires served by a warm sandbox (claimed from the pool).", ("entry",)
+        )
+        self.warm_misses = counter(
+            "warm_misses",
+            "Acquires a warm sandbox could have served that found the pool empty (created).",
+            ("entry",),
+        )
+        self.warm_created = counter(
+            "warm_created", "Sandboxes the refill made for a warm pool.", ("entry",)
+        )
+        self.warm_killed = counter(
+            "warm_killed",
+            "Warm sandboxes killed unclaimed, by reason: max_idle, unreachable (a claim could "
+            "not connect), drained (the entry failed).",
+            ("entry", "reason"),
+        )
+        self.warm_idle_seconds = counter(
+            "warm_idle_seconds",
+            "Seconds warm sandboxes waited in the pool before a claim or a kill (what the pool "
+            "costs), by state: running (metered into sandbox_seconds) or paused (not metered).",
+            ("entry", "state"),
+        )
+        self.hedges_started = counter(
+            "hedges_started",
+            "Hedged creates: entry's create was slow, hedge_entry's started beside it.",
+            ("entry", "hedge_entry"),
+        )
+        self.hedge_wins = counter(
+            "hedge_wins",
+            "Hedged acquires that hedge_entry's create won (the slow entry's was killed).",
+            ("entry", "hedge_entry"),
+        )
+        self.create_latency = Gauge(
+            f"{PREFIX}_create_latency_seconds",
+            f"This process's recent successful create latency by entry: the quantile over "
+            f"its last {SAMPLES} creates (what a hedge's percentile reads).",
+            ("entry", "quantile"),
+            registry=registry,
+        )
+        self._sketches: dict[str, LatencySketch] = {}
         self.acquire_seconds = Histogram(
             f"{PREFIX}_acquire_seconds",
             "Whole acquire latency (retries and failovers included), by the entry that served "
@@ -200,6 +250,23 @@ class RouterMetrics:
             buckets=BUCKETS,
             registry=registry,
         )
+
+    def _created(self, event: Created | HedgeStarted | HedgeSettled) -> None:
+        """A create that made a sandbox (and this process's recent latency), or a hedge."""
+        match event:
+            case Created(entry=entry, latency=latency):
+                self.create_seconds.labels(entry, "success").observe(latency)
+                sketch = self._sketches.setdefault(entry, LatencySketch())
+                sketch.add(latency)
+                for label, q in (("0.5", 0.5), ("0.95", 0.95)):
+                    self.create_latency.labels(entry, label).set(sketch.quantile(q) or 0.0)
+            case HedgeStarted(entry=entry, hedge_entry=hedge):
+                self.hedges_started.labels(entry, hedge).inc()
+            case HedgeSettled(entry=entry, hedge_entry=hedge, winner=winner):
+                if winner == hedge:
+                    self.hedge_wins.labels(entry, hedge).inc()
+            case _:
+                assert_never(event)
 
     def prime(self, router: Router) -> None:
         """Create the router's label sets at zero, so rates and alerts see the first event."""
@@ -219,8 +286,8 @@ class RouterMetrics:
             case AcquireFailed(latency=latency):
                 self.acquisitions.labels("none", "no_provider").inc()
                 self.acquire_seconds.labels("none").observe(latency)
-            case Created(entry=entry, latency=latency):
-                self.create_seconds.labels(entry, "success").observe(latency)
+            case Created() | HedgeStarted() | HedgeSettled():
+                self._created(event)
             case CreateFailed(entry=entry, reason=reason, latency=latency):
                 self.create_seconds.labels(entry, "failure").observe(latency)
                 self.create_failures.labels(entry, reason).inc()
@@ -242,22 +309,49 @@ class RouterMetrics:
                 self.late_creates.labels(entry, outcome).inc()
                 if seconds:
                     self.sandbox_seconds.labels(entry).inc(seconds)
-            case LeaseLost(entry=entry):
-                self.leases_lost.labels(entry).inc()
-            case KillFailed(entry=entry):
-                self.kill_failures.labels(entry).inc()
-            case SessionLost(entry=entry):
-                self.sessions_lost.labels(entry).inc()
-            case Paused(entry=entry):
-                self.paused.labels(entry).inc()
-            case Resumed(entry=entry):
-                self.resumed.labels(entry).inc()
-            case Reaped(entry=entry):
-                self.reaped.labels(entry).inc()
+            case LeaseLost() | KillFailed() | SessionLost() | Paused() | Resumed() | Reaped():
+                self._per_entry(event).labels(event.entry).inc()
             case QuotaChanged(pool=pool, unit=unit):
                 self.quota_changes.labels(pool, unit).inc()
+            case WarmClaimed() | WarmKilled() | WarmMissed() | WarmCreated():
+                self._warm(event)
             case StateWarning() | SessionClosed() | FreesOwed() | TaskFailed() | OutageHandedOver():
                 pass  # nothing to count
+            case _:
+                assert_never(event)
+
+    def _per_entry(
+        self, event: LeaseLost | KillFailed | SessionLost | Paused | Resumed | Reaped
+    ) -> Counter:
+        """The counter of an event that counts once per entry."""
+        match event:
+            case LeaseLost():
+                return self.leases_lost
+            case KillFailed():
+                return self.kill_failures
+            case SessionLost():
+                return self.sessions_lost
+            case Paused():
+                return self.paused
+            case Resumed():
+                return self.resumed
+            case Reaped():
+                return self.reaped
+            case _:
+                assert_never(event)
+
+    def _warm(self, event: WarmClaimed | WarmKilled | WarmMissed | WarmCreated) -> None:
+        match event:
+            case WarmClaimed(entry=entry, paused=paused, idle=idle):
+                self.warm_hits.labels(entry).inc()
+                self.warm_idle_seconds.labels(entry, "paused" if paused else "running").inc(idle)
+            case WarmKilled(entry=entry, reason=reason, paused=paused, idle=idle):
+                self.warm_killed.labels(entry, reason.partition(":")[0]).inc()
+                self.warm_idle_seconds.labels(entry, "paused" if paused else "running").inc(idle)
+            case WarmMissed(entry=entry):
+                self.warm_misses.labels(entry).inc()
+            case WarmCreated(entry=entry):
+                self.warm_created.labels(entry).inc()
             case _:
                 assert_never(event)
 
@@ -313,6 +407,11 @@ class StateCollector(Collector):
         )
         yield gauge("live_leases", "Unexpired leases held on the entry, fleet-wide.", ("entry",))
         yield gauge(
+            "warm_ready",
+            "Warm sandboxes ready to claim in the entry's pool, fleet-wide (entries with warm).",
+            ("entry",),
+        )
+        yield gauge(
             "quota_used",
             "Used this window: sessions (sandboxes created), sandbox_seconds (metered), "
             "concurrent (live leases).",
@@ -366,6 +465,9 @@ class StateCollector(Collector):
             available = value in (CLOSED, HALF_OPEN) and room
             fam["entry_available"].add_metric([view.name], 1.0 if available else 0.0)
             fam["live_leases"].add_metric([view.name], float(view.live_leases))
+        with contextlib.suppress(StateUnavailable):  # the store went away since the status
+            for entry, ready in self.router.warm_ready().items():
+                fam["warm_ready"].add_metric([entry], float(ready))
         for pool, view in pools.items():
             reset = view.reset_at.timestamp()
             start = windows[view.name].bounds(reset - 1.0)[0].timestamp()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import Limits, MonthlyWindow
+from router.state.warm import Claim, WarmSupport
 
 __all__ = [
     "CALL_MEMORY",
@@ -77,6 +78,8 @@ class Reservation:
     limit: float = 0.0
     detail: str = ""
     transition: tuple[str, str] | None = None
+    claimed: Claim | None = None  # a warm sandbox handed to this reservation (see WarmSupport)
+    version: int = 0  # a quota denial's: the pool's limits version (see `PoolStatus`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +92,14 @@ class Settlement:
 
 @dataclass(frozen=True, slots=True)
 class PoolStatus:
+    """A pool's usage in ``window``; ``version`` moves on with every operator change of
+    it (`LedgerSupport.set_usage`), so a replica knows its remembered exhaustion is stale."""
+
     pool: str
     window: str
     used: dict[str, float]
     limits: dict[str, float | None]
+    version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,12 +181,16 @@ class LedgerSupport(abc.ABC):
         hold: float,
         *,
         new_session: bool = True,
+        warm: bool = False,
         call_id: str = "",
     ) -> Reservation:
         """Admit through the breaker and reserve a session and a slot.
 
         ``new_session=False`` reserves only a slot (reconnecting to a sticky
-        session's existing sandbox creates nothing).
+        session's existing sandbox creates nothing). ``warm=True`` first
+        claims a ready warm sandbox of the entry when one is (never for the
+        half-open probe): ``Reservation.claimed`` names it, and its lease id
+        replaces ``lease_id`` (`policies.warm.claim`).
         """
 
     @abc.abstractmethod
@@ -229,7 +240,8 @@ class LedgerSupport(abc.ABC):
 
     @abc.abstractmethod
     async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
-        """Overwrite a pool's used amount in the current window (operators)."""
+        """Overwrite a pool's used amount in the current window (operators); bumps the
+        pool's limits version (`PoolStatus.version`, a quota denial's `Reservation.version`)."""
 
     @abc.abstractmethod
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
@@ -307,7 +319,7 @@ class FleetSupport(abc.ABC):
         """
 
 
-class StateStore(LedgerSupport, SessionSupport, LockSupport, FleetSupport):
+class StateStore(LedgerSupport, SessionSupport, LockSupport, FleetSupport, WarmSupport):
     """Shared state for one router configuration (namespaced by ``prefix``)."""
 
     url: str

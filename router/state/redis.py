@@ -39,6 +39,7 @@ from router.state.base import (
 )
 from router.state.redis_client import client, redact, state_errors
 from router.state.redis_keys import KeySpace, PoolKeys
+from router.state.warm import Claim, WarmRecord
 
 __all__ = ["PoolKeys", "RedisStore"]
 
@@ -91,11 +92,12 @@ class RedisStore(StateStore):
         hold: float,
         *,
         new_session: bool = True,
+        warm: bool = False,
         call_id: str = "",
     ) -> Reservation:
         raw = await self._script(
             "reserve",
-            [*self._keys.pool(ref, now), self._keys.memo(ref, call_id)],
+            [*self._keys.pool(ref, now), self._keys.warm(ref), self._keys.memo(ref, call_id)],
             [
                 now,
                 lease_id,
@@ -106,13 +108,15 @@ class RedisStore(StateStore):
                 _cfg(cfg),
                 _USAGE_TTL,
                 "1" if new_session else "0",
+                "1" if warm else "0",
                 _CALL_MS,
             ],
         )
         r = json.loads(raw)
         if r["granted"]:
             transition = (r["from"], r["to"]) if r["from"] else None
-            return Reservation(True, probe=bool(r["probe"]), transition=transition)
+            claimed = Claim(**r["claimed"]) if "claimed" in r else None
+            return Reservation(True, probe=bool(r["probe"]), transition=transition, claimed=claimed)
         if r["reason"] == "quota":
             return Reservation(
                 False,
@@ -121,6 +125,7 @@ class RedisStore(StateStore):
                 used=float(r["used"]),
                 limit=float(r["limit"]),
                 until=ref.window.reset_at(now).timestamp(),
+                version=int(r["version"]),
             )
         return Reservation(
             False, reason=r["reason"], until=float(r["until_"]), detail=r.get("detail", "")
@@ -214,7 +219,11 @@ class RedisStore(StateStore):
         if unit not in ("sessions", "sandbox_seconds"):
             raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
         amount = int(value) if unit == "sessions" else float(value)
-        await self._commands(lambda pipe: pipe.hset(self._keys.pool(ref, now).usage, unit, amount))
+        usage = self._keys.pool(ref, now).usage
+        await self._commands(
+            lambda pipe: pipe.hset(usage, unit, amount).hincrby(usage, "version", 1),
+            transaction=True,
+        )
 
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
         leases = self._keys.pool(ref, now).leases
@@ -309,6 +318,31 @@ class RedisStore(StateStore):
                  json.dumps(held), _JOURNAL_MS],
             )  # fmt: skip
         return applied
+
+    def _warm_keys(self, ref: EntryRef, now: float) -> list[str]:
+        keys = self._keys.pool(ref, now)
+        return [keys.usage, keys.leases, keys.meta, keys.held, self._keys.warm(ref)]
+
+    async def warm_put(self, ref: EntryRef, lease_id: str, record: WarmRecord, now: float) -> bool:
+        args = [lease_id, json.dumps(dataclasses.asdict(record)), "1" if record.paused else "0",
+                record.since, record.expires, _USAGE_TTL]  # fmt: skip
+        return bool(await self._script("warm_put", self._warm_keys(ref, now), args))
+
+    async def warm_take(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
+        seconds = await self._script(
+            "warm_take", self._warm_keys(ref, now), [now, lease_id, _USAGE_TTL]
+        )
+        return None if seconds is None else float(seconds)
+
+    async def warm_list(self, ref: EntryRef, now: float) -> dict[str, WarmRecord]:
+        key = self._keys.warm(ref)
+        [rows] = await self._commands(lambda pipe: pipe.hgetall(key))
+        records = {lid.decode(): WarmRecord(**json.loads(raw)) for lid, raw in rows.items()}
+        return {lid: r for lid, r in records.items() if r.expires > now}
+
+    async def warm_kept(self, ref: EntryRef, now: float) -> set[str]:
+        keys = [self._keys.pool(ref, now).leases, self._keys.warm(ref)]
+        return {lid.decode() for lid in await self._script("warm_kept", keys, [now])}
 
     async def ping(self) -> None:
         await self._commands(lambda pipe: pipe.ping())

@@ -21,7 +21,7 @@ __all__ = ["KeySpace", "PoolKeys"]
 class PoolKeys(NamedTuple):
     """The keys an entry's ledger scripts touch, all under its pool's hash tag."""
 
-    usage: str  # hash: sessions, sandbox_seconds of the current window
+    usage: str  # hash: sessions, sandbox_seconds, limits version of the current window
     leases: str  # zset: lease id -> expiry
     meta: str  # hash: lease id -> slot (json)
     health: str  # the entry's breaker state (json)
@@ -48,6 +48,11 @@ class KeySpace:
     def memo(self, ref: EntryRef, call_id: str) -> str:
         """Where a script keeps this call's answer for a retry (see `LedgerSupport`)."""
         return f"{self._tag(ref.pool)}:call:{call_id or uuid.uuid4().hex}"
+
+    def warm(self, ref: EntryRef) -> str:
+        """The entry's warm records (hash: lease id -> record json), under its pool's tag:
+        reserve claims from it in the same script."""
+        return f"{self._tag(ref.pool)}:warm:{ref.entry}"
 
     def journal(self, ref: EntryRef, journal_id: str) -> str:
         """Marks a replica's outage journal as reconciled into this pool."""

@@ -21,10 +21,11 @@ def decode(
     pools: Sequence[Sequence[EntryRef]], replies: Sequence[list[object]], now: float
 ) -> Snapshot:
     """The snapshot of each pool's entries (``pools``, one list per pool) from its reply:
-    sessions, sandbox seconds, leases held, then each entry's leases, then its health."""
+    sessions, sandbox seconds, leases held, limits version, then each entry's leases,
+    then its health."""
     snap = Snapshot()
     for members, reply in zip(pools, replies, strict=True):
-        sessions, seconds, held, *rest = reply
+        sessions, seconds, held, version, *rest = reply
         ref = members[0]
         snap.pools[ref.pool] = PoolStatus(
             ref.pool,
@@ -35,6 +36,7 @@ def decode(
                 "concurrent": float(_text(held) or 0),
             },
             {u: ref.limits.get(u) for u in UNITS},
+            int(_text(version) or 0),
         )
         counts, healths = rest[: len(members)], rest[len(members) :]
         for member, leases, health in zip(members, counts, healths, strict=True):

@@ -43,6 +43,7 @@ RUNNERS: tuple[RunnerName, ...] = ("auto", "resp", "redis-py")
 _WITH_LIB = frozenset(
     {"reserve", "settle", "release", "heartbeat", "record", "reconcile", "snapshot"}
 )
+_WITH_WARM = frozenset({"reserve", "warm_put", "warm_take", "warm_kept"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,9 @@ def script(name: str) -> Script:
     """The script ``lua/<name>.lua``, ``lib.lua`` in front when it needs the shared rules."""
     lua = resources.files("router.state") / "lua"
     text = (lua / f"{name}.lua").read_text()
-    if name in _WITH_LIB:
+    if name in _WITH_WARM:
+        text = (lua / "warm.lua").read_text() + "\n" + text
+    if name in _WITH_LIB or name in _WITH_WARM:
         text = (lua / "lib.lua").read_text() + "\n" + text
     return Script(name, text, hashlib.sha1(text.encode()).hexdigest())
 

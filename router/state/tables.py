@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from policies import breaker, quota
+from policies import warm as warm_policy
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import UNITS, LeaseSlot, PoolState
+from policies.warm import Claim, WarmRecord
 from router.state.base import (
     CALL_MEMORY,
     JOURNAL_MEMORY,
@@ -169,12 +171,13 @@ class TableStore(StateStore):
         hold: float,
         *,
         new_session: bool = True,
+        warm: bool = False,
         call_id: str = "",
     ) -> Reservation:
         return await self._once(
             call_id,
             now,
-            lambda tx: _reserve(tx, ref, cfg, lease_id, now, hold, new_session),
+            lambda tx: _reserve(tx, ref, cfg, lease_id, now, hold, new_session, warm),
             _reservation,
         )
 
@@ -258,6 +261,9 @@ class TableStore(StateStore):
             else:
                 seconds = float(value)
             tx.save_usage(ref.pool, ref.window.key(now), sessions, seconds)
+            bumped = str(_version(tx, ref.pool, ref.window.key(now)) + 1)
+            expires = ref.window.reset_at(now).timestamp()  # the next window starts at 0
+            tx.put("version", f"{ref.pool}|{ref.window.key(now)}", bumped, expires, now)
 
         await self._transact(set_usage)
 
@@ -346,6 +352,37 @@ class TableStore(StateStore):
 
         return await self._transact(reconcile)
 
+    async def warm_put(self, ref: EntryRef, lease_id: str, record: WarmRecord, now: float) -> bool:
+        def put(tx: Tables) -> bool:
+            pool = _load(tx, ref, now, [lease_id])
+            records = _warm_rows(tx, ref, now)
+            if not warm_policy.put(pool, records, lease_id, record):
+                return False
+            _save(tx, ref.pool, pool)
+            _save_warm(tx, ref, records, now)
+            return True
+
+        return await self._transact(put)
+
+    async def warm_take(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
+        def take(tx: Tables) -> float | None:
+            pool = _load(tx, ref, now, [lease_id])
+            records = _warm_rows(tx, ref, now)
+            seconds = warm_policy.take(pool, records, lease_id, now)
+            _save(tx, ref.pool, pool)
+            _save_warm(tx, ref, records, now)
+            return seconds
+
+        return await self._transact(take)
+
+    async def warm_list(self, ref: EntryRef, now: float) -> dict[str, WarmRecord]:
+        return await self._transact(lambda tx: dict(_warm_rows(tx, ref, now)))
+
+    async def warm_kept(self, ref: EntryRef, now: float) -> set[str]:
+        return await self._transact(
+            lambda tx: tx.lease_ids(ref.pool, now) | set(_warm_rows(tx, ref, now))
+        )
+
     async def ping(self) -> None:
         await self._transact(lambda tx: None)
 
@@ -361,7 +398,14 @@ def _pair(value: list[str] | None) -> tuple[str, str] | None:
 
 
 def _reservation(fields: dict[str, Any]) -> Reservation:
-    return Reservation(**{**fields, "transition": _pair(fields["transition"])})
+    claimed = fields["claimed"]
+    return Reservation(
+        **{
+            **fields,
+            "transition": _pair(fields["transition"]),
+            "claimed": Claim(**claimed) if claimed else None,
+        }
+    )
 
 
 def _settlement(fields: dict[str, Any]) -> Settlement:
@@ -376,6 +420,7 @@ def _reserve(
     now: float,
     hold: float,
     new_session: bool,
+    warm: bool = False,
 ) -> Reservation:
     pool = _load(tx, ref, now, [lease_id], purge=True)
     if lease_id in pool.leases:  # granted before (a repeat the call memo forgot)
@@ -387,6 +432,19 @@ def _reserve(
         return Reservation(
             False, reason=admission.reason, until=admission.until, detail=health.block_detail
         )
+    if warm and not admission.probe:
+        quota.purge_expired(pool, now)
+        records = _warm_rows(tx, ref, now)
+        unread = tx.leases(ref.pool, [lid for lid in records if lid not in pool.loaded], None)
+        pool.leases.update(unread)
+        pool.loaded.update({lid: slot.entry for lid, slot in unread.items()})
+        pool.others -= len(unread)
+        claimed = warm_policy.claim(pool, ref.limits, records, ref.entry, now, hold)
+        _save_warm(tx, ref, records, now)
+        if claimed is not None:
+            tx.save_entry(ref.entry, health)
+            _save(tx, ref.pool, pool)
+            return Reservation(True, transition=admission.transition, claimed=claimed)
     verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold, new_session)
     if isinstance(verdict, quota.QuotaDenial):
         if admission.probe:
@@ -400,10 +458,40 @@ def _reserve(
             used=verdict.used,
             limit=verdict.limit,
             until=ref.window.reset_at(now).timestamp(),
+            version=_version(tx, ref.pool, pool.window),
         )
     tx.save_entry(ref.entry, health)
     _save(tx, ref.pool, pool)
     return Reservation(True, probe=admission.probe, transition=admission.transition)
+
+
+def _warm_table(ref: EntryRef) -> str:
+    return f"warm:{ref.pool}:{ref.entry}"
+
+
+def _warm_rows(tx: Tables, ref: EntryRef, now: float) -> dict[str, WarmRecord]:
+    """The entry's warm records the store still keeps (a record past ``expires`` is gone)."""
+    return {
+        lid: WarmRecord(**json.loads(value))
+        for lid, (value, _) in tx.live(_warm_table(ref), now).items()
+    }
+
+
+def _save_warm(tx: Tables, ref: EntryRef, records: dict[str, WarmRecord], now: float) -> None:
+    """Write ``records`` as the entry's warm rows: new ones added, missing ones deleted."""
+    table = _warm_table(ref)
+    stored = tx.live(table, now)
+    for lid in stored.keys() - records.keys():
+        tx.delete(table, lid)
+    for lid in records.keys() - stored.keys():
+        record = records[lid]
+        tx.put(table, lid, json.dumps(dataclasses.asdict(record)), record.expires, now)
+
+
+def _version(tx: Tables, pool: str, window: str) -> int:
+    """The pool's limits version in ``window`` (0 until an operator changes its usage)."""
+    row = tx.get("version", f"{pool}|{window}")
+    return int(row[0]) if row else 0
 
 
 def _record(
@@ -438,6 +526,7 @@ def _snapshot(tx: Tables, refs: list[EntryRef], now: float) -> Snapshot:
                 pool.window,
                 {u: float(pool.used(u)) for u in UNITS},
                 {u: ref.limits.get(u) for u in UNITS},
+                _version(tx, ref.pool, pool.window),
             )
         snap.entries[ref.entry] = EntryStatus(
             ref.entry, tx.load_entry(ref.entry), held[ref.pool].get(ref.entry, 0)

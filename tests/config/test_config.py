@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from providers.errors import ConfigError
-from router.config import from_env, load_config
+from router.config import EntryConfig, HedgeConfig, from_env, load_config
 
 LOCAL = {"name": "local", "provider": "local"}
 
@@ -229,3 +230,23 @@ def test_the_defaults_are_the_policies_own() -> None:
     assert unset - settings == {"quota_default"}
     tuned = load_config({"breaker": {"cooldown_max": 60}, "chain": [LOCAL]}, env={})
     assert tuned.breaker_policy().cooldown_max == 60
+
+
+@pytest.mark.parametrize("after", ["p100", "fast", 0, -1, 601, True, [1]])
+def test_a_bad_hedge_is_refused_naming_file_and_field(tmp_path: Path, after: object) -> None:
+    path = tmp_path / "chain.yaml"
+    path.write_text(yaml.safe_dump({"chain": [{"name": "a", "provider": "local",
+                                               "hedge": {"after": after}}]}))  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"^{path}: chain\[0\]\.hedge\.after: expected seconds"):
+        load_config(path)
+
+
+def test_hedge_in_seconds_percentile_or_from_the_environment() -> None:
+    def after(value: object) -> object:
+        cfg = load_config({"chain": [{"name": "a", "provider": "local",
+                                      "hedge": {"after": value}}]}, env={"H": "0.5"})  # fmt: skip
+        assert cfg.chain[0].hedge is not None
+        return cfg.chain[0].hedge.after
+
+    assert [after(2), after("p95"), after("${H}")] == [2.0, "p95", 0.5]
+    assert EntryConfig(name="a", provider="local", hedge=HedgeConfig(after="p99")).hedge

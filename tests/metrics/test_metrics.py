@@ -308,6 +308,7 @@ def test_labels_never_carry_ids_sessions_or_secrets(
         "unavailable", "closed", "open", "half_open", "fail_closed", "sessions",
         "sandbox_seconds", "concurrent", *ENTRY_STATES,
         "reserve", "commit", "refund", "release", "heartbeat", "session", "snapshot",
+        "0.5", "0.95",  # create_latency_seconds' quantiles
     } | {s.labels.get("le", "") for f in registry.collect() for s in f.samples}  # fmt: skip
 
 

@@ -183,6 +183,20 @@ async def test_quota_denial_does_not_consume_the_probe(store: StateStore) -> Non
     assert (await store.reserve(r, CFG, "p2", NOW + 11, 30)).probe
 
 
+async def test_an_operator_change_of_usage_moves_the_pools_limits_version(
+    store: StateStore,
+) -> None:
+    """A replica remembering the pool as exhausted learns from the version it is stale."""
+    r = ref(sessions=1)
+    assert (await store.snapshot([r], NOW)).pools[r.pool].version == 0
+    await store.set_usage(r, "sessions", 1, NOW)
+    denied = await store.reserve(r, CFG, "l1", NOW, 30)
+    assert (denied.reason, denied.version) == ("quota", 1)
+    await store.set_usage(r, "sessions", 0, NOW)
+    assert (await store.snapshot([r], NOW)).pools[r.pool].version == 2
+    assert (await store.reserve(r, CFG, "l2", NOW, 30)).granted
+
+
 async def test_record_outside_acquire(store: StateStore) -> None:
     r = ref()
     transitions = [await store.record(r, CFG, Outcome.TRANSIENT, NOW + i) for i in range(3)]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from policies.breaker import BreakerConfig, Outcome
 from policies.quota import Limits, MonthlyWindow
+from policies.warm import WarmRecord
 from router.state import EntryRef, HeldLease, Spend, StateStore, open_store
 
 CFG = BreakerConfig(
@@ -43,7 +44,14 @@ ops = st.one_of(
     st.tuples(st.just("reconcile"), st.integers(0, 1), st.lists(lease_ids, max_size=3),
               st.integers(1, 60)),
     st.tuples(st.just("snapshot")),
+    st.tuples(st.just("set_usage"), st.sampled_from(["sessions", "sandbox_seconds"]),
+              st.integers(0, 8)),
     st.tuples(st.just("advance"), st.integers(0, 40)),
+    st.tuples(st.just("claim"), st.integers(0, 1), lease_ids, st.integers(1, 60)),
+    st.tuples(st.just("warm_put"), st.integers(0, 1), lease_ids, st.booleans(),
+              st.integers(1, 60)),
+    st.tuples(st.just("warm_take"), st.integers(0, 1), lease_ids),
+    st.tuples(st.just("warm_list"), st.integers(0, 1)),
 )  # fmt: skip
 
 
@@ -66,8 +74,19 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         ref = REFS[op[1]]
         held = tuple(HeldLease(lid, ref.entry, now - 3, op[3]) for lid in dict.fromkeys(op[2]))
         return await store.reconcile(f"j{now}", [Spend(ref, 1, 2.5, held)], now)
+    if kind == "set_usage":  # bumps the limits version a quota denial and a snapshot carry
+        return await store.set_usage(REFS[0], op[1], op[2], now)
     if kind == "snapshot":  # it purges expired leases, as reserve does
         return await store.snapshot(REFS, now)
+    if kind == "claim":
+        return await store.reserve(REFS[op[1]], CFG, op[2], now, op[3], warm=True)
+    if kind == "warm_put":
+        record = WarmRecord(f"sb-{op[2]}", now, now + op[4], now + op[4] + 20, op[3])
+        return await store.warm_put(REFS[op[1]], op[2], record, now)
+    if kind == "warm_take":
+        return await store.warm_take(REFS[op[1]], op[2], now)
+    if kind == "warm_list":
+        return await store.warm_list(REFS[op[1]], now)
     return None
 
 
@@ -101,6 +120,8 @@ def test_redis_lua_agrees_with_the_pure_policies(redis_url: str, sequence: list[
                 got, want = await apply(lua, op, now), await apply(pure, op, now)
                 assert normal(got) == normal(want), f"step {step}: {op}"
             assert normal(await lua.snapshot(REFS, now)) == normal(await pure.snapshot(REFS, now))
+            for ref in REFS:
+                assert await lua.warm_kept(ref, now) == await pure.warm_kept(ref, now)
         finally:
             await lua.close()
 

@@ -1,9 +1,10 @@
 -- Admit through the entry's breaker, then reserve one session and one slot.
--- KEYS: usage, leases, lease meta, health, held per entry, call memo
+-- With warm '1', first claim a ready warm sandbox of the entry (warm.lua).
+-- KEYS: usage, leases, lease meta, health, held per entry, warm records, call memo
 -- ARGV: now, lease_id, entry, hold, limit sessions, limit seconds,
 --       limit concurrent ('' = unlimited), fingerprint, breaker config, usage ttl,
 --       new session ('1'; '0' reconnects to a session's sandbox: a slot, no session),
---       call memo ttl (ms)
+--       warm ('1' claims a warm sandbox when one is ready), call memo ttl (ms)
 return once(function()
   local now, lid, entry, hold = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
   -- A lease id already held was granted before (a repeat the call memo forgot).
@@ -18,6 +19,15 @@ return once(function()
     return cjson.encode({granted = false, reason = a.reason, until_ = a.until_, detail = s.block_detail})
   end
   purge(KEYS[1], KEYS[2], KEYS[3], KEYS[5], now)
+  if ARGV[12] == '1' and not a.probe then
+    local c = warm_claim(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6], entry, now, hold,
+                         ARGV[6], ARGV[7], tonumber(ARGV[10]))
+    if c then
+      if a.changed then save_health(KEYS[4], s) end
+      return cjson.encode({granted = true, probe = false, from = a.from or '', to = a.to or '',
+                           claimed = c})
+    end
+  end
   local used = {
     tonumber(redis.call('HGET', KEYS[1], 'sessions') or '0'),
     tonumber(redis.call('HGET', KEYS[1], 'sandbox_seconds') or '0'),
@@ -33,7 +43,8 @@ return once(function()
       if a.probe then s.probe_until = 0 end
       if a.changed then save_health(KEYS[4], s) end
       return cjson.encode({granted = false, reason = 'quota', unit = units[i],
-                           used = used[i], limit = tonumber(limit)})
+                           used = used[i], limit = tonumber(limit),
+                           version = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')})
     end
   end
   if counted then

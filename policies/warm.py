@@ -1,0 +1,172 @@
+"""Warm pools: sandboxes made before anyone asks, as pure decisions over a pool.
+
+A warm sandbox is real, and the ledger counts it as such:
+
+* its ``sessions`` unit is spent when the refill reserves its create, once:
+  a claim takes none (the claimed lease is not ``counted``, so a claim
+  given back refunds only its slot);
+* a *running* warm sandbox holds a lease (a concurrency slot) from its
+  create on, under the lease id its labels carry; its seconds from the
+  commit to its claim (or its kill) are metered into ``sandbox_seconds``
+  when it is claimed (or taken), and the claimed lease meters its own
+  from its commit: the pool is charged every second the vendor bills;
+* a *paused* warm sandbox holds no slot and meters nothing while paused
+  (the vendors bill a paused sandbox's storage, not its compute): its
+  seconds from create to pause are metered when it is put in the pool, and
+  a claim takes a slot like any reservation (the concurrency limit applies).
+
+A `WarmRecord` is keyed by that lease id in the store, per entry. A claim
+picks the claimable record made first (``since``, then the lease id), turns
+it into the caller's reservation under the same lease id (so the janitor,
+which keeps what a live lease's label names, never sees it unheld), and
+needs only the units a claim spends: ``sandbox_seconds``, plus
+``concurrent`` for a paused one.
+
+The Redis store runs the same rules in Lua (``router/state/lua/warm.lua``);
+``tests/state/test_lua_matches_policies.py`` holds the two to the same answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+
+from policies import quota
+from policies.breaker import EXHAUSTED, MISCONFIGURED, BreakerState, Circuit
+from policies.quota import LeaseSlot, Limits, PoolState
+
+__all__ = ["Claim", "WarmRecord", "claim", "failing", "put", "take"]
+
+
+@dataclass(frozen=True, slots=True)
+class WarmRecord:
+    """A ready warm sandbox, as the store holds it under its lease id.
+
+    Attributes:
+        sandbox_id: the provider's id (``connect`` / ``resume`` take it).
+        since: when it was put in the pool (ready).
+        deadline: when it stops being claimable (``since + max_idle``): the
+            refill kills it then.
+        expires: when the store forgets the record by itself, should no
+            replica be left to kill it (its running lease expires then too).
+        paused: parked with `Sandbox.pause` (resume it on claim).
+    """
+
+    sandbox_id: str
+    since: float
+    deadline: float
+    expires: float
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A warm sandbox handed to a reservation: ``lease_id`` is now the caller's.
+
+    ``idle`` is how long it waited; ``metered`` the seconds charged for that
+    wait (0 for a paused one).
+    """
+
+    lease_id: str
+    sandbox_id: str
+    paused: bool
+    idle: float
+    metered: float
+
+
+def claim(
+    pool: PoolState,
+    limits: Limits,
+    records: MutableMapping[str, WarmRecord],
+    entry: str,
+    now: float,
+    hold: float,
+) -> Claim | None:
+    """Hand the first claimable record's sandbox to a reservation held for ``hold`` s.
+
+    None when none is ready or a unit the claim spends is used up (the
+    caller's ordinary reserve then decides, and denies for the same unit).
+    A running record whose lease is gone (the store lost it) is dropped:
+    its sandbox, unrecorded and unleased, is the janitor's.
+    """
+    if _used_up(pool, limits, "sandbox_seconds"):
+        return None
+    for lease_id in sorted(records, key=lambda lid: (records[lid].since, lid)):
+        record = records[lease_id]
+        if record.deadline <= now:
+            continue  # the refill kills it
+        if record.paused:
+            if _used_up(pool, limits, "concurrent"):
+                continue  # a running one needs no slot of its own
+            del records[lease_id]
+            pool.leases[lease_id] = LeaseSlot(entry, now, now + hold, hold, counted=False)
+            return Claim(lease_id, record.sandbox_id, True, now - record.since, 0.0)
+        slot = pool.leases.get(lease_id)
+        del records[lease_id]
+        if slot is None or not slot.live:
+            continue
+        metered = max(0.0, now - slot.started)
+        pool.sandbox_seconds += metered
+        slot.live, slot.counted, slot.sandbox_id = False, False, ""
+        slot.started, slot.expires, slot.ttl = now, now + hold, hold
+        return Claim(lease_id, record.sandbox_id, False, now - record.since, metered)
+    return None
+
+
+def put(
+    pool: PoolState, records: MutableMapping[str, WarmRecord], lease_id: str, record: WarmRecord
+) -> bool:
+    """Put a committed lease's sandbox in the pool; False when the lease is not live.
+
+    Running: the lease keeps its slot until ``record.expires``. Paused: the
+    lease is released (its seconds until now metered) and holds nothing.
+    """
+    slot = pool.leases.get(lease_id)
+    if slot is None or not slot.live:
+        return False
+    if record.paused:
+        quota.release(pool, lease_id, record.since)
+    else:
+        slot.expires, slot.ttl = record.expires, record.expires - slot.started
+    records[lease_id] = record
+    return True
+
+
+def take(
+    pool: PoolState, records: MutableMapping[str, WarmRecord], lease_id: str, now: float
+) -> float | None:
+    """Take a record out of the pool to kill its sandbox: the seconds metered for it
+    (its lease released), or None when it was not there (claimed, or taken already)."""
+    record = records.pop(lease_id, None)
+    if record is None:
+        return None
+    if record.paused:
+        return 0.0
+    return quota.release(pool, lease_id, now) or 0.0
+
+
+def failing(
+    health: BreakerState, used: Mapping[str, float], limits: Limits, now: float
+) -> str | None:
+    """Why an entry's warm sandboxes are drained (killed), or None.
+
+    The entry failed: its circuit is open, its credentials were refused
+    (misconfigured), the provider said its quota is gone (exhausted), or
+    the pool has no ``sandbox_seconds`` left. A passing block (rate
+    limited, capacity) only stops claims while it lasts (the reserve's
+    admission refuses them), and spent ``sessions`` are no reason at all:
+    the warm sandboxes are what they were spent on.
+    """
+    if health.block == MISCONFIGURED or (health.block == EXHAUSTED and now < health.block_until):
+        return health.block
+    if health.circuit is Circuit.OPEN and now < health.open_until:
+        return "open"
+    limit = limits.sandbox_seconds
+    if limit is not None and used.get("sandbox_seconds", 0.0) >= limit:
+        return "quota"
+    return None
+
+
+def _used_up(pool: PoolState, limits: Limits, unit: str) -> bool:
+    limit = limits.get(unit)
+    return limit is not None and pool.used(unit) >= limit

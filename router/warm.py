@@ -1,0 +1,344 @@
+"""Warm pools: sandboxes made in advance, claimed by any replica's acquire.
+
+An entry with ``warm: {size, max_idle, pause}`` keeps ``size`` sandboxes
+ready, fleet-wide, recorded in the state store (`router.state.warm`):
+
+* **claim**: `LedgerSupport.reserve` with ``warm=True`` hands a ready one
+  to the reservation in the same script (no round trip of its own); the
+  acquire then connects to it (`Provider.connect`, or `Provider.resume`
+  for one parked paused). One that cannot be reached is killed, its lease
+  given back, and the acquire goes on (the next warm one, else a create).
+  Only an acquire a warm sandbox can serve claims one: the entry's own
+  template, no spec fields, no labels of the caller's.
+* **refill**: one replica at a time (a fleet-wide lock per entry) creates
+  up to ``size`` through the ordinary reserve (so the pool's quota and
+  concurrency limits bound it: a warm sandbox is a session when created,
+  and holds a slot while it runs), labels each with `LABEL_WARM` and its
+  lease, commits it, pauses it if asked, and records it. It runs every
+  ``warm_refill_every`` seconds and after each claim or miss.
+* **kill**: the refill kills those unclaimed past ``max_idle``, and drains
+  them all while the entry fails (`policies.warm.failing`: breaker open,
+  misconfigured, provider quota exhausted, no ``sandbox_seconds`` left).
+
+How the seconds are metered is `policies.warm`'s docstring. Closing a
+router leaves the pools to the fleet: the sandboxes are the fleet's, and
+expire from the store (and so fall to the janitor) when no replica is left
+to kill them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Mapping
+from dataclasses import replace
+
+from policies.warm import WarmRecord, failing
+from providers.base import (
+    LABEL_ENTRY,
+    LABEL_LEASE,
+    LABEL_ROUTER,
+    LABEL_SESSION,
+    LABEL_WARM,
+    SandboxSpec,
+)
+from providers.capabilities import Capability
+from providers.errors import ConfigError, StateUnavailable, Unavailable
+from router.config import WarmConfig
+from router.context import Context
+from router.entries import Entry
+from router.events import (
+    Created,
+    KillFailed,
+    TaskFailed,
+    WarmClaimed,
+    WarmCreated,
+    WarmKilled,
+    WarmMissed,
+)
+from router.lease import Held
+from router.ledger import RESERVE_GRACE, Booking, Denied, Ledger
+from router.upkeep import Upkeep
+
+__all__ = ["WarmPools"]
+
+_CLOSE_WAIT = 10.0  # seconds closing waits for a refill in flight
+
+
+class WarmPools:
+    """The warm pools of this router's entries: claims, refills, kills."""
+
+    def __init__(self, ledger: Ledger, upkeep: Upkeep, ctx: Context) -> None:
+        self._ctx = ctx
+        self._ledger = ledger
+        self._upkeep = upkeep
+        self.settings: dict[str, WarmConfig] = {}
+        for entry in ctx.entries.values():
+            if entry.cfg.warm is not None:
+                self.configure(entry.name, entry.cfg.warm)
+        self._task: asyncio.Task[None] | None = None
+        self._kick: asyncio.Event | None = None
+        self._closing = False
+
+    def configure(self, name: str, warm: WarmConfig | None) -> None:
+        """Set (or with None, drop) an entry's warm pool; the next refill applies it."""
+        entry = self._ctx.entries.get(name)
+        if entry is None:
+            known = ", ".join(self._ctx.entries)
+            raise ValueError(f"no entry {name!r} in this router (entries: {known})")
+        if warm is not None and warm.pause and Capability.PAUSE not in entry.capabilities:
+            raise ConfigError(
+                f"{name}.warm.pause: the entry does not declare the 'pause' capability"
+            )
+        if warm is None or warm.size == 0:
+            self.settings.pop(name, None)
+        else:
+            self.settings[name] = warm
+
+    def fits(self, entry: Entry, spec: SandboxSpec | None, labels: Mapping[str, str]) -> bool:
+        """Can a warm sandbox of ``entry`` serve this acquire? Only when the entry
+        has a pool and the acquire asks for nothing a warm sandbox was not made with."""
+        if entry.name not in self.settings:
+            return False
+        if any(key != LABEL_SESSION for key in labels):
+            return False
+        if spec is None:
+            return True
+        return replace(spec, template=None) == SandboxSpec() and spec.template in (
+            None,
+            entry.cfg.template,
+        )
+
+    # -- claims (on the acquire's path) ---------------------------------------------
+    async def claim(self, entry: Entry, booking: Booking, attempt: int) -> Held | None:
+        """Connect to the warm sandbox ``booking`` claimed; None when it cannot be
+        reached (it is killed and its lease given back, so the acquire goes on)."""
+        claimed = booking.claimed
+        assert claimed is not None
+        started = self._ctx.clock()
+        try:
+            if claimed.paused:
+                sandbox = await asyncio.wait_for(
+                    entry.provider.resume(claimed.sandbox_id, timeout=booking.budget),
+                    booking.budget + 1.0,
+                )
+            else:
+                sandbox = await asyncio.wait_for(
+                    entry.provider.connect(claimed.sandbox_id), booking.budget + 1.0
+                )
+        except BaseException as exc:
+            await asyncio.shield(self._give_back(entry, booking))
+            if not isinstance(exc, Exception):
+                raise
+            self._ctx.emit(
+                WarmKilled(
+                    entry.name, claimed.sandbox_id, "unreachable", claimed.paused,
+                    claimed.idle, claimed.metered,
+                )
+            )  # fmt: skip
+            return None
+        now = self._ctx.clock()
+        self._ctx.emit(
+            WarmClaimed(
+                entry.name, booking.lease_id, sandbox.id, claimed.paused, claimed.idle,
+                claimed.metered, now - started,
+            )
+        )  # fmt: skip
+        held = booking.held(entry.provider.kind, sandbox, now, attempt)
+        self._upkeep.start(held, booking)
+        self.kick()
+        return held
+
+    async def _give_back(self, entry: Entry, booking: Booking) -> None:
+        """Free a failed claim's slot before the acquire goes on (it may need it), and
+        kill the sandbox in the background (the session it was stays spent)."""
+        assert booking.claimed is not None
+        sandbox_id = booking.claimed.sandbox_id
+        self._upkeep.spawn(self._kill(entry, sandbox_id))
+        try:
+            await self._ledger.release(booking)
+        except StateUnavailable as exc:
+            self._ledger.report("release", exc)  # the reservation expires by itself
+
+    def missed(self, entry: Entry) -> None:
+        """An acquire this pool could have served found it empty."""
+        self._ctx.emit(WarmMissed(entry.name))
+        self.kick()
+
+    # -- the refill (in the background) ---------------------------------------------
+    def start(self) -> None:
+        """Run the refill loop on this loop, once (a router with no warm pool runs none)."""
+        every = self._ctx.config.warm_refill_every
+        if self._task is None and self.settings and every > 0 and not self._closing:
+            self._kick = asyncio.Event()
+            self._task = asyncio.create_task(self._run(every))
+
+    def kick(self) -> None:
+        """Refill now rather than at the next tick."""
+        if self._kick is not None:
+            self._kick.set()
+
+    async def _run(self, every: float) -> None:
+        assert self._kick is not None
+        while not self._closing:
+            self._kick.clear()
+            try:
+                await self.fill()
+            except Exception as exc:  # a pass's bad luck stops no later pass
+                self._ctx.emit(TaskFailed("warm refill", f"{type(exc).__name__}: {exc}"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), every)
+
+    async def fill(self) -> dict[str, int]:
+        """One pass over every warm pool: kill the idle and the drained, refill the rest.
+
+        Returns how many each pool holds ready after the pass; a pool whose
+        lock another replica held (it refills it) is left out.
+        """
+        if await self._ledger.outage.active(self._ledger.store):
+            return {}  # the pools live in the shared store; the outage ledger has none
+        passes = {
+            name: self._fill(self._ctx.entries[name], warm) for name, warm in self.settings.items()
+        }
+        results = await asyncio.gather(*passes.values(), return_exceptions=True)
+        ready: dict[str, int] = {}
+        for name, result in zip(passes, results, strict=True):
+            if isinstance(result, StateUnavailable):
+                self._ledger.report("warm", result)
+            elif isinstance(result, BaseException):
+                raise result
+            elif result is not None:
+                ready[name] = result
+        return ready
+
+    async def _fill(self, entry: Entry, warm: WarmConfig) -> int | None:
+        store, name = self._ledger.store, f"warm:{entry.name}"
+        token = secrets.token_hex(8)
+        hold = self._ctx.config.create_timeout + RESERVE_GRACE + 30.0
+        if not await store.lock(name, token, hold, self._ctx.clock()):
+            return None
+        try:
+            now = self._ctx.clock()
+            records = await store.warm_list(entry.ref, now)
+            snap = await store.snapshot([entry.ref], now)
+            why = failing(
+                snap.entries[entry.name].breaker, snap.pools[entry.ref.pool].used,
+                entry.ref.limits, now,
+            )  # fmt: skip
+            doomed = {
+                lid: ("drained: " + why if why else "max_idle")
+                for lid, record in records.items()
+                if why is not None or record.deadline <= now
+            }
+            await asyncio.gather(
+                *(self._retire(entry, lid, records[lid], reason) for lid, reason in doomed.items())
+            )
+            ready = len(records) - len(doomed)
+            if why is None and ready < warm.size:
+                missing = warm.size - ready
+                ready += sum(
+                    await asyncio.gather(*(self._make(entry, warm) for _ in range(missing)))
+                )
+            return ready
+        finally:
+            with contextlib.suppress(StateUnavailable):
+                await store.unlock(name, token)
+
+    async def _make(self, entry: Entry, warm: WarmConfig) -> bool:
+        """Create one warm sandbox, commit it, pause it if asked, and record it."""
+        try:
+            deadline = self._ctx.clock() + self._ctx.config.create_timeout
+            booking = await self._ledger.book(entry, deadline)
+        except Denied:
+            return False  # quota, concurrency or the breaker says no: the pool stays short
+        if not booking.shared:  # the store went away since the pass began
+            await self._ledger.refund(booking, "warm_refill_outage")
+            return False
+        spec = SandboxSpec()
+        if entry.provider.kind != "local" or entry.cfg.template:
+            spec = SandboxSpec(template=entry.cfg.template)
+        spec = spec.with_labels(
+            {
+                LABEL_ROUTER: self._ctx.config.key_prefix,
+                LABEL_ENTRY: entry.name,
+                LABEL_LEASE: booking.lease_id,
+                LABEL_WARM: "1",
+            }
+        )
+        started = self._ctx.clock()
+        create = asyncio.ensure_future(entry.provider.create(spec, timeout=booking.budget))
+        try:
+            await asyncio.wait((create,), timeout=booking.budget + 1.0)
+        except asyncio.CancelledError:
+            self._upkeep.abandon(create, booking, entry)
+            raise
+        if not create.done():
+            late = Unavailable(f"create timed out after {booking.budget:.1f}s", provider=entry.name)
+            await self._ledger.record_failure(booking, late, 1, started)
+            self._upkeep.abandon(create, booking, entry)
+            return False
+        if (error := create.exception()) is not None:
+            await self._ledger.settle_failure(booking, error, 1, started)
+            return False
+        sandbox = create.result()
+        self._ctx.emit(Created(entry=entry.name, latency=self._ctx.clock() - started))
+        ttl = warm.max_idle + self._ctx.config.lease_ttl
+        if not await self._ledger.commit(booking, sandbox.id, self._ctx.clock(), ttl=ttl):
+            await self._kill(entry, sandbox.id)
+            return False
+        try:
+            if warm.pause:
+                await sandbox.pause()
+        except Exception as exc:
+            self._ctx.emit(TaskFailed("warm pause", f"{type(exc).__name__}: {exc}"))
+            await self._kill(entry, sandbox.id)
+            await self._ledger.release(booking)
+            return False
+        now = self._ctx.clock()
+        record = WarmRecord(sandbox.id, now, now + warm.max_idle, now + ttl, paused=warm.pause)
+        if not await self._ledger.store.warm_put(entry.ref, booking.lease_id, record, now):
+            await self._kill(entry, sandbox.id)  # its lease was lost: nothing holds it
+            return False
+        self._ctx.emit(WarmCreated(entry.name, sandbox.id, warm.pause, now - started))
+        return True
+
+    async def _retire(self, entry: Entry, lease_id: str, record: WarmRecord, reason: str) -> None:
+        """Take one out of the pool and kill it (unless a claim took it first)."""
+        now = self._ctx.clock()
+        metered = await self._ledger.store.warm_take(entry.ref, lease_id, now)
+        if metered is None:
+            return
+        await self._kill(entry, record.sandbox_id)
+        self._ctx.emit(
+            WarmKilled(
+                entry.name, record.sandbox_id, reason, record.paused, now - record.since, metered
+            )
+        )
+
+    async def _kill(self, entry: Entry, sandbox_id: str) -> None:
+        try:
+            await entry.provider.kill(sandbox_id)
+        except Exception as exc:  # the janitor reaps it: unrecorded, unleased
+            self._ctx.emit(KillFailed(entry=entry.name, sandbox_id=sandbox_id, error=str(exc)))
+
+    async def ready(self) -> dict[str, int]:
+        """How many claimable warm sandboxes each pool holds now (one read per pool)."""
+        now = self._ctx.clock()
+        counts = {}
+        for name in self.settings:
+            records = await self._ledger.store.warm_list(self._ctx.entries[name].ref, now)
+            counts[name] = sum(1 for r in records.values() if r.deadline > now)
+        return counts
+
+    async def close(self) -> None:
+        """Stop the refill loop, letting a pass in flight end (10 s at most)."""
+        self._closing = True
+        if self._task is None:
+            return
+        self.kick()
+        done, _ = await asyncio.wait({self._task}, timeout=_CLOSE_WAIT)
+        if not done:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
