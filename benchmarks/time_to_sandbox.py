@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import summary_ms
+from benchmarks.common import percentile, summary_ms
 from benchmarks.scaling import balanced_ratio, chain_length
 from benchmarks.vendors import emulator_process
 from emulators import sdk_environment
@@ -69,6 +69,75 @@ def cold(redis_url: str, n: int) -> dict[str, Any]:
         }
 
 
+def warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
+    """Acquires served from a warm pool that another replica fills, as a fleet runs.
+
+    Replica A refills every 0.1 s (the lock lets one replica refill at a time);
+    replica B never refills (``warm_refill_every: 0``), so every sandbox B gets
+    was made by A and claimed through the vendor's connect. B acquires at a
+    pace the pool was sized for (one every 0.3 s against 8 ready).
+    """
+    with emulator_process(VENDOR, PUBLISHED[VENDOR]) as emu, sdk_environment(emu):
+        chain = [_entry(VENDOR, VENDOR, warm={"size": size, "max_idle": 240})]
+        prefix = f"tts-warm-{secrets.token_hex(3)}"
+
+        def config(refill: float) -> dict[str, Any]:
+            return {"state_url": redis_url, "key_prefix": prefix, "chain": chain,
+                    "warm_refill_every": refill}  # fmt: skip
+
+        async def run() -> tuple[list[float], int]:
+            maker = Router.from_config(config(0.1), hooks=[])
+            claimer = Router.from_config(config(0), hooks=[])
+            async with maker, claimer:
+                await maker.afill_warm()
+                await _time_acquires(claimer, 3, pause=0.3)
+                times = await _time_acquires(claimer, n, pause=0.3)
+                status = await claimer.astatus()
+            hits = next(e for e in status.entries if e.name == VENDOR).used.get("sessions", 0)
+            return times, int(hits)
+
+        times, sessions = asyncio.run(run())
+    return {"provider": VENDOR, "size": size, "sessions_spent": sessions, **summary_ms(times)}
+
+
+def degraded(redis_url: str, n_unhedged: int, n_hedged: int, after: float) -> dict[str, Any]:
+    """The first entry's creates slowed to 5 s, the second (Daytona) healthy: without and
+    with ``hedge: {after}`` on the first. The second entry's own cold p99 is taken in the
+    same run, for the target (hedge delay + that p99 x 1.2)."""
+    second = "daytona"
+    with (
+        emulator_process(VENDOR, SLOW) as slow,
+        emulator_process(second, PUBLISHED[second]) as healthy,
+        sdk_environment(slow, healthy),
+    ):
+
+        def config(hedge: dict[str, Any] | None, chain: list[str]) -> dict[str, Any]:
+            entries = [_entry(name, name) for name in chain]
+            if hedge is not None:
+                entries[0]["hedge"] = hedge
+            return {"state_url": redis_url, "key_prefix": f"tts-deg-{secrets.token_hex(3)}",
+                    "chain": entries}  # fmt: skip
+
+        async def timed(cfg: dict[str, Any], n: int) -> list[float]:
+            async with Router.from_config(cfg, hooks=[]) as router:
+                await _time_acquires(router, 2)  # clients open, the emulators' first boots
+                return await _time_acquires(router, n)
+
+        second_cold = asyncio.run(timed(config(None, [second]), n_hedged))
+        unhedged = asyncio.run(timed(config(None, [VENDOR, second]), n_unhedged))
+        hedged = asyncio.run(timed(config({"after": after}, [VENDOR, second]), n_hedged))
+    bound = after + percentile(second_cold, 99) * 1.2
+    return {
+        "first": f"{VENDOR}, every create 5 s",
+        "second": second,
+        "hedge_after_s": after,
+        "second_cold": summary_ms(second_cold),
+        "unhedged": summary_ms(unhedged),
+        "hedged": summary_ms(hedged),
+        "target_hedged_p99_ms": round(bound * 1000, 1),
+    }
+
+
 def skip15(redis_url: str, root: Path, n: int) -> dict[str, Any]:
     """A chain of 16 with 15 entries out of quota, against a chain of 1 (p50 over p50)."""
     curve = chain_length(redis_url, root, [1, 16], n)
@@ -85,6 +154,15 @@ def time_to_sandbox(redis_url: str, root: Path, quick: bool) -> dict[str, Any]:
     cold_run = cold(redis_url, n)
     result["cold"] = cold_run
     result["cold_p50_ms"] = cold_run["p50_ms"]
+    warm_run = warm(redis_url, n)
+    result["warm"] = warm_run
+    result["warm_p50_ms"] = warm_run["p50_ms"]
+    result["warm_p99_ms"] = warm_run["p99_ms"]
+    result["warm_over_cold_p50"] = round(cold_run["p50_ms"] / warm_run["p50_ms"], 1)
+    slow = degraded(redis_url, 3 if quick else 10, 10 if quick else 50, 0.5)
+    result["degraded"] = slow
+    result["degraded_unhedged_p99_ms"] = slow["unhedged"]["p99_ms"]
+    result["degraded_hedged_p99_ms"] = slow["hedged"]["p99_ms"]
     skip = skip15(redis_url, root / "skip", 30 if quick else 300)
     result["skip15"] = skip
     result["skip15_over_chain1_ratio"] = skip["ratio"]
@@ -102,4 +180,4 @@ def time_to_sandbox(redis_url: str, root: Path, quick: bool) -> dict[str, Any]:
     return result
 
 
-__all__ = ["cold", "skip15", "time_to_sandbox"]
+__all__ = ["cold", "degraded", "skip15", "time_to_sandbox", "warm"]

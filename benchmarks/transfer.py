@@ -87,6 +87,7 @@ def _measure(provider: str, path: str, env: dict[str, str], options: dict[str, A
 
 def _run(provider: str, path: str, env: dict[str, str], options: dict[str, Any],
          big: Path, tree: Path, out: Path) -> dict[str, Any]:  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
     ctx = multiprocessing.get_context("spawn")
     here, there = ctx.Pipe()
     child = ctx.Process(target=_measure, args=(provider, path, env, options, big, tree, out, there))

@@ -130,7 +130,6 @@ async def modal(big: Path, tree: Path, out: Path) -> Timings:
     async def down() -> None:
         await sandbox.filesystem.copy_to_local.aio("/root/big.bin", out / "big.bin")
 
-    out.mkdir(parents=True, exist_ok=True)  # copy_to_local makes parents, but say so here
     try:
         return {"upload_file_s": await _timed(up), "download_file_s": await _timed(down)}
     finally:
