@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import overhead, race, scaling, throughput, vendors
+from benchmarks import gate, overhead, race, scaling, throughput, time_to_sandbox, vendors
+from benchmarks.__main__ import main as benchmarks_main
 from emulators import available
 
 
@@ -67,3 +68,21 @@ def test_vendor_overhead_runs_for_every_emulator(redis_url: str) -> None:
     for api in ("sync", "async") if "daytona" in result else ():
         daytona = result["daytona"][api]  # its exec path (streams merged) is timed beside
         assert daytona["exec"]["n"] == daytona["overhead_vs_exec"]["n"] == 2
+
+
+def test_gate_row_pairs_the_router_with_a_redis_py_gate(redis_url: str, tmp_path: Path) -> None:
+    result = gate.gate_cpu(redis_url, tmp_path, 5, 2)
+    assert result["router_cpu_us"] > 0
+    assert result["gate_cpu_us"] > 0
+    assert result["cpu_ratio"] > 0
+
+
+def test_skip15_times_a_chain_of_one_and_of_sixteen(redis_url: str, tmp_path: Path) -> None:
+    result = time_to_sandbox.skip15(redis_url, tmp_path, 3)
+    assert result["chain1"]["n"] == result["chain16_skip15"]["n"] == 3
+    assert result["ratio"] > 0
+
+
+def test_the_suites_are_named_on_the_command_line() -> None:
+    with pytest.raises(SystemExit):
+        benchmarks_main(["no_such_suite"])
