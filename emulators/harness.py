@@ -57,11 +57,30 @@ __all__ = [
 T = TypeVar("T")
 
 
+_PORTS = range(20000, 32768)  # below Linux's ephemeral range, where bind(0) and clients draw
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    """A loopback port free now, never handed out before by this process.
+
+    The port is bound later by someone else (a server, a sandbox's server),
+    so it is drawn at random below the ephemeral range: the kernel's own
+    picks (``bind(0)``, every outgoing connection) and other processes'
+    draws then rarely land on it before that bind.
+    """
+    for _ in range(1000):
+        port = random.choice(_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError(f"no free loopback port in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
 @dataclass
