@@ -26,9 +26,9 @@ from typing import Any
 
 from benchmarks.common import percentile, summary_ms
 from benchmarks.scaling import balanced_ratio, chain_length
-from benchmarks.vendors import emulator_process
 from emulators import sdk_environment
 from emulators.latency import PUBLISHED, LatencyProfile
+from emulators.process import emulator_process
 from router import Router
 
 VENDOR = "e2b"  # the entry timed cold and warm: the fastest published create but Daytona's

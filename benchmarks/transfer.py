@@ -106,7 +106,7 @@ def _run(provider: str, path: str, env: dict[str, str], options: dict[str, Any],
 
 def transfer(root: Path, quick: bool) -> dict[str, Any]:
     from benchmarks.transfer_direct import DIRECT
-    from benchmarks.vendors import emulator_process
+    from emulators.process import emulator_process
 
     size, files = (64 * MiB, 2_000) if quick else (1024 * MiB, 20_000)
     big, tree = make_inputs(root / "in", size, files)

@@ -24,62 +24,15 @@ the GIL, which taxes whichever path does more Python meanwhile.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import secrets
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from benchmarks.common import paired
-from emulators import available, emulator_class, sdk_environment
-from emulators.latency import LatencyProfile
+from emulators import available, sdk_environment
+from emulators.process import Remote, emulator_process
 from providers.base import SandboxSpec
 from router import Router
-
-
-@dataclass(frozen=True)
-class Remote:
-    """An emulator served by another process: its address and SDK environment."""
-
-    url: str
-    env: dict[str, str]
-
-    def sdk_env(self) -> dict[str, str]:
-        return self.env
-
-
-@contextmanager
-def emulator_process(name: str, latency: LatencyProfile | None = None) -> Iterator[Remote]:
-    """Run ``name``'s emulator in a child process for the duration of the block.
-
-    ``latency``: how long its creates take (`emulators.latency`); None: as fast as it can.
-    """
-    ctx = multiprocessing.get_context("spawn")
-    here, there = ctx.Pipe()
-    process = ctx.Process(
-        target=_serve, args=(name, there, latency), name=f"emulator-{name}", daemon=True
-    )
-    process.start()
-    try:
-        if here not in wait([here, process.sentinel], timeout=60):
-            raise RuntimeError(f"the {name} emulator did not start (exit {process.exitcode})")
-        url, env = here.recv()
-        yield Remote(url, env)
-    finally:
-        here.send("stop")
-        process.join(30)
-        if process.is_alive():
-            process.kill()
-
-
-def _serve(name: str, conn: Connection, latency: LatencyProfile | None) -> None:
-    # Sandboxes without bubblewrap: a command then takes ~2 ms instead of
-    # ~25, and both paths' spread shrinks with it.
-    with emulator_class(name)(isolation="none", latency=latency) as emu:
-        conn.send((emu.url, emu.sdk_env()))
-        conn.recv()
 
 
 class Direct:
