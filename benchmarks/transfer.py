@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from emulators import available
+from providers import provider_class
+from providers.capabilities import Capability
 from router import Router
 
 MiB = 1 << 20
@@ -114,6 +116,9 @@ def transfer(root: Path, quick: bool) -> dict[str, Any]:
     local = {"root": str(root / "sandboxes"), "isolation": "none"}
     result["local"] = {"router": _run("local", "router", {}, local, big, tree, root / "out-local")}
     for name in available(list(DIRECT)):
+        if Capability.FILES_STREAM not in provider_class(name).capabilities:
+            result[name] = {"skipped": f"{name} does not declare files.stream"}
+            continue
         with emulator_process(name) as emu:
             env = emu.sdk_env()
             result[name] = {
