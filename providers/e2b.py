@@ -39,7 +39,7 @@ import re
 import shlex
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import structlog
@@ -54,7 +54,7 @@ from providers.base import (
     SandboxInfo,
     SandboxSpec,
 )
-from providers.capabilities import AGENT_WORK, Capability
+from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
 from providers.errors import (
     AuthError,
     NotFound,
@@ -63,6 +63,7 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
+from providers.files import Chunks
 from providers.mapping import ErrorMap, Where, from_status, retry_after
 from providers.processes import ProcessBase, ProcessInfo, TerminalBase
 from providers.shell import piped
@@ -140,13 +141,13 @@ class E2BProvider(KeyedProvider[Any]):
 
     kind: ClassVar[str] = "e2b"
     Options: ClassVar[type[ProviderOptions]] = E2BOptions
-    capabilities = frozenset({"run_code", "files"})
+    capabilities = frozenset({"run_code", *FILE_WORK})
     api_key_env = API_KEY_ENV
 
     def __init__(self, name: str = "e2b", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
         kernel = {Capability.STATEFUL_CODE} if _has_kernel(self.opts.template) else set()
-        self.capabilities = frozenset({"run_code", "files", *AGENT_WORK, *kernel})
+        self.capabilities = frozenset({"run_code", *FILE_WORK, *AGENT_WORK, *kernel})
 
     @property
     def opts(self) -> E2BOptions:
@@ -301,6 +302,37 @@ class E2BSandbox(Sandbox):
             FileInfo(name=e.name, path=e.path, is_dir=e.type == FileType.DIR, size=e.size)
             for e in entries
         ]
+
+    async def remove(self, path: str) -> None:
+        with self._errors():
+            await self._native.files.remove(path)
+
+    async def make_dir(self, path: str) -> bool:
+        with self._errors():
+            return bool(await self._native.files.make_dir(path))
+
+    async def exists(self, path: str) -> bool:
+        with self._errors():
+            return bool(await self._native.files.exists(path))
+
+    async def rename(self, src: str, dst: str) -> FileInfo:
+        with self._errors():
+            return _file_info(await self._native.files.rename(src, dst))
+
+    async def stat(self, path: str) -> FileInfo:
+        with self._errors():
+            return _file_info(await self._native.files.get_info(path))
+
+    async def read_stream(self, path: str) -> AsyncIterator[bytes]:
+        with self._errors():
+            chunks = await self._native.files.read(path, format="stream")
+            async for chunk in chunks:
+                yield bytes(chunk)
+
+    async def write_stream(self, path: str, chunks: Chunks) -> None:
+        """envd takes an iterable as an ``application/octet-stream`` body, sent as it comes."""
+        with self._errors():
+            await self._native.files.write(path, chunks)
 
     async def run_code(
         self, code: str, language: str = "python", *, timeout: float | None = 60.0
@@ -661,6 +693,20 @@ def _connect_error(exc: Any, message: str, where: Where) -> ProviderError:
     if where.in_sandbox:
         return where.error(SandboxError, message)
     return where.error(ProviderError, message)
+
+
+def _file_info(entry: Any) -> FileInfo:
+    """The SDK's ``EntryInfo`` as ours."""
+    from e2b import FileType
+
+    return FileInfo(
+        name=entry.name,
+        path=entry.path,
+        is_dir=entry.type == FileType.DIR,
+        size=entry.size,
+        mode=entry.mode,
+        modified=entry.modified_time.timestamp(),
+    )
 
 
 sdk_errors = ErrorMap(_to_error)

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import stat
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,15 @@ def _entry(sandbox: E2BSandbox, host: Path) -> Message:
     return entry
 
 
+CHUNK = 1 << 20
+
+
+async def _part_chunks(part: Any) -> AsyncIterator[bytes]:
+    """A multipart file part's content as it arrives."""
+    while chunk := await part.read_chunk(CHUNK):
+        yield bytes(chunk)
+
+
 class Envd:
     """envd's services for every sandbox of the emulator."""
 
@@ -120,8 +130,7 @@ class Envd:
             raise _json_error(404, f"path '{path}' does not exist")
         if host.is_dir():
             raise _json_error(400, f"path '{path}' is a directory")
-        data = await asyncio.to_thread(host.read_bytes)
-        return web.Response(body=data, content_type="application/octet-stream")
+        return web.FileResponse(host, headers={"Content-Type": "application/octet-stream"})
 
     async def upload(self, request: web.Request) -> web.Response:
         sandbox = self.sandbox(request)
@@ -135,12 +144,11 @@ class Envd:
                 target = path or getattr(part, "filename", None)
                 if not target:
                     raise _json_error(400, "a file part names no path")
-                data = await part.read()
-                written.append(await self._write(sandbox, target, bytes(data)))
+                written.append(await self._write(sandbox, target, _part_chunks(part)))
         else:
             if not path:
                 raise _json_error(400, "missing path")
-            written.append(await self._write(sandbox, path, await request.read()))
+            written.append(await self._write(sandbox, path, request.content.iter_chunked(CHUNK)))
         return web.json_response(written)
 
     def _host(self, sandbox: E2BSandbox, path: str, *, write: bool = False) -> Path:
@@ -149,16 +157,22 @@ class Envd:
         except PathRefused as exc:
             raise _json_error(400, str(exc)) from None
 
-    async def _write(self, sandbox: E2BSandbox, path: str, data: bytes) -> Message:
+    async def _write(self, sandbox: E2BSandbox, path: str, chunks: AsyncIterator[bytes]) -> Message:
+        """Write the body as it arrives into a file beside the target, then move it there."""
         host = self._host(sandbox, path, write=True)
         if host.is_dir():
             raise _json_error(400, f"path '{path}' is a directory")
-
-        def write() -> None:
-            host.parent.mkdir(parents=True, exist_ok=True)
-            host.write_bytes(data)
-
-        await asyncio.to_thread(write)
+        await asyncio.to_thread(host.parent.mkdir, parents=True, exist_ok=True)
+        partial = host.with_name(f".{host.name}.upload-{os.urandom(4).hex()}")
+        out = await asyncio.to_thread(partial.open, "wb")
+        try:
+            async for chunk in chunks:
+                await asyncio.to_thread(out.write, chunk)
+            out.close()
+            await asyncio.to_thread(partial.replace, host)
+        finally:
+            out.close()
+            partial.unlink(missing_ok=True)
         return {"name": host.name, "type": "file", "path": sandbox.local.vendor(host)}
 
     # -- Connect RPC -------------------------------------------------------

@@ -5,8 +5,11 @@ If E2B's wire protocol moves under a new SDK version, these fail first.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
-from collections.abc import Iterator
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -179,6 +182,28 @@ async def test_files_round_trip_binary(emu: E2BEmulator) -> None:
             await sbx.files.write("/etc/outside", b"x")
     finally:
         await sbx.kill()
+
+
+async def test_files_stream_both_ways_without_holding_them(emu: E2BEmulator) -> None:
+    block = os.urandom(1 << 20)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(24):
+            yield block
+
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    tracemalloc.start()
+    try:
+        await sbx.files.write("data/big.bin", chunks())  # an iterable goes as octet-stream
+        digest = hashlib.sha256()
+        async for chunk in await sbx.files.read("data/big.bin", format="stream"):
+            digest.update(chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await sbx.kill()
+    assert digest.hexdigest() == hashlib.sha256(block * 24).hexdigest()
+    assert peak < 8 * (1 << 20), f"the transfer held {peak} bytes"  # SDK and emulator both
 
 
 async def test_list_by_metadata_is_paged(emu: E2BEmulator) -> None:
