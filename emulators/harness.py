@@ -191,6 +191,7 @@ class SandboxRecord:
     expires_at: float | None = None
     killed_at: float | None = None
     ended_by: str | None = None  # "kill" or "expired"
+    paused: bool = False  # a paused sandbox runs nothing and takes no concurrency slot
 
     @property
     def alive(self) -> bool:
@@ -239,7 +240,7 @@ class EmulatorCore:
         return sum(
             1
             for r in self.records.values()
-            if r.alive and (api_key is None or r.api_key_hint == hint)
+            if r.alive and not r.paused and (api_key is None or r.api_key_hint == hint)
         )
 
     # -- lifecycle --------------------------------------------------------

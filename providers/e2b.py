@@ -141,13 +141,15 @@ class E2BProvider(KeyedProvider[Any]):
 
     kind: ClassVar[str] = "e2b"
     Options: ClassVar[type[ProviderOptions]] = E2BOptions
-    capabilities = frozenset({"run_code", *FILE_WORK})
+    capabilities = frozenset({"run_code", *FILE_WORK, Capability.PAUSE})
     api_key_env = API_KEY_ENV
 
     def __init__(self, name: str = "e2b", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
         kernel = {Capability.STATEFUL_CODE} if _has_kernel(self.opts.template) else set()
-        self.capabilities = frozenset({"run_code", *FILE_WORK, *AGENT_WORK, *kernel})
+        self.capabilities = frozenset(
+            {"run_code", *FILE_WORK, *AGENT_WORK, Capability.PAUSE, *kernel}
+        )
 
     @property
     def opts(self) -> E2BOptions:
@@ -192,6 +194,10 @@ class E2BProvider(KeyedProvider[Any]):
         with sdk_errors(self.name, sandbox_id):
             native = await sandboxes.connect(sandbox_id)
         return E2BSandbox(native, self.name)
+
+    async def resume(self, sandbox_id: str, *, timeout: float) -> E2BSandbox:
+        """``connect`` resumes a paused sandbox (and answers a running one as it is)."""
+        return await asyncio.wait_for(self.connect(sandbox_id), timeout)
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
         sandboxes = self._sandboxes()
@@ -322,6 +328,11 @@ class E2BSandbox(Sandbox):
     async def stat(self, path: str) -> FileInfo:
         with self._errors():
             return _file_info(await self._native.files.get_info(path))
+
+    async def pause(self) -> None:
+        """A full pause: memory and filesystem kept, the bill stops until `resume`."""
+        with self._errors():
+            await self._native.pause()
 
     async def read_stream(self, path: str) -> AsyncIterator[bytes]:
         with self._errors():

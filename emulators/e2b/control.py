@@ -39,6 +39,7 @@ __all__ = ["CONCURRENCY_MESSAGE", "DEFAULT_TIMEOUT", "ControlPlane", "api_error"
 # The API's default sandbox timeout when a create names none, in seconds.
 DEFAULT_TIMEOUT = 15
 MAX_TIMEOUT = 24 * 3600
+PAUSED_KEPT = 30 * 24 * 3600  # E2B keeps a paused sandbox until it is killed (30 days here)
 CONCURRENCY_MESSAGE = (
     "you have reached the maximum number of concurrent E2B sandboxes ({limit}). "
     "If you need more, please visit 'https://e2b.dev/docs/billing'"
@@ -89,6 +90,7 @@ class ControlPlane:
             web.delete("/sandboxes/{sandbox_id}", self.kill),
             web.post("/sandboxes/{sandbox_id}/timeout", self.set_timeout),
             web.post("/v2/sandboxes/{sandbox_id}/connect", self.connect),
+            web.post("/sandboxes/{sandbox_id}/pause", self.pause),
         ]
 
     # -- helpers -----------------------------------------------------------
@@ -153,7 +155,7 @@ class ControlPlane:
             "cpuCount": sandbox.cpu_count,
             "memoryMB": sandbox.memory_mb,
             "diskSizeMB": 10240,
-            "state": "running",
+            "state": "paused" if self.core.records[sandbox.id].paused else "running",
             "envdVersion": self.emulator.envd_version,
             "metadata": dict(self.core.records[sandbox.id].labels),
         }
@@ -216,7 +218,7 @@ class ControlPlane:
                 for s in self.core.e2b.values()
                 if s.api_key == key
                 and self.core.alive_sandbox(s.id) is not None
-                and "running" in states
+                and ("paused" if self.core.records[s.id].paused else "running") in states
                 and all(self.core.records[s.id].labels.get(k) == v for k, v in wanted.items())
             ),
             key=lambda s: (s.started_at, s.id),
@@ -251,8 +253,26 @@ class ControlPlane:
         self.core.set_lifetime(sandbox.id, timeout)
         return web.Response(status=204)
 
+    async def pause(self, request: web.Request) -> web.Response:
+        """Stop the sandbox's processes where they are and keep its files (a "full"
+        pause keeps memory: its processes go on after `connect`). While paused it
+        takes no concurrency slot, envd does not answer, and its timeout stops."""
+        sandbox = self._owned(request)
+        record = self.core.records[sandbox.id]
+        if record.paused:
+            return api_error(409, f"sandbox {sandbox.id} is already paused")
+        await sandbox.local.pause()
+        record.paused = True
+        self.core.set_lifetime(sandbox.id, PAUSED_KEPT)
+        return web.Response(status=204)
+
     async def connect(self, request: web.Request) -> web.Response:
         sandbox = self._owned(request)
+        record = self.core.records[sandbox.id]
+        if record.paused:  # connect resumes a paused sandbox
+            await sandbox.local.thaw()
+            record.paused = False
+            self.core.set_lifetime(sandbox.id, DEFAULT_TIMEOUT)
         timeout = (await self._body(request)).get("timeout")
         if isinstance(timeout, int) and time.time() + timeout > self._expires_at(sandbox):
             self.core.set_lifetime(sandbox.id, timeout)

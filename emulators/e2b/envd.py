@@ -113,6 +113,8 @@ class Envd:
         sandbox = self.core.alive_sandbox(sandbox_id)
         if sandbox is None:
             raise _json_error(502, f"The sandbox {sandbox_id} was not found")
+        if self.core.records[sandbox_id].paused:
+            raise _json_error(502, f"The sandbox {sandbox_id} is paused: connect to resume it")
         if request.headers.get("X-Access-Token") != sandbox.token:
             raise _json_error(401, "unauthorized access, please provide a valid access token")
         return sandbox

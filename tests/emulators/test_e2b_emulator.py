@@ -206,6 +206,25 @@ async def test_files_stream_both_ways_without_holding_them(emu: E2BEmulator) -> 
     assert peak < 8 * (1 << 20), f"the transfer held {peak} bytes"  # SDK and emulator both
 
 
+async def test_pause_keeps_files_frees_the_slot_and_connect_resumes(emu: E2BEmulator) -> None:
+    emu.set_quota(max_concurrent=1)
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        await sbx.files.write("notes.txt", "kept")
+        assert await sbx.pause() is True
+        assert await sbx.pause() is False  # already paused: 409
+        [listed] = await AsyncSandbox.list(**emu.sdk_kwargs()).next_items()
+        assert (listed.sandbox_id, listed.state.value) == (sbx.sandbox_id, "paused")
+        other = await AsyncSandbox.create(**emu.sdk_kwargs())  # the paused one holds no slot
+        await other.kill()
+        woken = await AsyncSandbox.connect(sbx.sandbox_id, **emu.sdk_kwargs())
+        assert await woken.files.read("notes.txt") == "kept"
+        assert (await woken.commands.run("echo up")).stdout == "up\n"
+    finally:
+        emu.set_quota(max_concurrent=None)
+        await sbx.kill()
+
+
 async def test_list_by_metadata_is_paged(emu: E2BEmulator) -> None:
     kw = emu.sdk_kwargs()
     wanted = [await AsyncSandbox.create(metadata={"pool": "x y/z"}, **kw) for _ in range(3)]
