@@ -49,6 +49,7 @@ from providers.base import (
     CodeResult,
     CommandResult,
     FileInfo,
+    PortURL,
     ProviderOptions,
     Sandbox,
     SandboxInfo,
@@ -141,14 +142,14 @@ class E2BProvider(KeyedProvider[Any]):
 
     kind: ClassVar[str] = "e2b"
     Options: ClassVar[type[ProviderOptions]] = E2BOptions
-    capabilities = frozenset({"run_code", *FILE_WORK, Capability.PAUSE})
+    capabilities = frozenset({"run_code", *FILE_WORK, Capability.PAUSE, Capability.PORT})
     api_key_env = API_KEY_ENV
 
     def __init__(self, name: str = "e2b", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
         kernel = {Capability.STATEFUL_CODE} if _has_kernel(self.opts.template) else set()
         self.capabilities = frozenset(
-            {"run_code", *FILE_WORK, *AGENT_WORK, Capability.PAUSE, *kernel}
+            {"run_code", *FILE_WORK, *AGENT_WORK, Capability.PAUSE, Capability.PORT, *kernel}
         )
 
     @property
@@ -328,6 +329,16 @@ class E2BSandbox(Sandbox):
     async def stat(self, path: str) -> FileInfo:
         with self._errors():
             return _file_info(await self._native.files.get_info(path))
+
+    async def expose(self, port: int) -> PortURL:
+        """E2B's edge serves every port at ``{port}-{id}.{domain}``: no call is made.
+
+        A sandbox whose public traffic is restricted wants its traffic token
+        with each request.
+        """
+        token = self._native.traffic_access_token
+        headers = {"E2B-Traffic-Access-Token": token} if token else {}
+        return PortURL(port, f"https://{self._native.get_host(port)}", headers)
 
     async def pause(self) -> None:
         """A full pause: memory and filesystem kept, the bill stops until `resume`."""

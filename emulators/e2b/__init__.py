@@ -29,8 +29,15 @@ from aiohttp import web
 from emulators.e2b.control import ControlPlane, api_error
 from emulators.e2b.envd import Envd
 from emulators.e2b.interpreter import Interpreter
+from emulators.e2b.ports import DOMAIN, PortEdge
 from emulators.e2b.sandboxes import E2BCore
-from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
+from emulators.harness import (
+    Emulator,
+    FaultSpec,
+    free_port,
+    http_fault_middleware,
+    unknown_route_middleware,
+)
 
 __all__ = ["ENVD_VERSION", "TEST_API_KEY", "E2BEmulator"]
 
@@ -104,6 +111,7 @@ class E2BEmulator(Emulator):
         self.core: E2BCore = E2BCore(self.name, self.core.local.root, isolation=self.core.isolation)
         self.templates = set(templates) if templates is not None else None
         self.envd_version = envd_version
+        self.edge_port = free_port()
 
     def sdk_env(self) -> dict[str, str]:
         return {
@@ -138,4 +146,16 @@ class E2BEmulator(Emulator):
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, self.host, self.port).start()
-        return runner.cleanup
+        edge = web.AppRunner(PortEdge(self).app(), access_log=None, handler_cancellation=True)
+        await edge.setup()
+        await web.TCPSite(edge, self.host, self.edge_port).start()
+
+        async def stop() -> None:
+            await edge.cleanup()
+            await runner.cleanup()
+
+        return stop
+
+    def resolve(self, host: str) -> tuple[str, int] | None:
+        """E2B's DNS: every ``{port}-{id}.{DOMAIN}`` name is the port edge."""
+        return (self.host, self.edge_port) if host.endswith(f".{DOMAIN}") else None

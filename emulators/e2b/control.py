@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, unquote
 
 from aiohttp import web
 
+from emulators.e2b.ports import DOMAIN
 from emulators.e2b.sandboxes import E2B_HOME, E2BSandbox
 from emulators.harness import QuotaViolation
 from providers.base import SandboxSpec
@@ -141,7 +142,8 @@ class ControlPlane:
             "clientID": _CLIENT_ID,
             "envdVersion": self.emulator.envd_version,
             "envdAccessToken": sandbox.token,
-            "domain": None,
+            "trafficAccessToken": sandbox.traffic_token,
+            "domain": DOMAIN,
         }
 
     def _listed(self, sandbox: E2BSandbox) -> dict[str, Any]:
@@ -195,6 +197,9 @@ class ControlPlane:
             token=secrets.token_urlsafe(24),
             local=local,
         )
+        network = body.get("network")
+        if isinstance(network, dict) and network.get("allowPublicTraffic") is False:
+            sandbox.traffic_token = secrets.token_urlsafe(24)
         self.core.e2b[sandbox_id] = sandbox
         return web.json_response(self._created(sandbox), status=201)
 
@@ -236,7 +241,7 @@ class ControlPlane:
         detail = {
             **self._listed(sandbox),
             "envdAccessToken": sandbox.token,
-            "domain": None,
+            "domain": DOMAIN,
         }
         return web.json_response(detail)
 

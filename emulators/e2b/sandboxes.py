@@ -43,6 +43,7 @@ class E2BSandbox:
     memory_mb: int = 512
     processes: dict[int, RunningProcess] = field(default_factory=dict)
     kernel: Kernel | None = None
+    traffic_token: str | None = None  # set when public traffic to its ports is restricted
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
 
     @property

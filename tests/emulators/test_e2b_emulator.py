@@ -5,6 +5,7 @@ If E2B's wire protocol moves under a new SDK version, these fail first.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -32,7 +33,7 @@ from e2b.api import ApiClient, handle_api_exception
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 from emulators.e2b import TEST_API_KEY, E2BEmulator
-from emulators.harness import Emulator
+from emulators.harness import Emulator, free_port
 from tests.polling import until
 
 
@@ -222,6 +223,37 @@ async def test_pause_keeps_files_frees_the_slot_and_connect_resumes(emu: E2BEmul
         assert (await woken.commands.run("echo up")).stdout == "up\n"
     finally:
         emu.set_quota(max_concurrent=None)
+        await sbx.kill()
+
+
+async def test_a_port_is_served_at_its_host_and_restricted_traffic_wants_the_token(
+    emu: E2BEmulator,
+) -> None:
+    port = free_port()
+    sbx = await AsyncSandbox.create(network={"allow_public_traffic": False}, **emu.sdk_kwargs())
+    try:
+        await sbx.files.write("site/index.html", "hello")
+        await sbx.commands.run(
+            f"cd site && exec python3 -m http.server {port} --bind 127.0.0.1", background=True
+        )
+        host = sbx.get_host(port)
+        edge = emu.resolve(host)
+        assert edge is not None
+        assert host == f"{port}-{sbx.sandbox_id}.e2b.emulator.test"
+        url = f"http://{edge[0]}:{edge[1]}/index.html"
+        token = sbx.traffic_access_token
+        assert token
+        async with httpx.AsyncClient() as client:
+            for _ in range(100):  # until the server listens (the edge answers 502 before)
+                answer = await client.get(
+                    url, headers={"Host": host, "E2B-Traffic-Access-Token": token}
+                )
+                if answer.status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert answer.text == "hello"
+            assert (await client.get(url, headers={"Host": host})).status_code == 403
+    finally:
         await sbx.kill()
 
 
