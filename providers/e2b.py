@@ -54,6 +54,7 @@ from providers.base import (
     Sandbox,
     SandboxInfo,
     SandboxSpec,
+    Snapshot,
 )
 from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
 from providers.errors import (
@@ -132,6 +133,9 @@ class E2BOptions(KeyedOptions):
     request_timeout: float = 30.0
 
 
+LIFECYCLE = frozenset({Capability.PORT, Capability.PAUSE, Capability.SNAPSHOT})
+
+
 class E2BProvider(KeyedProvider[Any]):
     """One E2B account.
 
@@ -142,14 +146,24 @@ class E2BProvider(KeyedProvider[Any]):
 
     kind: ClassVar[str] = "e2b"
     Options: ClassVar[type[ProviderOptions]] = E2BOptions
-    capabilities = frozenset({"run_code", *FILE_WORK, Capability.PAUSE, Capability.PORT})
+    capabilities = frozenset(
+        {"run_code", *FILE_WORK, Capability.PAUSE, Capability.PORT, Capability.SNAPSHOT}
+    )
     api_key_env = API_KEY_ENV
 
     def __init__(self, name: str = "e2b", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
         kernel = {Capability.STATEFUL_CODE} if _has_kernel(self.opts.template) else set()
         self.capabilities = frozenset(
-            {"run_code", *FILE_WORK, *AGENT_WORK, Capability.PAUSE, Capability.PORT, *kernel}
+            {
+                "run_code",
+                *FILE_WORK,
+                *AGENT_WORK,
+                Capability.PAUSE,
+                Capability.PORT,
+                Capability.SNAPSHOT,
+                *kernel,
+            }
         )
 
     @property
@@ -199,6 +213,11 @@ class E2BProvider(KeyedProvider[Any]):
     async def resume(self, sandbox_id: str, *, timeout: float) -> E2BSandbox:
         """``connect`` resumes a paused sandbox (and answers a running one as it is)."""
         return await asyncio.wait_for(self.connect(sandbox_id), timeout)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        sandboxes = self._sandboxes()
+        with sdk_errors(self.name):
+            return bool(await sandboxes.delete_snapshot(snapshot_id))
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
         sandboxes = self._sandboxes()
@@ -339,6 +358,12 @@ class E2BSandbox(Sandbox):
         token = self._native.traffic_access_token
         headers = {"E2B-Traffic-Access-Token": token} if token else {}
         return PortURL(port, f"https://{self._native.get_host(port)}", headers)
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """E2B's snapshot is a template (memory and filesystem); it outlives the sandbox."""
+        with self._errors():
+            made = await self._native.create_snapshot(name)
+        return Snapshot(made.snapshot_id, self.provider, name)
 
     async def pause(self) -> None:
         """A full pause: memory and filesystem kept, the bill stops until `resume`."""

@@ -92,6 +92,8 @@ class ControlPlane:
             web.post("/sandboxes/{sandbox_id}/timeout", self.set_timeout),
             web.post("/v2/sandboxes/{sandbox_id}/connect", self.connect),
             web.post("/sandboxes/{sandbox_id}/pause", self.pause),
+            web.post("/sandboxes/{sandbox_id}/snapshots", self.snapshot),
+            web.delete("/templates/{template_id}", self.delete_template),
         ]
 
     # -- helpers -----------------------------------------------------------
@@ -170,7 +172,8 @@ class ControlPlane:
         if not isinstance(template, str) or not template:
             return api_error(400, "templateID is required")
         templates = self.emulator.templates
-        if templates is not None and template not in templates:
+        snapshot = self.core.snapshots.get(template)
+        if snapshot is None and templates is not None and template not in templates:
             return api_error(404, f"template '{template}' not found")
         timeout = body.get("timeout", DEFAULT_TIMEOUT)
         if not isinstance(timeout, int) or not 0 < timeout <= MAX_TIMEOUT:
@@ -181,7 +184,7 @@ class ControlPlane:
         try:
             local = await self.core.create(
                 key,
-                SandboxSpec(template=template, env=env, labels=metadata),
+                SandboxSpec(template=snapshot or template, env=env, labels=metadata),
                 home=E2B_HOME,
                 lifetime=timeout,
                 sandbox_id=sandbox_id,
@@ -269,6 +272,25 @@ class ControlPlane:
         await sandbox.local.pause()
         record.paused = True
         self.core.set_lifetime(sandbox.id, PAUSED_KEPT)
+        return web.Response(status=204)
+
+    async def snapshot(self, request: web.Request) -> web.Response:
+        """The sandbox's filesystem kept as a template (memory is not: a sandbox made
+        from it starts its processes afresh)."""
+        sandbox = self._owned(request)
+        name = (await self._body(request)).get("name")
+        kept = await sandbox.local.snapshot(name if isinstance(name, str) else None)
+        snapshot_id = f"snapshot-{secrets.token_hex(8)}"
+        self.core.snapshots[snapshot_id] = kept.id
+        names = [f"{_CLIENT_ID}/{name}:default"] if isinstance(name, str) and name else []
+        return web.json_response({"snapshotID": snapshot_id, "names": names}, status=201)
+
+    async def delete_template(self, request: web.Request) -> web.Response:
+        self._key(request)
+        kept = self.core.snapshots.pop(request.match_info["template_id"], None)
+        if kept is None:
+            return api_error(404, f"template '{request.match_info['template_id']}' not found")
+        await self.core.local.delete_snapshot(kept)
         return web.Response(status=204)
 
     async def connect(self, request: web.Request) -> web.Response:

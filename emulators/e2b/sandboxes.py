@@ -78,6 +78,7 @@ class E2BCore(EmulatorCore):
     def __init__(self, name: str, root: Path, *, isolation: str = "auto") -> None:
         super().__init__(name, root, isolation=isolation)
         self.e2b: dict[str, E2BSandbox] = {}
+        self.snapshots: dict[str, str] = {}  # E2B snapshot id -> the local copy's id
 
     async def kill(self, sandbox_id: str, ended_by: str = "kill") -> bool:
         sandbox = self.e2b.get(sandbox_id)

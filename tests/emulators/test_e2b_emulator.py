@@ -257,6 +257,23 @@ async def test_a_port_is_served_at_its_host_and_restricted_traffic_wants_the_tok
         await sbx.kill()
 
 
+async def test_a_snapshot_is_a_template_until_it_is_deleted(emu: E2BEmulator) -> None:
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        await sbx.files.write("app/config.txt", "baked")
+        made = await sbx.create_snapshot("base")
+    finally:
+        await sbx.kill()
+    child = await AsyncSandbox.create(made.snapshot_id, **emu.sdk_kwargs())
+    try:
+        assert await child.files.read("app/config.txt") == "baked"
+    finally:
+        await child.kill()
+    kwargs = emu.sdk_kwargs()
+    assert await AsyncSandbox.delete_snapshot(made.snapshot_id, **kwargs) is True
+    assert await AsyncSandbox.delete_snapshot(made.snapshot_id, **kwargs) is False
+
+
 async def test_list_by_metadata_is_paged(emu: E2BEmulator) -> None:
     kw = emu.sdk_kwargs()
     wanted = [await AsyncSandbox.create(metadata={"pool": "x y/z"}, **kw) for _ in range(3)]
