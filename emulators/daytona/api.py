@@ -139,6 +139,7 @@ class SandboxApi:
             web.post(one + "/start", self.start),
             web.post(one + "/stop", self.stop),
             web.post(one + "/last-activity", self.last_activity),
+            web.post(one + "/autodelete/{interval}", self.set_auto_delete),
             web.get(one + "/toolbox-proxy-url", self.toolbox_proxy_url),
         ]
 
@@ -307,6 +308,19 @@ class SandboxApi:
             await self.core.stop(box)
             if box.auto_delete == 0:
                 await self.core.kill(box.id)
+        return web.json_response(self._dto(box))
+
+    async def set_auto_delete(self, request: web.Request) -> web.Response:
+        """Minutes a stopped sandbox is kept before deletion (0: at once, -1: never)."""
+        box = self._box(request)
+        raw = request.match_info["interval"]
+        try:
+            interval = int(raw)
+        except ValueError:
+            raise ApiError(400, f"interval must be an integer, got {raw!r}") from None
+        if interval < -1:
+            raise ApiError(400, "interval must be -1, 0 or a number of minutes")
+        box.auto_delete = interval
         return web.json_response(self._dto(box))
 
     async def last_activity(self, request: web.Request) -> web.Response:

@@ -41,6 +41,7 @@ import base64
 import binascii
 import grp
 import json
+import os
 import pwd
 import secrets
 import shutil
@@ -49,7 +50,7 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from aiohttp import BodyPartReader, web
 
@@ -487,43 +488,49 @@ class Toolbox:
 
     # -- files ------------------------------------------------------------
     async def upload(self, request: web.Request) -> web.Response:
+        """Each file part is streamed to a staging file as it arrives, then moved to
+        its path (which may come before or after it in the form)."""
         box: Box = request[BOX]
         paths: dict[str, str] = {}
         named: dict[str, str] = {}
-        contents: dict[str, bytes] = {}
-        reader = await request.multipart()
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader) or not (part.name or "").startswith("files["):
-                continue
-            index, _, kind = (part.name or "")[len("files[") :].partition("].")
-            data = await part.read()
-            if kind == "path":
-                paths[index] = data.decode()
-            elif kind == "file":
-                contents[index] = bytes(data)
-                if part.filename:
-                    named[index] = urllib.parse.unquote(part.filename)
-        errors, written = [], []
-        for index, data in contents.items():
-            dest = paths.get(index) or named.get(index)
-            if dest is None:
-                errors.append(f"files[{index}]: no destination path")
-                continue
-            try:
-                target = box.local.host(dest, write=True)
-                await asyncio.to_thread(_write, target, data)
-            except PathRefused as exc:
-                errors.append(str(exc))
-                continue
-            except OSError as exc:
-                errors.append(f"{dest}: {exc}")
-                continue
-            written.append({"path": dest, "bytes": len(data)})
+        staged: dict[str, tuple[Path, int]] = {}
+        staging = box.local.dir.parent / f".{box.local.id}.uploads"
+        try:
+            reader = await request.multipart()
+            while (part := await reader.next()) is not None:
+                name = (part.name or "") if isinstance(part, BodyPartReader) else ""
+                if not isinstance(part, BodyPartReader) or not name.startswith("files["):
+                    continue
+                index, _, kind = name[len("files[") :].partition("].")
+                if kind == "path":
+                    paths[index] = (await part.read()).decode()
+                elif kind == "file":
+                    staged[index] = await _stage(part, staging)
+                    if part.filename:
+                        named[index] = urllib.parse.unquote(part.filename)
+            errors, written = [], []
+            for index, (file, size) in staged.items():
+                dest = paths.get(index) or named.get(index)
+                if dest is None:
+                    errors.append(f"files[{index}]: no destination path")
+                    continue
+                try:
+                    await asyncio.to_thread(_place, file, box.local.host(dest, write=True))
+                except PathRefused as exc:
+                    errors.append(str(exc))
+                    continue
+                except OSError as exc:
+                    errors.append(f"{dest}: {exc}")
+                    continue
+                written.append({"path": dest, "bytes": size})
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
         if errors:
             return web.json_response({"errors": errors, "files": written}, status=400)
         return web.json_response({"files": written})
 
     async def download(self, request: web.Request) -> web.StreamResponse:
+        """The files as multipart parts, each read from disk a chunk at a time."""
         box: Box = request[BOX]
         paths = (await self._json(request)).get("paths")
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
@@ -534,24 +541,39 @@ class Toolbox:
         )
         await response.prepare(request)
         for path in paths:
-            name, content_type, payload = await self._download_part(box, path, request)
-            await response.write(
-                f"--{boundary}\r\nContent-Type: {content_type}\r\n".encode()
-                + b"Content-Disposition: "
-                + _content_disposition(name, path)
-                + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
-                + payload
-                + b"\r\n"
-            )
+            opened = await self._open_part(box, path, request)
+            name, content_type, size = opened[:3]
+
+            def head(name: str, content_type: str, size: int, path: str = path) -> bytes:
+                return (
+                    f"--{boundary}\r\nContent-Type: {content_type}\r\n".encode()
+                    + b"Content-Disposition: "
+                    + _content_disposition(name, path)
+                    + f"\r\nContent-Length: {size}\r\n\r\n".encode()
+                )
+
+            await response.write(head(name, content_type, size))
+            body = opened[3]
+            if isinstance(body, bytes):
+                await response.write(body)
+            else:
+                try:
+                    while chunk := await asyncio.to_thread(body.read, CHUNK):
+                        await response.write(chunk)
+                finally:
+                    body.close()
+            await response.write(b"\r\n")
         await response.write(f"--{boundary}--\r\n".encode())
         await response.write_eof()
         return response
 
-    async def _download_part(
+    async def _open_part(
         self, box: Box, path: str, request: web.Request
-    ) -> tuple[str, str, bytes]:
+    ) -> tuple[str, str, int, bytes | BinaryIO]:
+        """The part for ``path``: the file opened (and its size), or the daemon's error."""
         try:
-            data = await asyncio.to_thread(box.local.host(path).read_bytes)
+            host = box.local.host(path)
+            handle = await asyncio.to_thread(host.open, "rb")
         except PathRefused as exc:
             error = daemon_error(400, str(exc), "INVALID_FILE_PATH", request)
         except FileNotFoundError:
@@ -561,9 +583,10 @@ class Toolbox:
         except PermissionError:
             error = daemon_error(403, f"permission denied: {path}", "FILE_ACCESS_DENIED", request)
         else:
-            return "file", "application/octet-stream", data
+            size = os.fstat(handle.fileno()).st_size
+            return "file", "application/octet-stream", size, handle
         assert isinstance(error.body, bytes)
-        return "error", "application/json", error.body
+        return "error", "application/json", len(error.body), error.body
 
     async def list_files(self, request: web.Request) -> web.Response:
         box: Box = request[BOX]
@@ -583,9 +606,24 @@ class Toolbox:
         return web.json_response(entries)
 
 
-def _write(target: Path, data: bytes) -> None:
+CHUNK = 1 << 20
+
+
+async def _stage(part: BodyPartReader, staging: Path) -> tuple[Path, int]:
+    """A file part written to a staging file as it arrives: its path and size."""
+    await asyncio.to_thread(staging.mkdir, parents=True, exist_ok=True)
+    file = staging / secrets.token_hex(8)
+    size = 0
+    with await asyncio.to_thread(file.open, "wb") as out:
+        while chunk := await part.read_chunk(CHUNK):
+            await asyncio.to_thread(out.write, chunk)
+            size += len(chunk)
+    return file, size
+
+
+def _place(staged: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+    shutil.move(staged, target)
 
 
 def _walk(directory: Path, shown: str, depth: int) -> list[dict[str, Any]]:

@@ -69,6 +69,9 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
             Capability.PROCESS_ATTACH,
             Capability.PTY,
             Capability.PTY_RESIZE,
+            Capability.FILES_MANAGE,
+            Capability.FILES_STREAM,
+            Capability.PAUSE,
         }
     )
     api_key_env = API_KEY_ENV
@@ -223,6 +226,10 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
             )
         return self._sandbox(native)
 
+    async def resume(self, sandbox_id: str, *, timeout: float) -> DaytonaSandbox:
+        """``connect`` starts a stopped (paused) sandbox, on the same id."""
+        return await asyncio.wait_for(self.connect(sandbox_id), timeout)
+
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
         from daytona import ListSandboxesQuery
 
@@ -237,7 +244,7 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
                             SandboxInfo(
                                 id=native.id,
                                 labels=dict(native.labels or {}),
-                                state=now,
+                                state="paused" if now in STARTABLE else now,
                                 created_at=_timestamp(native.created_at),
                             )
                         )

@@ -36,6 +36,7 @@ from providers.daytona.processes import (
 )
 from providers.daytona.states import state
 from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
+from providers.files import Chunks, ShellFiles
 from providers.mapping import Where
 from providers.processes import ProcessInfo
 from providers.shell import piped, script
@@ -52,8 +53,12 @@ log = structlog.get_logger("sandbox_router.daytona")
 _COMMAND_MARK = "# sandbox-router: the command"
 
 
-class DaytonaSandbox(Sandbox):
-    """A live Daytona sandbox; ``native`` is the SDK's ``AsyncSandbox``."""
+class DaytonaSandbox(ShellFiles, Sandbox):
+    """A live Daytona sandbox; ``native`` is the SDK's ``AsyncSandbox``.
+
+    ``files.manage`` goes through the shell (`ShellFiles`), one exec each, so it
+    needs no toolbox route beyond the ones every other call uses.
+    """
 
     def __init__(
         self,
@@ -310,6 +315,37 @@ class DaytonaSandbox(Sandbox):
             async with asyncio.timeout(self._transfer_timeout):
                 data = await self._native.fs.download_file(path, math.ceil(self._transfer_timeout))
         return data if isinstance(data, bytes) else bytes(data or b"")
+
+    async def read_stream(self, path: str) -> AsyncIterator[bytes]:
+        async with self._toolbox():
+            chunks = await self._native.fs.download_file_stream(
+                path, timeout=math.ceil(self._transfer_timeout)
+            )
+            async for chunk in chunks:
+                yield bytes(chunk)
+
+    async def write_stream(self, path: str, chunks: Chunks) -> None:
+        """The toolbox's bulk upload, its body sent as the chunks come (chunked encoding)."""
+        async with self._toolbox():
+            parent = posixpath.dirname(path)
+            if parent:
+                await self.make_dir(parent)
+            await self._native.fs.upload_file_stream(
+                chunks, path, timeout=math.ceil(self._transfer_timeout)
+            )
+
+    async def pause(self) -> None:
+        """Daytona's ``stop``: the filesystem stays, processes end, and a stopped sandbox
+        bills its disk only; `DaytonaProvider.resume` starts it again on the same id.
+
+        The router creates sandboxes that Daytona deletes once stopped (auto-delete 0,
+        so a lost one costs nothing), so a pause first keeps it (-1: never deleted);
+        the paused sandbox is then the router's to kill (the janitor, ``pause_ttl``).
+        """
+        with self._errors():
+            async with asyncio.timeout(self._transfer_timeout):
+                await self._native.set_auto_delete_interval(-1)
+                await self._native.stop(timeout=math.ceil(self._request_timeout))
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         async with self._toolbox():

@@ -6,9 +6,12 @@ If Daytona's wire protocol moves under a new SDK version, these fail first.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
 import re
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -452,3 +455,39 @@ async def test_interpreter_keeps_state_and_times_out(client: AsyncDaytona) -> No
     with pytest.raises(DaytonaTimeoutError):
         await interpreter.run_code("import time\ntime.sleep(30)", timeout=1)
     assert (await interpreter.run_code("print(kept)")).stdout == "41\n"  # interrupted, not lost
+
+
+async def test_files_stream_both_ways_without_holding_them(client: AsyncDaytona) -> None:
+    block = os.urandom(1 << 20)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(24):
+            yield block
+
+    sandbox = await client.create()
+    tracemalloc.start()
+    try:
+        await sandbox.fs.upload_file_stream(chunks(), "data/big.bin")
+        digest = hashlib.sha256()
+        async for chunk in await sandbox.fs.download_file_stream("data/big.bin"):
+            digest.update(chunk)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await client.delete(sandbox)
+    assert digest.hexdigest() == hashlib.sha256(block * 24).hexdigest()
+    assert peak < 12 * (1 << 20), f"the transfer held {peak} bytes"  # of 24 MiB: SDK + emulator
+
+
+async def test_a_stopped_sandbox_kept_by_its_auto_delete_is_started_again(
+    client: AsyncDaytona,
+) -> None:
+    sandbox = await client.create(CreateSandboxFromSnapshotParams(auto_delete_interval=0))
+    try:
+        await sandbox.fs.upload_file(b"kept", "notes.txt")
+        await sandbox.set_auto_delete_interval(-1)  # else a stop deletes it
+        await sandbox.stop()
+        await sandbox.start()
+        assert await sandbox.fs.download_file("notes.txt") == b"kept"
+    finally:
+        await client.delete(sandbox)

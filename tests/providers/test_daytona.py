@@ -297,7 +297,9 @@ async def test_stopped_sandbox_is_started_on_connect(emu: DaytonaEmulator) -> No
     await until(lambda: box(emu, sbx.id).state == "stopped")
     with pytest.raises(NotFound, match="not running"):
         await sbx.run("true")
-    assert [i.state for i in await adapter.list()] == ["stopped"]
+    assert [i.state for i in await adapter.list()] == [
+        "paused"
+    ]  # stopped: resumable, as a paused sandbox is
     again = await adapter.connect(sbx.id)
     assert (await again.run("cat kept.txt")).stdout == "still here"
     await again.kill()
