@@ -56,7 +56,7 @@ import posixpath
 import re
 import secrets
 import time
-from collections.abc import AsyncIterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import structlog
@@ -84,6 +84,7 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
+from providers.files import Chunks, ShellFiles
 from providers.mapping import ErrorMap, Where
 from providers.processes import ProcessBase, TerminalBase
 
@@ -244,6 +245,8 @@ class ModalProvider(Provider):
             Capability.PROCESS,
             Capability.PROCESS_KILL,
             Capability.PTY,
+            Capability.FILES_MANAGE,
+            Capability.FILES_STREAM,
         }
     )
 
@@ -394,10 +397,14 @@ class ModalProvider(Provider):
                 log.debug("sandbox_router.modal.close_failed", entry=self.name, error=repr(exc))
 
 
-class ModalSandbox(Sandbox):
+class ModalSandbox(ShellFiles, Sandbox):
     """A live Modal sandbox; ``native`` is the SDK's ``modal.Sandbox``.
 
     Relative paths (files and ``cwd``) start at the sandbox's working directory.
+    ``files.manage`` goes through the shell (`ShellFiles`: Modal has no rename or
+    exists), and streams through an exec's binary stdin and stdout: the SDK's
+    ``read_bytes`` holds a file whole (and caps its size), and its
+    ``copy_from_local``/``copy_to_local`` want a local path.
     """
 
     def __init__(self, native: Any, provider: str, *, workdir: str, request_timeout: float) -> None:
@@ -549,6 +556,41 @@ class ModalSandbox(Sandbox):
             async with asyncio.timeout(self._timeout):
                 data: bytes = await self._native.filesystem.read_bytes.aio(self._path(path))
         return data
+
+    async def read_stream(self, path: str) -> AsyncIterator[bytes]:
+        with self._errors():
+            async with asyncio.timeout(self._timeout):
+                process = await self._native.exec.aio("cat", "--", self._path(path), text=False)
+            async for chunk in process.stdout:
+                yield bytes(chunk)
+            code, err = await asyncio.gather(process.wait.aio(), process.stderr.read.aio())
+        if code != 0:
+            raise SandboxError(
+                f"read_stream {path}: {err.decode('utf-8', 'replace').strip()}",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+
+    async def write_stream(self, path: str, chunks: Chunks) -> None:
+        """``cat`` into the file, fed each chunk as it comes (parents made)."""
+        script = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
+        with self._errors():
+            async with asyncio.timeout(self._timeout):
+                process = await self._native.exec.aio(
+                    "sh", "-c", script, "sh", self._path(path), text=False
+                )
+            async for chunk in chunks:
+                process.stdin.write(chunk)
+                await process.stdin.drain.aio()
+            process.stdin.write_eof()
+            await process.stdin.drain.aio()
+            code, err = await asyncio.gather(process.wait.aio(), process.stderr.read.aio())
+        if code != 0:
+            raise SandboxError(
+                f"write_stream {path}: {err.decode('utf-8', 'replace').strip()}",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         with self._errors():
