@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -35,6 +36,7 @@ from aiohttp import web
 
 from emulators.daytona.sandboxes import DAYTONA_HOME, GONE, Box, iso, org_of
 from emulators.harness import QuotaViolation, apply_delay_or_hang
+from emulators.ingress import forward
 from providers.base import SandboxSpec
 
 if TYPE_CHECKING:
@@ -128,6 +130,7 @@ class SandboxApi:
         self.emulator = emulator
         self.core = emulator.core
         self._boots: set[asyncio.Task[None]] = set()
+        self._preview_tokens: dict[str, str] = {}
 
     def routes(self) -> list[web.RouteDef]:
         one = "/api/sandbox/{sandbox}"
@@ -141,6 +144,8 @@ class SandboxApi:
             web.post(one + "/last-activity", self.last_activity),
             web.post(one + "/autodelete/{interval}", self.set_auto_delete),
             web.get(one + "/toolbox-proxy-url", self.toolbox_proxy_url),
+            web.get(one + "/ports/{port}/preview-url", self.preview_url),
+            web.route("*", "/preview/{sandbox}/{port}/{tail:.*}", self.preview),
         ]
 
     @web.middleware
@@ -323,6 +328,33 @@ class SandboxApi:
         box.auto_delete = interval
         return web.json_response(self._dto(box))
 
+    async def preview_url(self, request: web.Request) -> web.Response:
+        """A port's preview link and the token a private sandbox's link wants.
+
+        Daytona's links are ``https://{port}-{id}.proxy.daytona.works``; the
+        emulator's proxy is a path of its own server.
+        """
+        box = self._box(request)
+        port = _port(request.match_info["port"])
+        token = self._preview_tokens.setdefault(box.id, secrets.token_urlsafe(24))
+        url = f"{self.emulator.url}/preview/{box.id}/{port}"
+        return web.json_response({"sandboxId": box.id, "url": url, "token": token})
+
+    async def preview(self, request: web.Request) -> web.StreamResponse:
+        """The preview proxy: the token checked (a public sandbox needs none), then the
+        request forwarded to the port inside the sandbox."""
+        box = self.core.boxes.get(request.match_info["sandbox"])
+        if box is None or box.state in GONE:
+            raise ApiError(404, "sandbox not found")
+        if box.state != "started":
+            raise ApiError(502, f"sandbox is not running (state: {box.state})")
+        token = self._preview_tokens.get(box.id)
+        if not box.public and (token is None or request.headers.get(PREVIEW_TOKEN) != token):
+            raise ApiError(401, "Unauthorized: send the preview token")
+        port = _port(request.match_info["port"])
+        tail = "/" + request.match_info["tail"]
+        return await forward(request, port, tail, drop=frozenset({PREVIEW_TOKEN}))
+
     async def last_activity(self, request: web.Request) -> web.Response:
         self.core.touch(self._box(request))
         return web.Response(status=201)
@@ -385,3 +417,12 @@ def _cursor(raw: str | None) -> tuple[float, str] | None:
         return -float(created), box_id
     except ValueError:
         raise ApiError(400, "invalid cursor") from None
+
+
+PREVIEW_TOKEN = "X-Daytona-Preview-Token"
+
+
+def _port(raw: str) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise ApiError(400, f"port must be between 1 and 65535, got {raw!r}")
+    return int(raw)

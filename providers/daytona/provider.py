@@ -72,6 +72,7 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
             Capability.FILES_MANAGE,
             Capability.FILES_STREAM,
             Capability.PAUSE,
+            Capability.PORT,
         }
     )
     api_key_env = API_KEY_ENV

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from providers.base import CodeResult, CommandResult, FileInfo, Sandbox, failure
+from providers.base import CodeResult, CommandResult, FileInfo, PortURL, Sandbox, failure
 from providers.daytona.errors import DAEMON, EXECUTION_TIMEOUT, facts, sdk_errors
 from providers.daytona.processes import (
     SESSION_PREFIX,
@@ -333,6 +333,13 @@ class DaytonaSandbox(ShellFiles, Sandbox):
             await self._native.fs.upload_file_stream(
                 chunks, path, timeout=math.ceil(self._transfer_timeout)
             )
+
+    async def expose(self, port: int) -> PortURL:
+        """The port's preview link; a private sandbox's wants its token in a header."""
+        with self._errors():
+            async with asyncio.timeout(self._request_timeout):
+                link = await self._native.get_preview_link(port)
+        return PortURL(port, link.url, {"X-Daytona-Preview-Token": link.token})
 
     async def pause(self) -> None:
         """Daytona's ``stop``: the filesystem stays, processes end, and a stopped sandbox

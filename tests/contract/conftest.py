@@ -71,7 +71,7 @@ class Backend:
         A wildcard host name the vendor's DNS would point at its edge is sent to
         the emulator's ingress (`Emulator.resolve`), keeping the name as ``Host``.
         """
-        url = httpx.URL(exposed.url).join(path)
+        url = httpx.URL(exposed.url.rstrip("/") + path)  # the link's own path kept
         headers = dict(exposed.headers)
         target = self.emulator.resolve(url.host) if self.emulator is not None else None
         if target is not None:
