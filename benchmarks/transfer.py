@@ -24,6 +24,7 @@ from emulators import available
 from providers import provider_class
 from providers.capabilities import Capability
 from router import Router
+from router.logs import configure_logging
 
 MiB = 1 << 20
 
@@ -77,6 +78,7 @@ async def _timed(step: Callable[[], Awaitable[None]]) -> float:
 def _measure(provider: str, path: str, env: dict[str, str], options: dict[str, Any],
              big: Path, tree: Path, out: Path, conn: Any) -> None:  # fmt: skip
     os.environ.update(env)  # a child process of its own: the SDKs read their addresses here
+    configure_logging("json", "warning")  # as the parent: stdout carries only the JSON
     baseline = _rss_mb()
     if path == "router":
         timings = asyncio.run(_through_router(provider, options, big, tree, out))
