@@ -29,7 +29,7 @@ import structlog
 
 from providers.account import KeyedProvider
 from providers.base import LABEL_LEASE, ProviderOptions, SandboxInfo, SandboxSpec
-from providers.capabilities import Capability
+from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
 from providers.daytona.errors import sdk_errors
 from providers.daytona.options import API_KEY_ENV, DaytonaOptions
 from providers.daytona.sandbox import DaytonaSandbox
@@ -61,18 +61,10 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         {
             Capability.RUN_CODE,
             Capability.STATEFUL_CODE,
-            Capability.FILES,
-            Capability.STREAM,
-            Capability.PROCESS,
-            Capability.PROCESS_KILL,
-            Capability.PROCESS_LIST,
-            Capability.PROCESS_ATTACH,
-            Capability.PTY,
-            Capability.PTY_RESIZE,
-            Capability.FILES_MANAGE,
-            Capability.FILES_STREAM,
             Capability.PAUSE,
             Capability.PORT,
+            *FILE_WORK,
+            *(AGENT_WORK - {Capability.STDIN}),  # an async command's stdin never closes
         }
     )
     api_key_env = API_KEY_ENV
