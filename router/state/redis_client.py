@@ -41,8 +41,9 @@ _REFUSALS = {
     "OOM": "memory is full (maxmemory) and the policy evicts nothing",
     "MISCONF": "its last RDB snapshot failed and stop-writes-on-bgsave-error is on",
 }
-# At the start of a reply, or inside redis-py's note on a failed pipeline command.
-_REFUSAL_CODE = re.compile(r"(?:^|caused error: \(['\"])(NOREPLICAS|READONLY|OOM|MISCONF)\b")
+# At the start of a reply, inside redis-py's note on a failed pipeline command, or
+# (Redis 6) after the "-" of a script's error: "ERR Error running script ...: -MISCONF ...".
+_REFUSAL_CODE = re.compile(r"(?:^|caused error: \(['\"]|: -)(NOREPLICAS|READONLY|OOM|MISCONF)\b")
 _DEFAULT_TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 _POOL_SIZE = 64  # per router; ?max_connections=N in the URL overrides it
 _POOL_WAIT = 10.0

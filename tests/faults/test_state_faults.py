@@ -19,7 +19,7 @@ from emulators.redis_server import RedisServer
 from providers.errors import NoProviderAvailable, StateUnavailable
 from router import Event, Router
 from router.testing import ScriptedProvider
-from tests.polling import wait_until
+from tests.polling import needs_script_noreplicas, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -172,6 +172,7 @@ def test_redis_refusing_writes_is_a_state_error_not_a_provider_failure(
     with router(aof_redis.url, tmp_path, events, on_state_error=mode) as r:
         r.acquire().release()
         with redis.Redis(port=aof_redis.port) as admin:
+            needs_script_noreplicas(admin)
             admin.config_set("min-replicas-to-write", 1)
         if mode == "fail_closed":
             with pytest.raises(StateUnavailable, match="NOREPLICAS"):

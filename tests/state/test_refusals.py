@@ -24,13 +24,14 @@ from providers.errors import StateUnavailable
 from router.state import EntryRef, open_store
 from router.state.redis import RedisStore
 from router.state.scripts import RunnerName
-from tests.polling import wait_until
+from tests.polling import needs_script_noreplicas, wait_until
 
 NOW = 1_790_000_000.0
 REF = EntryRef("a", "p", Limits(sessions=5), MonthlyWindow(), fingerprint="f")
 
 
 def noreplicas(admin: redis.Redis, workdir: Path) -> None:
+    needs_script_noreplicas(admin)
     admin.config_set("min-replicas-to-write", 1)
 
 
