@@ -196,7 +196,7 @@ class LocalProvider(Provider):
 
     kind: ClassVar[str] = "local"
     Options: ClassVar[type[ProviderOptions]] = LocalOptions
-    capabilities = _CAPABILITIES
+    capabilities: frozenset[str] = _CAPABILITIES
 
     def __init__(self, name: str = "local", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)

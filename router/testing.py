@@ -96,6 +96,7 @@ class ScriptedProvider(Provider):
         self.capabilities = frozenset(
             self.local.capabilities if capabilities is None else capabilities
         )
+        self.local.capabilities = self.capabilities  # its sandboxes refuse what it lacks
         self.creates = 0
         self.created: list[str] = []
 
