@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -407,7 +407,7 @@ class Sandbox(abc.ABC):
         """
         archive = f".sandbox-router-{os.urandom(6).hex()}.tar"
         try:
-            await self.write_stream(archive, pack_dir(local))
+            await self._moved("upload_dir", path, self.write_stream(archive, pack_dir(local)))
             await self._tar("upload_dir", 'mkdir -p -- "$1" && tar -xf "$2" -C "$1"', path, archive)
         finally:
             with contextlib.suppress(ProviderError):
@@ -418,16 +418,26 @@ class Sandbox(abc.ABC):
         archive = f".sandbox-router-{os.urandom(6).hex()}.tar"
         try:
             await self._tar("download_dir", 'tar -cf "$2" -C "$1" .', path, archive)
-            await unpack_dir(self.read_stream(archive), local)
+            await self._moved("download_dir", path, unpack_dir(self.read_stream(archive), local))
         finally:
             with contextlib.suppress(ProviderError):
                 await self.run(["rm", "-f", "--", archive], timeout=60)
+
+    async def _moved(self, op: str, path: str, transfer: Awaitable[None]) -> None:
+        """Await a tar transfer; its failure is a SandboxError naming ``path`` and the sandbox."""
+        try:
+            await transfer
+        except (SandboxError, OSError) as exc:
+            why = exc.message if isinstance(exc, SandboxError) else exc.strerror or exc
+            raise SandboxError(
+                f"{op} {path!r}: {why}", provider=self.provider, sandbox_id=self.id
+            ) from exc
 
     async def _tar(self, op: str, script: str, path: str, archive: str) -> None:
         res = await self.run(["sh", "-c", script, "sh", path, archive], timeout=None)
         if not res.ok:
             raise SandboxError(
-                f"{op} {path}: {res.stderr.strip() or f'exit code {res.exit_code}'}",
+                f"{op} {path!r}: {res.stderr.strip() or f'exit code {res.exit_code}'}",
                 provider=self.provider,
                 sandbox_id=self.id,
             )

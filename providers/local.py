@@ -54,12 +54,13 @@ A pause stops every process where it is by the same means the kill finds
 them (the cgroup's freezer, else SIGSTOP to what carries the marker) and
 leaves ``<id>.paused`` beside the metadata, so every process on the host
 lists it paused and may resume it. A snapshot is a copy of the directory in
-``<root>/.snapshots/``. The file calls work on the directory itself, on a
-worker thread, with `LocalSandbox.resolve`'s checks: they need no command,
-so they work on a paused sandbox too. Those checks resolve the path before
-the call uses it, so a command running meanwhile that swaps a directory for
-a symlink between the two can send the call out of the sandbox (as it can
-`read_file` and `write_file`); a paused sandbox runs nothing.
+``<root>/.snapshots/``, taken with the sandbox paused so that it is
+consistent. The file calls work on the directory itself, on a worker
+thread: they need no command, so they work on a paused sandbox too. A
+command running meanwhile may swap a directory for a symlink at any moment,
+so each call walks its path by descriptor (`providers.local_paths`) and
+never follows a link out; a directory is moved (`upload_dir`,
+`download_dir`) by ``tar`` inside the sandbox, except while it is paused.
 
 The same machinery backs every emulator in ``emulators/``, so an emulated
 cloud sandbox runs real commands too.
@@ -90,9 +91,9 @@ import sys
 import tempfile
 import termios
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, Literal
+from typing import Any, BinaryIO, ClassVar, Literal, TypeVar
 
 from providers.base import (
     CodeResult,
@@ -110,6 +111,7 @@ from providers.base import (
 from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
 from providers.errors import ConfigError, NotFound, SandboxError, SandboxPathError, Unsupported
 from providers.files import CHUNK, Chunks, pack_dir, unpack_dir
+from providers.local_paths import Escape, Located, Tree
 from providers.local_processes import (
     LocalTerminal,
     RecordedProcess,
@@ -136,6 +138,7 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _SNAPSHOT = re.compile(r"local-snap-[0-9a-f]{16}")
+T = TypeVar("T")
 _SNAPSHOTS = ".snapshots"  # under the root; a dot name, so never taken for a sandbox
 
 _CAPABILITIES = (
@@ -470,30 +473,51 @@ class LocalSandbox(Sandbox):
                 sandbox_id=self.id,
             )
 
-    def resolve(self, path: str) -> Path:
-        """Map a sandbox path (relative, or under /home/sandbox) to the host path."""
+    @property
+    def _tree(self) -> Tree:
+        return Tree(str(self.dir), HOME)
+
+    def _inner(self, path: str) -> str:
+        """``path`` from the sandbox's directory: a relative path, or one under
+        /home/sandbox (or the directory's host path); anything else is refused."""
         if "\x00" in path:
             raise SandboxPathError(
                 "path contains a NUL byte", provider=self.provider, sandbox_id=self.id
             )
-        p = path
-        if p == HOME or p.startswith(HOME + "/"):
-            p = p[len(HOME) :].lstrip("/") or "."
-        elif os.path.isabs(p) and not p.startswith(str(self.dir)):
+        for base in (HOME, str(self.dir)):
+            if path == base or path.startswith(base + "/"):
+                return path[len(base) :].lstrip("/") or "."
+        if os.path.isabs(path):
             raise SandboxPathError(
                 f"path {path!r} is outside the sandbox (use a relative path or {HOME}/...)",
                 provider=self.provider,
                 sandbox_id=self.id,
             )
-        root = self.dir.resolve()
-        target = (root / p).resolve()
-        if target != root and not target.is_relative_to(root):
-            raise SandboxPathError(
-                f"path {path!r} escapes the sandbox directory",
-                provider=self.provider,
-                sandbox_id=self.id,
-            )
-        return target
+        return path
+
+    def resolve(self, path: str) -> Path:
+        """The host path of a sandbox path (relative, or under /home/sandbox), its
+        symlinks resolved inside the sandbox (`Tree.locate`).
+
+        For a command's ``cwd`` only: the file calls act on what they locate
+        themselves. A path through a missing directory is kept as written:
+        the command then fails to start in it, as it would under bwrap.
+        """
+        inner = self._inner(path)
+        try:
+            with self._tree.locate(inner, follow=True) as found:
+                return self.dir.joinpath(*found.parts)
+        except Escape:
+            raise self._escape(path) from None
+        except OSError:
+            return self.dir / posixpath.normpath(inner)
+
+    def _escape(self, path: str) -> SandboxPathError:
+        return SandboxPathError(
+            f"path {path!r} escapes the sandbox directory",
+            provider=self.provider,
+            sandbox_id=self.id,
+        )
 
     def _argv(self, argv: Sequence[str], cwd: str | None) -> tuple[list[str], str]:
         """The command line (under bwrap when isolated) and the host directory to start in.
@@ -510,8 +534,8 @@ class LocalSandbox(Sandbox):
                 return list(argv), workdir
             return ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', workdir, *argv], str(self.dir)
         if scratch is None:
-            inside = self.resolve(cwd) if cwd else self.dir.resolve()
-            relative = inside.relative_to(self.dir.resolve())
+            inside = self.resolve(cwd) if cwd else self.dir
+            relative = inside.relative_to(self.dir)
             scratch = HOME if relative == Path() else f"{HOME}/{relative}"
         cmd = ["bwrap", "--unshare-all", "--die-with-parent"]
         if self._provider.share_net:
@@ -727,43 +751,24 @@ class LocalSandbox(Sandbox):
         ran = await self.run(interpreters[language], timeout=timeout, stdin=code.encode())
         return CodeResult.of_command(ran, timeout)  # stateless: a new interpreter each time
 
-    async def write_file(self, path: str, data: bytes | str) -> None:
+    async def _at(
+        self, path: str, op: Callable[[Located], T], *, follow: bool, make_parents: bool = False
+    ) -> T:
+        """Run ``op`` on a worker thread on what ``path`` locates (see `providers.local_paths`)."""
         self._check_alive()
-        target = self.resolve(path)
-        payload = data.encode() if isinstance(data, str) else data
+        inner = self._inner(path)
 
-        def write() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(payload)
+        def call() -> T:
+            with self._tree.locate(inner, follow=follow, make_parents=make_parents) as found:
+                return op(found)
 
-        await asyncio.to_thread(self._fs, write, path)
+        return await asyncio.to_thread(self._fs, call, path)
 
-    async def read_file(self, path: str) -> bytes:
-        self._check_alive()
-        target = self.resolve(path)
-        return await asyncio.to_thread(self._fs, target.read_bytes, path)
-
-    async def list_files(self, path: str = ".") -> list[FileInfo]:
-        self._check_alive()
-        target = self.resolve(path)
-        root = self.dir.resolve()
-
-        def listing() -> list[FileInfo]:
-            return [
-                FileInfo(
-                    name=p.name,
-                    path=str(Path(HOME) / p.relative_to(root)),
-                    is_dir=p.is_dir(),
-                    size=p.stat().st_size if p.is_file() else 0,
-                )
-                for p in sorted(target.iterdir())
-            ]
-
-        return await asyncio.to_thread(self._fs, listing, path)
-
-    def _fs(self, op: Any, path: str) -> Any:
+    def _fs(self, op: Callable[[], T], path: str) -> T:
         try:
             return op()
+        except Escape:
+            raise self._escape(path) from None
         except FileNotFoundError as exc:
             raise self._error(f"no such file or directory: {path!r}") from exc
         except OSError as exc:
@@ -772,23 +777,50 @@ class LocalSandbox(Sandbox):
     def _error(self, message: str) -> SandboxError:
         return SandboxError(message, provider=self.provider, sandbox_id=self.id)
 
-    def _entry(self, path: str) -> Path:
-        """The host path of ``path`` itself: its directory resolved (and checked) like
-        `resolve`, its last name not followed, so a symlink is removed, moved or
-        statted, not its target."""
-        normal = posixpath.normpath(path)
-        head, name = posixpath.split(normal)
-        if name in ("", ".", "..") or "\x00" in name or normal in (HOME, str(self.dir)):
-            return self.resolve(path)
-        return self.resolve(head or ".") / name
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        payload = data.encode() if isinstance(data, str) else data
 
-    def _info(self, host: Path) -> FileInfo:
-        st = host.lstat()
-        root = self.dir.resolve()
-        relative = host.relative_to(root)
+        def write(found: Located) -> None:
+            with os.fdopen(found.open(os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as out:
+                out.write(payload)
+
+        await self._at(path, write, follow=True, make_parents=True)
+
+    async def read_file(self, path: str) -> bytes:
+        def read(found: Located) -> bytes:
+            with _open_regular(found) as handle:
+                return handle.read()
+
+        return await self._at(path, read, follow=True)
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        def listing(found: Located) -> list[FileInfo]:
+            fd = found.open(os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                with os.scandir(fd) as entries:
+                    return [
+                        FileInfo(
+                            name=entry.name,
+                            path=_home_path((*found.parts, entry.name)),
+                            is_dir=entry.is_dir(follow_symlinks=False),
+                            size=(
+                                entry.stat(follow_symlinks=False).st_size
+                                if entry.is_file(follow_symlinks=False)
+                                else 0
+                            ),
+                        )
+                        for entry in sorted(entries, key=lambda e: e.name)
+                    ]
+            finally:
+                os.close(fd)
+
+        return await self._at(path, listing, follow=True)
+
+    def _info(self, found: Located) -> FileInfo:
+        st = found.lstat()
         return FileInfo(
-            name=host.name if relative != Path() else posixpath.basename(HOME),
-            path=HOME if relative == Path() else f"{HOME}/{relative}",
+            name=found.name or posixpath.basename(HOME),
+            path=_home_path(found.parts),
             is_dir=stat.S_ISDIR(st.st_mode),
             size=st.st_size,
             mode=stat.S_IMODE(st.st_mode),
@@ -796,73 +828,67 @@ class LocalSandbox(Sandbox):
         )
 
     async def remove(self, path: str) -> None:
-        self._check_alive()
-        target = self._entry(path)
-        if target == self.dir.resolve():
-            raise self._error(f"remove {path!r}: the sandbox's home cannot be removed")
-
-        def remove() -> None:
-            if stat.S_ISDIR(target.lstat().st_mode):
-                shutil.rmtree(target)
+        def remove(found: Located) -> None:
+            if not found.name:
+                raise self._error(f"remove {path!r}: the sandbox's home cannot be removed")
+            if stat.S_ISDIR(found.lstat().st_mode):
+                shutil.rmtree(found.name, dir_fd=found.parent)
             else:
-                target.unlink()
+                os.unlink(found.name, dir_fd=found.parent)
 
-        await asyncio.to_thread(self._fs, remove, path)
+        await self._at(path, remove, follow=False)
 
     async def make_dir(self, path: str) -> bool:
-        self._check_alive()
-        target = self.resolve(path)
-
-        def make() -> bool:
-            if target.is_dir():
+        def make(found: Located) -> bool:
+            if not found.name:
                 return False
-            target.mkdir(parents=True)
+            try:
+                os.mkdir(found.name, dir_fd=found.parent)
+            except FileExistsError:
+                if stat.S_ISDIR(found.lstat().st_mode):
+                    return False
+                raise
             return True
 
-        made: bool = await asyncio.to_thread(self._fs, make, path)
-        return made
+        return await self._at(path, make, follow=True, make_parents=True)
 
     async def exists(self, path: str) -> bool:
         self._check_alive()
-        return await asyncio.to_thread(os.path.lexists, self._entry(path))
+        inner = self._inner(path)
+
+        def there() -> bool:
+            try:
+                with self._tree.locate(inner, follow=False) as found:
+                    found.lstat()
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            return True
+
+        return await asyncio.to_thread(self._fs, there, path)
 
     async def rename(self, src: str, dst: str) -> FileInfo:
         self._check_alive()
-        source, target = self._entry(src), self._entry(dst)
-        if self.dir.resolve() in (source, target):
-            raise self._error(f"rename {src!r} {dst!r}: the sandbox's home cannot be moved")
+        source, target = self._inner(src), self._inner(dst)
 
         def move() -> FileInfo:
-            if not os.path.lexists(source):
-                raise FileNotFoundError(src)
-            os.replace(source, target)
-            return self._info(target)
+            with (
+                self._tree.locate(source, follow=False) as old,
+                self._tree.locate(target, follow=False) as new,
+            ):
+                if not (old.name and new.name):
+                    raise self._error(f"rename {src!r} {dst!r}: the sandbox's home cannot be moved")
+                old.lstat()
+                os.replace(old.name, new.name, src_dir_fd=old.parent, dst_dir_fd=new.parent)
+                return self._info(new)
 
-        info: FileInfo = await asyncio.to_thread(self._fs, move, src)
-        return info
+        return await asyncio.to_thread(self._fs, move, src)
 
     async def stat(self, path: str) -> FileInfo:
-        self._check_alive()
-        info: FileInfo = await asyncio.to_thread(
-            self._fs, functools.partial(self._info, self._entry(path)), path
-        )
-        return info
+        return await self._at(path, self._info, follow=False)
 
     async def read_stream(self, path: str) -> AsyncIterator[bytes]:
         """The file in `CHUNK` pieces, each read on a worker thread."""
-        self._check_alive()
-        target = self.resolve(path)
-
-        def open_regular() -> BinaryIO:
-            # Non-blocking, so a FIFO a command made is refused rather than waited on.
-            fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                raise IsADirectoryError(errno.EISDIR, "not a regular file")
-            os.set_blocking(fd, True)
-            return os.fdopen(fd, "rb")
-
-        handle: BinaryIO = await asyncio.to_thread(self._fs, open_regular, path)
+        handle = await self._at(path, _open_regular, follow=True)
         try:
             read = functools.partial(handle.read, CHUNK)
             while chunk := await asyncio.to_thread(self._fs, read, path):
@@ -872,14 +898,11 @@ class LocalSandbox(Sandbox):
 
     async def write_stream(self, path: str, chunks: Chunks) -> None:
         """Write ``chunks`` into the file as they come, each write on a worker thread."""
-        self._check_alive()
-        target = self.resolve(path)
 
-        def open_target() -> BinaryIO:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            return target.open("wb")
+        def open_target(found: Located) -> BinaryIO:
+            return os.fdopen(found.open(os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
 
-        handle: BinaryIO = await asyncio.to_thread(self._fs, open_target, path)
+        handle = await self._at(path, open_target, follow=True, make_parents=True)
         try:
             async for chunk in chunks:
                 await asyncio.to_thread(self._fs, functools.partial(handle.write, chunk), path)
@@ -887,27 +910,31 @@ class LocalSandbox(Sandbox):
             handle.close()
 
     async def upload_dir(self, local: Path, path: str) -> None:
-        """Unpack a tar stream of ``local`` straight into the sandbox's directory."""
-        self._check_alive()
+        """Unpack a tar stream of ``local`` into the sandbox: on the host straight into
+        a paused sandbox's directory, else by ``tar`` in the sandbox (`_walks_host`)."""
+        if not self._walks_host():
+            await super().upload_dir(local, path)
+            return
         target = self.resolve(path)
         await self._moved("upload_dir", path, unpack_dir(pack_dir(local), target))
 
     async def download_dir(self, path: str, local: Path) -> None:
-        """Pack the sandbox's directory as a tar stream and unpack it into ``local``."""
-        self._check_alive()
+        """Pack the sandbox's directory as a tar stream and unpack it into ``local``: on
+        the host for a paused sandbox, else by ``tar`` in the sandbox (`_walks_host`)."""
+        if not self._walks_host():
+            await super().download_dir(path, local)
+            return
         source = self.resolve(path)
         if not await asyncio.to_thread(source.is_dir):
             raise self._error(f"download_dir {path!r}: no such directory")
         await self._moved("download_dir", path, unpack_dir(pack_dir(source), local))
 
-    async def _moved(self, op: str, path: str, transfer: Awaitable[None]) -> None:
-        """Await a tar transfer; its failure is a SandboxError naming ``path`` and the sandbox."""
-        try:
-            await transfer
-        except SandboxError as exc:
-            raise self._error(f"{op} {path!r}: {exc.message}") from exc
-        except OSError as exc:
-            raise self._error(f"{op} {path!r}: {exc.strerror or exc}") from exc
+    def _walks_host(self) -> bool:
+        """Whether a tree may be walked by path on the host: only while the sandbox is
+        paused, when no command can swap a directory on the way for a symlink (tar
+        walks by name; `Tree` guards single paths only)."""
+        self._check_alive()
+        return self.paused
 
     async def expose(self, port: int) -> PortURL:
         """The sandbox shares this host's network: its port is this host's loopback one."""
@@ -947,11 +974,13 @@ class LocalSandbox(Sandbox):
 
     async def snapshot(self, name: str | None = None) -> Snapshot:
         """Copy the sandbox's directory into the root's snapshot store (a later
-        ``SandboxSpec(template=snapshot.id)`` on this entry starts from a copy)."""
+        ``SandboxSpec(template=snapshot.id)`` on this entry starts from a copy), with
+        its processes paused for the copy."""
         self._check_alive()
         snapshot_id = "local-snap-" + secrets.token_hex(8)
         store = self._provider.root / _SNAPSHOTS
         partial = store / f".{snapshot_id}.part"
+        running = not self.paused
 
         def copy() -> None:
             store.mkdir(exist_ok=True)
@@ -962,10 +991,15 @@ class LocalSandbox(Sandbox):
                 shutil.rmtree(partial, ignore_errors=True)
                 raise
 
+        if running:  # frozen: a consistent copy, and no command swaps a path during it
+            await self.pause()
         try:
             await asyncio.to_thread(copy)
         except (OSError, shutil.Error) as exc:
             raise self._error(f"snapshot: cannot copy the sandbox: {exc}") from exc
+        finally:
+            if running:
+                await self.thaw()
         return Snapshot(snapshot_id, self.provider, name)
 
     def _carrier(self) -> Callable[[int], bool]:
@@ -1021,6 +1055,21 @@ class LocalSandbox(Sandbox):
     @property
     def alive(self) -> bool:
         return self.dir.is_dir()
+
+
+def _open_regular(found: Located) -> BinaryIO:
+    """Open a regular file for reading; non-blocking first, so a FIFO a command made
+    is refused rather than waited on."""
+    fd = found.open(os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(errno.EISDIR, "not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _home_path(parts: Sequence[str]) -> str:
+    return posixpath.join(HOME, *parts)
 
 
 def _copy_tree(source: Path, target: Path) -> None:

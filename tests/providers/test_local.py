@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -645,3 +646,46 @@ async def test_a_directory_transfer_failure_is_a_sandbox_error_naming_the_path(
     (tmp_path / "down").write_text("a local file")
     with pytest.raises(SandboxError, match=r"download_dir '\.'"):
         await sandbox.download_dir(".", tmp_path / "down")
+
+
+_EXCHANGE = """
+import ctypes, sys
+renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+a, b = (name.encode() for name in sys.argv[1:])
+while renameat2(-100, a, -100, b, 2) == 0:  # AT_FDCWD, RENAME_EXCHANGE
+    pass
+"""
+
+
+async def test_a_directory_swapped_for_a_symlink_mid_call_never_leads_outside(
+    sandbox: LocalSandbox, tmp_path: Path
+) -> None:
+    """A command swaps ``d`` between a directory and a symlink to a host directory
+    (atomically, as fast as it can) while the file calls run: no call reads or writes outside, and each
+    failure is a SandboxError. (Path checks made before the call let about 1 read in
+    300 through.)"""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_bytes(b"host secret")
+    await sandbox.run(f"mkdir d && echo inside > d/secret.txt && ln -s {outside} link")
+    swapper = await sandbox.start(["python3", "-c", _EXCHANGE, "d", "link"])
+    read: list[bytes] = []
+    try:
+        for _ in range(1500):
+            for call in (
+                sandbox.read_file("d/secret.txt"),
+                _drain(sandbox.read_stream("d/secret.txt")),
+                sandbox.write_file("d/secret.txt", b"inside\n"),
+                sandbox.make_dir("d/made"),
+                sandbox.rename("d/made", "d/moved"),
+                sandbox.remove("d/moved"),
+            ):
+                with contextlib.suppress(SandboxError):
+                    if isinstance(got := await call, bytes):
+                        read.append(got)
+    finally:
+        await swapper.kill()
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert (outside / "secret.txt").read_bytes() == b"host secret"
+    assert b"inside\n" in read
+    assert b"host secret" not in read
