@@ -3,7 +3,8 @@
 One loopback HTTP server plays three Daytona services on one port:
 
 * the control-plane API under ``/api`` (`emulators.daytona.api`): create,
-  get, list, delete, start, stop, last-activity;
+  get, list, delete, start, stop, last-activity, and snapshots of sandboxes
+  (`emulators.daytona.snapshots`);
 * the notification gateway, Socket.IO at ``/api/socket.io/``: a client
   authenticates with ``auth={"token": <API key>}``, joins its
   organization's room and receives ``sandbox.created`` and
@@ -19,7 +20,8 @@ variables for it.
 
 Faults come from the shared harness, per operation: ``create``, ``list``,
 ``get``, ``kill`` (delete), ``start``, ``stop``, ``keepalive``
-(last-activity), ``exec`` (everything under ``/process``) and ``files``;
+(last-activity), ``snapshot`` (a sandbox's snapshot and ``/api/snapshots``),
+``exec`` (everything under ``/process``) and ``files``;
 plus ``boot``, taken when a sandbox starts booting: a status fault makes it
 end in ``error`` (``build_failed`` for an image) with the fault's message,
 a delay slows the boot, a hang keeps it ``creating``. A status fault on the
@@ -41,6 +43,7 @@ from aiohttp import web
 
 from emulators.daytona.api import CONCURRENCY_MESSAGE, SandboxApi, api_error, bearer
 from emulators.daytona.sandboxes import Box, DaytonaCore
+from emulators.daytona.snapshots import Captured
 from emulators.daytona.toolbox import PROXY, Toolbox, daemon_error
 from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
 
@@ -65,6 +68,7 @@ _SANDBOX_OPS = {
     ("POST", "start"): "start",
     ("POST", "stop"): "stop",
     ("POST", "last-activity"): "keepalive",
+    ("POST", "snapshot"): "snapshot",
 }
 
 
@@ -72,6 +76,8 @@ def _op_for(request: web.Request) -> str | None:
     parts = request.path.strip("/").split("/")
     if parts[0] == "toolbox" and len(parts) >= 3:
         return {"process": "exec", "files": "files"}.get(parts[2])
+    if parts[:2] == ["api", "snapshots"]:
+        return "snapshot"
     if parts[:2] != ["api", "sandbox"]:
         return None
     rest = parts[2:]
@@ -107,8 +113,9 @@ class DaytonaEmulator(Emulator):
     """Daytona's API, notification gateway and toolbox proxy on one loopback port.
 
     Args:
-        snapshots: snapshot names a create may use; None accepts any (an
-            unknown one answers 400, "Snapshot ... not found", as Daytona does).
+        snapshots: snapshot names a create may use besides the snapshots made
+            of sandboxes (`captured`); None accepts any (an unknown one answers
+            400, "Snapshot ... not found", as Daytona does).
         boot_seconds: how long a sandbox takes from ``creating`` to ``started``
             (0: the create answers ``started``).
         minute: seconds in one of Daytona's lifecycle minutes (auto-stop,
@@ -135,6 +142,7 @@ class DaytonaEmulator(Emulator):
         )
         self.core.on_state = self._state_changed
         self.snapshots = set(snapshots) if snapshots is not None else None
+        self.captured: dict[str, Captured] = {}  # the snapshots made of sandboxes, by id
         self.boot_seconds = boot_seconds
         self._sio: Any = None
         self._emits: set[asyncio.Task[None]] = set()

@@ -14,6 +14,11 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
 * ``GET|DELETE /api/sandbox/{idOrName}``; ``POST .../start``, ``.../stop``;
   ``POST /api/sandbox/{id}/last-activity`` (resets the auto-stop timer);
   ``GET /api/sandbox/{id}/toolbox-proxy-url``.
+* ``POST /api/sandbox/{idOrName}/snapshot`` (``{name}``) snapshots a started
+  or stopped sandbox: it answers the sandbox ``snapshotting`` and copies it in
+  the background (`emulators.daytona.snapshots`); ``GET|DELETE
+  /api/snapshots/{idOrName}`` read and delete such a snapshot, and a create
+  naming it starts from its files.
 
 A sandbox belongs to the organization of the key that created it: other
 keys get 404 ("Sandbox not found"). Account limits come from the harness:
@@ -29,15 +34,17 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from emulators.daytona.sandboxes import DAYTONA_HOME, GONE, Box, iso, org_of
+from emulators.daytona.snapshots import Captured, find
 from emulators.harness import QuotaViolation, apply_delay_or_hang
 from emulators.ingress import forward
 from providers.base import SandboxSpec
+from providers.errors import ProviderError
 
 if TYPE_CHECKING:
     from emulators.daytona import DaytonaEmulator
@@ -129,7 +136,7 @@ class SandboxApi:
     def __init__(self, emulator: DaytonaEmulator) -> None:
         self.emulator = emulator
         self.core = emulator.core
-        self._boots: set[asyncio.Task[None]] = set()
+        self._boots: set[asyncio.Task[None]] = set()  # boots, snapshot copies and removals
         self._preview_tokens: dict[str, str] = {}
 
     def routes(self) -> list[web.RouteDef]:
@@ -145,6 +152,9 @@ class SandboxApi:
             web.post(one + "/autodelete/{interval}", self.set_auto_delete),
             web.get(one + "/toolbox-proxy-url", self.toolbox_proxy_url),
             web.get(one + "/ports/{port}/preview-url", self.preview_url),
+            web.post(one + "/snapshot", self.snapshot),
+            web.get("/api/snapshots/{snapshot}", self.get_snapshot),
+            web.delete("/api/snapshots/{snapshot}", self.delete_snapshot),
             web.route("*", "/preview/{sandbox}/{port}/{tail:.*}", self.preview),
         ]
 
@@ -191,19 +201,28 @@ class SandboxApi:
         body = await self._json(request)
         labels = _string_map(body.get("labels"), "labels")
         env = _string_map(body.get("env"), "env")
-        snapshot, build_info = self._source(body)
+        snapshot, build_info, captured = self._source(body, key)
         name = body.get("name")
         if name is not None and not isinstance(name, str):
             raise ApiError(400, "name must be a string")
         if name and self.core.find(name, key) is not None:
             raise ApiError(409, f"Sandbox with name {name} already exists")
         sizes = {k: _int(body, k, v) for k, v in DEFAULT_RESOURCES.items()}
+        if captured is not None:
+            sizes = {
+                "cpu": captured.cpu,
+                "gpu": captured.gpu,
+                "memory": captured.memory,
+                "disk": captured.disk,
+            }
         if build_info is None and any(body.get(k) is not None for k in ("cpu", "memory", "disk")):
             raise ApiError(
                 400, "Cannot specify Sandbox resources when using a snapshot; use an image"
             )
         sandbox_id = str(uuid.uuid4())
-        spec = SandboxSpec(env=env, labels=labels)
+        spec = SandboxSpec(
+            env=env, labels=labels, template=captured.local_id if captured is not None else None
+        )
         try:
             local = await self.core.create(key, spec, home=DAYTONA_HOME, sandbox_id=sandbox_id)
         except QuotaViolation as exc:
@@ -238,13 +257,20 @@ class SandboxApi:
         if fault is None and not self.emulator.boot_seconds and build_info is None:
             self.core.set_state(box, "started")
         else:
-            box.boot = asyncio.create_task(self._boot(box, fault))
-            self._boots.add(box.boot)
-            box.boot.add_done_callback(self._boots.discard)
+            box.boot = self._background(self._boot(box, fault))
         return web.json_response(self._dto(box))
 
-    def _source(self, body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
-        """The snapshot name, or the build info of an image, the create names."""
+    def _background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
+        self._boots.add(task)
+        task.add_done_callback(self._boots.discard)
+        return task
+
+    def _source(
+        self, body: dict[str, Any], key: str
+    ) -> tuple[str | None, dict[str, Any] | None, Captured | None]:
+        """The snapshot name, or the build info of an image, the create names; and the
+        snapshot made of a sandbox it names."""
         build_info = body.get("buildInfo")
         snapshot = body.get("snapshot")
         if build_info is not None:
@@ -255,21 +281,30 @@ class SandboxApi:
             if snapshot is not None:
                 raise ApiError(400, "Cannot specify both a snapshot and a build")
             digest = base64.b32encode(build_info["dockerfileContent"].encode()[:20]).decode()
-            return None, {
-                "dockerfileContent": build_info["dockerfileContent"],
-                "contextHashes": build_info.get("contextHashes") or [],
-                "snapshotRef": f"daytona-{digest.lower().rstrip('=')}",
-            }
+            return (
+                None,
+                {
+                    "dockerfileContent": build_info["dockerfileContent"],
+                    "contextHashes": build_info.get("contextHashes") or [],
+                    "snapshotRef": f"daytona-{digest.lower().rstrip('=')}",
+                },
+                None,
+            )
         if snapshot is None:
-            return DEFAULT_SNAPSHOT, None
+            return DEFAULT_SNAPSHOT, None, None
         if not isinstance(snapshot, str):
             raise ApiError(400, "snapshot must be a string")
+        captured = find(self.emulator.captured.values(), snapshot, org_of(key))
+        if captured is not None:
+            if captured.state != "active":
+                raise ApiError(400, f"Snapshot {snapshot} is {captured.state}")
+            return snapshot, None, captured
         known = self.emulator.snapshots
         if known is not None and snapshot not in known:
             raise ApiError(
                 400, f"Snapshot {snapshot} not found. Did you add it through the Daytona Dashboard?"
             )
-        return snapshot, None
+        return snapshot, None, None
 
     async def _boot(self, box: Box, fault: Any) -> None:
         """Bring a new sandbox to ``started`` (or ``error``) as a runner would."""
@@ -327,6 +362,80 @@ class SandboxApi:
             raise ApiError(400, "interval must be -1, 0 or a number of minutes")
         box.auto_delete = interval
         return web.json_response(self._dto(box))
+
+    # -- snapshots of sandboxes ---------------------------------------------
+    async def snapshot(self, request: web.Request) -> web.Response:
+        """Start a snapshot of the sandbox: the answer shows it ``snapshotting``; the copy
+        runs in the background (`_capture`)."""
+        box = self._box(request)
+        body = await self._json(request)
+        name = body.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ApiError(400, "name must be a non-empty string")
+        if body.get("includeMemory"):
+            raise ApiError(400, "includeMemory is only supported for Windows sandboxes")
+        if box.state not in ("started", "stopped"):
+            raise ApiError(400, "Sandbox must be in started or stopped state to create a snapshot")
+        previous = box.state
+        self.core.set_state(box, "snapshotting")
+        self._background(self._capture(box, name, previous))
+        return web.json_response(self._dto(box))
+
+    async def _capture(self, box: Box, name: str, previous: str) -> None:
+        """Copy the sandbox's files into a snapshot, then give the sandbox its state back.
+
+        As on Daytona, a copy that fails (the sandbox deleted meanwhile) or a
+        name already taken leaves no snapshot and is reported nowhere: the
+        sandbox only leaves ``snapshotting``.
+        """
+        await asyncio.sleep(self.emulator.boot_seconds)
+        try:
+            kept = await box.local.snapshot(name)
+        except ProviderError:
+            kept = None
+        if kept is not None:
+            if find(self.emulator.captured.values(), name, box.organization_id) is None:
+                made = Captured(
+                    id=str(uuid.uuid4()),
+                    name=name,
+                    organization_id=box.organization_id,
+                    local_id=kept.id,
+                    source_sandbox_id=box.id,
+                    target=box.target,
+                    cpu=box.cpu,
+                    gpu=box.gpu,
+                    memory=box.memory,
+                    disk=box.disk,
+                )
+                self.emulator.captured[made.id] = made
+            else:
+                await self.core.local.delete_snapshot(kept.id)
+        if box.state == "snapshotting":
+            self.core.set_state(box, previous)
+
+    def _captured(self, request: web.Request) -> Captured:
+        wanted = request.match_info["snapshot"]
+        found = find(self.emulator.captured.values(), wanted, org_of(self._key(request)))
+        if found is None:
+            raise ApiError(404, f"Snapshot {wanted} not found")
+        return found
+
+    async def get_snapshot(self, request: web.Request) -> web.Response:
+        return web.json_response(self._captured(request).dto())
+
+    async def delete_snapshot(self, request: web.Request) -> web.Response:
+        """Mark the snapshot ``removing``; it is gone ``boot_seconds`` later (a delete of
+        one already removing changes nothing, as on Daytona)."""
+        snap = self._captured(request)
+        if snap.state != "removing":
+            snap.state, snap.updated = "removing", time.time()
+            self._background(self._remove(snap))
+        return web.Response(status=200)
+
+    async def _remove(self, snap: Captured) -> None:
+        await asyncio.sleep(self.emulator.boot_seconds)
+        self.emulator.captured.pop(snap.id, None)
+        await self.core.local.delete_snapshot(snap.local_id)
 
     async def preview_url(self, request: web.Request) -> web.Response:
         """A port's preview link and the token a private sandbox's link wants.

@@ -8,12 +8,12 @@ exceeded" `CapacityExceeded` (the organization's cap on what its live
 sandboxes hold: a release frees it), other "limit exceeded" or "quota"
 `QuotaExceeded` (Daytona's limits: 403 before API v0.170, 400 since), other 403
 `AuthError`; 429 `RateLimited` with ``Retry-After``; 404, and a 400 "not
-found" on create (an unknown snapshot), `NotFound`; 408, 5xx, connection
-errors, timeouts and a sandbox that failed to start `Unavailable`; a runner
-queue timeout `CapacityExceeded`. Inside a sandbox a client error the daemon
-gave is the caller's (`SandboxError`, a missing file included); one the
-proxy in front gave is `NotFound` when the API says the sandbox no longer
-runs (`providers.daytona.sandbox`).
+found" or "is removing" on create (an unknown or deleted snapshot),
+`NotFound`; 408, 5xx, connection errors, timeouts and a sandbox that failed
+to start `Unavailable`; a runner queue timeout `CapacityExceeded`. Inside a
+sandbox a client error the daemon gave is the caller's (`SandboxError`, a
+missing file included); one the proxy in front gave is `NotFound` when the
+API says the sandbox no longer runs (`providers.daytona.sandbox`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ EXECUTION_TIMEOUT = "PROCESS_EXECUTION_TIMEOUT"
 _QUOTA_WORDS = ("limit exceeded", "quota")
 _RESOURCE_CAP = re.compile(r"total (cpu|memory|disk|gpu) limit exceeded", re.IGNORECASE)
 _ERROR_STATE = re.compile(r"Sandbox (\S+) entered error state")
+_SNAPSHOT_GONE = re.compile(r"Snapshot \S+ is removing")
 
 
 class Facts(NamedTuple):
@@ -143,7 +144,9 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
             retry_after=retry_after(found.headers),
             capacity=limit and _RESOURCE_CAP.search(message) is not None,
             quota=limit and any(word in lowered for word in _QUOTA_WORDS),
-            missing=found.status == 400 and not where.in_sandbox and "not found" in lowered,
+            missing=found.status == 400
+            and not where.in_sandbox
+            and ("not found" in lowered or _SNAPSHOT_GONE.search(message) is not None),
             callers=where.in_sandbox and found.source == DAEMON,
         )
     if isinstance(exc, DaytonaTimeoutError) or found.connection:

@@ -25,7 +25,8 @@ class DaytonaOptions(KeyedOptions):
         snapshot, image: what sandboxes start from when the spec names no
             template (at most one; Daytona's default snapshot when none).
         template_source: whether a spec's ``template`` names a snapshot or an
-            image.
+            image (a snapshot's id, as `DaytonaSandbox.snapshot` returns, names
+            a snapshot either way).
         auto_stop_interval: minutes idle before Daytona stops a sandbox, when
             the spec names no ``idle_timeout`` (Daytona's default: 15; 0: never).
         auto_delete_interval: minutes after stopping before Daytona deletes a
@@ -33,6 +34,8 @@ class DaytonaOptions(KeyedOptions):
         auto_archive_interval: minutes stopped before Daytona archives it.
         request_timeout: seconds for each API request.
         transfer_timeout: seconds for one file upload or download.
+        snapshot_timeout: seconds for a snapshot of a sandbox (Daytona commits
+            its filesystem and pushes it to the organization's registry).
     """
 
     api_url: str | None = None
@@ -45,6 +48,7 @@ class DaytonaOptions(KeyedOptions):
     auto_archive_interval: int | None = Field(default=None, ge=0)
     request_timeout: float = Field(default=30.0, gt=0)
     transfer_timeout: float = Field(default=300.0, gt=0)
+    snapshot_timeout: float = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")
     def _one_source(self) -> DaytonaOptions:

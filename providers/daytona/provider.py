@@ -7,6 +7,9 @@ or an image (``image``; a spec's ``template`` is read as either, per
 interval (both in whole minutes, rounded up); sandboxes are deleted when they
 stop (``auto_delete_interval`` 0) unless the entry says otherwise. Resources
 (cpu, memory, disk) apply to image-based sandboxes: a snapshot fixes its own.
+A snapshot made of a sandbox (`DaytonaSandbox.snapshot`) is named by its id,
+which names a snapshot whatever ``template_source`` says; `delete_snapshot`
+deletes it.
 
 When a create fails after Daytona accepted it, the sandbox is deleted
 before the error is raised: the SDK names it on a timeout and in an
@@ -33,7 +36,7 @@ from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
 from providers.daytona.errors import sdk_errors
 from providers.daytona.options import API_KEY_ENV, DaytonaOptions
 from providers.daytona.sandbox import DaytonaSandbox
-from providers.daytona.states import DELETED, STARTABLE, UNUSABLE, state
+from providers.daytona.states import DELETED, SNAPSHOT_REMOVING, STARTABLE, UNUSABLE, state
 from providers.errors import NotFound, ProviderError, Unavailable
 
 if TYPE_CHECKING:
@@ -63,6 +66,7 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
             Capability.STATEFUL_CODE,
             Capability.PAUSE,
             Capability.PORT,
+            Capability.SNAPSHOT,
             *FILE_WORK,
             *(AGENT_WORK - {Capability.STDIN}),  # an async command's stdin never closes
         }
@@ -89,6 +93,7 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
 
     def _params(self, spec: SandboxSpec) -> Any:
         from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Resources
+        from daytona.common.snapshot import is_snapshot_id
 
         opts = self.opts
         common: dict[str, Any] = {
@@ -108,9 +113,8 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         image = opts.image
         snapshot = opts.snapshot
         if spec.template is not None:
-            image, snapshot = (
-                (spec.template, None) if opts.template_source == "image" else (None, spec.template)
-            )
+            as_image = opts.template_source == "image" and not is_snapshot_id(spec.template)
+            image, snapshot = (spec.template, None) if as_image else (None, spec.template)
         if image is None:
             return CreateSandboxFromSnapshotParams(snapshot=snapshot, **common)
         resources = None
@@ -145,9 +149,11 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         return DaytonaSandbox(
             native,
             self.name,
+            self._api().snapshot,
             workdir=workdir,
             request_timeout=self.opts.request_timeout,
             transfer_timeout=self.opts.transfer_timeout,
+            snapshot_timeout=self.opts.snapshot_timeout,
         )
 
     async def _clean_up(self, err: ProviderError, spec: SandboxSpec) -> str | None:
@@ -222,6 +228,24 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
     async def resume(self, sandbox_id: str, *, timeout: float) -> DaytonaSandbox:
         """``connect`` starts a stopped (paused) sandbox, on the same id."""
         return await asyncio.wait_for(self.connect(sandbox_id), timeout)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Daytona marks a deleted snapshot ``removing`` and removes it later, and a
+        delete of one already removing is no error there: it is gone here (False)."""
+        if not snapshot_id:
+            return False
+        snapshots = self._api().snapshot
+        try:
+            with sdk_errors(self.name):
+                async with asyncio.timeout(self.opts.request_timeout):
+                    found = await snapshots.get(snapshot_id)
+                    if state(found.state) == SNAPSHOT_REMOVING:
+                        return False
+                    await snapshots.delete(found)
+        except NotFound:
+            return False
+        log.debug("sandbox_router.daytona.snapshot_deleted", entry=self.name, snapshot=found.id)
+        return True
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
         from daytona import ListSandboxesQuery

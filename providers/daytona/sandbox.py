@@ -9,7 +9,8 @@ and the output so far is returned with ``timed_out=True``.
 (variables stay for the next call), the sandbox's other language in its
 code runner (stdout and stderr merged, as Daytona gives them) and bash in a
 session. Background processes and terminals are in
-`providers.daytona.processes`.
+`providers.daytona.processes`. `DaytonaSandbox.snapshot` keeps the sandbox's
+filesystem as a Daytona snapshot, a template for creates on the entry.
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from providers.base import CodeResult, CommandResult, FileInfo, PortURL, Sandbox, failure
+from providers.base import (
+    CodeResult,
+    CommandResult,
+    FileInfo,
+    PortURL,
+    Sandbox,
+    Snapshot,
+    failure,
+)
 from providers.daytona.errors import DAEMON, EXECUTION_TIMEOUT, facts, sdk_errors
 from providers.daytona.processes import (
     SESSION_PREFIX,
@@ -34,7 +43,7 @@ from providers.daytona.processes import (
     process_id,
     toolbox_errors,
 )
-from providers.daytona.states import state
+from providers.daytona.states import SNAPSHOT_MAKING, SNAPSHOT_READY, state
 from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
 from providers.files import Chunks, ShellFiles
 from providers.mapping import Where
@@ -43,10 +52,15 @@ from providers.shell import piped, script
 
 if TYPE_CHECKING:
     from daytona import AsyncSandbox
+    from daytona._async.snapshot import AsyncSnapshotService
+    from daytona.common.snapshot import Snapshot as DaytonaSnapshot
 
 __all__ = ["DaytonaSandbox"]
 
 log = structlog.get_logger("sandbox_router.daytona")
+
+SNAPSHOT_PREFIX = "sandbox-router-"  # the names of the snapshots made without one
+_SNAPSHOT_POLL = 1.0
 
 # The line before the caller's command in a background process's script: what
 # `DaytonaSandbox.processes` shows of it (not the exports, whose values may be secret).
@@ -64,17 +78,21 @@ class DaytonaSandbox(ShellFiles, Sandbox):
         self,
         native: AsyncSandbox,
         provider: str,
+        snapshots: AsyncSnapshotService,
         *,
         workdir: str | None = None,
         request_timeout: float = 30.0,
         transfer_timeout: float = 300.0,
+        snapshot_timeout: float = 600.0,
     ) -> None:
         self._native = native
         self.id = native.id
         self.provider = provider
+        self._snapshots = snapshots
         self._workdir = workdir
         self._request_timeout = request_timeout
         self._transfer_timeout = transfer_timeout
+        self._snapshot_timeout = snapshot_timeout
         self._idle_sessions: list[str] = []
         self._work_dir: str | None = None
 
@@ -353,6 +371,57 @@ class DaytonaSandbox(ShellFiles, Sandbox):
             async with asyncio.timeout(self._transfer_timeout):
                 await self._native.set_auto_delete_interval(-1)
                 await self._native.stop(timeout=math.ceil(self._request_timeout))
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """Daytona's snapshot of the sandbox: its filesystem (not its processes or memory)
+        committed and pushed to the organization's registry; its id is the template.
+
+        The sandbox is ``snapshotting`` meanwhile and the SDK waits for it to leave
+        that state. Daytona writes the snapshot, ``active``, before
+        the sandbox leaves it, and when the copy fails or the name is taken it writes
+        none and says nothing. So a name of the caller's is checked first (an existing
+        one would else pass for the new snapshot), and a snapshot missing afterwards is
+        `Unavailable`. Without ``name`` a unique one is made (names are unique per
+        organization) and returned as the snapshot's ``name``.
+        """
+        if name is not None and not name.strip():
+            raise SandboxError(
+                "snapshot: a Daytona snapshot's name must not be blank",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        made = name if name is not None else SNAPSHOT_PREFIX + secrets.token_hex(8)
+        with self._errors():
+            async with asyncio.timeout(self._snapshot_timeout + self._request_timeout):
+                if name is not None and await self._find_snapshot(name) is not None:
+                    raise SandboxError(
+                        f"snapshot: the organization already has a snapshot named {name!r}",
+                        provider=self.provider,
+                        sandbox_id=self.id,
+                    )
+                await self._native.create_snapshot(made, timeout=math.ceil(self._snapshot_timeout))
+                found = await self._find_snapshot(made)
+                while found is not None and state(found.state) in SNAPSHOT_MAKING:
+                    await asyncio.sleep(_SNAPSHOT_POLL)
+                    found = await self._find_snapshot(made)
+        if found is None or state(found.state) != SNAPSHOT_READY:
+            why = "none was made" if found is None else f"it is {state(found.state)}"
+            reason = f": {found.error_reason}" if found is not None and found.error_reason else ""
+            raise Unavailable(
+                f"snapshot {made!r} of the sandbox failed ({why}{reason})",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        return Snapshot(found.id, self.provider, made)
+
+    async def _find_snapshot(self, name: str) -> DaytonaSnapshot | None:
+        """The organization's snapshot of this name, None when it has none."""
+        try:
+            with self._errors():
+                async with asyncio.timeout(self._request_timeout):
+                    return await self._snapshots.get(name)
+        except NotFound:
+            return None
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         async with self._toolbox():

@@ -1,14 +1,36 @@
-"""What Daytona's sandbox states mean to the router."""
+"""What Daytona's sandbox and snapshot states mean to the router."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DELETED", "STARTABLE", "UNUSABLE", "state"]
+__all__ = [
+    "DELETED",
+    "SNAPSHOT_MAKING",
+    "SNAPSHOT_READY",
+    "SNAPSHOT_REMOVING",
+    "STARTABLE",
+    "UNUSABLE",
+    "state",
+]
 
 DELETED = frozenset({"destroyed", "destroying"})
 UNUSABLE = DELETED | {"error", "build_failed"}
 STARTABLE = frozenset({"stopped", "archived"})
+
+SNAPSHOT_READY = "active"
+SNAPSHOT_REMOVING = "removing"
+SNAPSHOT_MAKING = frozenset(
+    {
+        "build_pending",
+        "building",
+        "pending",
+        "pulling",
+        "snapshotting",
+        "pending_validation",
+        "validating",
+    }
+)
 
 
 def state(value: Any) -> str:

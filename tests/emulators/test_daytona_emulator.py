@@ -491,3 +491,26 @@ async def test_a_stopped_sandbox_kept_by_its_auto_delete_is_started_again(
         assert await sandbox.fs.download_file("notes.txt") == b"kept"
     finally:
         await client.delete(sandbox)
+
+
+async def test_a_sandboxs_snapshot_is_a_source_for_creates_until_deleted(
+    emu: DaytonaEmulator, client: AsyncDaytona, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(emu, "boot_seconds", 0.3)  # long enough to see "removing"
+    sandbox = await client.create(timeout=10)
+    await sandbox.fs.upload_file(b"baked in", "app/config.txt")
+    await sandbox.create_snapshot("emu-snap", timeout=10)
+    assert sandbox.state == "started"
+    snap = await client.snapshot.get("emu-snap")
+    assert (snap.state, snap.source_sandbox_id) == ("active", sandbox.id)
+    await sandbox.delete()
+    child = await client.create(CreateSandboxFromSnapshotParams(snapshot=snap.id), timeout=10)
+    assert await child.fs.download_file("app/config.txt") == b"baked in"
+    await child.delete()
+    await client.snapshot.delete("emu-snap")
+    assert (await client.snapshot.get(snap.id)).state == "removing"
+    with pytest.raises(DaytonaError, match="Snapshot emu-snap is removing"):
+        await client.create(CreateSandboxFromSnapshotParams(snapshot="emu-snap"))
+    await until(lambda: snap.id not in emu.captured)
+    with pytest.raises(DaytonaNotFoundError, match="Snapshot emu-snap not found"):
+        await client.snapshot.delete("emu-snap")

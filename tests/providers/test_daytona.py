@@ -22,6 +22,7 @@ from providers import provider_class
 from providers.base import LABEL_LEASE, SandboxSpec
 from providers.daytona import DaytonaOptions, DaytonaProvider, DaytonaSandbox
 from providers.daytona.processes import KILLED, SESSION_PREFIX
+from providers.daytona.sandbox import SNAPSHOT_PREFIX
 from providers.errors import (
     AuthError,
     CapacityExceeded,
@@ -227,6 +228,34 @@ async def test_unknown_snapshot_is_not_found(emu: DaytonaEmulator) -> None:
     sbx = await adapter.create(SandboxSpec(template="base"), timeout=5)
     await sbx.kill()
     await adapter.aclose()
+
+
+async def test_snapshot_names_and_an_image_entry(
+    emu: DaytonaEmulator,
+    provider: DaytonaProvider,
+    sandbox: DaytonaSandbox,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A made name is unique, a taken one is refused (Daytona would keep the old one
+    silently), and a snapshot's id names a snapshot on an entry whose templates are images."""
+    await sandbox.write_file("kept.txt", b"kept")
+    made = await sandbox.snapshot()
+    assert (made.name or "").startswith(SNAPSHOT_PREFIX)
+    with pytest.raises(SandboxError, match="already has a snapshot named"):
+        await sandbox.snapshot(made.name)
+    images = DaytonaProvider("daytona-i", options(emu, template_source="image"))
+    child = await images.create(SandboxSpec(template=made.id), timeout=5)
+    try:
+        assert box(emu, child.id).build_info is None
+        assert await child.read_file("kept.txt") == b"kept"
+    finally:
+        await child.kill()
+        await images.aclose()
+    monkeypatch.setattr(emu, "boot_seconds", 0.5)  # Daytona's removal takes a while
+    assert await provider.delete_snapshot(made.id) is True
+    with pytest.raises(NotFound, match="is removing"):
+        await provider.create(SandboxSpec(template=made.id), timeout=5)
+    assert await provider.delete_snapshot("never-made") is False
 
 
 async def test_runs_in_flight_do_not_wait_for_each_other(sandbox: DaytonaSandbox) -> None:

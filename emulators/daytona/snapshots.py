@@ -1,0 +1,78 @@
+"""The snapshots the emulated Daytona made of sandboxes, as its API shows them.
+
+A snapshot of a sandbox (``POST /api/sandbox/{id}/snapshot``, `SandboxApi.snapshot`)
+is a copy of the sandbox's directory in the local provider's snapshot store
+(`providers.local.LocalSandbox.snapshot`), recorded as a `Captured` under
+Daytona's id and its name, unique in its organization while the record lasts.
+As on Daytona, the record is written ``active`` once the copy is made, before
+the sandbox leaves ``snapshotting``; a delete marks it ``removing`` and it is
+gone (its copy too) shortly after. A create naming it, by id or name, starts
+from a copy of the copy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from emulators.daytona.sandboxes import iso
+
+__all__ = ["Captured", "find"]
+
+
+@dataclass
+class Captured:
+    """One snapshot made of a sandbox: its Daytona fields and the local copy it names."""
+
+    id: str
+    name: str
+    organization_id: str
+    local_id: str
+    source_sandbox_id: str
+    target: str
+    cpu: int
+    gpu: int
+    memory: int
+    disk: int
+    state: str = "active"
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+
+    def dto(self) -> dict[str, Any]:
+        """The snapshot as the API shows it (``SnapshotDto``)."""
+        return {
+            "id": self.id,
+            "organizationId": self.organization_id,
+            "general": False,
+            "name": self.name,
+            "imageName": None,
+            "state": self.state,
+            "size": None,
+            "entrypoint": None,
+            "cpu": self.cpu,
+            "gpu": self.gpu,
+            "mem": self.memory,
+            "disk": self.disk,
+            "errorReason": None,
+            "createdAt": iso(self.created),
+            "updatedAt": iso(self.updated),
+            "lastUsedAt": iso(self.created),
+            "buildInfo": None,
+            "regionIds": [self.target],
+            "initialRunnerId": "emulated-runner",
+            "ref": f"registry.emulated/daytona/{self.id}:latest",
+            "sourceSandboxId": self.source_sandbox_id,
+            "sandboxClass": "container",
+        }
+
+
+def find(captured: Iterable[Captured], id_or_name: str, organization_id: str) -> Captured | None:
+    """The organization's snapshot with this id or name; an active one first, as Daytona picks."""
+    mine = [
+        snap
+        for snap in captured
+        if snap.organization_id == organization_id and id_or_name in (snap.id, snap.name)
+    ]
+    return next((snap for snap in mine if snap.state == "active"), mine[0] if mine else None)
