@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gate, overhead, race, scaling, throughput, time_to_sandbox, vendors
-from benchmarks.__main__ import main as benchmarks_main
+from benchmarks.suites import main as benchmarks_main
 from emulators import available
 
 
