@@ -11,6 +11,22 @@ image (``image``, or the spec's ``template``), with the spec's env, tags
 GPU; a spec asking for a GPU makes Modal use its V1 sandbox backend, which
 the SDK picks by itself.
 
+Ports: Modal opens a sandbox's ports at create only, so the spec's
+``ports`` are the create's ``encrypted_ports`` (one TLS tunnel each), and
+`ModalSandbox.expose` answers a port's tunnel URL from ``Sandbox.tunnels``
+(the V2 create's answer, else ``SandboxGetTunnelsV2``, or
+``SandboxGetTunnels`` for a V1 sandbox); a port not declared at create has
+no tunnel and is a `SandboxError` naming the fix. Modal's tunnels are
+public: the `PortURL` has no headers.
+
+Snapshots: `ModalSandbox.snapshot` is ``Sandbox.snapshot_filesystem`` (the
+task command router's ``TaskSnapshotFilesystem``), an Image kept for the
+entry's ``snapshot_ttl``; its ``im-...`` id is the `Snapshot` id, and a
+spec whose ``template`` is such an id creates from ``Image.from_id`` (an
+``ImageFromId`` lookup). Modal has no name for it: the name stays on the
+`Snapshot`. `ModalProvider.delete_snapshot` is
+``modal.experimental.image_delete`` (``ImageDelete``; NOT_FOUND is False).
+
 Every Modal call runs under the router's own deadline (``asyncio.timeout``):
 against a dead endpoint the SDK keeps reconnecting for about a minute, and a
 hung create never returns. The router owns retries: the SDK retries
@@ -60,17 +76,19 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import structlog
-from pydantic import SecretStr
+from pydantic import PositiveInt, SecretStr
 
 from providers.base import (
     CodeResult,
     CommandResult,
     FileInfo,
+    PortURL,
     Provider,
     ProviderOptions,
     Sandbox,
     SandboxInfo,
     SandboxSpec,
+    Snapshot,
     credential,
 )
 from providers.capabilities import Capability
@@ -104,6 +122,8 @@ _SECRET_HEADER = re.compile(
 )
 _RAW_BLOCKS = frozenset({"Encoded header block to %s", "Decoding %s"})
 _TIMED_OUT = -1
+_IMAGE_ID = "im-"  # Modal's Image ids: a template with it names a snapshot (or any built image)
+_SNAPSHOT_SECONDS = 55  # the SDK's default wait for a filesystem snapshot
 _LOST = -1  # a terminal whose end the sandbox could not report (it was killed)
 _PIDS = "/tmp/.sandbox-router"
 # A background process: a child of a shell, so never a group leader and setsid never has to
@@ -212,6 +232,9 @@ class ModalOptions(ProviderOptions):
         lifetime: the sandbox ``timeout`` in seconds when the spec names no
             ``lifetime`` (Modal fixes it at create; at most 24 h).
         request_timeout: seconds for each call that is not a create or a command.
+        snapshot_ttl: seconds Modal keeps a snapshot's Image (the SDK's
+            default, 30 days, so a snapshot never deleted does not stay
+            forever); None keeps it until `ModalProvider.delete_snapshot`.
     """
 
     token_id: SecretStr | None = None
@@ -223,6 +246,7 @@ class ModalOptions(ProviderOptions):
     secrets: tuple[str, ...] = ()
     lifetime: float = 3600.0
     request_timeout: float = 30.0
+    snapshot_ttl: PositiveInt | None = 30 * 24 * 3600
 
 
 class ModalProvider(Provider):
@@ -247,6 +271,8 @@ class ModalProvider(Provider):
             Capability.PTY,
             Capability.FILES_MANAGE,
             Capability.FILES_STREAM,
+            Capability.PORT,
+            Capability.SNAPSHOT,
         }
     )
 
@@ -311,10 +337,17 @@ class ModalProvider(Provider):
             )
         return self._app
 
-    def _image(self, tag: str) -> Any:
-        if tag not in self._images:
-            self._images[tag] = _sdk().Image.from_registry(tag)
-        return self._images[tag]
+    def _image(self, template: str, client: Any) -> Any:
+        """The Image a create runs: a built one by id (a snapshot), else a registry tag.
+
+        An id is looked up afresh each time, so a create from a deleted
+        snapshot is Modal's NotFound rather than a cached handle's.
+        """
+        if template.startswith(_IMAGE_ID):
+            return _sdk().Image.from_id(template, client=client)
+        if template not in self._images:
+            self._images[template] = _sdk().Image.from_registry(template)
+        return self._images[template]
 
     async def create(self, spec: SandboxSpec, *, timeout: float) -> ModalSandbox:
         modal = _sdk()
@@ -324,7 +357,7 @@ class ModalProvider(Provider):
                 client = await self._native_client()
                 native = await modal.Sandbox.create.aio(
                     app=await self._native_app(client),
-                    image=self._image(spec.template or self.opts.image),
+                    image=self._image(spec.template or self.opts.image, client),
                     env=dict(spec.env) or None,
                     secrets=[modal.Secret.from_name(name) for name in self.opts.secrets],
                     tags=dict(spec.labels) or None,
@@ -334,10 +367,20 @@ class ModalProvider(Provider):
                     cpu=spec.cpu,
                     memory=spec.memory_mb,
                     gpu=spec.gpu,
+                    encrypted_ports=spec.ports,
                     client=client,
                 )
         log.debug("sandbox_router.modal.created", entry=self.name, sandbox_id=native.object_id)
-        return ModalSandbox(native, self.name, workdir=workdir, request_timeout=self._timeout)
+        return self._sandbox(native, workdir)
+
+    def _sandbox(self, native: Any, workdir: str) -> ModalSandbox:
+        return ModalSandbox(
+            native,
+            self.name,
+            workdir=workdir,
+            request_timeout=self._timeout,
+            snapshot_ttl=self.opts.snapshot_ttl,
+        )
 
     @property
     def _timeout(self) -> float:
@@ -354,9 +397,7 @@ class ModalProvider(Provider):
                 provider=self.name,
                 sandbox_id=sandbox_id,
             )
-        return ModalSandbox(
-            native, self.name, workdir=self.opts.workdir, request_timeout=self._timeout
-        )
+        return self._sandbox(native, self.opts.workdir)
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
         found: builtins.list[SandboxInfo] = []
@@ -386,6 +427,23 @@ class ModalProvider(Provider):
         log.debug("sandbox_router.modal.killed", entry=self.name, sandbox_id=sandbox_id)
         return True
 
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Delete a snapshot's Image (``modal.experimental.image_delete``, Modal's only caller
+        of ``ImageDelete``); False for an id that names no Image of this workspace."""
+        if not snapshot_id.startswith(_IMAGE_ID):
+            return False
+        import modal.experimental
+
+        try:
+            with sdk_errors(self.name):
+                async with asyncio.timeout(self._timeout):
+                    client = await self._native_client()
+                    await modal.experimental.image_delete.aio(snapshot_id, client=client)
+        except NotFound:
+            return False
+        log.debug("sandbox_router.modal.snapshot_deleted", entry=self.name, image_id=snapshot_id)
+        return True
+
     async def aclose(self) -> None:
         client, self._client = self._client, None
         self._app = None
@@ -407,12 +465,21 @@ class ModalSandbox(ShellFiles, Sandbox):
     ``copy_from_local``/``copy_to_local`` want a local path.
     """
 
-    def __init__(self, native: Any, provider: str, *, workdir: str, request_timeout: float) -> None:
+    def __init__(
+        self,
+        native: Any,
+        provider: str,
+        *,
+        workdir: str,
+        request_timeout: float,
+        snapshot_ttl: int | None,
+    ) -> None:
         self._native = native
         self.id: str = native.object_id
         self.provider = provider
         self._workdir = workdir
         self._timeout = request_timeout
+        self._snapshot_ttl = snapshot_ttl
         self._killed = False
 
     @property
@@ -610,6 +677,32 @@ class ModalSandbox(ShellFiles, Sandbox):
             )
         res = await self._exec(_INTERPRETERS[language], timeout=timeout, stdin=code.encode())
         return CodeResult.of_command(res, timeout)
+
+    async def expose(self, port: int) -> PortURL:
+        """The TLS tunnel Modal opened for ``port`` at create (``Sandbox.tunnels``)."""
+        with self._errors():
+            async with asyncio.timeout(self._timeout):
+                tunnels = await self._native.tunnels.aio(timeout=math.ceil(self._timeout))
+        tunnel = tunnels.get(port)
+        if tunnel is None:
+            opened = ", ".join(map(str, sorted(tunnels))) or "none"
+            raise SandboxError(
+                f"expose({port}): Modal opens a sandbox's ports only at create, and port {port} "
+                f"was not among them (opened: {opened}); create with SandboxSpec(ports=({port},))",
+                provider=self.provider,
+                sandbox_id=self.id,
+            )
+        return PortURL(port, tunnel.url)
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """``snapshot_filesystem``: an Image of the sandbox's files (not its processes),
+        kept for the entry's ``snapshot_ttl``; ``name`` stays on the `Snapshot` only."""
+        with self._errors():
+            async with asyncio.timeout(_SNAPSHOT_SECONDS + self._timeout):
+                image = await self._native.snapshot_filesystem.aio(
+                    timeout=_SNAPSHOT_SECONDS, ttl=self._snapshot_ttl
+                )
+        return Snapshot(image.object_id, self.provider, name)
 
     async def kill(self) -> None:
         """Terminate the sandbox, then release this handle's connection to it."""

@@ -6,19 +6,26 @@ loopback ``MODAL_SERVER_URL``) plays both of Modal's services on the
 apps, images, secrets, auth tokens, V1 and V2 sandboxes) and the task
 command router (`emulators.modal.command_router`: exec, stdio, stdin, and
 through it ``Sandbox.filesystem``, whose ``modal-sandbox-fs-tools`` is
-`emulators.modal.fs_tools`). RPCs outside those flows answer UNIMPLEMENTED
-and are logged and counted by name (`ModalEmulator.unimplemented`).
-Sandboxes are real local sandboxes (`emulators.modal.sandboxes`) that end
-after their ``timeout`` or ``idle_timeout``, as on Modal.
+`emulators.modal.fs_tools`, and filesystem snapshots). RPCs outside those
+flows answer UNIMPLEMENTED and are logged and counted by name
+(`ModalEmulator.unimplemented`). Sandboxes are real local sandboxes
+(`emulators.modal.sandboxes`) that end after their ``timeout`` or
+``idle_timeout``, as on Modal. The tunnels of the ports a create declares
+are served by an edge on a port of its own (`emulators.modal.tunnels`);
+`ModalEmulator.resolve` says where their host names point. A filesystem
+snapshot is an image a create can start from, until ``ImageDelete`` or its
+TTL.
 
 Faults come from the shared harness, per operation: ``hello``, ``lookup``
 (AppGetOrCreate), ``environment``, ``image`` (image build and its wait),
 ``secret``, ``auth`` (AuthTokenGet), ``create`` (SandboxCreate and V2),
 ``get`` (wait / poll / task id / tags), ``list``, ``kill`` (terminate),
 ``connect`` (command router access), ``exec`` and ``files`` (execs of
-fs-tools). A status fault answers the gRPC status Modal would
-(`emulators.modal.rpc.fault_error`: 429 is RESOURCE_EXHAUSTED, with an
-``RPCRetryPolicy`` detail when the fault has a ``retry_after``).
+fs-tools), ``port`` (tunnels), ``snapshot`` (filesystem snapshots and
+``ImageDelete``); ``image`` covers ``ImageFromId`` too. A status fault
+answers the gRPC status Modal would (`emulators.modal.rpc.fault_error`: 429
+is RESOURCE_EXHAUSTED, with an ``RPCRetryPolicy`` detail when the fault has
+a ``retry_after``).
 
     with ModalEmulator() as emu:
         os.environ.update(emu.sdk_env())
@@ -33,13 +40,15 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+from aiohttp import web
 from grpclib.server import Server
 
-from emulators.harness import Emulator
+from emulators.harness import Emulator, free_port
 from emulators.modal.command_router import CommandRouter
 from emulators.modal.control import ControlPlane, Images
 from emulators.modal.rpc import DetailsCodec
 from emulators.modal.sandboxes import ModalCore, new_id
+from emulators.modal.tunnels import DOMAIN, TunnelEdge
 
 __all__ = ["TEST_TOKEN_ID", "TEST_TOKEN_SECRET", "ModalEmulator"]
 
@@ -85,6 +94,7 @@ class ModalEmulator(Emulator):
         self.images = Images(set(images) if images is not None else None, image_build_seconds)
         self.list_page_size = list_page_size
         self.unimplemented: Counter[str] = Counter()
+        self.tunnel_port = free_port()
         fd, self._config_path = tempfile.mkstemp(prefix="modal-emulator-", suffix=".toml")
         os.close(fd)
 
@@ -99,15 +109,28 @@ class ModalEmulator(Emulator):
 
     async def serve(self) -> Callable[[], Awaitable[None]]:
         server = Server(
-            [ControlPlane(self), CommandRouter(self)], status_details_codec=DetailsCodec()
+            # fill_unimplemented answers every RPC the bases leave abstract; mypy cannot see it.
+            [ControlPlane(self), CommandRouter(self)],  # type: ignore[abstract]
+            status_details_codec=DetailsCodec(),
         )
         await server.start(self.host, self.port)
+        edge = web.AppRunner(
+            TunnelEdge(self.core).app(), access_log=None, handler_cancellation=True
+        )
+        await edge.setup()
+        await web.TCPSite(edge, self.host, self.tunnel_port).start()
 
         async def stop() -> None:
+            await edge.cleanup()
             server.close()
             await server.wait_closed()
 
         return stop
+
+    def resolve(self, host: str) -> tuple[str, int] | None:
+        """Modal's DNS: every tunnel host name is the tunnel edge."""
+        name = host.rsplit(":", 1)[0].lower()
+        return (self.host, self.tunnel_port) if name.endswith(f".{DOMAIN}") else None
 
     def stop(self) -> None:
         super().stop()

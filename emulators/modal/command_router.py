@@ -11,8 +11,10 @@ stderr from an offset until the command exits, ``TaskExecWait`` /
 ``TaskExecStdinWrite`` or the client stream ``TaskExecStdinWriteStream``
 (``TaskExecStdinStatus`` tells where to resume). An exec with ``pty_info``
 runs on a terminal of its own (`emulators.modal.pty_relay`), its output all
-on stdout. A task whose sandbox has ended is NOT_FOUND. Faults: op
-``exec``, or ``files`` for fs-tools execs.
+on stdout. ``TaskSnapshotFilesystem`` (``Sandbox.snapshot_filesystem``)
+copies the sandbox's files into an image kept for the request's TTL
+(``-1``: until deleted). A task whose sandbox has ended is NOT_FOUND.
+Faults: op ``exec``, ``files`` for fs-tools execs, ``snapshot``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["CommandRouter"]
 
 _CHUNK = 1024 * 1024
+_NO_EXPIRY = -1  # a snapshot's ttl_seconds keeping it until it is deleted
 _Req = Stream[Any, Any]
 
 
@@ -105,7 +108,11 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
         output = execution.output(fd)
         offset = request.offset
         while True:
-            await execution.until(lambda at=offset: len(output) > at or execution.done)
+
+            def ready(at: int = offset) -> bool:
+                return len(output) > at or execution.done
+
+            await execution.until(ready)
             while offset < len(output):
                 chunk = bytes(output[offset : offset + _CHUNK])
                 await stream.send_message(sr.TaskExecStdioReadResponse(data=chunk))
@@ -152,6 +159,20 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
                 num_bytes_written=execution.stdin_written, closed=execution.stdin_closed
             )
         )
+
+    async def TaskSnapshotFilesystem(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        sandbox = self._task(stream, request.task_id)
+        await apply_fault(self.core.faults, stream, "snapshot", sandbox.owner)
+        if request.container_id:
+            raise GRPCError(Status.NOT_FOUND, f"Container {request.container_id} not found")
+        ttl = request.ttl_seconds
+        if ttl != _NO_EXPIRY and ttl <= 0:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, "ttl_seconds must be positive, or -1 for no expiry"
+            )
+        image_id = await self.core.snapshot(sandbox, ttl=None if ttl == _NO_EXPIRY else ttl)
+        await stream.send_message(sr.TaskSnapshotFilesystemResponse(image_id=image_id))
 
 
 def _exit(execution: Exec) -> dict[str, int]:

@@ -1,8 +1,19 @@
 """Modal's control plane (``modal.client.ModalClient``): apps, images, secrets, sandboxes.
 
 The RPCs the SDK calls for ``Client.hello``, ``App.lookup``, ``Sandbox.create`` (V2, and V1
-for GPU sandboxes), ``from_id``, ``list``, ``get_tags``, ``poll`` / ``wait``
-and ``terminate``; every other RPC answers UNIMPLEMENTED.
+for GPU sandboxes), ``from_id``, ``list``, ``get_tags``, ``poll`` / ``wait``,
+``tunnels``, ``terminate``, ``Image.from_id`` and ``modal.experimental.image_delete``
+(and ``SandboxSnapshotFs``, the V1 snapshot the SDK takes with
+``MODAL_USE_LEGACY_FILESYSTEM_SNAPSHOT=1``; otherwise it snapshots through the
+command router); every other RPC answers UNIMPLEMENTED.
+
+A create's ``encrypted_ports`` each get a tunnel (`emulators.modal.tunnels`),
+in the V2 create's answer and in ``SandboxGetTunnels`` / ``SandboxGetTunnelsV2``;
+a port not declared has none. Unencrypted and HTTP/2 ports answer
+UNIMPLEMENTED. A create whose image is a filesystem snapshot
+(`emulators.modal.sandboxes.KeptImage`) starts from a copy of its files;
+``ImageDelete`` deletes a snapshot or a built registry image, NOT_FOUND for
+an id the workspace does not have.
 
 Every request carries ``x-modal-token-id`` / ``x-modal-token-secret``: an
 unknown pair is UNAUTHENTICATED. A token stands for a workspace: it sees
@@ -18,8 +29,10 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from google.protobuf import empty_pb2  # type: ignore[import-untyped]
 from grpclib import GRPCError, Status
 from grpclib.server import Stream
 from modal_proto import api_grpc, api_pb2
@@ -27,6 +40,7 @@ from modal_proto import api_grpc, api_pb2
 from emulators.harness import QuotaViolation
 from emulators.modal.rpc import apply_fault, fill_unimplemented, metadata_value
 from emulators.modal.sandboxes import MODAL_HOME, Container, ModalSandbox, new_id
+from emulators.modal.tunnels import tunnel_host
 from providers.base import SandboxSpec
 
 if TYPE_CHECKING:
@@ -46,6 +60,7 @@ IMAGE_BUILDER_VERSION = "2025.06"
 _AUTH_TOKEN_TTL = 20 * 60
 _ROUTER_TOKEN_TTL = 10 * 60
 _MAX_WAIT = 55.0
+_SUCCESS = api_pb2.GenericResult(status=api_pb2.GenericResult.GENERIC_STATUS_SUCCESS)
 _Req = Stream[Any, Any]
 
 
@@ -125,6 +140,24 @@ class ControlPlane(api_grpc.ModalClientBase):
         result = await self.emu.images.join(request.image_id, min(request.timeout or 55, 55))
         await stream.send_message(api_pb2.ImageJoinStreamingResponse(**result))
 
+    async def ImageFromId(self, stream: _Req) -> None:
+        workspace, request = await self._enter(stream, "image")
+        known = self.core.image(request.image_id, workspace) is not None
+        if not (known or self.emu.images.built(request.image_id)):
+            raise GRPCError(Status.NOT_FOUND, f"Image '{request.image_id}' not found")
+        await stream.send_message(
+            api_pb2.ImageFromIdResponse(
+                image_id=request.image_id, metadata=api_pb2.ImageMetadata(workdir="/")
+            )
+        )
+
+    async def ImageDelete(self, stream: _Req) -> None:
+        workspace, request = await self._enter(stream, "snapshot")
+        deleted = await self.core.delete_image(request.image_id, workspace)
+        if not (deleted or self.emu.images.forget(request.image_id)):
+            raise GRPCError(Status.NOT_FOUND, f"Image '{request.image_id}' not found")
+        await stream.send_message(empty_pb2.Empty())
+
     async def SecretGetOrCreate(self, stream: _Req) -> None:
         _, request = await self._enter(stream, "secret")
         if request.deployment_name and not request.env_dict:
@@ -160,6 +193,7 @@ class ControlPlane(api_grpc.ModalClientBase):
                 task_id=sandbox.task_id,
                 metadata=sandbox.metadata(),
                 command_router_access=self._router_access(sandbox),
+                tunnels=sandbox.tunnel_data(),
             )
         )
 
@@ -194,16 +228,19 @@ class ControlPlane(api_grpc.ModalClientBase):
         definition: api_pb2.Sandbox = request.definition
         if request.app_id not in self.core.apps.values():
             raise GRPCError(Status.NOT_FOUND, f"App '{request.app_id}' not found")
-        if not self.emu.images.built(definition.image_id):
+        kept = self.core.image(definition.image_id, workspace)
+        if kept is None and not self.emu.images.built(definition.image_id):
             raise GRPCError(Status.NOT_FOUND, f"Image '{definition.image_id}' not found")
         if definition.workdir and not definition.workdir.startswith("/"):
             raise GRPCError(Status.INVALID_ARGUMENT, "workdir must be an absolute path")
+        ports = _ports(definition.open_ports.ports)
         tags = {tag.tag_name: tag.tag_value for tag in request.tags}
         sandbox_id = new_id("sb", 22 if not v2 else 26)
+        template = kept.copy if kept is not None else None
         try:
             local = await self.core.create(
                 workspace,
-                SandboxSpec(env=env, labels=tags),
+                SandboxSpec(template=template, env=env, labels=tags),
                 home=MODAL_HOME,
                 dirs=(definition.workdir,) if definition.workdir else (),
                 lifetime=definition.timeout_secs or 300,
@@ -222,6 +259,7 @@ class ControlPlane(api_grpc.ModalClientBase):
             tags=tags,
             definition=definition,
             local=container,
+            tunnels={port: tunnel_host() for port in ports},
         )
         self.core.add(sandbox)
         return sandbox
@@ -287,11 +325,7 @@ class ControlPlane(api_grpc.ModalClientBase):
         return sandbox
 
     def _live_access(self, sandbox: ModalSandbox) -> api_pb2.CommandRouterAccess:
-        if not sandbox.running:
-            raise GRPCError(
-                Status.FAILED_PRECONDITION, f"Sandbox {sandbox.id} has already finished"
-            )
-        return self._router_access(sandbox)
+        return self._router_access(_running(sandbox))
 
     async def SandboxListV2(self, stream: _Req) -> None:
         await self._list(stream, v2=True)
@@ -335,6 +369,32 @@ class ControlPlane(api_grpc.ModalClientBase):
         tags = [api_pb2.SandboxTag(tag_name=k, tag_value=v) for k, v in sandbox.tags.items()]
         await stream.send_message(api_pb2.SandboxTagsGetResponse(tags=tags))
 
+    async def SandboxGetTunnelsV2(self, stream: _Req) -> None:
+        await self._tunnels(stream, v2=True)
+
+    async def SandboxGetTunnels(self, stream: _Req) -> None:
+        await self._tunnels(stream, v2=False)
+
+    async def _tunnels(self, stream: _Req, *, v2: bool) -> None:
+        workspace, request = await self._enter(stream, "port", v2=v2)
+        sandbox = _running(self._sandbox(workspace, request.sandbox_id))
+        await stream.send_message(
+            api_pb2.SandboxGetTunnelsResponse(result=_SUCCESS, tunnels=sandbox.tunnel_data())
+        )
+
+    async def SandboxSnapshotFs(self, stream: _Req) -> None:
+        """The V1 snapshot: an image Modal keeps until it is deleted."""
+        workspace, request = await self._enter(stream, "snapshot")
+        sandbox = _running(self._sandbox(workspace, request.sandbox_id))
+        image_id = await self.core.snapshot(sandbox, ttl=None)
+        await stream.send_message(
+            api_pb2.SandboxSnapshotFsResponse(
+                image_id=image_id,
+                result=_SUCCESS,
+                image_metadata=api_pb2.ImageMetadata(workdir="/"),
+            )
+        )
+
     async def SandboxTerminateV2(self, stream: _Req) -> None:
         await self._terminate(stream, v2=True)
 
@@ -350,6 +410,27 @@ class ControlPlane(api_grpc.ModalClientBase):
         else:
             await self.core.kill(sandbox.id)
         await stream.send_message(response)
+
+
+def _running(sandbox: ModalSandbox) -> ModalSandbox:
+    if not sandbox.running:
+        raise GRPCError(Status.FAILED_PRECONDITION, f"Sandbox {sandbox.id} has already finished")
+    return sandbox
+
+
+def _ports(specs: Iterable[api_pb2.PortSpec]) -> list[int]:
+    """The ports of a create's ``open_ports``: TLS tunnels only (the ones the edge serves)."""
+    ports: list[int] = []
+    for spec in specs:
+        if spec.unencrypted or spec.tunnel_type == api_pb2.TUNNEL_TYPE_H2:
+            raise GRPCError(
+                Status.UNIMPLEMENTED,
+                "unencrypted and HTTP/2 tunnels are not implemented by the Modal emulator",
+            )
+        if not 1 <= spec.port <= 65535:
+            raise GRPCError(Status.INVALID_ARGUMENT, f"Invalid port {spec.port}")
+        ports.append(spec.port)
+    return ports
 
 
 class Images:
@@ -383,6 +464,11 @@ class Images:
         self._tags[image_id] = tag
         self._ready_at.setdefault(image_id, time.monotonic() + self.build_seconds)
         return image_id, self._result(image_id)
+
+    def forget(self, image_id: str) -> bool:
+        """Delete the image ``image_id`` (a later build of its tag makes it again)."""
+        self._tags.pop(image_id, None)
+        return self._ready_at.pop(image_id, None) is not None
 
     def built(self, image_id: str) -> bool:
         result = self._result(image_id).get("result")

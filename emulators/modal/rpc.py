@@ -13,12 +13,13 @@
 
 from __future__ import annotations
 
+import abc
 import asyncio
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import structlog
-from google.protobuf.message import Message
+from google.protobuf.message import Message  # type: ignore[import-untyped]
 from grpclib import GRPCError, Status
 from grpclib.encoding.base import StatusDetailsCodecBase
 from grpclib.server import Stream
@@ -36,7 +37,7 @@ __all__ = [
 
 log = structlog.get_logger("sandbox_router.emulators.modal")
 
-T = TypeVar("T", bound=type)
+T = TypeVar("T", bound=abc.ABCMeta)
 
 _STATUSES = {
     400: Status.INVALID_ARGUMENT,
@@ -102,7 +103,8 @@ class DetailsCodec(StatusDetailsCodecBase):
         body = api_pb2.RPCStatus(code=status.value, message=message or "")
         for detail in details or ():
             body.details.add().Pack(detail, type_url_prefix="type.modal.com/")
-        return body.SerializeToString()
+        encoded: bytes = body.SerializeToString()
+        return encoded
 
     def decode(self, status: Status, message: str | None, data: bytes) -> Any:
         return list(api_pb2.RPCStatus.FromString(data).details)
@@ -114,7 +116,7 @@ def fill_unimplemented(cls: T) -> T:
     Each such call is logged by name and counted in the servicer's
     ``unimplemented`` counter.
     """
-    for name in sorted(getattr(cls, "__abstractmethods__", ())):
+    for name in sorted(cls.__abstractmethods__):
         setattr(cls, name, _unimplemented(name))
     cls.__abstractmethods__ = frozenset()
     return cls

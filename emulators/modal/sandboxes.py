@@ -2,9 +2,14 @@
 
 A Modal sandbox is a `providers.local.LocalSandbox` (real commands, real
 files) plus what Modal keeps around it: the workspace (token id) that owns
-it, its app, tags, environment, its one task (the container: exec'd
-commands go to the task's command router) and, once it has ended, its
-`GenericResult` (terminated, or timed out after its lifetime or idle time).
+it, its app, tags, environment, the tunnels of the ports it declared at
+create, its one task (the container: exec'd commands go to the task's
+command router) and, once it has ended, its `GenericResult` (terminated, or
+timed out after its lifetime or idle time).
+
+A filesystem snapshot is an image (`KeptImage`): a copy of the sandbox's
+directory in the local provider's snapshot store, owned by the workspace,
+until it is deleted or its TTL passes; a create from it starts on a copy.
 
 Ids have Modal's shapes: ``sb-`` + 22 base62 characters is a V1 sandbox
 (the SDK routes such ids to the V1 RPCs), longer ids are V2 sandboxes;
@@ -33,10 +38,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpclib import GRPCError, Status
 from modal_proto import api_pb2
 
 from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
+from providers.errors import ProviderError
 from providers.local import LocalProcess
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "MODAL_HOME",
     "Container",
     "Exec",
+    "KeptImage",
     "ModalCore",
     "ModalSandbox",
     "Tokens",
@@ -266,6 +274,7 @@ class ModalSandbox:
     result: api_pb2.GenericResult | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     execs: dict[str, Exec] = field(default_factory=dict)
+    tunnels: dict[int, str] = field(default_factory=dict)  # declared port -> tunnel host
 
     @property
     def workdir(self) -> str:
@@ -357,6 +366,25 @@ class ModalSandbox:
             metadata.result.CopyFrom(self.result)
         return metadata
 
+    def tunnel_data(self) -> list[api_pb2.TunnelData]:
+        """The tunnels as Modal describes them: TLS on port 443 of each tunnel's host."""
+        return [
+            api_pb2.TunnelData(host=host, port=443, container_port=port)
+            for port, host in self.tunnels.items()
+        ]
+
+
+@dataclass
+class KeptImage:
+    """A filesystem snapshot: an image whose files are a copy the local provider keeps."""
+
+    copy: str  # the id of the copy in the local provider's snapshot store
+    owner: str
+    expires_at: float | None  # time.time(); None: kept until deleted
+
+    def live(self, now: float) -> bool:
+        return self.expires_at is None or now < self.expires_at
+
 
 class ModalCore(EmulatorCore):
     """`EmulatorCore` that also knows apps, images, secrets and Modal's sandbox states."""
@@ -369,10 +397,39 @@ class ModalCore(EmulatorCore):
         self.secrets: dict[str, dict[str, str]] = {}
         self.named_secrets: dict[str, str] = {}
         self.tokens = Tokens()
+        self.tunnel_hosts: dict[str, tuple[ModalSandbox, int]] = {}
+        self.kept: dict[str, KeptImage] = {}
 
     def add(self, sandbox: ModalSandbox) -> None:
         self.modal[sandbox.id] = sandbox
         self.tasks[sandbox.task_id] = sandbox
+        for port, host in sandbox.tunnels.items():
+            self.tunnel_hosts[host] = (sandbox, port)
+
+    async def snapshot(self, sandbox: ModalSandbox, ttl: float | None) -> str:
+        """Copy ``sandbox``'s filesystem into a new image its workspace owns; the image id."""
+        try:
+            copy = await sandbox.local.snapshot()
+        except ProviderError as exc:
+            raise GRPCError(Status.INTERNAL, f"Filesystem snapshot failed: {exc.message}") from None
+        image_id = new_id("im")
+        expires_at = time.time() + ttl if ttl is not None else None
+        self.kept[image_id] = KeptImage(copy.id, sandbox.owner, expires_at)
+        return image_id
+
+    def image(self, image_id: str, workspace: str) -> KeptImage | None:
+        """The snapshot image ``image_id`` when ``workspace`` owns it and its TTL has not passed."""
+        kept = self.kept.get(image_id)
+        if kept is None or kept.owner != workspace or not kept.live(time.time()):
+            return None
+        return kept
+
+    async def delete_image(self, image_id: str, workspace: str) -> bool:
+        """Delete a snapshot image and its copy; False when the workspace has no such image."""
+        if self.image(image_id, workspace) is None:
+            return False
+        await self.local.delete_snapshot(self.kept.pop(image_id).copy)
+        return True
 
     async def kill(self, sandbox_id: str, ended_by: str = "kill") -> bool:
         sandbox = self.modal.get(sandbox_id)
@@ -388,3 +445,8 @@ class ModalCore(EmulatorCore):
             idle = sandbox.definition.idle_timeout_secs
             if sandbox.running and idle and sandbox.idle_for(now) >= idle:
                 await self.kill(sandbox.id, "idle")
+        wall = time.time()
+        for image_id, kept in list(self.kept.items()):
+            if not kept.live(wall):
+                del self.kept[image_id]
+                await self.local.delete_snapshot(kept.copy)

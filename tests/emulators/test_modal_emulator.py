@@ -11,7 +11,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import modal
+import modal.experimental
 import pytest
 import structlog
 from grpclib.exceptions import StreamTerminatedError
@@ -21,7 +23,8 @@ from modal_proto import api_pb2
 from emulators.harness import Emulator, free_port
 from emulators.modal import TEST_TOKEN_ID, TEST_TOKEN_SECRET, ModalEmulator
 from emulators.modal.control import CONCURRENCY_MESSAGE, QUOTA_MESSAGE
-from tests.polling import until
+from emulators.modal.tunnels import DOMAIN
+from tests.polling import until, wait_until
 
 IMAGE = "python:3.12-slim"
 
@@ -45,8 +48,8 @@ def client(emu: ModalEmulator) -> Iterator[Any]:
 
 def create(client: Any, app_name: str = "contract", **kw: Any) -> Any:
     app = modal.App.lookup(app_name, create_if_missing=True, client=client)
-    image = modal.Image.from_registry(IMAGE)
-    return modal.Sandbox.create(app=app, image=image, client=client, **kw)
+    kw.setdefault("image", modal.Image.from_registry(IMAGE))
+    return modal.Sandbox.create(app=app, client=client, **kw)
 
 
 def test_sync_sdk(emu: ModalEmulator, client: Any) -> None:
@@ -338,13 +341,113 @@ def test_unimplemented_rpcs_are_logged_by_name(emu: ModalEmulator, client: Any) 
     sb = create(client)
     try:
         with structlog.testing.capture_logs() as events, pytest.raises(mx.UnimplementedError):
-            sb.tunnels()
-        assert emu.unimplemented == {"SandboxGetTunnelsV2": 1}
-        assert [e["rpc"] for e in events if "unimplemented" in e["event"]] == [
-            "SandboxGetTunnelsV2"
-        ]
+            sb.set_tags({"team": "b"})
+        assert emu.unimplemented == {"SandboxTagsSetV2": 1}
+        assert [e["rpc"] for e in events if "unimplemented" in e["event"]] == ["SandboxTagsSetV2"]
     finally:
         sb.terminate()
+
+
+def through_tunnel(emu: ModalEmulator, url: str) -> httpx.Response:
+    """GET ``url`` (a tunnel's) where Modal's DNS would send it: the emulator's edge."""
+    parsed = httpx.URL(url)
+    target = emu.resolve(parsed.host)
+    assert target is not None
+    edge = parsed.copy_with(scheme="http", host=target[0], port=target[1])
+    return httpx.get(edge, headers={"Host": parsed.host}, timeout=5)
+
+
+def test_tunnels_of_declared_ports_reach_a_server_in_the_sandbox(
+    emu: ModalEmulator, client: Any
+) -> None:
+    port, other = free_port(), free_port()
+    sb = create(client, encrypted_ports=[port])
+    try:
+        sb.filesystem.write_text("through the tunnel", "/root/site/hello.txt")
+        sb.exec(
+            "python3", "-m", "http.server", str(port), "--bind", "127.0.0.1", workdir="/root/site"
+        )
+        emu.inject("port", status=403)
+        tunnels = sb.tunnels()  # no call: the V2 create's answer carried them
+        assert list(tunnels) == [port]
+        tunnel = tunnels[port]
+        assert (tunnel.port, tunnel.url) == (443, f"https://{tunnel.host}")
+        assert tunnel.host.endswith(f".{DOMAIN}")
+        with pytest.raises(mx.PermissionDeniedError):  # a new handle asks SandboxGetTunnelsV2
+            modal.Sandbox.from_id(sb.object_id, client=client).tunnels()
+        assert modal.Sandbox.from_id(sb.object_id, client=client).tunnels() == tunnels
+
+        page = tunnel.url + "/hello.txt"
+        wait_until(lambda: through_tunnel(emu, page).status_code == 200, seconds=15)
+        assert through_tunnel(emu, page).text == "through the tunnel"
+        assert through_tunnel(emu, f"https://nope.{DOMAIN}/").status_code == 404
+        with pytest.raises(mx.UnimplementedError, match="unencrypted"):
+            create(client, unencrypted_ports=[other])
+    finally:
+        sb.terminate()
+    assert through_tunnel(emu, page).status_code == 502
+    with pytest.raises(mx.ConflictError, match="finished"):
+        modal.Sandbox.from_id(sb.object_id, client=client).tunnels()
+
+
+def test_filesystem_snapshot_is_an_image_a_create_starts_from(
+    emu: ModalEmulator, client: Any
+) -> None:
+    registry = modal.Image.from_registry(IMAGE)
+    sb = create(client, image=registry)
+    try:
+        sb.filesystem.write_text("kept", "/root/app/state.txt")
+        image = sb.snapshot_filesystem()
+        with pytest.raises(mx.InvalidError, match="ttl"):
+            sb.snapshot_filesystem(ttl=0)
+        forever = sb.snapshot_filesystem(ttl=None)
+    finally:
+        sb.terminate()
+    assert image.object_id.startswith("im-")
+    assert emu.core.kept[forever.object_id].expires_at is None
+    expires_at = emu.core.kept[image.object_id].expires_at
+    assert expires_at is not None
+    assert expires_at - time.time() == pytest.approx(30 * 24 * 3600, abs=60)
+
+    child = create(client, image=modal.Image.from_id(image.object_id, client=client))
+    try:
+        assert child.filesystem.read_text("/root/app/state.txt") == "kept"
+    finally:
+        child.terminate()
+
+    modal.experimental.image_delete(image.object_id, client=client)
+    with pytest.raises(mx.NotFoundError, match="not found"):
+        modal.experimental.image_delete(image.object_id, client=client)
+    with pytest.raises(mx.NotFoundError, match="not found"):
+        create(client, image=modal.Image.from_id(image.object_id, client=client))
+    emu.core.kept[forever.object_id].expires_at = time.time()  # its TTL passed
+    with pytest.raises(mx.NotFoundError):
+        create(client, image=modal.Image.from_id(forever.object_id, client=client))
+    wait_until(lambda: not emu.core.kept)
+    assert emu.core.kept == {}  # the reaper deleted its copy
+    modal.experimental.image_delete(registry.object_id, client=client)  # any built image
+    assert not emu.images.built(registry.object_id)
+
+
+def test_v1_sandboxes_take_the_v1_tunnel_and_legacy_snapshot_rpcs(
+    emu: ModalEmulator, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    sb = create(client, gpu="T4", encrypted_ports=[port])
+    try:
+        assert not emu.core.modal[sb.object_id].v2
+        assert list(sb.tunnels()) == [port]  # SandboxGetTunnels: a V1 create answers none
+        sb.filesystem.write_text("v1", "/root/v1.txt")
+        monkeypatch.setenv("MODAL_USE_LEGACY_FILESYSTEM_SNAPSHOT", "1")
+        image = sb.snapshot_filesystem()  # SandboxSnapshotFs
+        assert emu.core.kept[image.object_id].expires_at is None
+    finally:
+        sb.terminate()
+    child = create(client, image=modal.Image.from_id(image.object_id, client=client))
+    try:
+        assert child.filesystem.read_text("/root/v1.txt") == "v1"
+    finally:
+        child.terminate()
 
 
 def test_emulator_listens_on_the_port_it_is_given() -> None:

@@ -16,6 +16,7 @@ import structlog
 from emulators.harness import Emulator, free_port
 from emulators.modal import TEST_TOKEN_ID, TEST_TOKEN_SECRET, ModalEmulator
 from emulators.modal.control import CONCURRENCY_MESSAGE, QUOTA_MESSAGE
+from emulators.modal.tunnels import DOMAIN
 from providers import provider_class
 from providers.base import SandboxSpec
 from providers.errors import (
@@ -206,6 +207,43 @@ async def test_gpu_sandboxes_use_the_v1_backend(
     assert await provider.kill(sbx.id) is True
 
 
+async def test_ports_are_declared_at_create_and_exposed_as_their_tunnels(
+    emu: ModalEmulator, provider: ModalProvider
+) -> None:
+    port, other = free_port(), free_port()
+    sbx = await provider.create(SandboxSpec(ports=(port,)), timeout=5)
+    try:
+        assert list(emu.core.modal[sbx.id].tunnels) == [port]
+        exposed = await sbx.expose(port)
+        assert exposed.url.startswith("https://")
+        assert exposed.url.endswith(f".{DOMAIN}")
+        assert exposed.headers == {}
+        assert await (await provider.connect(sbx.id)).expose(port) == exposed
+        with pytest.raises(SandboxError, match=rf"ports=\({other},\)") as refused:
+            await sbx.expose(other)
+        assert f"opened: {port}" in refused.value.message
+    finally:
+        await sbx.kill()
+
+
+async def test_snapshots_are_images_kept_for_the_entrys_ttl(emu: ModalEmulator) -> None:
+    adapter = ModalProvider("modal-a", options(emu, snapshot_ttl=None))
+    sbx = await adapter.create(SandboxSpec(), timeout=5)
+    try:
+        kept = await sbx.snapshot("named")
+    finally:
+        await sbx.kill()
+    assert (kept.entry, kept.name, kept.id[:3]) == ("modal-a", "named", "im-")
+    assert emu.core.kept[kept.id].expires_at is None
+    assert await adapter.delete_snapshot(kept.id) is True
+    with pytest.raises(NotFound, match="not found"):
+        await adapter.create(SandboxSpec(template=kept.id), timeout=5)
+    assert await adapter.delete_snapshot("base") is False  # no Image id: no call
+    with pytest.raises(ValueError, match="snapshot_ttl"):
+        options(emu, snapshot_ttl=0)
+    await adapter.aclose()
+
+
 CONCURRENCY = CONCURRENCY_MESSAGE.format(limit=10)
 QUOTA = QUOTA_MESSAGE.format(limit=100)
 
@@ -335,6 +373,9 @@ async def test_workspaces_side_by_side() -> None:
         ("connect", {"status": 500}, "connect_run", Unavailable),
         ("kill", {"status": 500}, "kill", Unavailable),
         ("kill", {"hang": True}, "kill", Unavailable),
+        ("port", {"status": 503}, "expose", Unavailable),
+        ("snapshot", {"status": 403}, "snapshot", AuthError),
+        ("snapshot", {"status": 503}, "delete_snapshot", Unavailable),
     ],
 )
 async def test_operation_faults_map_to_router_errors(
@@ -358,6 +399,9 @@ async def test_operation_faults_map_to_router_errors(
         "connect": lambda: adapter.connect(sbx.id),
         "connect_run": connect_run,
         "kill": lambda: adapter.kill(sbx.id),
+        "expose": lambda: sbx.expose(8000),
+        "snapshot": sbx.snapshot,
+        "delete_snapshot": lambda: adapter.delete_snapshot("im-" + "0" * 22),
     }
     emu.inject(op, times=None, **fault)
     started = time.monotonic()
