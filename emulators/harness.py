@@ -198,6 +198,9 @@ class SandboxRecord:
         return self.killed_at is None
 
 
+_DISK_MB = 10 * 1024  # a sandbox disk of several GiB, as the vendors give
+
+
 class EmulatorCore:
     """Sandboxes, records, quotas and faults of one emulated account set."""
 
@@ -217,7 +220,9 @@ class EmulatorCore:
         # that runs the commands runs them bare.
         options = LocalOptions(root=root, isolation=isolation)  # type: ignore[arg-type]
         self.isolate = LocalProvider(f"{name}-emulator", options).use_bwrap
-        self.local = LocalProvider(f"{name}-emulator", LocalOptions(root=root, isolation="none"))
+        # A vendor bounds a file by its sandbox's disk, not by the local 512 MiB rlimit.
+        unbounded = LocalOptions(root=root, isolation="none", file_size_mb=_DISK_MB)
+        self.local = LocalProvider(f"{name}-emulator", unbounded)
 
     # -- accounts ---------------------------------------------------------
     def key_ok(self, api_key: str | None) -> bool:
