@@ -571,6 +571,15 @@ class Provider(abc.ABC):
         """Delete a snapshot `Sandbox.snapshot` made; False when it did not exist."""
         raise Unsupported(self.name, Capability.SNAPSHOT)
 
+    async def keep_warm(self, template: str | None, size: int) -> int:
+        """Have the vendor keep ``size`` sandboxes of ``template`` (None: the entry's
+        default) ready, so that a create of it is served at once; 0 ends the pool.
+
+        Idempotent: it sets the vendor's pool to ``size`` whatever it was. Returns
+        how many the vendor holds ready now.
+        """
+        raise Unsupported(self.name, Capability.WARM_SERVER)
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release SDK clients; called when the router closes."""
 

@@ -32,6 +32,7 @@ class Capability(StrEnum):
     PORT = "port"  # expose a port as a URL the app can reach
     PAUSE = "pause"  # pause a sandbox (its bill stops, its files stay), resume it by id
     SNAPSHOT = "snapshot"  # a sandbox's filesystem as a template for later creates
+    WARM_SERVER = "warm.server"  # the vendor keeps sandboxes of a template ready for creates
 
 
 AGENT_WORK = frozenset(
