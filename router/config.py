@@ -185,11 +185,17 @@ class BreakerSettings(_Strict):
 
 class WarmConfig(_Strict):
     """A warm pool: ``size`` sandboxes kept ready, each killed after ``max_idle`` seconds
-    unclaimed; ``pause`` parks them paused (the entry must declare ``pause``)."""
+    unclaimed; ``pause`` parks them paused (the entry must declare ``pause``).
+
+    ``server``: the vendor holds them (``warm.server``, Daytona's warm pools: the
+    router only sizes the vendor's pool and creates are served from it) rather
+    than the router. Unset: the vendor's pool where the entry declares
+    ``warm.server`` and ``pause`` is off, else the router's."""
 
     size: Annotated[Int, Field(ge=0, le=1000)]
     max_idle: Annotated[Float, Field(gt=0, le=7 * 24 * 3600)] = 600.0
     pause: Bool = False
+    server: Bool | None = None
 
 
 class EntryConfig(_Strict):

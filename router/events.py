@@ -68,6 +68,7 @@ __all__ = [
     "WarmCreated",
     "WarmKilled",
     "WarmMissed",
+    "WarmSized",
     "emit",
     "log_hook",
 ]
@@ -374,6 +375,19 @@ class WarmCreated(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class WarmSized(Event):
+    """The vendor's own warm pool for ``entry`` (``warm.server``) was set to ``size``
+    sandboxes (0: drained while the entry fails, ``reason`` says why, or dropped from
+    the config); the vendor held ``ready`` of them then."""
+
+    name: ClassVar[str] = "warm_sized"
+    entry: str
+    size: int
+    ready: int
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class WarmKilled(Event):
     """A warm sandbox left the pool unclaimed and was killed. ``reason``: ``max_idle``,
     ``unreachable`` (a claim could not connect to it), or ``drained: <why>`` (the
@@ -418,6 +432,7 @@ RouterEvent = (
     | WarmMissed
     | WarmCreated
     | WarmKilled
+    | WarmSized
 )
 
 
@@ -464,6 +479,7 @@ def log_hook(event: RouterEvent) -> None:
             | WarmMissed()
             | WarmCreated()
             | WarmKilled()
+            | WarmSized()
         ):
             _line(logging.INFO, event.name, event.fields)
         case _:

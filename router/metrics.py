@@ -76,6 +76,7 @@ from router.events import (
     WarmCreated,
     WarmKilled,
     WarmMissed,
+    WarmSized,
 )
 
 if TYPE_CHECKING:
@@ -317,6 +318,8 @@ class RouterMetrics:
                 self._warm(event)
             case StateWarning() | SessionClosed() | FreesOwed() | TaskFailed() | OutageHandedOver():
                 pass  # nothing to count
+            case WarmSized():
+                pass  # the vendor's ready count is the warm_ready gauge
             case _:
                 assert_never(event)
 
@@ -408,7 +411,8 @@ class StateCollector(Collector):
         yield gauge("live_leases", "Unexpired leases held on the entry, fleet-wide.", ("entry",))
         yield gauge(
             "warm_ready",
-            "Warm sandboxes ready to claim in the entry's pool, fleet-wide (entries with warm).",
+            "Warm sandboxes ready to claim in the entry's pool, fleet-wide (entries with warm; "
+            "for a vendor-held pool, what the vendor last said it held).",
             ("entry",),
         )
         yield gauge(

@@ -20,6 +20,14 @@ ready, fleet-wide, recorded in the state store (`router.state.warm`):
   them all while the entry fails (`policies.warm.failing`: breaker open,
   misconfigured, provider quota exhausted, no ``sandbox_seconds`` left).
 
+Where the vendor holds ready sandboxes itself (``warm.server``: Daytona's
+warm pools), the router holds none: the refill, under the same fleet lock,
+sets the vendor's pool to ``size`` (`Provider.keep_warm`), to 0 while the
+entry fails or once its ``warm`` is dropped, and acquires create as usual,
+served from the vendor's pool. Nothing is claimed from the store, so such
+an entry has no hits or misses; ``warm_ready`` is what the vendor last said
+it held.
+
 How the seconds are metered is `policies.warm`'s docstring. Closing a
 router leaves the pools to the fleet: the sandboxes are the fleet's, and
 expire from the store (and so fall to the janitor) when no replica is left
@@ -44,7 +52,7 @@ from providers.base import (
     SandboxSpec,
 )
 from providers.capabilities import Capability
-from providers.errors import ConfigError, StateUnavailable, Unavailable
+from providers.errors import ConfigError, ProviderError, StateUnavailable, Unavailable
 from router.config import WarmConfig
 from router.context import Context
 from router.entries import Entry
@@ -56,6 +64,7 @@ from router.events import (
     WarmCreated,
     WarmKilled,
     WarmMissed,
+    WarmSized,
 )
 from router.lease import Held
 from router.ledger import RESERVE_GRACE, Booking, Denied, Ledger
@@ -74,6 +83,10 @@ class WarmPools:
         self._ledger = ledger
         self._upkeep = upkeep
         self.settings: dict[str, WarmConfig] = {}
+        self.server: set[str] = set()  # entries whose pool the vendor holds
+        self._vendor_ready: dict[str, int] = {}
+        self._sized: dict[str, int] = {}  # the size this replica last set a vendor pool to
+        self._dropped: set[str] = set()  # vendor pools to end (their warm was dropped)
         for entry in ctx.entries.values():
             if entry.cfg.warm is not None:
                 self.configure(entry.name, entry.cfg.warm)
@@ -87,19 +100,27 @@ class WarmPools:
         if entry is None:
             known = ", ".join(self._ctx.entries)
             raise ValueError(f"no entry {name!r} in this router (entries: {known})")
+        server = warm is not None and _held_by_vendor(name, warm, entry)
         if warm is not None and warm.pause and Capability.PAUSE not in entry.capabilities:
             raise ConfigError(
                 f"{name}.warm.pause: the entry does not declare the 'pause' capability"
             )
-        if warm is None or warm.size == 0:
+        kept = warm is not None and warm.size > 0
+        if name in self.server and not (kept and server):
+            self._dropped.add(name)  # the vendor's pool is ended by the next pass
+        self.server.discard(name)
+        if warm is None or not kept:
             self.settings.pop(name, None)
-        else:
-            self.settings[name] = warm
+            return
+        self.settings[name] = warm
+        if server:
+            self.server.add(name)
+            self._dropped.discard(name)
 
     def fits(self, entry: Entry, spec: SandboxSpec | None, labels: Mapping[str, str]) -> bool:
         """Can a warm sandbox of ``entry`` serve this acquire? Only when the entry
         has a pool and the acquire asks for nothing a warm sandbox was not made with."""
-        if entry.name not in self.settings:
+        if entry.name not in self.settings or entry.name in self.server:
             return False
         if any(key != LABEL_SESSION for key in labels):
             return False
@@ -191,7 +212,8 @@ class WarmPools:
                 await asyncio.wait_for(self._kick.wait(), every)
 
     async def fill(self) -> dict[str, int]:
-        """One pass over every warm pool: kill the idle and the drained, refill the rest.
+        """One pass over every warm pool: kill the idle and the drained, refill the rest,
+        and size the pools vendors hold (those dropped from the config to 0).
 
         Returns how many each pool holds ready after the pass; a pool whose
         lock another replica held (it refills it) is left out.
@@ -199,8 +221,16 @@ class WarmPools:
         if await self._ledger.outage.active(self._ledger.store):
             return {}  # the pools live in the shared store; the outage ledger has none
         passes = {
-            name: self._fill(self._ctx.entries[name], warm) for name, warm in self.settings.items()
+            name: (
+                self._size_vendor(self._ctx.entries[name], warm.size)
+                if name in self.server
+                else self._fill(self._ctx.entries[name], warm)
+            )
+            for name, warm in self.settings.items()
         }
+        passes.update(
+            {name: self._size_vendor(self._ctx.entries[name], 0) for name in self._dropped}
+        )
         results = await asyncio.gather(*passes.values(), return_exceptions=True)
         ready: dict[str, int] = {}
         for name, result in zip(passes, results, strict=True):
@@ -210,7 +240,41 @@ class WarmPools:
                 raise result
             elif result is not None:
                 ready[name] = result
-        return ready
+        self._dropped.difference_update(n for n in passes if n not in self.settings and n in ready)
+        return {name: count for name, count in ready.items() if name in self.settings}
+
+    async def _size_vendor(self, entry: Entry, size: int) -> int | None:
+        """Set the vendor's own pool of ``entry`` to ``size``, or to 0 while the entry
+        fails; under the fleet lock, so one replica sizes it. Returns what the vendor
+        holds ready (None: another replica holds the lock, or the vendor failed)."""
+        store, name = self._ledger.store, f"warm:{entry.name}"
+        token = secrets.token_hex(8)
+        if not await store.lock(name, token, self._ctx.config.create_timeout + 30.0,
+                                self._ctx.clock()):  # fmt: skip
+            return None
+        try:
+            why = None
+            if size:
+                now = self._ctx.clock()
+                snap = await store.snapshot([entry.ref], now)
+                why = failing(
+                    snap.entries[entry.name].breaker, snap.pools[entry.ref.pool].used,
+                    entry.ref.limits, now,
+                )  # fmt: skip
+            wanted = 0 if why else size
+            try:
+                ready = await entry.provider.keep_warm(entry.cfg.template, wanted)
+            except ProviderError as exc:
+                self._ctx.emit(TaskFailed("warm keep_warm", f"{type(exc).__name__}: {exc}"))
+                return None
+            self._vendor_ready[entry.name] = ready
+            if self._sized.get(entry.name) != wanted:
+                self._sized[entry.name] = wanted
+                self._ctx.emit(WarmSized(entry.name, wanted, ready, why))
+            return ready
+        finally:
+            with contextlib.suppress(StateUnavailable):
+                await store.unlock(name, token)
 
     async def _fill(self, entry: Entry, warm: WarmConfig) -> int | None:
         store, name = self._ledger.store, f"warm:{entry.name}"
@@ -327,6 +391,10 @@ class WarmPools:
         now = self._ctx.clock()
         counts = {}
         for name in self.settings:
+            if name in self.server:
+                if name in self._vendor_ready:
+                    counts[name] = self._vendor_ready[name]
+                continue
             records = await self._ledger.store.warm_list(self._ctx.entries[name].ref, now)
             counts[name] = sum(1 for r in records.values() if r.deadline > now)
         return counts
@@ -342,3 +410,16 @@ class WarmPools:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+def _held_by_vendor(name: str, warm: WarmConfig, entry: Entry) -> bool:
+    """Whether the vendor holds ``entry``'s warm pool (``warm.server``; by default
+    wherever the entry declares it, unless the pool is to be parked paused)."""
+    declared = Capability.WARM_SERVER in entry.capabilities
+    if warm.server and not declared:
+        raise ConfigError(
+            f"{name}.warm.server: the entry does not declare the 'warm.server' capability"
+        )
+    if warm.server and warm.pause:
+        raise ConfigError(f"{name}.warm.pause: a pool the vendor holds cannot be parked paused")
+    return declared and not warm.pause if warm.server is None else warm.server

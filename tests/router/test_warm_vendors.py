@@ -25,7 +25,8 @@ def test_another_replica_claims_it_through_the_vendor_sdk(
 ) -> None:
     name, emu = vendor
     maker, claimer = build(name, emu, tmp_path), build(name, emu, tmp_path)
-    chain = [{"name": "v", "provider": maker.kind, "warm": {"size": 1, "max_idle": 120}}]
+    warm = {"size": 1, "max_idle": 120, "server": False}  # held by the router, not Daytona
+    chain = [{"name": "v", "provider": maker.kind, "warm": warm}]
     one = make_router(chain=chain, providers={"v": maker.provider}, warm_refill_every=0)
     two = make_router(chain=chain, providers={"v": claimer.provider}, warm_refill_every=0)
     assert one.fill_warm() == {"v": 1}
