@@ -4,7 +4,9 @@ One loopback HTTP server plays three Daytona services on one port:
 
 * the control-plane API under ``/api`` (`emulators.daytona.api`): create,
   get, list, delete, start, stop, last-activity, and snapshots of sandboxes
-  (`emulators.daytona.snapshots`);
+  (`emulators.daytona.snapshots`); warm pools, which make sandboxes of a
+  snapshot ahead of the creates they serve (`emulators.daytona.warm_pools`);
+  and the deployment's configuration (``/api/config``);
 * the notification gateway, Socket.IO at ``/api/socket.io/``: a client
   authenticates with ``auth={"token": <API key>}``, joins its
   organization's room and receives ``sandbox.created`` and
@@ -21,6 +23,7 @@ variables for it.
 Faults come from the shared harness, per operation: ``create``, ``list``,
 ``get``, ``kill`` (delete), ``start``, ``stop``, ``keepalive``
 (last-activity), ``snapshot`` (a sandbox's snapshot and ``/api/snapshots``),
+``warm_pool`` (``/api/warm-pools``),
 ``exec`` (everything under ``/process``) and ``files``;
 plus ``boot``, taken when a sandbox starts booting: a status fault makes it
 end in ``error`` (``build_failed`` for an image) with the fault's message,
@@ -45,6 +48,7 @@ from emulators.daytona.api import CONCURRENCY_MESSAGE, SandboxApi, api_error, be
 from emulators.daytona.sandboxes import Box, DaytonaCore
 from emulators.daytona.snapshots import Captured
 from emulators.daytona.toolbox import PROXY, Toolbox, daemon_error
+from emulators.daytona.warm_pools import WarmPools
 from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
 
 __all__ = ["TEST_API_KEY", "DaytonaEmulator"]
@@ -78,6 +82,8 @@ def _op_for(request: web.Request) -> str | None:
         return {"process": "exec", "files": "files"}.get(parts[2])
     if parts[:2] == ["api", "snapshots"]:
         return "snapshot"
+    if parts[:2] == ["api", "warm-pools"]:
+        return "warm_pool"
     if parts[:2] != ["api", "sandbox"]:
         return None
     rest = parts[2:]
@@ -144,6 +150,7 @@ class DaytonaEmulator(Emulator):
         self.snapshots = set(snapshots) if snapshots is not None else None
         self.captured: dict[str, Captured] = {}  # the snapshots made of sandboxes, by id
         self.boot_seconds = boot_seconds
+        self.warm_pools: WarmPools | None = None  # made when serving: they run on its loop
         self._sio: Any = None
         self._emits: set[asyncio.Task[None]] = set()
 
@@ -204,6 +211,7 @@ class DaytonaEmulator(Emulator):
     # -- serving --------------------------------------------------------------
     async def serve(self) -> Callable[[], Awaitable[None]]:
         api = SandboxApi(self)
+        api.warm = self.warm_pools = WarmPools(api)
         toolbox = Toolbox(self)
         app = web.Application(
             middlewares=[
@@ -217,7 +225,7 @@ class DaytonaEmulator(Emulator):
             ],
             client_max_size=256 * 1024 * 1024,
         )
-        app.add_routes(api.routes() + toolbox.routes())
+        app.add_routes(api.routes() + self.warm_pools.routes() + toolbox.routes())
         self._sio = self._gateway(app)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()

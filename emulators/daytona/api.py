@@ -19,6 +19,10 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
   the background (`emulators.daytona.snapshots`); ``GET|DELETE
   /api/snapshots/{idOrName}`` read and delete such a snapshot, and a create
   naming it starts from its files.
+* A create matching a warm pool is served by one of its ready sandboxes
+  (`emulators.daytona.warm_pools`, which also holds ``/api/warm-pools``).
+* ``GET /api/config``, public: the deployment's configuration, whose
+  ``defaultSnapshot`` is what a create naming no snapshot starts from.
 
 A sandbox belongs to the organization of the key that created it: other
 keys get 404 ("Sandbox not found"). Account limits come from the harness:
@@ -35,7 +39,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiohttp import web
 
@@ -48,8 +52,16 @@ from providers.errors import ProviderError
 
 if TYPE_CHECKING:
     from emulators.daytona import DaytonaEmulator
+    from emulators.daytona.warm_pools import WarmPools
 
-__all__ = ["CONCURRENCY_MESSAGE", "CREATED_MESSAGE", "ApiError", "SandboxApi", "api_error"]
+__all__ = [
+    "CONCURRENCY_MESSAGE",
+    "CREATED_MESSAGE",
+    "ApiError",
+    "Lifecycle",
+    "SandboxApi",
+    "api_error",
+]
 
 CONCURRENCY_MESSAGE = "Total CPU limit exceeded. Maximum allowed: {limit}."
 CREATED_MESSAGE = "Total sandbox limit exceeded. Maximum allowed: {limit}."
@@ -125,6 +137,24 @@ def _int(body: dict[str, Any], name: str, default: int, minimum: int | None = 0)
     return value
 
 
+class Lifecycle(NamedTuple):
+    """A create's lifecycle intervals in minutes (`Box` fields of the same names)."""
+
+    auto_stop: int
+    auto_delete: int
+    auto_archive: int
+    ttl: int
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Lifecycle:
+        return cls(
+            auto_stop=_int(body, "autoStopInterval", DEFAULT_AUTO_STOP),
+            auto_delete=_int(body, "autoDeleteInterval", -1, minimum=None),
+            auto_archive=_int(body, "autoArchiveInterval", DEFAULT_AUTO_ARCHIVE),
+            ttl=_int(body, "ttlMinutes", 0),
+        )
+
+
 def bearer(request: web.Request) -> str | None:
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     return key if scheme.lower() == "bearer" and key else None
@@ -138,10 +168,12 @@ class SandboxApi:
         self.core = emulator.core
         self._boots: set[asyncio.Task[None]] = set()  # boots, snapshot copies and removals
         self._preview_tokens: dict[str, str] = {}
+        self.warm: WarmPools | None = None  # set by the emulator: creates claim from its pools
 
     def routes(self) -> list[web.RouteDef]:
         one = "/api/sandbox/{sandbox}"
         return [
+            web.get("/api/config", self.config),
             web.post("/api/sandbox", self.create),
             web.get("/api/sandbox", self.list),
             web.get(one, self.get),
@@ -163,7 +195,11 @@ class SandboxApi:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         """Authenticate, and answer `ApiError` in the API's shape."""
-        if not request.path.startswith("/api/") or request.path.startswith("/api/socket.io"):
+        if (
+            not request.path.startswith("/api/")
+            or request.path.startswith("/api/socket.io")
+            or request.path == "/api/config"
+        ):
             return await handler(request)
         if not self.core.key_ok(bearer(request)):
             return api_error(401, "Unauthorized", request.path)
@@ -172,13 +208,13 @@ class SandboxApi:
         except ApiError as exc:
             return api_error(exc.status, exc.message, request.path)
 
-    def _key(self, request: web.Request) -> str:
+    def key(self, request: web.Request) -> str:
         key = bearer(request)
         assert key is not None
         return key
 
     def _box(self, request: web.Request) -> Box:
-        box = self.core.find(request.match_info["sandbox"], self._key(request))
+        box = self.core.find(request.match_info["sandbox"], self.key(request))
         if box is None:
             raise ApiError(404, "Sandbox not found")
         return box
@@ -186,7 +222,7 @@ class SandboxApi:
     def _dto(self, box: Box, *, listed: bool = False) -> dict[str, Any]:
         return box.dto(self.emulator.toolbox_url, listed=listed)
 
-    async def _json(self, request: web.Request) -> dict[str, Any]:
+    async def json_body(self, request: web.Request) -> dict[str, Any]:
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
@@ -195,13 +231,38 @@ class SandboxApi:
             raise ApiError(400, "request body must be a JSON object")
         return body
 
+    async def config(self, request: web.Request) -> web.Response:
+        """The deployment's public configuration (``DaytonaConfiguration``): what a client
+        reads of it here is ``defaultSnapshot``, the snapshot of a create naming none."""
+        url = self.emulator.url
+        return web.json_response(
+            {
+                "version": "0.226.1-emulated",
+                "oidc": {
+                    "issuer": f"{url}/oidc",
+                    "clientId": "daytona-emulator",
+                    "audience": "daytona",
+                    "provider": "emulated",
+                },
+                "linkedAccountsEnabled": False,
+                "announcements": {},
+                "proxyTemplateUrl": f"{url}/preview/{{{{sandboxId}}}}/{{{{PORT}}}}",
+                "proxyToolboxUrl": self.emulator.toolbox_url,
+                "defaultSnapshot": DEFAULT_SNAPSHOT,
+                "dashboardUrl": f"{url}/dashboard",
+                "maxAutoArchiveInterval": 30 * 24 * 60,
+                "maintananceMode": False,
+                "environment": "emulated",
+            }
+        )
+
     # -- create -----------------------------------------------------------
     async def create(self, request: web.Request) -> web.Response:
-        key = self._key(request)
-        body = await self._json(request)
+        key = self.key(request)
+        body = await self.json_body(request)
         labels = _string_map(body.get("labels"), "labels")
         env = _string_map(body.get("env"), "env")
-        snapshot, build_info, captured = self._source(body, key)
+        snapshot, build_info, captured = self.source(body, key)
         name = body.get("name")
         if name is not None and not isinstance(name, str):
             raise ApiError(400, "name must be a string")
@@ -219,6 +280,16 @@ class SandboxApi:
             raise ApiError(
                 400, "Cannot specify Sandbox resources when using a snapshot; use an image"
             )
+        intervals = Lifecycle.of(body)
+        if self.warm is not None and build_info is None and snapshot is not None:
+            source = captured.id if captured is not None else snapshot
+            claimed = self.warm.claim(
+                body, key, source, name=name, labels=labels, intervals=intervals
+            )
+            if claimed is not None:
+                self.core.add(claimed)
+                self.emulator.announce("sandbox.created", claimed)
+                return web.json_response(self._dto(claimed))
         sandbox_id = str(uuid.uuid4())
         spec = SandboxSpec(
             env=env, labels=labels, template=captured.local_id if captured is not None else None
@@ -238,10 +309,7 @@ class SandboxApi:
             env=env,
             snapshot=snapshot,
             target=str(body.get("target") or "us"),
-            auto_stop=_int(body, "autoStopInterval", DEFAULT_AUTO_STOP),
-            auto_delete=_int(body, "autoDeleteInterval", -1, minimum=None),
-            auto_archive=_int(body, "autoArchiveInterval", DEFAULT_AUTO_ARCHIVE),
-            ttl=_int(body, "ttlMinutes", 0),
+            **intervals._asdict(),
             public=bool(body.get("public")),
             network_block_all=bool(body.get("networkBlockAll")),
             build_info=build_info,
@@ -257,16 +325,16 @@ class SandboxApi:
         if fault is None and not self.emulator.boot_seconds and build_info is None:
             self.core.set_state(box, "started")
         else:
-            box.boot = self._background(self._boot(box, fault))
+            box.boot = self.background(self._boot(box, fault))
         return web.json_response(self._dto(box))
 
-    def _background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def background(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._boots.add(task)
         task.add_done_callback(self._boots.discard)
         return task
 
-    def _source(
+    def source(
         self, body: dict[str, Any], key: str
     ) -> tuple[str | None, dict[str, Any] | None, Captured | None]:
         """The snapshot name, or the build info of an image, the create names; and the
@@ -368,7 +436,7 @@ class SandboxApi:
         """Start a snapshot of the sandbox: the answer shows it ``snapshotting``; the copy
         runs in the background (`_capture`)."""
         box = self._box(request)
-        body = await self._json(request)
+        body = await self.json_body(request)
         name = body.get("name")
         if not isinstance(name, str) or not name.strip():
             raise ApiError(400, "name must be a non-empty string")
@@ -378,7 +446,7 @@ class SandboxApi:
             raise ApiError(400, "Sandbox must be in started or stopped state to create a snapshot")
         previous = box.state
         self.core.set_state(box, "snapshotting")
-        self._background(self._capture(box, name, previous))
+        self.background(self._capture(box, name, previous))
         return web.json_response(self._dto(box))
 
     async def _capture(self, box: Box, name: str, previous: str) -> None:
@@ -415,7 +483,7 @@ class SandboxApi:
 
     def _captured(self, request: web.Request) -> Captured:
         wanted = request.match_info["snapshot"]
-        found = find(self.emulator.captured.values(), wanted, org_of(self._key(request)))
+        found = find(self.emulator.captured.values(), wanted, org_of(self.key(request)))
         if found is None:
             raise ApiError(404, f"Snapshot {wanted} not found")
         return found
@@ -429,7 +497,7 @@ class SandboxApi:
         snap = self._captured(request)
         if snap.state != "removing":
             snap.state, snap.updated = "removing", time.time()
-            self._background(self._remove(snap))
+            self.background(self._remove(snap))
         return web.Response(status=200)
 
     async def _remove(self, snap: Captured) -> None:
@@ -473,7 +541,7 @@ class SandboxApi:
         return web.json_response({"url": self.emulator.toolbox_url})
 
     async def list(self, request: web.Request) -> web.Response:
-        key = self._key(request)
+        key = self.key(request)
         query = request.query
         try:
             wanted = _string_map(json.loads(query["labels"]), "labels") if "labels" in query else {}

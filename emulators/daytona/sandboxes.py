@@ -276,6 +276,7 @@ class Box:
     terminals: dict[str, Terminal] = field(default_factory=dict)
     interpreter: Interpreter | None = None
     boot: asyncio.Task[None] | None = None
+    from_pool: str | None = None  # the warm pool whose sandbox served the create
 
     @property
     def organization_id(self) -> str:

@@ -39,6 +39,7 @@ from daytona import (
 
 from emulators.daytona import TEST_API_KEY, DaytonaEmulator
 from emulators.harness import Emulator
+from emulators.latency import LatencyProfile
 from tests.polling import until
 
 
@@ -514,3 +515,64 @@ async def test_a_sandboxs_snapshot_is_a_source_for_creates_until_deleted(
     await until(lambda: snap.id not in emu.captured)
     with pytest.raises(DaytonaNotFoundError, match="Snapshot emu-snap not found"):
         await client.snapshot.delete("emu-snap")
+
+
+async def test_a_warm_pool_serves_creates_of_its_snapshot_at_once(
+    emu: DaytonaEmulator, client: AsyncDaytona, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daytona_api_client_async.exceptions import ApiException, NotFoundException
+
+    monkeypatch.setattr(emu.core, "latency", LatencyProfile(0.3, 0.4))
+    pool = await client.warm_pool.create("warm-snap", pool=2)
+    assert (pool.snapshot, pool.target, pool.pool, pool.os_user) == (
+        "warm-snap",
+        "us",
+        2,
+        "daytona",
+    )
+    with pytest.raises(ApiException) as twice:
+        await client.warm_pool.create("warm-snap", pool=1)
+    assert twice.value.status == 409
+
+    async def ready(wanted: int) -> int:
+        """The pool's ready count once it reaches ``wanted`` (or after 3 s)."""
+        for _ in range(60):
+            (listed,) = [p for p in await client.warm_pool.list() if p.id == pool.id]
+            if listed.current_size == wanted:
+                break
+            await asyncio.sleep(0.05)
+        return int(listed.current_size)
+
+    assert await ready(2) == 2
+    assert await api(emu, "GET", "/warm-pools", key="dtn_" + "0" * 64) == (200, [])
+
+    served = await client.create(
+        CreateSandboxFromSnapshotParams(snapshot="warm-snap", labels={"job": "w"}), timeout=10
+    )
+    cold = await client.create(CreateSandboxFromSnapshotParams(snapshot="cold-snap"), timeout=10)
+    with_env = await client.create(
+        CreateSandboxFromSnapshotParams(snapshot="warm-snap", env_vars={"A": "1"}), timeout=10
+    )
+    assert emu.core.boxes[served.id].from_pool == pool.id
+    assert (emu.core.boxes[cold.id].from_pool, emu.core.boxes[with_env.id].from_pool) == (
+        None,
+        None,
+    )
+    assert (served.state, served.labels["job"], served.snapshot) == ("started", "w", "warm-snap")
+    assert (await served.process.exec("echo warm")).result.strip() == "warm"
+    assert [s.id async for s in client.list(ListSandboxesQuery(labels={"job": "w"}))] == [served.id]
+    await until(lambda: len(emu.alive()) == 5)
+    assert len(emu.alive()) == 5, "the pool made a sandbox in place of the one it served"
+
+    drained = await client.warm_pool.update(pool.id, pool=0)
+    assert (drained.pool, drained.current_size) == (0, 0)
+    assert len(emu.alive()) == 3
+    await client.warm_pool.update(pool.id, pool=1)
+    assert await ready(1) == 1
+    await client.warm_pool.delete(pool.id)
+    assert len(emu.alive()) == 3
+    with pytest.raises(NotFoundException) as gone:
+        await client.warm_pool.delete(pool.id)
+    assert json.loads(gone.value.body)["message"] == f"Warm pool {pool.id} not found"
+    for sandbox in (served, cold, with_env):
+        await sandbox.delete()
