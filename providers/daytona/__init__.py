@@ -11,7 +11,8 @@ no retry switch (it retries nothing but a refused or dropped connection,
 twice, and GETs dropped mid-way), so the router's retry policy is the one.
 
 Modules: ``options`` (the entry's options), ``provider`` (create, connect,
-list, kill and the clean-up of failed creates), ``sandbox`` (commands, files,
+list, kill, the clean-up of failed creates and Daytona's server-side warm
+pools, ``keep_warm``), ``sandbox`` (commands, files,
 code), ``states`` (what Daytona's sandbox states mean here) and ``errors``
 (the one mapping of SDK exceptions).
 """

@@ -9,7 +9,9 @@ stop (``auto_delete_interval`` 0) unless the entry says otherwise. Resources
 (cpu, memory, disk) apply to image-based sandboxes: a snapshot fixes its own.
 A snapshot made of a sandbox (`DaytonaSandbox.snapshot`) is named by its id,
 which names a snapshot whatever ``template_source`` says; `delete_snapshot`
-deletes it.
+deletes it. `keep_warm` sizes Daytona's own warm pool of the snapshot a
+create starts from: Daytona then serves a matching create (no env) from a
+sandbox it made before, and makes another.
 
 When a create fails after Daytona accepted it, the sandbox is deleted
 before the error is raised: the SDK names it on a timeout and in an
@@ -41,6 +43,7 @@ from providers.errors import NotFound, ProviderError, Unavailable
 
 if TYPE_CHECKING:
     from daytona import AsyncDaytona, AsyncSandbox
+    from daytona.common.warm_pool import WarmPool
 
 __all__ = ["DaytonaProvider"]
 
@@ -67,6 +70,7 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
             Capability.PAUSE,
             Capability.PORT,
             Capability.SNAPSHOT,
+            Capability.WARM_SERVER,
             *FILE_WORK,
             *(AGENT_WORK - {Capability.STDIN}),  # an async command's stdin never closes
         }
@@ -75,6 +79,7 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
 
     def __init__(self, name: str = "daytona", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
+        self._default_snapshot: str | None = None
 
     @property
     def opts(self) -> DaytonaOptions:
@@ -246,6 +251,102 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
             return False
         log.debug("sandbox_router.daytona.snapshot_deleted", entry=self.name, snapshot=found.id)
         return True
+
+    async def keep_warm(self, template: str | None, size: int) -> int:
+        """Size Daytona's warm pool of the snapshot a create of ``template`` starts from.
+
+        Daytona keeps one pool per snapshot and region, and hands one of its
+        sandboxes to a create of that snapshot (in the entry's ``target``)
+        that asks for the snapshot's own resources, no env, volumes or
+        secrets: so a spec with ``env`` is a normal create. The pool is found
+        by listing (another replica may have made it; a 409 on create means
+        one just did), made when missing, resized when its size differs; 0
+        drains it by an update (the SDK's way), so the pool stays for the
+        next size. An entry creating from an image has no snapshot to pool.
+
+        Returns:
+            The sandboxes Daytona holds ready (``current_size``), as it answered.
+        """
+        daytona = self._api()
+        with sdk_errors(self.name):
+            async with asyncio.timeout(self.opts.request_timeout):
+                snapshot = await self._pooled_snapshot(template)
+                for _ in range(2):
+                    pool = await self._warm_pool(snapshot)
+                    if pool is None and size == 0:
+                        return 0
+                    if pool is None:
+                        try:
+                            with sdk_errors(self.name):
+                                pool = await daytona.warm_pool.create(
+                                    snapshot, size, target=self.opts.target
+                                )
+                        except ProviderError as err:
+                            if err.status == 409:
+                                continue
+                            raise
+                    elif pool.pool != size:
+                        pool = await daytona.warm_pool.update(pool.id, size)
+                    log.debug(
+                        "sandbox_router.daytona.warm_pool",
+                        entry=self.name,
+                        snapshot=snapshot,
+                        size=size,
+                        ready=pool.current_size,
+                    )
+                    return int(pool.current_size)
+        raise ProviderError(
+            f"Daytona answered 409 for a warm pool of {snapshot} that it does not list",
+            provider=self.name,
+            status=409,
+        )
+
+    async def _pooled_snapshot(self, template: str | None) -> str:
+        """The snapshot a create of ``template`` starts from: the template read as
+        `_params` reads it, else the entry's snapshot, else Daytona's default (its
+        configuration's ``defaultSnapshot``, read once)."""
+        from daytona.common.snapshot import is_snapshot_id
+
+        opts = self.opts
+        image = opts.image
+        if template is not None:
+            if opts.template_source == "snapshot" or is_snapshot_id(template):
+                return template
+            image = template
+        if image is not None:
+            raise ProviderError(
+                f"Daytona keeps warm pools of snapshots only; {self.name} creates from "
+                f"image {image!r}: give the entry a snapshot",
+                provider=self.name,
+            )
+        if opts.snapshot is not None:
+            return opts.snapshot
+        if self._default_snapshot is None:
+            # The SDK reads /config only for itself (`_config_api`); it has no public call.
+            config = await self._api()._config_api.config_controller_get_config()
+            self._default_snapshot = config.default_snapshot
+        return self._default_snapshot
+
+    async def _warm_pool(self, snapshot: str) -> WarmPool | None:
+        """The organization's pool of ``snapshot`` in the entry's region.
+
+        With no ``target`` set, Daytona's default region is the one pool of the
+        snapshot there is; several pools (regions) then need the entry's target.
+        """
+        target = self.opts.target
+        found = [
+            pool
+            for pool in await self._api().warm_pool.list()
+            if pool.snapshot == snapshot and target in (None, pool.target)
+        ]
+        if len(found) > 1:
+            regions = ", ".join(sorted(pool.target for pool in found))
+            raise ProviderError(
+                f"Daytona has warm pools of {snapshot} in several regions ({regions}): "
+                f"set the target of {self.name}",
+                provider=self.name,
+            )
+        return found[0] if found else None
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
         from daytona import ListSandboxesQuery

@@ -16,10 +16,13 @@ import pytest
 import structlog
 
 from emulators.daytona import TEST_API_KEY, DaytonaEmulator
+from emulators.daytona.api import DEFAULT_SNAPSHOT
 from emulators.daytona.sandboxes import Box
+from emulators.daytona.warm_pools import WarmPool
 from emulators.harness import Emulator, free_port
 from providers import provider_class
 from providers.base import LABEL_LEASE, SandboxSpec
+from providers.capabilities import Capability
 from providers.daytona import DaytonaOptions, DaytonaProvider, DaytonaSandbox
 from providers.daytona.processes import KILLED, SESSION_PREFIX
 from providers.daytona.sandbox import SNAPSHOT_PREFIX
@@ -597,3 +600,59 @@ def test_a_released_sandbox_frees_the_cpu_limit_for_the_next_acquire(
     first.release()
     with router.acquire() as third:
         assert third.entry == "daytona"
+
+
+@pytest.fixture
+async def pools(emu: DaytonaEmulator) -> AsyncIterator[dict[str, WarmPool]]:
+    """The emulator's warm pools, all deleted (through the SDK) after the test."""
+    from daytona import AsyncDaytona, DaytonaConfig
+
+    assert emu.warm_pools is not None
+    yield emu.warm_pools.pools
+    daytona = AsyncDaytona(DaytonaConfig(**emu.sdk_config()))
+    for pool in await daytona.warm_pool.list():
+        await daytona.warm_pool.delete(pool.id)
+    await daytona.close()
+
+
+async def test_keep_warm_sizes_daytonas_pool_of_the_entrys_snapshot(
+    emu: DaytonaEmulator, provider: DaytonaProvider, pools: dict[str, WarmPool]
+) -> None:
+    assert Capability.WARM_SERVER in provider.capabilities
+    assert await provider.keep_warm(None, 0) == 0
+    assert pools == {}, "size 0 makes no pool"
+    assert await provider.keep_warm(None, 2) == 0
+    (pool,) = pools.values()
+    assert (pool.snapshot, pool.target, pool.size) == (DEFAULT_SNAPSHOT, "us", 2)
+    await until(lambda: len(pool.ready) == 2)
+    assert await provider.keep_warm(None, 2) == 2, "a second call changes nothing"
+    assert (list(pools.values()), pool.size) == ([pool], 2)
+
+    served = await provider.create(SandboxSpec(labels={"job": "warm"}), timeout=5)
+    assert box(emu, served.id).from_pool == pool.id
+    assert box(emu, served.id).labels["job"] == "warm"
+    with_env = await provider.create(SandboxSpec(env={"A": "1"}), timeout=5)
+    assert box(emu, with_env.id).from_pool is None, "Daytona serves no custom env from a pool"
+    for sandbox in (served, with_env):
+        await sandbox.kill()
+
+    await until(lambda: len(pool.ready) == 2)
+    assert await provider.keep_warm(None, 1) == 1
+    assert await provider.keep_warm(None, 0) == 0
+    assert (list(pools.values()), pool.size, emu.alive()) == ([pool], 0, [])
+
+
+async def test_keep_warm_names_a_template_snapshot_and_refuses_an_image(
+    emu: DaytonaEmulator, pools: dict[str, WarmPool]
+) -> None:
+    adapter = DaytonaProvider("daytona-w", options(emu, snapshot="entry-snap"))
+    imaged = DaytonaProvider("daytona-i", options(emu, image="python:3.12"))
+    try:
+        assert await adapter.keep_warm("other-snap", 1) == 0
+        assert await adapter.keep_warm(None, 1) == 0
+        assert sorted(pool.snapshot for pool in pools.values()) == ["entry-snap", "other-snap"]
+        with pytest.raises(ProviderError, match="warm pools of snapshots only"):
+            await imaged.keep_warm(None, 1)
+    finally:
+        await adapter.aclose()
+        await imaged.aclose()
