@@ -35,7 +35,7 @@ from policies import quota
 from policies.breaker import EXHAUSTED, MISCONFIGURED, BreakerState, Circuit
 from policies.quota import LeaseSlot, Limits, PoolState
 
-__all__ = ["Claim", "WarmRecord", "claim", "failing", "put", "take"]
+__all__ = ["Claim", "WarmRecord", "claim", "failing", "put", "take", "vendor_pool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +165,22 @@ def failing(
     if limit is not None and used.get("sandbox_seconds", 0.0) >= limit:
         return "quota"
     return None
+
+
+def vendor_pool(
+    size: int, health: BreakerState, used: Mapping[str, float], limits: Limits, now: float
+) -> tuple[int, str | None]:
+    """The size to set a pool the vendor holds (``warm.server``) to, and why it is 0.
+
+    As `failing` drains the router's own pools, and one more reason: no
+    ``sessions`` left. The vendor's ready sandboxes were spent on nothing yet
+    (each create it serves takes a session then), so none could be handed
+    out until the window resets, and they cost the whole time.
+    """
+    why = failing(health, used, limits, now)
+    if why is None and limits.sessions is not None and used.get("sessions", 0.0) >= limits.sessions:
+        why = "sessions"
+    return (0, why) if why is not None else (size, None)
 
 
 def _used_up(pool: PoolState, limits: Limits, unit: str) -> bool:

@@ -42,7 +42,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import replace
 
-from policies.warm import WarmRecord, failing
+from policies.warm import WarmRecord, failing, vendor_pool
 from providers.base import (
     LABEL_ENTRY,
     LABEL_LEASE,
@@ -253,15 +253,14 @@ class WarmPools:
                                 self._ctx.clock()):  # fmt: skip
             return None
         try:
-            why = None
+            wanted, why = 0, None
             if size:
                 now = self._ctx.clock()
                 snap = await store.snapshot([entry.ref], now)
-                why = failing(
-                    snap.entries[entry.name].breaker, snap.pools[entry.ref.pool].used,
+                wanted, why = vendor_pool(
+                    size, snap.entries[entry.name].breaker, snap.pools[entry.ref.pool].used,
                     entry.ref.limits, now,
                 )  # fmt: skip
-            wanted = 0 if why else size
             try:
                 ready = await entry.provider.keep_warm(entry.cfg.template, wanted)
             except ProviderError as exc:
