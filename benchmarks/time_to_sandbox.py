@@ -7,7 +7,8 @@ lease holds a sandbox ready for commands:
 
 * ``cold``: no warm pool, every acquire creates.
 * ``warm``: a warm pool sized for the load; the sandboxes are made by one
-  replica and claimed by another, as a fleet runs.
+  replica and claimed by another, as a fleet runs. ``warm_daytona_pool``:
+  the pool Daytona holds itself (``warm.server``), each create served from it.
 * ``degraded``: the first entry's creates slowed to 5 s, the second healthy;
   unhedged, then with ``hedge`` on the first entry.
 
@@ -122,6 +123,30 @@ def warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
     return {"provider": VENDOR, "size": size, "sessions_spent": sessions, **summary_ms(times)}
 
 
+def vendor_warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
+    """Acquires served by Daytona's own warm pool (``warm.server``), which the router
+    only sizes: each acquire's create is served from the pool at once, and Daytona
+    refills it in the background (at its published create latency)."""
+    vendor = "daytona"
+    with emulator_process(vendor, PUBLISHED[vendor]) as emu, sdk_environment(emu):
+        config = {"state_url": redis_url, "key_prefix": f"tts-vwarm-{secrets.token_hex(3)}",
+                  "chain": [_entry(vendor, vendor, warm={"size": size})],
+                  "warm_refill_every": 0}  # fmt: skip
+
+        async def run() -> list[float]:
+            async with Router.from_config(config, hooks=[]) as router:
+                deadline = time.monotonic() + 60
+                while (await router.afill_warm()).get(vendor, 0) < size:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"Daytona's pool never held {size}")
+                    await asyncio.sleep(0.2)
+                await _time_acquires(router, 3, pause=0.3)
+                return await _time_acquires(router, n, pause=0.3)
+
+        times = asyncio.run(run())
+    return {"provider": vendor, "size": size, "server": True, **summary_ms(times)}
+
+
 def degraded(redis_url: str, n_unhedged: int, n_hedged: int, after: float) -> dict[str, Any]:
     """The first entry's creates slowed to 5 s, the second (Daytona) healthy: without and
     with ``hedge: {after}`` on the first. The second entry's own cold p99 is taken in the
@@ -181,6 +206,7 @@ def time_to_sandbox(redis_url: str, root: Path, quick: bool) -> dict[str, Any]:
     result["warm_p50_ms"] = warm_run["p50_ms"]
     result["warm_p99_ms"] = warm_run["p99_ms"]
     result["warm_over_cold_p50"] = round(cold_run["p50_ms"] / warm_run["p50_ms"], 1)
+    result["warm_daytona_pool"] = vendor_warm(redis_url, n)
     slow = degraded(redis_url, 3 if quick else 10, 10 if quick else 50, 0.5)
     result["degraded"] = slow
     result["degraded_unhedged_p99_ms"] = slow["unhedged"]["p99_ms"]
@@ -202,4 +228,4 @@ def time_to_sandbox(redis_url: str, root: Path, quick: bool) -> dict[str, Any]:
     return result
 
 
-__all__ = ["cold", "degraded", "skip15", "time_to_sandbox", "warm"]
+__all__ = ["cold", "degraded", "skip15", "time_to_sandbox", "vendor_warm", "warm"]
