@@ -155,14 +155,28 @@ class Container(GuestSandbox):
 
 
 async def _child_of(pid: int) -> int:
-    """The host pid of ``pid``'s child (the holder's bubblewrap init), once it exists."""
+    """The host pid of ``pid``'s child (the holder's bubblewrap init), once its user
+    namespace maps ids.
+
+    bubblewrap writes the maps just after it clones the init, so the init can
+    exist without them; a command joining then fails ("bwrap: Can't send pid:
+    Invalid argument": its unmapped ids cannot pass bwrap's socket), which a
+    loaded machine made happen to a sandbox's first command now and then.
+    """
     deadline = time.monotonic() + _HOLDER_SECONDS
     while time.monotonic() < deadline:
         child = next((p for p in _pids() if _parent(p) == pid), None)
-        if child is not None:
+        if child is not None and _maps_ids(child):
             return child
         await asyncio.sleep(0.01)
     raise OSError(f"the PID namespace holder (pid {pid}) started no init")
+
+
+def _maps_ids(pid: int) -> bool:
+    try:
+        return all(Path(f"/proc/{pid}/{ids}").read_text().strip() for ids in ("uid_map", "gid_map"))
+    except OSError:
+        return False
 
 
 def _pids() -> list[int]:
