@@ -633,7 +633,7 @@ class ModalSandbox(ShellFiles, Sandbox):
             code, err = await asyncio.gather(process.wait.aio(), process.stderr.read.aio())
         if code != 0:
             raise SandboxError(
-                f"read_stream {path}: {err.decode('utf-8', 'replace').strip()}",
+                f"read_stream {path!r}: {_why(err, code)}",
                 provider=self.provider,
                 sandbox_id=self.id,
             )
@@ -654,7 +654,7 @@ class ModalSandbox(ShellFiles, Sandbox):
             code, err = await asyncio.gather(process.wait.aio(), process.stderr.read.aio())
         if code != 0:
             raise SandboxError(
-                f"write_stream {path}: {err.decode('utf-8', 'replace').strip()}",
+                f"write_stream {path!r}: {_why(err, code)}",
                 provider=self.provider,
                 sandbox_id=self.id,
             )
@@ -871,3 +871,8 @@ def _exhausted(message: str, retry_after: float | None, where: Where) -> Provide
 
 
 sdk_errors = ErrorMap(_to_error)
+
+
+def _why(stderr: bytes, code: int) -> str:
+    """What a failed file command said, else how it ended (a signal says nothing)."""
+    return stderr.decode("utf-8", "replace").strip() or f"exit code {code}"
