@@ -207,7 +207,7 @@ def time_to_sandbox(redis_url: str, root: Path, quick: bool) -> dict[str, Any]:
     result["warm_p99_ms"] = warm_run["p99_ms"]
     result["warm_over_cold_p50"] = round(cold_run["p50_ms"] / warm_run["p50_ms"], 1)
     result["warm_daytona_pool"] = vendor_warm(redis_url, n)
-    slow = degraded(redis_url, 3 if quick else 10, 10 if quick else 50, 0.5)
+    slow = degraded(redis_url, 3 if quick else 10, 10 if quick else 200, 0.5)  # p99 not a max
     result["degraded"] = slow
     result["degraded_unhedged_p99_ms"] = slow["unhedged"]["p99_ms"]
     result["degraded_hedged_p99_ms"] = slow["hedged"]["p99_ms"]
