@@ -317,11 +317,13 @@ class TableStore(StateStore):
         await self._transact(unlock)
 
     async def register_replica(
-        self, replica: str, ttl: float, refs: list[EntryRef], now: float
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float, since: float = 0.0
     ) -> FleetView:
         def register(tx: Tables) -> FleetView:
             tx.put("replica", replica, "", now + ttl, now)
-            return FleetView(len(tx.live("replica", now)), _snapshot(tx, refs, now).pools)
+            live = tx.live("replica", now)
+            fresh = sum(1 for _, expires in live.values() if expires >= since + ttl)
+            return FleetView(len(live), _snapshot(tx, refs, now).pools, fresh)
 
         return await self._transact(register)
 
