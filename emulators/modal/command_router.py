@@ -96,9 +96,7 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
             )
             execution = Exec(request.exec_id, op, process)
             sandbox.execs[execution.id] = execution
-            execution.pump = asyncio.create_task(
-                execution.run(request.timeout_secs or None, opts.max_output_bytes)
-            )
+            execution.pump = asyncio.create_task(execution.run(request.timeout_secs or None))
         await stream.send_message(sr.TaskExecStartResponse())
 
     async def TaskExecStdioRead(self, stream: _Req) -> None:
@@ -114,9 +112,10 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
 
             await execution.until(ready)
             while offset < len(output):
-                chunk = bytes(output[offset : offset + _CHUNK])
+                chunk = output.read(offset, _CHUNK)
                 await stream.send_message(sr.TaskExecStdioReadResponse(data=chunk))
                 offset += len(chunk)
+                output.took(offset)
             if execution.done and offset >= len(output):
                 return
 

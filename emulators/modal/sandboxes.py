@@ -191,15 +191,52 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+class OutputLog:
+    """One output stream of an exec, by absolute offset, as the command router serves it.
+
+    Nothing is dropped unread: a 1 GiB ``cat`` comes through whole (a cap here
+    once cut every stream at 10 MiB without a word). What a reader has taken
+    is kept `KEEP` bytes back, for a reader that reconnects and asks again
+    from its last offset, and freed past that.
+    """
+
+    KEEP = 8 * 1024 * 1024
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self.base = 0  # the offset of the first byte still kept
+        self._taken = 0
+
+    def __len__(self) -> int:
+        return self.base + len(self._data)
+
+    def append(self, data: bytes) -> None:
+        self._data += data
+
+    def read(self, offset: int, size: int) -> bytes:
+        if offset < self.base:
+            raise ValueError(f"output offset {offset} is no longer kept (kept from {self.base})")
+        start = offset - self.base
+        return bytes(self._data[start : start + size])
+
+    def took(self, offset: int) -> None:
+        """A reader has taken the output up to ``offset``."""
+        self._taken = max(self._taken, offset)
+        drop = self._taken - self.KEEP - self.base
+        if drop > 0:
+            del self._data[:drop]
+            self.base += drop
+
+
 @dataclass
 class Exec:
-    """One command exec'd through the command router, with its buffered output."""
+    """One command exec'd through the command router, with its output."""
 
     id: str
     op: str
     process: LocalProcess
-    stdout: bytearray = field(default_factory=bytearray)
-    stderr: bytearray = field(default_factory=bytearray)
+    stdout: OutputLog = field(default_factory=OutputLog)
+    stderr: OutputLog = field(default_factory=OutputLog)
     code: int | None = None
     signal: int | None = None
     stdin_written: int = 0
@@ -211,7 +248,7 @@ class Exec:
     def done(self) -> bool:
         return self.code is not None or self.signal is not None
 
-    def output(self, fd: int) -> bytearray:
+    def output(self, fd: int) -> OutputLog:
         return self.stdout if fd == 1 else self.stderr
 
     async def until(self, ready: Callable[[], bool]) -> None:
@@ -237,13 +274,13 @@ class Exec:
             if stdin is not None:
                 stdin.close()
 
-    async def run(self, timeout: float | None, cap: int) -> None:
+    async def run(self, timeout: float | None) -> None:
         """Collect output until the command exits; kill its process group at ``timeout``."""
         proc = self.process.proc
         assert proc.stdout is not None
         assert proc.stderr is not None
         readers = asyncio.gather(
-            self._read(proc.stdout, self.stdout, cap), self._read(proc.stderr, self.stderr, cap)
+            self._read(proc.stdout, self.stdout), self._read(proc.stderr, self.stderr)
         )
         try:
             await asyncio.wait_for(asyncio.shield(readers), timeout)
@@ -258,9 +295,9 @@ class Exec:
             self.code = returncode
         await self._notify()
 
-    async def _read(self, stream: asyncio.StreamReader, into: bytearray, cap: int) -> None:
+    async def _read(self, stream: asyncio.StreamReader, into: OutputLog) -> None:
         while chunk := await stream.read(_CHUNK):
-            into += chunk[: max(cap - len(into), 0)]
+            into.append(chunk)
             await self._notify()
 
     async def _notify(self) -> None:

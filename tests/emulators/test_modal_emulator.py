@@ -23,6 +23,7 @@ from modal_proto import api_pb2
 from emulators.harness import Emulator, free_port
 from emulators.modal import TEST_TOKEN_ID, TEST_TOKEN_SECRET, ModalEmulator
 from emulators.modal.control import CONCURRENCY_MESSAGE, QUOTA_MESSAGE
+from emulators.modal.sandboxes import OutputLog
 from emulators.modal.tunnels import DOMAIN
 from tests.polling import until, wait_until
 
@@ -152,6 +153,23 @@ def test_exec_timeout_stdin_and_streaming(emu: ModalEmulator, client: Any) -> No
         ticks = sb.exec("bash", "-c", "for i in 1 2 3; do echo $i; sleep 0.05; done", bufsize=1)
         assert list(ticks.stdout) == ["1\n", "2\n", "3\n"]
         assert ticks.poll() == 0
+    finally:
+        sb.terminate()
+
+
+def test_a_large_output_comes_through_whole_and_is_not_kept(
+    emu: ModalEmulator, client: Any
+) -> None:
+    """24 MiB of stdout reach the SDK byte for byte (a cap once cut it at 10 MiB
+    silently), and the emulator keeps only a window behind what was read."""
+    sb = create(client)
+    try:
+        size = 24 * 1024 * 1024
+        cat = sb.exec("head", "-c", str(size), "/dev/zero", text=False)
+        got = cat.stdout.read()
+        assert (len(got), cat.wait()) == (size, 0)
+        [execution] = [e for e in emu.core.modal[sb.object_id].execs.values() if e.op]
+        assert execution.stdout.base >= size - OutputLog.KEEP - 1024 * 1024
     finally:
         sb.terminate()
 
