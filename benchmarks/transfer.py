@@ -96,11 +96,19 @@ def _run(provider: str, path: str, env: dict[str, str], options: dict[str, Any],
     here, there = ctx.Pipe()
     child = ctx.Process(target=_measure, args=(provider, path, env, options, big, tree, out, there))
     child.start()
+    there.close()  # the child's end: its exit is then an EOF here, not an hour's wait
+    deadline = time.monotonic() + 3600
+    while not here.poll(1.0) and child.is_alive() and time.monotonic() < deadline:
+        pass
     try:
-        got: dict[str, Any] = here.recv() if here.poll(3600) else {"error": "no answer"}
+        got: dict[str, Any] = here.recv() if here.poll() else {"error": "no answer"}
     except EOFError:
         got = {"error": f"exit {child.exitcode}"}
+    if child.is_alive():
+        child.kill()
     child.join(60)
+    if "error" in got and child.exitcode not in (None, 0):
+        got["error"] += f" (exit {child.exitcode})"
     size = big.stat().st_size / MiB
     for key in ("upload_file_s", "download_file_s"):
         if got.get(key):
