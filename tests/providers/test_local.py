@@ -661,9 +661,9 @@ async def test_a_directory_swapped_for_a_symlink_mid_call_never_leads_outside(
     sandbox: LocalSandbox, tmp_path: Path
 ) -> None:
     """A command swaps ``d`` between a directory and a symlink to a host directory
-    (atomically, as fast as it can) while the file calls run: no call reads or writes outside, and each
-    failure is a SandboxError. (Path checks made before the call let about 1 read in
-    300 through.)"""
+    (atomically, as fast as it can) while the file calls run: no call reads or writes
+    outside, and each failure is a SandboxError. (Path checks made before the call let
+    about 1 read in 300 through.)"""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_bytes(b"host secret")
