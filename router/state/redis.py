@@ -287,19 +287,16 @@ class RedisStore(StateStore):
         await self._script("unlock", [self._keys.lock(name)], [token])
 
     async def register_replica(
-        self, replica: str, ttl: float, refs: list[EntryRef], now: float, since: float = 0.0
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float
     ) -> FleetView:
         key = self._keys.fleet()
-        *_, replicas, fresh = await self._commands(
+        *_, replicas = await self._commands(
             lambda pipe: (
-                pipe.zremrangebyscore(key, "-inf", now)
-                .zadd(key, {replica: now + ttl})
-                .zcard(key)
-                .zcount(key, since + ttl, "+inf")
+                pipe.zremrangebyscore(key, "-inf", now).zadd(key, {replica: now + ttl}).zcard(key)
             ),
             transaction=True,
         )
-        return FleetView(int(replicas), (await self.snapshot(refs, now)).pools, int(fresh))
+        return FleetView(int(replicas), (await self.snapshot(refs, now)).pools)
 
     async def deregister_replica(self, replica: str) -> None:
         await self._commands(lambda pipe: pipe.zrem(self._keys.fleet(), replica))

@@ -317,13 +317,11 @@ class TableStore(StateStore):
         await self._transact(unlock)
 
     async def register_replica(
-        self, replica: str, ttl: float, refs: list[EntryRef], now: float, since: float = 0.0
+        self, replica: str, ttl: float, refs: list[EntryRef], now: float
     ) -> FleetView:
         def register(tx: Tables) -> FleetView:
             tx.put("replica", replica, "", now + ttl, now)
-            live = tx.live("replica", now)
-            fresh = sum(1 for _, expires in live.values() if expires >= since + ttl)
-            return FleetView(len(live), _snapshot(tx, refs, now).pools, fresh)
+            return FleetView(len(tx.live("replica", now)), _snapshot(tx, refs, now).pools)
 
         return await self._transact(register)
 

@@ -247,16 +247,6 @@ async def test_replicas_register_with_a_ttl_and_learn_the_fleet(store: StateStor
     assert (await store.register_replica("r3", 10, [], NOW + 12)).replicas == 1
 
 
-async def test_fresh_counts_the_replicas_registered_since_a_moment(store: StateStore) -> None:
-    """What a replica back from an outage waits on: who registered since it came back."""
-    for name, at in (("r1", NOW), ("r2", NOW + 2), ("r3", NOW + 4)):
-        await store.register_replica(name, 10, [], at)
-    view = await store.register_replica("r4", 10, [], NOW + 5, since=NOW + 2)
-    assert (view.replicas, view.fresh) == (4, 3)  # r2, r3, r4
-    again = await store.register_replica("r1", 10, [], NOW + 6, since=NOW + 2)
-    assert (again.replicas, again.fresh) == (4, 4)
-
-
 async def test_an_outage_spend_is_reconciled_once_per_journal(store: StateStore) -> None:
     a, b = ref("a", "p", sessions=10, concurrent=5), ref("b", "q")
     held = HeldLease("held-1", "a", NOW - 5, 30, "sb-1")
