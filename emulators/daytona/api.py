@@ -270,12 +270,7 @@ class SandboxApi:
             raise ApiError(409, f"Sandbox with name {name} already exists")
         sizes = {k: _int(body, k, v) for k, v in DEFAULT_RESOURCES.items()}
         if captured is not None:
-            sizes = {
-                "cpu": captured.cpu,
-                "gpu": captured.gpu,
-                "memory": captured.memory,
-                "disk": captured.disk,
-            }
+            sizes = captured.resources()
         if build_info is None and any(body.get(k) is not None for k in ("cpu", "memory", "disk")):
             raise ApiError(
                 400, "Cannot specify Sandbox resources when using a snapshot; use an image"

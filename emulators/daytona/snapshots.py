@@ -40,6 +40,10 @@ class Captured:
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
 
+    def resources(self) -> dict[str, int]:
+        """The sizes a sandbox made from it takes (the snapshotted sandbox's)."""
+        return {"cpu": self.cpu, "gpu": self.gpu, "memory": self.memory, "disk": self.disk}
+
     def dto(self) -> dict[str, Any]:
         """The snapshot as the API shows it (``SnapshotDto``)."""
         return {

@@ -136,14 +136,7 @@ class WarmPools:
             raise ApiError(
                 409, f"Warm pool for snapshot {snapshot} in region {target} already exists"
             )
-        resources = dict(DEFAULT_RESOURCES)
-        if captured is not None:
-            resources = {
-                "cpu": captured.cpu,
-                "gpu": captured.gpu,
-                "memory": captured.memory,
-                "disk": captured.disk,
-            }
+        resources = dict(DEFAULT_RESOURCES) if captured is None else captured.resources()
         pool = WarmPool(
             id=str(uuid.uuid4()),
             api_key=key,
