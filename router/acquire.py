@@ -266,16 +266,17 @@ class _Legs(Runner):
 
     def launch(self, entry: Entry, booking: Booking, attempt: int) -> Leg:
         spec = self._spec
+        labels = {
+            **spec.labels,
+            **(self._labels or {}),
+            LABEL_ROUTER: self._a._ctx.config.key_prefix,
+            LABEL_ENTRY: entry.name,
+            LABEL_LEASE: booking.lease_id,
+        }
+        template = spec.template
         if entry.provider.kind != "local" or entry.cfg.template:
-            spec = replace(spec, template=spec.template or entry.cfg.template)
-        spec = spec.with_labels(
-            {
-                **(self._labels or {}),
-                LABEL_ROUTER: self._a._ctx.config.key_prefix,
-                LABEL_ENTRY: entry.name,
-                LABEL_LEASE: booking.lease_id,
-            }
-        )
+            template = template or entry.cfg.template
+        spec = replace(spec, template=template, labels=labels)  # one copy: each one validates
         create = asyncio.ensure_future(entry.provider.create(spec, timeout=booking.budget))
         ends = asyncio.get_running_loop().time() + booking.budget + 1.0
         return Leg(entry, booking, create, self._a._ctx.clock(), attempt, ends)

@@ -53,7 +53,7 @@ class Held:
     store_kind: str = "shared"
     session: str | None = None
     resumed: bool = False
-    committing: asyncio.Task[None] | None = None
+    committing: asyncio.Future[bool | None] | None = None  # the commit, posted
 
 
 class AsyncSandboxHandle(AsyncFiles):

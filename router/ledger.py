@@ -15,6 +15,7 @@ heartbeats and release go where its reservation went.
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -36,7 +37,8 @@ from router.events import (
 )
 from router.lease import Held
 from router.outage import Outage
-from router.state import EntryRef, Reservation, Snapshot, Spend, StateStore
+from router.state import EntryRef, Reservation, Settlement, Snapshot, Spend, StateStore
+from router.state.posted import then
 from router.state.warm import Claim
 
 __all__ = ["RESERVE_GRACE", "Booking", "Denied", "Ledger"]
@@ -213,21 +215,31 @@ class Ledger:
     def _store(self, booking: Booking) -> StateStore:
         return self.store if booking.shared else self.outage.store
 
-    async def commit(
+    def commit(
         self, booking: Booking, sandbox_id: str, now: float, *, ttl: float | None = None
-    ) -> bool | None:
+    ) -> asyncio.Future[bool | None]:
         """Turn the reservation into a live lease (for ``ttl``, default ``lease_ttl``):
-        False when it was lost, None when the store failed (reported)."""
+        False when it was lost, None when the store failed (reported).
+
+        Started before this returns, its answer a future (`router.state.posted`):
+        the upkeep commits a new lease without a task.
+        """
+        settling = self._store(booking).settle(
+            booking.ref,
+            self._breaker,
+            booking.lease_id,
+            now,
+            outcome=Outcome.SUCCESS,
+            ttl=self._ctx.config.lease_ttl if ttl is None else ttl,
+            sandbox_id=sandbox_id,
+        )
+        return then(settling, functools.partial(self._committed, booking, sandbox_id))
+
+    def _committed(
+        self, booking: Booking, sandbox_id: str, settling: asyncio.Future[Settlement]
+    ) -> bool | None:
         try:
-            settled = await self._store(booking).settle(
-                booking.ref,
-                self._breaker,
-                booking.lease_id,
-                now,
-                outcome=Outcome.SUCCESS,
-                ttl=self._ctx.config.lease_ttl if ttl is None else ttl,
-                sandbox_id=sandbox_id,
-            )
+            settled = settling.result()
         except StateUnavailable as exc:
             self.report("commit", exc)
             return None
@@ -329,12 +341,15 @@ class Ledger:
             ),
         )
 
-    async def release(self, booking: Booking) -> float | None:
+    def release(self, booking: Booking) -> asyncio.Future[float | None]:
         """Free the slot and meter the seconds; raises `StateUnavailable` (not reported:
-        the caller decides whether to try again)."""
-        seconds = await self._store(booking).release(
-            booking.ref, booking.lease_id, self._ctx.clock()
-        )
+        the caller decides whether to try again). Started before this returns, as
+        `commit` is."""
+        releasing = self._store(booking).release(booking.ref, booking.lease_id, self._ctx.clock())
+        return then(releasing, functools.partial(self._released, booking))
+
+    def _released(self, booking: Booking, releasing: asyncio.Future[float | None]) -> float | None:
+        seconds = releasing.result()
         if not booking.shared:
             self.outage.released(booking.lease_id, seconds or 0.0)
         elif seconds:

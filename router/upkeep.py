@@ -2,18 +2,21 @@
 
 After an acquire returns, the lease's commit, its heartbeats (one sweeper
 task renews every live lease each ``lease_ttl / 3``) and, at the end, the
-kill and the freeing of its slot all run here, off the caller's path. Each
-is a task that closing the router waits for (`Upkeep.spawn`); the frees a
-pool is still waiting for are tracked so this router's next acquire and its
-status read their own releases (`Upkeep.caught_up`).
+kill and the freeing of its slot all run here, off the caller's path. The
+commit and the free are posted calls answered in callbacks
+(`router.state.posted`), the rest are tasks; closing the router waits for
+all of them (`Upkeep.spawn`, `Upkeep._track`). The frees a pool is still
+waiting for are tracked so this router's next acquire and its status read
+their own releases (`Upkeep.caught_up`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Coroutine, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from providers.base import Sandbox
 from providers.capabilities import Capability
@@ -31,8 +34,11 @@ from router.events import (
 )
 from router.lease import Held
 from router.ledger import RESERVE_GRACE, Booking, Ledger
+from router.state.posted import answered
 
 __all__ = ["Upkeep"]
+
+T = TypeVar("T")
 
 
 class Upkeep:
@@ -43,25 +49,28 @@ class Upkeep:
         self._ledger = ledger
         self.live: dict[str, Held] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
-        self._freeing: dict[str, set[asyncio.Task[None]]] = {}  # pool -> slots being freed
+        self._background: set[asyncio.Future[Any]] = set()
+        self._freeing: dict[str, set[asyncio.Future[None]]] = {}  # pool -> slots being freed
         self._abandoned: set[asyncio.Future[Sandbox]] = set()
         self._owed: dict[str, tuple[Booking, bool]] = {}  # lease id -> frees to try again
         self._retrier: asyncio.Task[None] | None = None
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run ``work`` as a task that closing the router waits for; an error it ends
-        with is reported (a `TaskFailed` event), never left for nobody to see."""
+        """Run ``work`` as a task that closing the router waits for (see `_track`)."""
         task = asyncio.create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(self._report_failure)
+        self._track(task, getattr(work, "__qualname__", task.get_name()))
         return task
 
-    def _report_failure(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            work = task.get_coro()
-            name = getattr(work, "__qualname__", task.get_name())
+    def _track(self, running: asyncio.Future[T], name: str) -> asyncio.Future[T]:
+        """Closing the router waits for ``running``; an error it ends with is reported
+        (a `TaskFailed` event), never left for nobody to see."""
+        self._background.add(running)
+        running.add_done_callback(functools.partial(self._ended, name))
+        return running
+
+    def _ended(self, name: str, running: asyncio.Future[Any]) -> None:
+        self._background.discard(running)
+        if not running.cancelled() and (exc := running.exception()) is not None:
             self._ctx.emit(TaskFailed(name, f"{type(exc).__name__}: {exc}"))
 
     async def caught_up(self, pools: Iterable[str] | None = None) -> None:
@@ -73,20 +82,24 @@ class Upkeep:
             await asyncio.wait(pending)
 
     def start(self, held: Held, booking: Booking) -> None:
-        """Commit a new lease off the caller's path, then keep it alive."""
-        held.committing = self.spawn(self._commit(held, booking))
-        self.keep(held)
-
-    async def _commit(self, held: Held, booking: Booking) -> None:
-        """Turn the reservation into a live lease while the caller already uses the sandbox.
+        """Commit a new lease off the caller's path, then keep it alive.
 
         The reservation holds every unit the lease needs, and it outlives the
         create by RESERVE_GRACE, so the commit is off the caller's path (one
         round trip less per acquire). Only lost state (Redis flushed or
         unreachable) makes it fail, and that is told as a heartbeat that
         finds its lease gone is told. Heartbeats and the release wait for it.
+        It is posted, not a task (`router.state.posted`).
         """
-        if await self._ledger.commit(booking, held.sandbox.id, held.acquired_at) is False:
+        committing = self._ledger.commit(booking, held.sandbox.id, held.acquired_at)
+        committing.add_done_callback(functools.partial(self._committed, held))
+        held.committing = self._track(committing, "commit")
+        self.keep(held)
+
+    def _committed(self, held: Held, committing: asyncio.Future[bool | None]) -> None:
+        if committing.cancelled() or committing.exception() is not None:
+            return  # told by `_ended`
+        if committing.result() is False:
             self._lost(held)
 
     def keep(self, held: Held) -> None:
@@ -135,18 +148,18 @@ class Upkeep:
         """Dispose of the sandbox (``kill=False``: a paused one, left as it is); free the
         slot beside it, off the caller's path.
 
-        The caller waits for the kill only. The slot's release is a task of
-        its own that this router's status, and its next acquire on a pool with
-        a concurrency limit, wait for (`caught_up`): a program that releases
-        and acquires again still finds its slot free. Closing the router
-        waits for it too.
+        The caller waits for the kill only. The slot's release is posted
+        beside it (`_free_slot`); this router's status, and its next acquire on
+        a pool with a concurrency limit, wait for it (`caught_up`): a program
+        that releases and acquires again still finds its slot free. Closing
+        the router waits for it too.
         """
         if held.released:
             return
         held.released = True
         self.live.pop(held.lease_id, None)
         disposing = self.spawn(self._dispose(held)) if kill else None  # first: the caller awaits it
-        freeing = self.spawn(self._free_slot(held))
+        freeing = self._track(self._free_slot(held), "free")
         in_pool = self._freeing.setdefault(self._ctx.entries[held.entry].ref.pool, set())
         in_pool.add(freeing)
         freeing.add_done_callback(in_pool.discard)
@@ -177,10 +190,30 @@ class Upkeep:
         else:
             await self.kill(entry, held.sandbox)
 
-    async def _free_slot(self, held: Held) -> None:
-        booking = await self._booking(held)
+    def _free_slot(self, held: Held) -> asyncio.Future[None]:
+        """Free the slot once the commit has landed (a free never overtakes it), in
+        callbacks rather than a task (`router.state.posted`)."""
+        freed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def free(_: object = None) -> None:
+            try:
+                booking = self._ledger.booking(held, self._ctx.entries[held.entry].ref)
+                releasing = self._ledger.release(booking)
+            except Exception as exc:
+                freed.set_exception(exc)
+                return
+            answer = functools.partial(self._freed, held, booking)
+            releasing.add_done_callback(functools.partial(answered, freed, answer))
+
+        if held.committing is None or held.committing.done():
+            free()
+        else:
+            held.committing.add_done_callback(free)
+        return freed
+
+    def _freed(self, held: Held, booking: Booking, releasing: asyncio.Future[float | None]) -> None:
         try:
-            seconds = await self._ledger.release(booking)
+            seconds = releasing.result()
         except StateUnavailable as exc:
             self._ledger.report("release", exc)
             self._owe(booking, announce=True)

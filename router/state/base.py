@@ -17,6 +17,7 @@ every store.
 from __future__ import annotations
 
 import abc
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
@@ -169,6 +170,11 @@ class LedgerSupport(abc.ABC):
     returns the first answer and applies nothing. Without one, the store
     gives the call its own id, which its internal retries share. A heartbeat
     needs none: repeating it sets the same expiry.
+
+    `settle` and `release` return an awaitable: a coroutine, or a future of a
+    call already sent (the Redis store). The router commits and frees a
+    lease off the caller's path with ``asyncio.ensure_future``, which then
+    costs no task where the store sends at once.
     """
 
     @abc.abstractmethod
@@ -194,7 +200,7 @@ class LedgerSupport(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def settle(
+    def settle(
         self,
         ref: EntryRef,
         cfg: BreakerConfig,
@@ -207,13 +213,13 @@ class LedgerSupport(abc.ABC):
         until: float | None = None,
         sandbox_id: str = "",
         call_id: str = "",
-    ) -> Settlement:
+    ) -> Awaitable[Settlement]:
         """Commit (outcome SUCCESS: the lease goes live for ``ttl``) or refund."""
 
     @abc.abstractmethod
-    async def release(
+    def release(
         self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
-    ) -> float | None:
+    ) -> Awaitable[float | None]:
         """Free the lease's slot and meter its seconds; None if it was not held."""
 
     @abc.abstractmethod

@@ -4,9 +4,11 @@
 Every decision is one Lua script run with EVALSHA (reloaded on NOSCRIPT);
 the scripts live beside this module in ``lua/`` and share ``lib.lua``. The
 happy path of an acquire is two round trips (``reserve``, then ``settle``),
-a release is one. Scripts go through a `router.state.scripts.ScriptRunner`
-(the lean socket of `router.state.resp` where it serves the URL, else
-redis-py); every other command goes through redis-py. Both paths raise
+a release is one; ``settle`` and ``release`` are sent before they return
+(their answers futures), so the router's commit and free need no task.
+Scripts go through a `router.state.scripts.ScriptRunner` (the lean socket
+of `router.state.resp` where it serves the URL, else redis-py); every other
+command goes through redis-py. Both paths raise
 through `router.state.redis_client.state_errors`, the one place that maps
 Redis failures. Key names come from `router.state.redis_keys`.
 """
@@ -18,7 +20,7 @@ import dataclasses
 import functools
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
 
@@ -43,6 +45,7 @@ from router.state.warm import Claim, WarmRecord
 
 __all__ = ["PoolKeys", "RedisStore"]
 
+T = TypeVar("T")
 _USAGE_TTL = 62 * 24 * 3600  # a window's usage outlives it by a month, for status
 _CALL_MS = int(CALL_MEMORY * 1000)
 _JOURNAL_MS = int(JOURNAL_MEMORY * 1000)
@@ -72,6 +75,18 @@ class RedisStore(StateStore):
         script = scripts.script(name)
         with state_errors(self.url):
             return await self._runner.evalsha(script.sha, script.text, keys, args)
+
+    def _post(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], decode: Callable[[Any], T]
+    ) -> asyncio.Future[T]:
+        """The script sent now, its decoded answer a future (see `ScriptRunner.post`)."""
+        script = scripts.script(name)
+        answer = functools.partial(self._answer, decode)
+        return self._runner.post(script.sha, script.text, keys, args, answer)
+
+    def _answer(self, decode: Callable[[Any], T], call: asyncio.Future[Any]) -> T:
+        with state_errors(self.url):
+            return decode(call.result())
 
     async def _commands(
         self, queue: Callable[[Any], object], *, transaction: bool = False
@@ -112,6 +127,10 @@ class RedisStore(StateStore):
                 _CALL_MS,
             ],
         )
+        if raw[:1] == b"+":
+            probe, moved_from, moved_to = raw[1:].decode().split("|")
+            moved = (moved_from, moved_to) if moved_from else None
+            return Reservation(True, probe=probe == "1", transition=moved)
         r = json.loads(raw)
         if r["granted"]:
             transition = (r["from"], r["to"]) if r["from"] else None
@@ -131,7 +150,7 @@ class RedisStore(StateStore):
             False, reason=r["reason"], until=float(r["until_"]), detail=r.get("detail", "")
         )
 
-    async def settle(
+    def settle(
         self,
         ref: EntryRef,
         cfg: BreakerConfig,
@@ -144,8 +163,8 @@ class RedisStore(StateStore):
         until: float | None = None,
         sandbox_id: str = "",
         call_id: str = "",
-    ) -> Settlement:
-        raw = await self._script(
+    ) -> asyncio.Future[Settlement]:
+        return self._post(
             "settle",
             [*self._keys.pool(ref, now), self._keys.memo(ref, call_id)],
             [
@@ -160,20 +179,18 @@ class RedisStore(StateStore):
                 sandbox_id,
                 _CALL_MS,
             ],
+            _settlement,
         )
-        r = json.loads(raw)
-        return Settlement(bool(r["applied"]), (r["from"], r["to"]) if r["from"] else None)
 
-    async def release(
+    def release(
         self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
-    ) -> float | None:
-        raw = await self._script(
+    ) -> asyncio.Future[float | None]:
+        return self._post(
             "release",
             [*self._keys.pool(ref, now), self._keys.memo(ref, call_id)],
             [now, lease_id, _USAGE_TTL, _CALL_MS],
+            _seconds,
         )
-        seconds = json.loads(raw)["seconds"]
-        return None if seconds is False else float(seconds)
 
     async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
         keys = self._keys.pool(ref, now)
@@ -365,6 +382,15 @@ class RedisStore(StateStore):
     async def close(self) -> None:
         await self._runner.aclose()
         await self._redis.aclose()
+
+
+def _settlement(raw: bytes) -> Settlement:
+    applied, *moved = raw.decode().split("|")
+    return Settlement(applied == "1", (moved[0], moved[1]) if moved else None)
+
+
+def _seconds(raw: bytes) -> float | None:
+    return float(raw) if raw else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -9,9 +9,7 @@ on either script runner and for every plain command.
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -49,28 +47,38 @@ _POOL_SIZE = 64  # per router; ?max_connections=N in the URL overrides it
 _POOL_WAIT = 10.0
 
 
-@contextlib.contextmanager
-def state_errors(url: str) -> Iterator[None]:
+class state_errors:  # lower case, as contextlib.suppress: it reads as a function
     """Turn a failure of Redis itself into StateUnavailable naming the store.
 
     Unreachable, and refusing writes (too few replicas, a replica after a
     failover, memory full, a failed snapshot): either way the ledger cannot
     decide, which is the router's fail_closed/fail_open case, not a provider's.
+    A class rather than ``contextlib.contextmanager``: it wraps every script
+    call, and a generator per call cost more than the mapping itself.
     """
-    try:
-        yield
-    except _UNAVAILABLE as exc:
-        raise StateUnavailable(f"state store {url}: {exc}") from exc
-    except redis_errors.ResponseError as exc:
-        code = getattr(exc, "status_code", None)  # redis-py strips the codes it knows
-        if code not in _REFUSALS:
-            found = _REFUSAL_CODE.search(str(exc))
-            code = found.group(1) if found else None
-        if code is None:
-            raise
-        raise StateUnavailable(
-            f"state store {url} refused the write ({code}): {_REFUSALS[code]}"
-        ) from exc
+
+    __slots__ = ("_url",)
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, _UNAVAILABLE):
+            raise StateUnavailable(f"state store {self._url}: {exc}") from exc
+        if isinstance(exc, redis_errors.ResponseError):
+            code = getattr(exc, "status_code", None)  # redis-py strips the codes it knows
+            if code not in _REFUSALS:
+                found = _REFUSAL_CODE.search(str(exc))
+                code = found.group(1) if found else None
+            if code is not None:
+                raise StateUnavailable(
+                    f"state store {self._url} refused the write ({code}): {_REFUSALS[code]}"
+                ) from exc
 
 
 def client(url: str) -> Any:

@@ -9,7 +9,8 @@ Sessions, locks and the replica registry each have a tag of their own.
 
 from __future__ import annotations
 
-import uuid
+import itertools
+import secrets
 from typing import NamedTuple
 
 from policies.quota import MonthlyWindow
@@ -34,6 +35,8 @@ class KeySpace:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self._windows: dict[MonthlyWindow, tuple[float, float, str]] = {}
+        self._calls = itertools.count()
+        self._replica = secrets.token_hex(8)  # call ids of replicas never meet
 
     def pool(self, ref: EntryRef, now: float) -> PoolKeys:
         tag = self._tag(ref.pool)
@@ -47,7 +50,7 @@ class KeySpace:
 
     def memo(self, ref: EntryRef, call_id: str) -> str:
         """Where a script keeps this call's answer for a retry (see `LedgerSupport`)."""
-        return f"{self._tag(ref.pool)}:call:{call_id or uuid.uuid4().hex}"
+        return f"{self._tag(ref.pool)}:call:{call_id or f'{self._replica}.{next(self._calls)}'}"
 
     def warm(self, ref: EntryRef) -> str:
         """The entry's warm records (hash: lease id -> record json), under its pool's tag:

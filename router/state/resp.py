@@ -27,17 +27,21 @@ import asyncio
 import collections
 import functools
 import ssl
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
 import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio.connection import parse_url
 
+from router.state.posted import answered
+
 __all__ = ["ScriptConnection", "supports"]
 
+T = TypeVar("T")
 _RETRIES = 2
+_TRANSPORT = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 _BACKOFF = (0.02, 0.04)
 _SCHEMES = ("redis", "rediss", "unix")
 _SSL_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
@@ -166,7 +170,7 @@ class ScriptConnection:
         for attempt in range(_RETRIES + 1):
             try:
                 reply = await self._once(sha, script, keys, args)
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+            except _TRANSPORT:
                 if attempt == _RETRIES:
                     raise
                 await asyncio.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
@@ -175,6 +179,62 @@ class ScriptConnection:
                 raise _reply_error(reply)
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def post(
+        self,
+        sha: str,
+        script: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        answer: Callable[[asyncio.Future[Any]], T],
+    ) -> asyncio.Future[T]:
+        """`evalsha`, sent before this returns: ``answer`` of the finished call, as a future.
+
+        On this loop's live socket the command is written at once and no task
+        runs: a callback hands the reply to ``answer`` (on NOSCRIPT it sends
+        the script itself first, as `evalsha` does). The cases that need
+        `evalsha`'s retries (no socket yet, a dropped one, a timeout) go on as
+        a task running it.
+        """
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future[T] = loop.create_future()
+        conn = self._conn
+        if conn is None or conn.lost is not None or self._loop is not loop:
+            self._retry_into(out, sha, script, keys, args, answer)
+            return out
+
+        def landed(first: bool, call: asyncio.Future[Any]) -> None:
+            if out.done():
+                return
+            if call.cancelled() or isinstance(call.exception(), _TRANSPORT):
+                self._retry_into(out, sha, script, keys, args, answer)
+                return
+            reply = call.result()
+            if isinstance(reply, hiredis.ReplyError):
+                if first and str(reply).startswith("NOSCRIPT") and conn.lost is None:
+                    loading = conn.send("EVAL", script, len(keys), *keys, *args)
+                    loading.add_done_callback(functools.partial(landed, False))
+                    return
+                call = loop.create_future()
+                call.set_exception(_reply_error(reply))
+            answered(out, answer, call)
+
+        conn.send("EVALSHA", sha, len(keys), *keys, *args).add_done_callback(
+            functools.partial(landed, True)
+        )
+        return out
+
+    def _retry_into(
+        self,
+        out: asyncio.Future[T],
+        sha: str,
+        script: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        answer: Callable[[asyncio.Future[Any]], T],
+    ) -> None:
+        call = asyncio.ensure_future(self.evalsha(sha, script, keys, args))
+        call.add_done_callback(functools.partial(answered, out, answer))
 
     async def _once(self, sha: str, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         conn = self._conn

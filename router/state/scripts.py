@@ -2,8 +2,9 @@
 
 A `Script` is one ``lua/<name>.lua`` file (behind ``lib.lua`` when it uses
 the shared rules) and its SHA1. A `ScriptRunner` runs a script by its SHA,
-loads it on NOSCRIPT, and raises redis-py's exceptions either way. Two
-implement it:
+loads it on NOSCRIPT, and raises redis-py's exceptions either way; `post`
+starts the call at once and hands its answer to a callback (a commit or a
+release that nobody waits for then needs no task). Two implement it:
 
 - `router.state.resp.ScriptConnection`: one pipelined socket per event loop,
   the hot path on ``redis://``, ``rediss://`` and ``unix://`` URLs with the
@@ -16,17 +17,19 @@ implement it:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from redis import exceptions as redis_errors
 
 from providers.errors import ConfigError
 from router.state import resp
+from router.state.posted import answered
 
 __all__ = [
     "RUNNERS",
@@ -38,6 +41,7 @@ __all__ = [
     "script",
 ]
 
+T = TypeVar("T")
 RunnerName = Literal["auto", "resp", "redis-py"]
 RUNNERS: tuple[RunnerName, ...] = ("auto", "resp", "redis-py")
 _WITH_LIB = frozenset(
@@ -69,6 +73,17 @@ class ScriptRunner(Protocol):
     async def evalsha(self, sha: str, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script by ``sha``, sending ``script`` itself on NOSCRIPT."""
 
+    def post(
+        self,
+        sha: str,
+        script: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        answer: Callable[[asyncio.Future[Any]], T],
+    ) -> asyncio.Future[T]:
+        """`evalsha` started now: ``answer`` of the finished call (its reply, or the
+        error it raised), as a future that needs no waiting caller."""
+
     async def aclose(self) -> None: ...
 
 
@@ -83,6 +98,19 @@ class RedisPyRunner:
             return await self._client.evalsha(sha, len(keys), *keys, *args)
         except redis_errors.NoScriptError:
             return await self._client.eval(script, len(keys), *keys, *args)
+
+    def post(
+        self,
+        sha: str,
+        script: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        answer: Callable[[asyncio.Future[Any]], T],
+    ) -> asyncio.Future[T]:
+        out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        call = asyncio.ensure_future(self.evalsha(sha, script, keys, args))
+        call.add_done_callback(functools.partial(answered, out, answer))
+        return out
 
     async def aclose(self) -> None:
         """Nothing of its own: the store closes the client."""

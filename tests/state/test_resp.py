@@ -38,6 +38,12 @@ async def echo(conn: ScriptConnection, value: str, key: str = "k") -> bytes:
     return reply
 
 
+async def posted(conn: ScriptConnection, value: str, key: str = "k") -> bytes:
+    """`echo`, sent with `ScriptConnection.post` (its answer is the reply)."""
+    reply: bytes = await conn.post(ECHO_SHA, ECHO, [key], [value], lambda call: call.result())
+    return reply
+
+
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[RedisServer]:
     sock = tmp_path / "redis.sock"
@@ -212,3 +218,76 @@ async def test_the_store_chooses_its_script_runner(
 def test_the_lean_runner_refuses_a_url_it_cannot_serve() -> None:
     with pytest.raises(ConfigError, match="serves redis://"):
         RedisStore("redis+sentinel://h:26379/main", "choice", runner="resp")
+
+
+async def test_a_posted_call_is_sent_before_post_returns(redis_url: str) -> None:
+    """On a live socket the call needs no task: it is written at once and lands in order."""
+    conn = ScriptConnection(redis_url)
+    assert await posted(conn, "first call connects") == b"first call connects"
+    tasks = len(asyncio.all_tasks())
+    calls = [
+        conn.post(ECHO_SHA, ECHO, [f"p{i}"], [f"v{i}"], lambda c: c.result()) for i in range(50)
+    ]
+    assert len(asyncio.all_tasks()) == tasks
+    assert await asyncio.gather(*calls) == [f"v{i}".encode() for i in range(50)]
+    await conn.aclose()
+
+
+async def test_a_posted_call_reloads_a_flushed_script(redis_url: str) -> None:
+    conn = ScriptConnection(redis_url)
+    assert await posted(conn, "one") == b"one"
+    redis.Redis.from_url(redis_url).script_flush()
+    assert await posted(conn, "two") == b"two"
+    await conn.aclose()
+
+
+async def test_a_posted_call_on_a_killed_connection_is_sent_again(redis_url: str) -> None:
+    conn = ScriptConnection(redis_url)
+    await posted(conn, "before")
+    admin = redis.Redis.from_url(redis_url)
+    assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    assert await posted(conn, "after", "after") == b"after"
+    assert admin.get("after") == b"after"
+    await conn.aclose()
+
+
+async def test_a_posted_call_to_a_stopped_server_fails_with_redis_errors(tmp_path: Path) -> None:
+    with RedisServer(tmp_path) as server:
+        conn = ScriptConnection(server.url)
+        await posted(conn, "up")
+        server.stop()
+        with pytest.raises(redis_errors.ConnectionError):
+            await posted(conn, "down")
+        await conn.aclose()
+
+
+async def test_a_posted_call_hands_errors_to_its_answer(redis_url: str) -> None:
+    """A script's error reply reaches ``answer`` as the call's exception; what ``answer``
+    raises is the future's."""
+    conn = ScriptConnection(redis_url)
+    bad = "return redis.error_reply('ERR the script said no')"
+    bad_sha = hashlib.sha1(bad.encode()).hexdigest()
+    seen: list[BaseException | None] = []
+
+    def answer(call: asyncio.Future[object]) -> str:
+        seen.append(call.exception())
+        raise ValueError("the answer could not be read")
+
+    await posted(conn, "connects")
+    with pytest.raises(ValueError, match="could not be read"):
+        await conn.post(bad_sha, bad, [], [], answer)
+    assert isinstance(seen[0], redis_errors.ResponseError)
+    assert "the script said no" in str(seen[0])
+    assert await posted(conn, "still fine") == b"still fine"
+    await conn.aclose()
+
+
+async def test_posted_and_awaited_calls_keep_their_replies(redis_url: str) -> None:
+    conn = ScriptConnection(redis_url)
+    await echo(conn, "warm")
+    mixed = [
+        posted(conn, f"p{i}", f"k{i}") if i % 2 else echo(conn, f"e{i}", f"k{i}") for i in range(40)
+    ]
+    replies = await asyncio.gather(*mixed)
+    assert replies == [(f"p{i}" if i % 2 else f"e{i}").encode() for i in range(40)]
+    await conn.aclose()

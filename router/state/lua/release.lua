@@ -1,10 +1,11 @@
 -- Free a lease's slot, meter its seconds, and lift a capacity block.
 -- KEYS: usage, leases, lease meta, health, held per entry, call memo
 -- ARGV: now, lease_id, usage ttl, call memo ttl (ms)
+-- Answers the seconds metered, or '' when the lease was not held.
 return once(function()
   local now, lid = tonumber(ARGV[1]), ARGV[2]
   local raw = redis.call('HGET', KEYS[3], lid)
-  if not raw then return cjson.encode({seconds = false}) end
+  if not raw then return '' end
   local m = cjson.decode(raw)
   local expires = tonumber(redis.call('ZSCORE', KEYS[2], lid) or now)
   local seconds = 0
@@ -20,5 +21,5 @@ return once(function()
     clear_block(s)
     save_health(KEYS[4], s)
   end
-  return cjson.encode({seconds = tostring(seconds)})
+  return tostring(seconds)
 end)

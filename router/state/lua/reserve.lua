@@ -5,11 +5,13 @@
 --       limit concurrent ('' = unlimited), fingerprint, breaker config, usage ttl,
 --       new session ('1'; '0' reconnects to a session's sandbox: a slot, no session),
 --       warm ('1' claims a warm sandbox when one is ready), call memo ttl (ms)
+-- Answers: a grant without a claim is '+<probe 1/0>|<from>|<to>' (the hot path: no JSON
+-- for the router to parse); a claim and a denial are JSON objects.
 return once(function()
   local now, lid, entry, hold = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
   -- A lease id already held was granted before (a repeat the call memo forgot).
   if redis.call('HEXISTS', KEYS[3], lid) == 1 then
-    return cjson.encode({granted = true, probe = false, from = '', to = ''})
+    return '+0||'
   end
   local cfg = cjson.decode(ARGV[9])
   local s = load_health(KEYS[4])
@@ -56,5 +58,5 @@ return once(function()
                                                 counted = counted and 1 or 0, sandbox = ''}))
   count_lease(KEYS[5], entry, 1)
   if a.changed then save_health(KEYS[4], s) end
-  return cjson.encode({granted = true, probe = a.probe, from = a.from or '', to = a.to or ''})
+  return '+' .. (a.probe and '1' or '0') .. '|' .. (a.from or '') .. '|' .. (a.to or '')
 end)

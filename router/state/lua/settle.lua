@@ -3,6 +3,7 @@
 -- KEYS: usage, leases, lease meta, health, held per entry, call memo
 -- ARGV: now, lease_id, outcome, ttl, detail, until (0 = none), fingerprint, breaker config,
 --       sandbox id (on success), call memo ttl (ms)
+-- Answers '1' (applied) or '0', then '|<from>|<to>' when the circuit moved.
 return once(function()
   local now, lid, outcome, ttl = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
   local applied = false
@@ -28,6 +29,7 @@ return once(function()
   local s = load_health(KEYS[4])
   local t = record(s, cjson.decode(ARGV[8]), outcome, now, ARGV[7], ARGV[5], tonumber(ARGV[6]))
   save_health(KEYS[4], s)
-  if t then return cjson.encode({applied = applied, from = t[1], to = t[2]}) end
-  return cjson.encode({applied = applied, from = '', to = ''})
+  local answer = applied and '1' or '0'
+  if t then return answer .. '|' .. t[1] .. '|' .. t[2] end
+  return answer
 end)
