@@ -81,8 +81,9 @@ class Acquirer:
         self._sleep = sleep
         self._retry = ctx.config.retry.policy()
         self._hedger = Hedger(ctx)
-        # Only a pool with a concurrency limit can turn an acquire away for a slot
-        # this router is still freeing, so only its frees hold acquire back.
+        # Only a pool with a concurrency limit can turn a session's resume away for a
+        # slot this router is still freeing, so only its frees hold a resume back (a
+        # create waits for them only when refused, see `book`).
         self._slot_pools = {
             e.ref.pool for e in ctx.entries.values() if e.ref.limits.concurrent is not None
         }
@@ -101,8 +102,8 @@ class Acquirer:
         requires = tuple(requires)
         await self._ledger.check()
         self._warm.start()
-        await self._upkeep.caught_up(self._slot_pools)
         if session is not None:
+            await self._upkeep.caught_up(self._slot_pools)
             resumed = await self._sessions.resume(session, requires, deadline)
             if resumed is not None:
                 self._acquired(resumed, 0, started, resumed=True)
@@ -152,6 +153,22 @@ class Acquirer:
         ordered = {e: reasons[e] for e in self._ctx.entries if e in reasons}
         self._ctx.emit(AcquireFailed(reasons=ordered, latency=self._ctx.clock() - started))
         raise NoProviderAvailable(ordered)
+
+    async def book(self, entry: Entry, deadline: float, *, warm: bool = False) -> Booking:
+        """`Ledger.book`; when the pool's concurrency is full while this router is still
+        freeing slots in it, again once those frees have landed.
+
+        So a program that releases and acquires again on a full pool finds its
+        slot free, and an acquire on a pool with room waits for nothing.
+        """
+        pool = entry.ref.pool
+        try:
+            return await self._ledger.book(entry, deadline, warm=warm)
+        except Denied as denied:
+            if denied.reservation.unit != "concurrent" or not self._upkeep.freeing(pool):
+                raise
+        await self._upkeep.caught_up((pool,))
+        return await self._ledger.book(entry, deadline, warm=warm)
 
     def _acquired(
         self, held: Held, failovers: int, started: float, *, resumed: bool = False
@@ -223,12 +240,12 @@ class Acquirer:
         spare: Spare,
     ) -> Held:
         warm = self._warm.fits(entry, spec, labels or {})
-        booking = await self._ledger.book(entry, deadline, warm=warm)
+        booking = await self.book(entry, deadline, warm=warm)
         while booking.claimed is not None:  # each claim that fails drops its sandbox
             held = await self._warm.claim(entry, booking, attempt)
             if held is not None:
                 return held
-            booking = await self._ledger.book(entry, deadline, warm=True)
+            booking = await self.book(entry, deadline, warm=True)
         if warm:
             self._warm.missed(entry)
         legs = _Legs(self, spec, labels, deadline)
@@ -285,7 +302,7 @@ class _Legs(Runner):
         for name in spare.after():
             entry = self._a._ctx.entries[name]
             try:
-                booking = await self._a._ledger.book(entry, self._deadline)
+                booking = await self._a.book(entry, self._deadline)
             except (Denied, StateUnavailable):
                 continue
             spare.used = True

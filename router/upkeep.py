@@ -34,7 +34,7 @@ from router.events import (
 )
 from router.lease import Held
 from router.ledger import RESERVE_GRACE, Booking, Ledger
-from router.state.posted import answered
+from router.state.posted import then
 
 __all__ = ["Upkeep"]
 
@@ -73,6 +73,10 @@ class Upkeep:
         if not running.cancelled() and (exc := running.exception()) is not None:
             self._ctx.emit(TaskFailed(name, f"{type(exc).__name__}: {exc}"))
 
+    def freeing(self, pool: str) -> bool:
+        """This router is still freeing a slot in ``pool``."""
+        return bool(self._freeing.get(pool))
+
     async def caught_up(self, pools: Iterable[str] | None = None) -> None:
         """Wait for the slots this router is still freeing in ``pools`` (default: all), so
         its callers read their own releases."""
@@ -92,15 +96,15 @@ class Upkeep:
         It is posted, not a task (`router.state.posted`).
         """
         committing = self._ledger.commit(booking, held.sandbox.id, held.acquired_at)
-        committing.add_done_callback(functools.partial(self._committed, held))
-        held.committing = self._track(committing, "commit")
+        committed = then(committing, functools.partial(self._committed, held))
+        held.committing = self._track(committed, "commit")
         self.keep(held)
 
-    def _committed(self, held: Held, committing: asyncio.Future[bool | None]) -> None:
-        if committing.cancelled() or committing.exception() is not None:
-            return  # told by `_ended`
-        if committing.result() is False:
+    def _committed(self, held: Held, committing: asyncio.Future[bool | None]) -> bool | None:
+        landed = committing.result()
+        if landed is False:
             self._lost(held)
+        return landed
 
     def keep(self, held: Held) -> None:
         """Heartbeat ``held`` until it is released (one sweeper task for all leases)."""
@@ -191,25 +195,25 @@ class Upkeep:
             await self.kill(entry, held.sandbox)
 
     def _free_slot(self, held: Held) -> asyncio.Future[None]:
-        """Free the slot once the commit has landed (a free never overtakes it), in
-        callbacks rather than a task (`router.state.posted`)."""
+        """Free the slot once the commit has landed (a free never overtakes it), posted
+        rather than a task (`router.state.posted`)."""
+        committing = held.committing
+        if committing is None or committing.done():
+            return self._free_now(held)
         freed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        def free(_: object = None) -> None:
+        def free(_: object) -> None:
             try:
-                booking = self._ledger.booking(held, self._ctx.entries[held.entry].ref)
-                releasing = self._ledger.release(booking)
+                self._free_now(held).add_done_callback(functools.partial(_settle, freed))
             except Exception as exc:
                 freed.set_exception(exc)
-                return
-            answer = functools.partial(self._freed, held, booking)
-            releasing.add_done_callback(functools.partial(answered, freed, answer))
 
-        if held.committing is None or held.committing.done():
-            free()
-        else:
-            held.committing.add_done_callback(free)
+        committing.add_done_callback(free)
         return freed
+
+    def _free_now(self, held: Held) -> asyncio.Future[None]:
+        booking = self._ledger.booking(held, self._ctx.entries[held.entry].ref)
+        return then(self._ledger.release(booking), functools.partial(self._freed, held, booking))
 
     def _freed(self, held: Held, booking: Booking, releasing: asyncio.Future[float | None]) -> None:
         try:
@@ -308,3 +312,15 @@ class Upkeep:
         if self._owed:
             self._ctx.emit(FreesOwed(len(self._owed)))
             self._owed.clear()
+
+
+def _settle(out: asyncio.Future[T], done: asyncio.Future[T]) -> None:
+    """Give ``out`` the outcome of ``done``."""
+    if out.done():
+        return
+    if done.cancelled():
+        out.cancel()
+    elif (exc := done.exception()) is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(done.result())

@@ -35,7 +35,7 @@ import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio.connection import parse_url
 
-from router.state.posted import answered
+from router.state.posted import Posted
 
 __all__ = ["ScriptConnection", "supports"]
 
@@ -187,7 +187,7 @@ class ScriptConnection:
         keys: Sequence[str],
         args: Sequence[Any],
         answer: Callable[[asyncio.Future[Any]], T],
-    ) -> asyncio.Future[T]:
+    ) -> Posted[T]:
         """`evalsha`, sent before this returns: ``answer`` of the finished call, as a future.
 
         On this loop's live socket the command is written at once and no task
@@ -197,17 +197,17 @@ class ScriptConnection:
         a task running it.
         """
         loop = asyncio.get_running_loop()
-        out: asyncio.Future[T] = loop.create_future()
+        out: Posted[T] = Posted(answer, loop=loop)
         conn = self._conn
         if conn is None or conn.lost is not None or self._loop is not loop:
-            self._retry_into(out, sha, script, keys, args, answer)
+            self._retry_into(out, sha, script, keys, args)
             return out
 
         def landed(first: bool, call: asyncio.Future[Any]) -> None:
             if out.done():
                 return
             if call.cancelled() or isinstance(call.exception(), _TRANSPORT):
-                self._retry_into(out, sha, script, keys, args, answer)
+                self._retry_into(out, sha, script, keys, args)
                 return
             reply = call.result()
             if isinstance(reply, hiredis.ReplyError):
@@ -217,7 +217,7 @@ class ScriptConnection:
                     return
                 call = loop.create_future()
                 call.set_exception(_reply_error(reply))
-            answered(out, answer, call)
+            out.land(call)
 
         conn.send("EVALSHA", sha, len(keys), *keys, *args).add_done_callback(
             functools.partial(landed, True)
@@ -225,16 +225,9 @@ class ScriptConnection:
         return out
 
     def _retry_into(
-        self,
-        out: asyncio.Future[T],
-        sha: str,
-        script: str,
-        keys: Sequence[str],
-        args: Sequence[Any],
-        answer: Callable[[asyncio.Future[Any]], T],
+        self, out: Posted[T], sha: str, script: str, keys: Sequence[str], args: Sequence[Any]
     ) -> None:
-        call = asyncio.ensure_future(self.evalsha(sha, script, keys, args))
-        call.add_done_callback(functools.partial(answered, out, answer))
+        asyncio.ensure_future(self.evalsha(sha, script, keys, args)).add_done_callback(out.land)
 
     async def _once(self, sha: str, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         conn = self._conn

@@ -29,7 +29,7 @@ from redis import exceptions as redis_errors
 
 from providers.errors import ConfigError
 from router.state import resp
-from router.state.posted import answered
+from router.state.posted import Posted
 
 __all__ = [
     "RUNNERS",
@@ -80,7 +80,7 @@ class ScriptRunner(Protocol):
         keys: Sequence[str],
         args: Sequence[Any],
         answer: Callable[[asyncio.Future[Any]], T],
-    ) -> asyncio.Future[T]:
+    ) -> Posted[T]:
         """`evalsha` started now: ``answer`` of the finished call (its reply, or the
         error it raised), as a future that needs no waiting caller."""
 
@@ -106,10 +106,9 @@ class RedisPyRunner:
         keys: Sequence[str],
         args: Sequence[Any],
         answer: Callable[[asyncio.Future[Any]], T],
-    ) -> asyncio.Future[T]:
-        out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        call = asyncio.ensure_future(self.evalsha(sha, script, keys, args))
-        call.add_done_callback(functools.partial(answered, out, answer))
+    ) -> Posted[T]:
+        out: Posted[T] = Posted(answer, loop=asyncio.get_running_loop())
+        asyncio.ensure_future(self.evalsha(sha, script, keys, args)).add_done_callback(out.land)
         return out
 
     async def aclose(self) -> None:

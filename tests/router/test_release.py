@@ -44,6 +44,20 @@ def test_release_returns_before_the_slot_is_freed(make_router, scripted, redis_u
     assert fired(events, "acquire_failed") == fired(events, "state_error") == []
 
 
+async def test_a_full_pool_gives_its_slot_to_the_acquire_right_after_a_release(
+    make_router, scripted, events
+) -> None:
+    """Released at once, a lease's free waits for its commit, so the next acquire's
+    reserve may reach Redis first, find the pool full and wait for that free."""
+    chain = [{"name": "flaky", "provider": "local", "quota": {"concurrent": 1}}]
+    router = make_router(providers={"flaky": scripted()}, chain=chain)
+    for _ in range(30):
+        async with await router.aacquire() as lease:
+            assert lease.entry == "flaky"
+    assert len(fired(events, "acquired")) == len(fired(events, "released")) == 30
+    assert fired(events, "acquire_failed") == []
+
+
 def test_status_waits_for_the_slots_this_router_is_freeing(
     make_router, scripted, redis_url
 ) -> None:
