@@ -56,6 +56,7 @@ from router.ledger import Booking, Denied, Ledger
 from router.pause import PAUSE_KEY
 from router.sessions import Sessions
 from router.upkeep import Upkeep
+from router.waits import until_done
 from router.warm import WarmPools
 
 __all__ = ["Acquirer", "check_acquire"]
@@ -257,7 +258,7 @@ class Acquirer:
         # cancels, it is handed to upkeep (which counts and kills what it may yet
         # make) instead of being cut off while the provider goes on making it.
         try:
-            await asyncio.wait((leg.create,), timeout=leg.booking.budget + 1.0)
+            await until_done(leg.create, leg.booking.budget + 1.0)
         except asyncio.CancelledError:
             legs.abandon(leg)
             raise

@@ -27,6 +27,7 @@ from router.entries import Entry
 from router.events import HedgeSettled, HedgeStarted
 from router.lease import Held
 from router.ledger import Booking
+from router.waits import until_done
 
 __all__ = ["Hedger", "Leg", "Runner", "Spare"]
 
@@ -95,14 +96,14 @@ class Hedger:
         Every leg it returns without is abandoned to upkeep, also when cancelled."""
         loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait((first.create,), timeout=delay)
+            await until_done(first.create, delay)
             second = None if first.create.done() else await runner.spare(spare)
         except asyncio.CancelledError:
             runner.abandon(first)
             raise
         if second is None:
             try:
-                await asyncio.wait((first.create,), timeout=max(0.0, first.ends - loop.time()))
+                await until_done(first.create, max(0.0, first.ends - loop.time()))
             except asyncio.CancelledError:
                 runner.abandon(first)
                 raise

@@ -35,6 +35,7 @@ from router.events import (
 from router.lease import Held
 from router.ledger import RESERVE_GRACE, Booking, Ledger
 from router.state.posted import then
+from router.waits import until_done
 
 __all__ = ["Upkeep"]
 
@@ -168,7 +169,8 @@ class Upkeep:
         in_pool.add(freeing)
         freeing.add_done_callback(in_pool.discard)
         if disposing is not None:
-            await asyncio.shield(disposing)  # a cancelled release still kills the sandbox
+            await until_done(disposing)  # a cancelled release still kills the sandbox
+            disposing.result()
 
     async def _dispose(self, held: Held) -> None:
         """Kill the sandbox, or keep a session's for its idle TTL (a task of its own):
@@ -267,7 +269,7 @@ class Upkeep:
         then stays counted (the provider may have made it) and its slot is
         freed; the janitor reaps its sandbox, if any, by its lease label.
         """
-        await asyncio.wait((create,), timeout=RESERVE_GRACE - 2.0)
+        await until_done(create, RESERVE_GRACE - 2.0)
         if create.done() and not create.cancelled() and create.exception() is not None:
             await self._ledger.refund(booking, "late_create_failed")
             self._ctx.emit(LateCreate(entry.name, booking.lease_id, "failed"))

@@ -69,6 +69,7 @@ from router.events import (
 from router.lease import Held
 from router.ledger import RESERVE_GRACE, Booking, Denied, Ledger
 from router.upkeep import Upkeep
+from router.waits import until_done
 
 __all__ = ["WarmPools"]
 
@@ -332,7 +333,7 @@ class WarmPools:
         started = self._ctx.clock()
         create = asyncio.ensure_future(entry.provider.create(spec, timeout=booking.budget))
         try:
-            await asyncio.wait((create,), timeout=booking.budget + 1.0)
+            await until_done(create, booking.budget + 1.0)
         except asyncio.CancelledError:
             self._upkeep.abandon(create, booking, entry)
             raise

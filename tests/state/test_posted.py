@@ -1,0 +1,83 @@
+"""Posted calls: steps folded into the callback that reads the reply, or chained."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from router.state.posted import Posted, then
+
+
+def finished(value: Any = None, error: Exception | None = None) -> asyncio.Future[Any]:
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(value)
+    return done
+
+
+async def test_steps_fold_into_a_posted_call_and_run_when_it_lands() -> None:
+    call: Posted[int] = Posted(lambda c: c.result() + 1, loop=asyncio.get_running_loop())
+    tenfold = then(call, lambda c: c.result() * 10)
+    assert tenfold is call
+    described = then(tenfold, lambda c: f"answer {c.result()}")
+    call.land(finished(1))
+    assert described.result() == "answer 20"  # in the landing callback, no loop turn
+
+
+async def test_a_step_sees_what_the_one_before_raised() -> None:
+    def refuse(call: asyncio.Future[int]) -> int:
+        raise LookupError(f"no such lease {call.result()}")
+
+    def recover(call: asyncio.Future[int]) -> str:
+        with pytest.raises(LookupError, match="no such lease 7") as raised:
+            call.result()
+        return f"recovered from {type(raised.value).__name__}"
+
+    call: Posted[int] = Posted(refuse, loop=asyncio.get_running_loop())
+    call.land(finished(7))
+    assert call.exception() is not None
+    recovered: Posted[int] = Posted(refuse, loop=asyncio.get_running_loop())
+    then(recovered, recover).land(finished(7))
+    assert recovered.result() == "recovered from LookupError"
+
+
+async def test_the_call_error_reaches_the_first_step() -> None:
+    call: Posted[str] = Posted(lambda c: repr(c.exception()), loop=asyncio.get_running_loop())
+    call.land(finished(error=ConnectionError("reset")))
+    assert call.result() == "ConnectionError('reset')"
+
+
+async def test_a_cancelled_call_ignores_its_reply() -> None:
+    ran: list[int] = []
+    call: Posted[None] = Posted(lambda c: ran.append(c.result()), loop=asyncio.get_running_loop())
+    call.cancel()
+    call.land(finished(1))
+    assert call.cancelled()
+    assert ran == []
+
+
+async def test_a_step_that_raises_cancelled_cancels_the_call() -> None:
+    def cancelled(_: asyncio.Future[Any]) -> None:
+        raise asyncio.CancelledError
+
+    call: Posted[None] = Posted(cancelled, loop=asyncio.get_running_loop())
+    call.land(finished(1))
+    assert call.cancelled()
+
+
+async def test_a_coroutine_or_a_landed_call_is_chained_not_folded() -> None:
+    async def answer() -> int:
+        await asyncio.sleep(0)
+        return 5
+
+    assert await then(answer(), lambda c: c.result() * 2) == 10
+    landed: Posted[int] = Posted(lambda c: c.result(), loop=asyncio.get_running_loop())
+    landed.land(finished(3))
+    chained = then(landed, lambda c: c.result() + 1)
+    assert chained is not landed
+    assert await chained == 4
+    assert landed.result() == 3
