@@ -51,7 +51,7 @@ def everything(q: bool, redis_url: str, root: Path) -> dict[str, Any]:
         "redis": overhead.local_overhead(redis_url, root / "o1", 50 if q else 500),
         "sqlite": overhead.local_overhead(sqlite_url, root / "o2", 50 if q else 300),
         "instant_vs_gate": gate.gate_cpu(
-            redis_url, root / "gate", 50 if q else 200, 4 if q else 15
+            redis_url, root / "gate", 20 if q else 50, 10 if q else 60
         ),
     }
     result["hooks"] = overhead.hooks_cost(redis_url, root / "hk", 50 if q else 300)
