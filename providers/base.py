@@ -418,10 +418,14 @@ class Sandbox(abc.ABC):
         archive = f".sandbox-router-{os.urandom(6).hex()}.tar"
         try:
             await self._tar("download_dir", 'tar -cf "$2" -C "$1" .', path, archive)
-            await self._moved("download_dir", path, unpack_dir(self.read_stream(archive), local))
+            await self._moved("download_dir", path, self._unpack(archive, local))
         finally:
             with contextlib.suppress(ProviderError):
                 await self.run(["rm", "-f", "--", archive], timeout=60)
+
+    async def _unpack(self, archive: str, local: Path) -> None:
+        """Unpack the sandbox's tar ``archive`` into ``local``, streamed as it is read."""
+        await unpack_dir(self.read_stream(archive), local)
 
     async def _moved(self, op: str, path: str, transfer: Awaitable[None]) -> None:
         """Await a tar transfer; its failure is a SandboxError naming ``path`` and the sandbox."""

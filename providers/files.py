@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import queue
 import shlex
 import tarfile
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Protocol, cast
@@ -36,10 +37,12 @@ __all__ = [
     "unpack_dir",
 ]
 
-CHUNK = 1 << 20
-"""Bytes per chunk of a streamed transfer."""
+CHUNK = 1 << 18
+"""Bytes per chunk of a streamed transfer. 256 KiB: a 1 GiB upload through E2B's SDK
+peaked 17 MB over its start with 1 MiB chunks and 5 MB with these, and went faster
+(freed chunks of 1 MiB stay in the allocator's per-thread arenas)."""
 
-_QUEUE_DEPTH = 8  # chunks in flight between the tar thread and the loop: 8 MiB at most
+_QUEUE_DEPTH = 8  # chunks in flight between the tar thread and the loop: 2 MiB at most
 
 Chunks = AsyncIterable[bytes]
 """A file's content as it streams: any async iterable of byte chunks."""
@@ -109,6 +112,23 @@ def _as_file(pipe: _Pipe) -> IO[bytes]:
     return cast("IO[bytes]", pipe)
 
 
+def _forget(tar: tarfile.TarFile, member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """tar's filter while packing: let go of the members added so far.
+
+    `tarfile.TarFile` keeps every member it wrote or read; a stream needs
+    none of them back, and 20,000 of them held 12 MB.
+    """
+    tar.members.clear()  # type: ignore[attr-defined]  # a plain attribute, not in the stubs
+    return member
+
+
+def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """A streamed archive's members, each let go of once read (see `_forget`)."""
+    while (member := tar.next()) is not None:
+        tar.members.clear()  # type: ignore[attr-defined]
+        yield member
+
+
 async def pack_dir(local_dir: Path) -> AsyncIterator[bytes]:
     """``local_dir`` as an uncompressed tar stream of its content (members relative to it)."""
     if not await asyncio.to_thread(local_dir.is_dir):
@@ -123,7 +143,7 @@ async def pack_dir(local_dir: Path) -> AsyncIterator[bytes]:
                 for child in sorted(local_dir.iterdir()):
                     if stop.is_set():
                         return
-                    tar.add(child, arcname=child.name)
+                    tar.add(child, arcname=child.name, filter=functools.partial(_forget, tar))
             pipe.flush()
             chunks.put(None)
         except BaseException as exc:  # handed to the loop side, raised there
@@ -153,7 +173,7 @@ async def unpack_dir(stream: AsyncIterable[bytes], local_dir: Path) -> None:
     def unpack() -> None:
         try:
             with tarfile.open(fileobj=_as_file(_Pipe(chunks)), mode="r|") as tar:
-                tar.extractall(local_dir, filter="data")
+                tar.extractall(local_dir, members=_members(tar), filter="data")
         except BaseException as exc:
             failed.append(exc)
 

@@ -73,6 +73,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import structlog
@@ -102,7 +103,7 @@ from providers.errors import (
     SandboxError,
     Unavailable,
 )
-from providers.files import Chunks, ShellFiles
+from providers.files import Chunks, ShellFiles, file_chunks, unpack_dir
 from providers.mapping import ErrorMap, Where
 from providers.processes import ProcessBase, TerminalBase
 
@@ -461,8 +462,9 @@ class ModalSandbox(ShellFiles, Sandbox):
     Relative paths (files and ``cwd``) start at the sandbox's working directory.
     ``files.manage`` goes through the shell (`ShellFiles`: Modal has no rename or
     exists), and streams through an exec's binary stdin and stdout: the SDK's
-    ``read_bytes`` holds a file whole (and caps its size), and its
-    ``copy_from_local``/``copy_to_local`` want a local path.
+    ``read_bytes`` holds a file whole (and caps its size). A local file moves
+    by the SDK's ``copy_from_local``/``copy_to_local``, which want a local path
+    and have one there.
     """
 
     def __init__(
@@ -658,6 +660,37 @@ class ModalSandbox(ShellFiles, Sandbox):
                 provider=self.provider,
                 sandbox_id=self.id,
             )
+
+    async def upload_file(self, local: Path, path: str) -> None:
+        """The SDK's ``copy_from_local`` (its file tool, parents made): twice the
+        throughput of `write_stream`'s exec stdin on the emulator."""
+        with self._errors():
+            await self._native.filesystem.copy_from_local.aio(local, self._path(path))
+
+    async def download_file(self, path: str, local: Path) -> None:
+        """The SDK's ``copy_to_local``, which writes each chunk as it comes.
+
+        `read_stream` hands chunks to a consumer that writes them on a thread;
+        behind it the stream's 64 MiB gRPC window (the SDK's) fills with the
+        file: 77 MB more peak RSS for a 1 GiB download.
+        """
+        with self._errors():
+            await self._native.filesystem.copy_to_local.aio(self._path(path), local)
+
+    async def _unpack(self, archive: str, local: Path) -> None:
+        """Copy the archive to a file beside ``local`` (`download_file`), then unpack it.
+
+        Unpacking many small files is slower than the stream, and the SDK's
+        64 MiB gRPC window would hold what it has not taken yet (+35 MB peak
+        RSS for 20,000 files); on disk it costs the archive's size a while.
+        """
+        await asyncio.to_thread(local.mkdir, parents=True, exist_ok=True)
+        copy = local.parent / f".{local.name}.sandbox-router-{secrets.token_hex(6)}.tar"
+        try:
+            await self.download_file(archive, copy)
+            await unpack_dir(file_chunks(copy), local)
+        finally:
+            await asyncio.to_thread(copy.unlink, missing_ok=True)
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         with self._errors():

@@ -101,6 +101,28 @@ async def test_stream_a_large_file_both_ways(backend: Backend) -> None:
         await sbx.kill()
 
 
+async def test_copy_a_local_file_up_and_down(backend: Backend, tmp_path: Path) -> None:
+    """``upload_file``/``download_file``: parents made in the sandbox, the local file
+    overwritten, a missing sandbox file named."""
+    sbx = await backend.create()
+    try:
+        local = tmp_path / "up.bin"
+        local.write_bytes(os.urandom(64 * 1024) * 40 + b"tail")
+        if not declares(backend, Capability.FILES_STREAM):
+            with pytest.raises(Unsupported, match=r"files\.stream"):
+                await sbx.upload_file(local, "up.bin")
+            return
+        await sbx.upload_file(local, "copied/deep/up.bin")
+        back = tmp_path / "back.bin"
+        back.write_bytes(b"stale content, longer than nothing")
+        await sbx.download_file("copied/deep/up.bin", back)
+        assert back.read_bytes() == local.read_bytes()
+        with pytest.raises(SandboxError, match="no/such/file"):
+            await sbx.download_file("no/such/file", tmp_path / "missing.bin")
+    finally:
+        await sbx.kill()
+
+
 def _tree(root: Path) -> dict[str, bytes | None]:
     return {
         str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
