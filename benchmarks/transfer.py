@@ -4,7 +4,7 @@ A 1 GiB file and a 20,000-file directory go up into a sandbox and back,
 through the router's lease (``upload_file``/``download_file``,
 ``upload_dir``/``download_dir``) and through the vendor SDK called
 directly on the same emulator. Each run is a fresh process, so its peak
-RSS (``ru_maxrss``) is that run's alone, and the emulator serves from a
+RSS (``VmHWM``) is that run's alone, and the emulator serves from a
 process of its own, so its buffers are not counted. Target: the router's
 peak under 100 MB whatever the size, since nothing is held whole.
 """
@@ -12,6 +12,7 @@ peak under 100 MB whatever the size, since nothing is held whole.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import resource
@@ -46,6 +47,15 @@ def make_inputs(root: Path, size: int, files: int) -> tuple[Path, Path]:
 
 
 def _rss_mb() -> float:
+    """This process's peak RSS in MB: ``VmHWM``, the high-water mark of its own memory.
+
+    Not ``ru_maxrss``: Linux carries the parent's RSS at the fork over the
+    exec into it, so a spawned child started at the harness's 80 MB.
+    """
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
