@@ -7,8 +7,12 @@ lease holds a sandbox ready for commands:
 
 * ``cold``: no warm pool, every acquire creates.
 * ``warm``: a warm pool sized for the load; the sandboxes are made by one
-  replica and claimed by another, as a fleet runs. ``warm_daytona_pool``:
-  the pool Daytona holds itself (``warm.server``), each create served from it.
+  replica and claimed by another, as a fleet runs. ``warm_paused``: the
+  same with the pool parked paused (``warm: {pause: true}``) and the
+  emulator playing back E2B's published resume time
+  (`emulators.latency.RESUME`): what resuming adds to a claim.
+  ``warm_daytona_pool``: the pool Daytona holds itself (``warm.server``),
+  each create served from it.
 * ``degraded``: the first entry's creates slowed to 5 s, the second healthy;
   unhedged, then with ``hedge`` on the first entry.
 
@@ -30,9 +34,10 @@ from typing import Any
 from benchmarks.common import percentile, summary_ms
 from benchmarks.scaling import balanced_ratio, chain_length
 from emulators import sdk_environment
-from emulators.latency import PUBLISHED, LatencyProfile
+from emulators.latency import PUBLISHED, RESUME, LatencyProfile
 from emulators.process import emulator_process
 from router import Router
+from router.logs import configure_logging
 
 VENDOR = "e2b"  # the entry timed cold and warm: the fastest published create but Daytona's
 SLOW = LatencyProfile(5.0, 5.0, "degraded: every create takes 5 s")
@@ -75,6 +80,8 @@ def cold(redis_url: str, n: int) -> dict[str, Any]:
 def _maker(config: dict[str, Any], filled: Connection, stop: Connection) -> None:
     """Replica A, in a process of its own: fill the pool, say so, refill until told to stop."""
 
+    configure_logging("json", "warning")  # as the parent: stdout carries only the JSON
+
     async def run() -> None:
         async with Router.from_config(config, hooks=[]) as maker:
             await maker.afill_warm()
@@ -84,7 +91,7 @@ def _maker(config: dict[str, Any], filled: Connection, stop: Connection) -> None
     asyncio.run(run())
 
 
-def warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
+def warm(redis_url: str, n: int, size: int = 8, *, pause: bool = False) -> dict[str, Any]:
     """Acquires served from a warm pool that another replica fills, as a fleet runs.
 
     Replica A, a process of its own, refills every 0.1 s (the lock lets one
@@ -93,8 +100,12 @@ def warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
     vendor's connect. B acquires at a pace the pool was sized for (one every
     0.3 s against 8 ready).
     """
-    with emulator_process(VENDOR, PUBLISHED[VENDOR]) as emu, sdk_environment(emu):
-        chain = [_entry(VENDOR, VENDOR, warm={"size": size, "max_idle": 240})]
+    resume = RESUME[VENDOR] if pause else None
+    with (
+        emulator_process(VENDOR, PUBLISHED[VENDOR], resume=resume) as emu,
+        sdk_environment(emu),
+    ):
+        chain = [_entry(VENDOR, VENDOR, warm={"size": size, "max_idle": 240, "pause": pause})]
         prefix = f"tts-warm-{secrets.token_hex(3)}"
 
         def config(refill: float) -> dict[str, Any]:
@@ -120,7 +131,8 @@ def warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
         finally:
             stopping.send(True)
             maker.join(30)
-    return {"provider": VENDOR, "size": size, "sessions_spent": sessions, **summary_ms(times)}
+    got = {"provider": VENDOR, "size": size, "sessions_spent": sessions, **summary_ms(times)}
+    return {**got, "resume_profile": resume.source} if resume is not None else got
 
 
 def vendor_warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
@@ -206,6 +218,9 @@ def time_to_sandbox(redis_url: str, root: Path, quick: bool) -> dict[str, Any]:
     result["warm_p50_ms"] = warm_run["p50_ms"]
     result["warm_p99_ms"] = warm_run["p99_ms"]
     result["warm_over_cold_p50"] = round(cold_run["p50_ms"] / warm_run["p50_ms"], 1)
+    paused = warm(redis_url, 10 if quick else 40, pause=True)
+    result["warm_paused"] = paused
+    result["resume_adds_p50_ms"] = round(paused["p50_ms"] - warm_run["p50_ms"], 1)
     result["warm_daytona_pool"] = vendor_warm(redis_url, n)
     slow = degraded(redis_url, 3 if quick else 10, 10 if quick else 200, 0.5)  # p99 not a max
     result["degraded"] = slow

@@ -83,6 +83,9 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
+_LATENCIES = {"create": "latency", "resume": "resume_latency"}  # control port phase -> core
+
+
 @dataclass
 class FaultSpec:
     """One injected fault.
@@ -212,6 +215,7 @@ class EmulatorCore:
         self.sandboxes: dict[str, GuestSandbox] = {}
         self.accepted_keys: set[str] | None = None
         self.latency: LatencyProfile | None = None
+        self.resume_latency: LatencyProfile | None = None
         self._rng = random.Random()
         self._lock = threading.Lock()
         self.isolation = isolation
@@ -290,6 +294,12 @@ class EmulatorCore:
                 expires_at=now + lifetime if lifetime else None,
             )
         return sandbox
+
+    async def waking(self) -> None:
+        """Take what the vendor takes to resume a paused (stopped, suspended) sandbox:
+        a draw from ``resume_latency``, or nothing."""
+        if self.resume_latency is not None:
+            await asyncio.sleep(self.resume_latency.sample(self._rng))
 
     def get(self, sandbox_id: str) -> GuestSandbox | None:
         record = self.records.get(sandbox_id)
@@ -450,13 +460,15 @@ class Emulator(abc.ABC):
         root: Path | None = None,
         isolation: str = "auto",
         latency: LatencyProfile | None = None,
+        resume_latency: LatencyProfile | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port()
         self.control_port = control_port or free_port()
         self._tmp = None if root else tempfile.TemporaryDirectory(prefix=f"emu-{self.name}-")
         self.core = EmulatorCore(self.name, root or Path(self._tmp.name), isolation=isolation)  # type: ignore[union-attr]
-        self._latency = latency  # set on start: a vendor's emulator may replace its core
+        # set on start: a vendor's emulator may replace its core
+        self._latency, self._resume_latency = latency, resume_latency
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
@@ -503,6 +515,10 @@ class Emulator(abc.ABC):
         """Make every create take a draw from ``profile`` (None: as fast as it can)."""
         self.core.latency = profile
 
+    def set_resume_latency(self, profile: LatencyProfile | None) -> None:
+        """Make every resume of a paused sandbox take a draw from ``profile``."""
+        self.core.resume_latency = profile
+
     def records(self) -> list[SandboxRecord]:
         return list(self.core.records.values())
 
@@ -518,6 +534,8 @@ class Emulator(abc.ABC):
     def start(self) -> Emulator:
         if self._latency is not None:
             self.core.latency = self._latency
+        if self._resume_latency is not None:
+            self.core.resume_latency = self._resume_latency
         self._thread = threading.Thread(target=self._run, name=f"emulator-{self.name}", daemon=True)
         self._thread.start()
         self._started.wait(30)
@@ -603,13 +621,14 @@ class Emulator(abc.ABC):
         async def set_latency(request: web.Request) -> web.Response:
             body = await request.json()
             try:
-                core.latency = LatencyProfile(body["p50_ms"] / 1000, body["p95_ms"] / 1000)
+                profile = LatencyProfile(body["p50_ms"] / 1000, body["p95_ms"] / 1000)
             except (KeyError, TypeError, ValueError) as exc:
                 return web.json_response({"error": f"latency: {exc}"}, status=400)
+            setattr(core, _LATENCIES[request.match_info.get("phase", "create")], profile)
             return web.json_response({"ok": True})
 
-        async def clear_latency(_: web.Request) -> web.Response:
-            core.latency = None
+        async def clear_latency(request: web.Request) -> web.Response:
+            setattr(core, _LATENCIES[request.match_info.get("phase", "create")], None)
             return web.json_response({"ok": True})
 
         async def records(_: web.Request) -> web.Response:
@@ -629,6 +648,8 @@ class Emulator(abc.ABC):
         app.router.add_put("/quota", set_quota)
         app.router.add_put("/latency", set_latency)
         app.router.add_delete("/latency", clear_latency)
+        app.router.add_put("/latency/{phase:resume}", set_latency)
+        app.router.add_delete("/latency/{phase:resume}", clear_latency)
         app.router.add_get("/records", records)
         app.router.add_post("/reset", reset)
         app.router.add_get("/health", health)

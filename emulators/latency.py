@@ -1,13 +1,16 @@
-"""How long a vendor takes to create a sandbox: profiles the emulators can play back.
+"""How long a vendor takes to create, or to resume, a sandbox: profiles the emulators
+can play back.
 
 An emulator answers a create as fast as this machine can make a local
 sandbox (a few ms), which no vendor does. A `LatencyProfile` makes its
 creates take what the vendor's do: a log-normal draw with the vendor's
-median and 95th percentile. `PUBLISHED` holds each vendor's figure and
-where it comes from (benchmarks/RESULTS.md names the sources too). No
-profile is set by default, so tests stay fast; the benchmarks set one, and
-so can anyone through `Emulator.set_latency` or ``PUT /latency`` on the
-control port.
+median and 95th percentile. `PUBLISHED` holds each vendor's create figure
+and where it comes from, `RESUME` the same for waking a paused sandbox
+(E2B's connect, Daytona's start, Runloop's resume; Modal cannot pause);
+benchmarks/RESULTS.md names the sources too. No profile is set by default,
+so tests stay fast; the benchmarks set one, and so can anyone through
+`Emulator.set_latency` / `set_resume_latency` or ``PUT /latency`` and
+``PUT /latency/resume`` on the control port.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["PUBLISHED", "LatencyProfile"]
+__all__ = ["PUBLISHED", "RESUME", "LatencyProfile"]
 
 _Z95 = 1.6449  # the standard normal's 95th percentile
 
@@ -68,5 +71,25 @@ PUBLISHED: dict[str, LatencyProfile] = {
         3.0,
         "Runloop: no published boot time found; docs say suspend/resume 'typically "
         "takes seconds'; an estimate",
+    ),
+}
+
+RESUME: dict[str, LatencyProfile] = {
+    "e2b": LatencyProfile(
+        1.0,
+        2.0,
+        "E2B: 'it takes about 1 second to resume the sandbox' (E2B's persistence docs); "
+        "p95 assumed 2x the median",
+    ),
+    "daytona": LatencyProfile(
+        1.0,
+        3.0,
+        "Daytona: no published figure for starting a stopped sandbox (it boots again from "
+        "its disk); an estimate",
+    ),
+    "runloop": LatencyProfile(
+        2.0,
+        5.0,
+        "Runloop: its docs say suspend/resume 'typically takes seconds'; an estimate",
     ),
 }

@@ -54,18 +54,25 @@ class Remote:
 
 @contextmanager
 def emulator_process(
-    name: str, latency: LatencyProfile | None = None, isolation: str = "none"
+    name: str,
+    latency: LatencyProfile | None = None,
+    isolation: str = "none",
+    resume: LatencyProfile | None = None,
 ) -> Iterator[Remote]:
     """Run ``name``'s emulator in a child process for the duration of the block.
 
-    ``latency``: how long its creates take (`emulators.latency`); None: as fast
-    as it can. ``isolation`` defaults to none: a command then takes ~2 ms
-    instead of ~25 with bubblewrap.
+    ``latency``: how long its creates take (`emulators.latency`), ``resume``
+    how long a resume of a paused sandbox takes; None: as fast as it can.
+    ``isolation`` defaults to none: a command then takes ~2 ms instead of ~25
+    with bubblewrap.
     """
     ctx = multiprocessing.get_context("spawn")
     here, there = ctx.Pipe()
     process = ctx.Process(
-        target=_serve, args=(name, there, latency, isolation), name=f"emulator-{name}", daemon=True
+        target=_serve,
+        args=(name, there, latency, isolation, resume),
+        name=f"emulator-{name}",
+        daemon=True,
     )
     process.start()
     try:
@@ -80,7 +87,13 @@ def emulator_process(
             process.kill()
 
 
-def _serve(name: str, conn: Connection, latency: LatencyProfile | None, isolation: str) -> None:
-    with emulator_class(name)(isolation=isolation, latency=latency) as emu:
+def _serve(
+    name: str,
+    conn: Connection,
+    latency: LatencyProfile | None,
+    isolation: str,
+    resume: LatencyProfile | None,
+) -> None:
+    with emulator_class(name)(isolation=isolation, latency=latency, resume_latency=resume) as emu:
         conn.send((emu.url, emu.control_url, emu.sdk_env()))
         conn.recv()

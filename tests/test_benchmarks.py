@@ -93,6 +93,14 @@ def test_warm_rows_claim_across_replicas_and_from_daytonas_pool(redis_url: str) 
     assert (vendor["n"], vendor["server"]) == (2, True)
 
 
+def test_the_paused_warm_row_resumes_what_it_claims(redis_url: str) -> None:
+    """Parked paused, each claim resumes: it takes E2B's published resume time."""
+    paused = time_to_sandbox.warm(redis_url, 2, size=2, pause=True)
+    assert paused["n"] == 2
+    assert "resume" in paused["resume_profile"]
+    assert paused["p50_ms"] >= 200  # a log-normal draw around 1 s, never near zero
+
+
 def test_the_suites_are_named_on_the_command_line() -> None:
     with pytest.raises(SystemExit):
         benchmarks_main(["no_such_suite"])

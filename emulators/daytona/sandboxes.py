@@ -407,6 +407,7 @@ class DaytonaCore(EmulatorCore):
         """Start a stopped sandbox (its files kept, its processes gone)."""
         if box.state == "stopped":
             self.set_state(box, "starting", desired_state="started")
+            await self.waking()
             box.last_activity = time.time()
             self.set_state(box, "started", stopped_at=None)
 

@@ -297,6 +297,7 @@ class ControlPlane:
         sandbox = self._owned(request)
         record = self.core.records[sandbox.id]
         if record.paused:  # connect resumes a paused sandbox
+            await self.core.waking()
             await sandbox.local.thaw()
             record.paused = False
             self.core.set_lifetime(sandbox.id, DEFAULT_TIMEOUT)

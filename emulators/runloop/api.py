@@ -498,7 +498,9 @@ class DevboxApi:
         return web.json_response(devbox.view())
 
     async def _wake(self, devbox: Devbox) -> None:
-        await asyncio.sleep(self.emulator.boot_seconds / 2)
+        if self.core.resume_latency is None:
+            await asyncio.sleep(self.emulator.boot_seconds / 2)
+        await self.core.waking()
         devbox.set_status("running")
         self.core.touch(devbox)
 
