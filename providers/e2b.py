@@ -42,8 +42,6 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import structlog
-
 from providers.account import KeyedOptions, KeyedProvider
 from providers.base import (
     CodeResult,
@@ -66,6 +64,7 @@ from providers.errors import (
     Unavailable,
 )
 from providers.files import Chunks
+from providers.logs import Log
 from providers.mapping import ErrorMap, Where, from_status, retry_after
 from providers.processes import ProcessBase, ProcessInfo, TerminalBase
 from providers.shell import piped
@@ -75,7 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = ["API_KEY_ENV", "E2BOptions", "E2BProcess", "E2BProvider", "E2BSandbox", "E2BTerminal"]
 
-log = structlog.get_logger("sandbox_router.e2b")
+log = Log("sandbox_router.e2b")
 
 API_KEY_ENV = "E2B_API_KEY"
 _CONCURRENCY_CAP = "maximum number of concurrent"

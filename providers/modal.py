@@ -76,7 +76,6 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-import structlog
 from pydantic import PositiveInt, SecretStr
 
 from providers.base import (
@@ -104,12 +103,13 @@ from providers.errors import (
     Unavailable,
 )
 from providers.files import Chunks, ShellFiles, file_chunks, unpack_dir
+from providers.logs import Log
 from providers.mapping import ErrorMap, Where
 from providers.processes import ProcessBase, TerminalBase
 
 __all__ = ["TOKEN_ID_ENV", "TOKEN_SECRET_ENV", "ModalOptions", "ModalProvider", "ModalSandbox"]
 
-log = structlog.get_logger("sandbox_router.modal")
+log = Log("sandbox_router.modal")
 
 TOKEN_ID_ENV = "MODAL_TOKEN_ID"
 TOKEN_SECRET_ENV = "MODAL_TOKEN_SECRET"

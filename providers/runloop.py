@@ -64,7 +64,6 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import structlog
 from pydantic import Field, model_validator
 
 from providers.account import KeyedOptions, KeyedProvider
@@ -83,6 +82,7 @@ from providers.base import (
 from providers.capabilities import Capability
 from providers.errors import InvalidArgument, NotFound, ProviderError, SandboxError, Unavailable
 from providers.files import CHUNK, Chunks, ShellFiles
+from providers.logs import Log
 from providers.mapping import ErrorMap, Where, from_status, retry_after
 from providers.processes import ProcessBase
 from providers.shell import piped, script
@@ -102,7 +102,7 @@ __all__ = [
     "RunloopSandbox",
 ]
 
-log = structlog.get_logger("sandbox_router.runloop")
+log = Log("sandbox_router.runloop")
 
 API_KEY_ENV = "RUNLOOP_API_KEY"
 BASE_URL_ENV = "RUNLOOP_BASE_URL"

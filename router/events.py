@@ -32,9 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, assert_never
 
-import structlog
-
-from router.logs import redact_secrets
+from providers.logs import Log
 
 __all__ = [
     "AcquireFailed",
@@ -73,7 +71,7 @@ __all__ = [
     "log_hook",
 ]
 
-_stdlib = logging.getLogger("sandbox_router")
+_log = Log("sandbox_router")
 
 
 class Event:
@@ -488,15 +486,7 @@ def log_hook(event: RouterEvent) -> None:
 
 def _line(level: int, name: str, fields: dict[str, Any], *, exc_info: bool = False) -> None:
     """One log line: structlog's when the app set it up, else the stdlib logger's."""
-    if structlog.is_configured():
-        logger = structlog.get_logger("sandbox_router")
-        extra = {"exc_info": True} if exc_info else {}
-        logger.log(level, f"sandbox_router.{name}", **fields, **extra)
-    elif _stdlib.isEnabledFor(level):
-        fields = dict(redact_secrets(None, "", dict(fields)))
-        text = " ".join(f"{key}={value!r}" for key, value in fields.items())
-        _stdlib.log(level, "sandbox_router.%s %s", name, text, exc_info=exc_info,
-                    extra={"sandbox_router": fields})  # fmt: skip
+    _log.line(level, f"sandbox_router.{name}", fields, exc_info=exc_info)
 
 
 def emit(hooks: Sequence[Hook], event: RouterEvent) -> None:

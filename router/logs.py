@@ -11,30 +11,16 @@ masks any field whose name looks like a secret, as a last line of defence
 from __future__ import annotations
 
 import logging
-import re
 import sys
-from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import structlog
 
+from providers.logs import redact_secrets
+
 __all__ = ["LogFormat", "configure_logging", "redact_secrets"]
 
 LogFormat = Literal["auto", "json", "console"]
-
-_SECRET_NAME = re.compile(r"(api_?key|token|secret|password|authorization)", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]+@")
-
-
-def redact_secrets(
-    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
-) -> MutableMapping[str, Any]:
-    for key, value in list(event_dict.items()):
-        if _SECRET_NAME.search(key):
-            event_dict[key] = "***"
-        elif isinstance(value, str) and "@" in value:
-            event_dict[key] = _URL_PASSWORD.sub(r"\g<scheme>\g<user>:***@", value)
-    return event_dict
 
 
 class _Stderr:

@@ -81,6 +81,39 @@ def test_importing_the_library_configures_no_logging() -> None:
     assert result.stdout.split() == ["False", "[]"]
 
 
+def test_an_adapter_prints_nothing_to_stdout_when_the_app_set_up_no_logging() -> None:
+    """Unconfigured structlog prints every level to stdout; the adapters' lines go to the
+    stdlib logger then, where the app's setup (here: none) decides."""
+    import subprocess
+    import sys
+
+    probe = (
+        "from providers import e2b, modal, runloop\n"
+        "from providers.daytona import provider\n"
+        "for module in (e2b, modal, runloop, provider):\n"
+        "    module.log.debug('sandbox_router.probe.created', entry='x', api_key='k-123')\n"
+        "e2b.log.warning('sandbox_router.probe.slow', entry='x', api_key='k-123')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout == ""
+    assert "sandbox_router.probe.slow entry='x'" in result.stderr  # stdlib's last resort
+    assert "created" not in result.stderr
+    assert "k-123" not in result.stderr
+
+
+def test_an_adapter_logs_through_structlog_once_the_app_configured_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from providers import e2b
+
+    configure_logging("json", "debug")
+    e2b.log.debug("sandbox_router.e2b.created", entry="e2b", sandbox_id="i-1")
+    [line] = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
+    assert (line["event"], line["sandbox_id"]) == ("sandbox_router.e2b.created", "i-1")
+
+
 def _cli(chain: Path, *flags: str, stderr: int | None = None, verbose: bool = True) -> str:
     """Run ``sandbox-router [-v] [flags] exec`` and return what it wrote to stderr."""
     import subprocess

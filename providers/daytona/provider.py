@@ -30,8 +30,6 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import structlog
-
 from providers.account import KeyedProvider
 from providers.base import LABEL_LEASE, ProviderOptions, SandboxInfo, SandboxSpec
 from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
@@ -40,6 +38,7 @@ from providers.daytona.options import API_KEY_ENV, DaytonaOptions
 from providers.daytona.sandbox import DaytonaSandbox
 from providers.daytona.states import DELETED, SNAPSHOT_REMOVING, STARTABLE, UNUSABLE, state
 from providers.errors import NotFound, ProviderError, Unavailable
+from providers.logs import Log
 
 if TYPE_CHECKING:
     from daytona import AsyncDaytona, AsyncSandbox
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DaytonaProvider"]
 
-log = structlog.get_logger("sandbox_router.daytona")
+log = Log("sandbox_router.daytona")
 
 CODE_LANGUAGES = frozenset({"python", "javascript", "typescript"})
 _KILL_TIMEOUT = 10.0

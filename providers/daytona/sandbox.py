@@ -24,8 +24,6 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from providers.base import (
     CodeResult,
     CommandResult,
@@ -46,6 +44,7 @@ from providers.daytona.processes import (
 from providers.daytona.states import SNAPSHOT_MAKING, SNAPSHOT_READY, state
 from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
 from providers.files import Chunks, ShellFiles
+from providers.logs import Log
 from providers.mapping import Where
 from providers.processes import ProcessInfo
 from providers.shell import piped, script
@@ -57,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DaytonaSandbox"]
 
-log = structlog.get_logger("sandbox_router.daytona")
+log = Log("sandbox_router.daytona")
 
 SNAPSHOT_PREFIX = "sandbox-router-"  # the names of the snapshots made without one
 _SNAPSHOT_POLL = 1.0
