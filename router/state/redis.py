@@ -346,10 +346,9 @@ class RedisStore(StateStore):
         return bool(await self._script("warm_put", self._warm_keys(ref, now), args))
 
     async def warm_take(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
-        seconds = await self._script(
-            "warm_take", self._warm_keys(ref, now), [now, lease_id, _USAGE_TTL]
-        )
-        return None if seconds is None else float(seconds)
+        keys = [*self._warm_keys(ref, now), self._keys.memo(ref, "")]
+        seconds = await self._script("warm_take", keys, [now, lease_id, _USAGE_TTL, _CALL_MS])
+        return float(seconds) if seconds else None
 
     async def warm_list(self, ref: EntryRef, now: float) -> dict[str, WarmRecord]:
         key = self._keys.warm(ref)

@@ -19,6 +19,7 @@ from policies.quota import Limits, MonthlyWindow
 from router.state import EntryRef
 from router.state.redis import RedisStore
 from router.state.scripts import RunnerName
+from router.state.warm import WarmRecord
 
 NOW = 1_790_000_000.0
 CFG = BreakerConfig(failure_threshold=100)
@@ -88,5 +89,26 @@ async def test_a_settle_retried_after_a_lost_reply_counts_once(
         assert settled.applied
         snap = await store.snapshot([r], NOW)
         assert snap.entries["a"].breaker.failures == 1
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("runner", ["resp", "redis-py"])
+async def test_a_warm_take_retried_after_a_lost_reply_still_says_it_took_it(
+    proxy: LossyProxy, key_prefix: str, runner: RunnerName
+) -> None:
+    """Else the refill, told nothing was there, would not kill the sandbox it took."""
+    store = RedisStore(f"redis://127.0.0.1:{proxy.port}/0?socket_timeout=0.2", key_prefix, runner)
+    r = EntryRef("a", "p", Limits(), MonthlyWindow(), fingerprint="f")
+    try:
+        assert (await store.reserve(r, CFG, "w1", NOW, 30)).granted
+        await store.settle(r, CFG, "w1", NOW, outcome=Outcome.SUCCESS, ttl=300)
+        record = WarmRecord("sbx-1", NOW + 1, NOW + 200, NOW + 300)
+        assert await store.warm_put(r, "w1", record, NOW + 1)
+        assert await store.warm_take(r, "w0", NOW + 2) is None  # Redis knows the script now
+        proxy.lose_next_reply = True
+        assert await store.warm_take(r, "w1", NOW + 11) == pytest.approx(11)
+        assert proxy.lost == 1
+        assert await store.warm_list(r, NOW + 12) == {}
     finally:
         await store.close()
