@@ -342,8 +342,9 @@ class RedisStore(StateStore):
 
     async def warm_put(self, ref: EntryRef, lease_id: str, record: WarmRecord, now: float) -> bool:
         args = [lease_id, json.dumps(dataclasses.asdict(record)), "1" if record.paused else "0",
-                record.since, record.expires, _USAGE_TTL]  # fmt: skip
-        return bool(await self._script("warm_put", self._warm_keys(ref, now), args))
+                record.since, record.expires, _USAGE_TTL, _CALL_MS]  # fmt: skip
+        keys = [*self._warm_keys(ref, now), self._keys.memo(ref, "")]
+        return await self._script("warm_put", keys, args) == b"1"
 
     async def warm_take(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
         keys = [*self._warm_keys(ref, now), self._keys.memo(ref, "")]

@@ -112,3 +112,24 @@ async def test_a_warm_take_retried_after_a_lost_reply_still_says_it_took_it(
         assert await store.warm_list(r, NOW + 12) == {}
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("runner", ["resp", "redis-py"])
+async def test_a_paused_warm_put_retried_after_a_lost_reply_still_says_it_put_it(
+    proxy: LossyProxy, key_prefix: str, runner: RunnerName
+) -> None:
+    """A paused put releases the lease; run again, it found no lease and said no, and the
+    refill killed a sandbox the pool still offered."""
+    store = RedisStore(f"redis://127.0.0.1:{proxy.port}/0?socket_timeout=0.2", key_prefix, runner)
+    r = EntryRef("a", "p", Limits(), MonthlyWindow(), fingerprint="f")
+    try:
+        assert not await store.warm_put(r, "w0", WarmRecord("s", NOW, NOW, NOW), NOW)  # loaded
+        assert (await store.reserve(r, CFG, "w1", NOW, 30)).granted
+        await store.settle(r, CFG, "w1", NOW, outcome=Outcome.SUCCESS, ttl=300)
+        record = WarmRecord("sbx-1", NOW + 5, NOW + 200, NOW + 300, paused=True)
+        proxy.lose_next_reply = True
+        assert await store.warm_put(r, "w1", record, NOW + 5)
+        assert proxy.lost == 1
+        assert set(await store.warm_list(r, NOW + 6)) == {"w1"}
+    finally:
+        await store.close()
