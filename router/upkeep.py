@@ -6,8 +6,8 @@ kill and the freeing of its slot all run here, off the caller's path. The
 commit and the free are posted calls answered in callbacks
 (`router.state.posted`), the rest are tasks; closing the router waits for
 all of them (`Upkeep.spawn`, `Upkeep._track`). The frees a pool is still
-waiting for are tracked so this router's next acquire and its status read
-their own releases (`Upkeep.caught_up`).
+waiting for are tracked so this router's status, and an acquire refused
+for concurrency, read their own releases (`Upkeep.caught_up`).
 """
 
 from __future__ import annotations
@@ -154,10 +154,10 @@ class Upkeep:
         slot beside it, off the caller's path.
 
         The caller waits for the kill only. The slot's release is posted
-        beside it (`_free_slot`); this router's status, and its next acquire on
-        a pool with a concurrency limit, wait for it (`caught_up`): a program
-        that releases and acquires again still finds its slot free. Closing
-        the router waits for it too.
+        beside it (`_free_slot`); this router's status waits for it
+        (`caught_up`), and so does an acquire the pool refuses for concurrency
+        meanwhile (`Acquirer.book`): a program that releases and acquires
+        again still finds its slot free. Closing the router waits for it too.
         """
         if held.released:
             return
