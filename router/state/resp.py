@@ -16,6 +16,8 @@ write and one parse.
 It runs only EVALSHA of the store's scripts, which are idempotent: on a
 dropped connection or a timeout the call is retried on a new connection
 (twice, with a short backoff), as redis-py's reconnect policy would.
+`ScriptConnection.post` sends a call without a caller waiting on it: its
+reply settles a `router.state.posted.Posted` future in a callback.
 
 It serves ``redis://``, ``rediss://`` and ``unix://``; Sentinel and Cluster
 keep redis-py, which knows how to find the master or the slot's node.
@@ -211,7 +213,10 @@ class ScriptConnection:
                 return
             reply = call.result()
             if isinstance(reply, hiredis.ReplyError):
-                if first and str(reply).startswith("NOSCRIPT") and conn.lost is None:
+                if first and str(reply).startswith("NOSCRIPT"):
+                    if conn.lost is not None:
+                        self._retry_into(out, sha, script, keys, args)
+                        return
                     loading = conn.send("EVAL", script, len(keys), *keys, *args)
                     loading.add_done_callback(functools.partial(landed, False))
                     return
