@@ -344,7 +344,8 @@ class RedisStore(StateStore):
         args = [lease_id, json.dumps(dataclasses.asdict(record)), "1" if record.paused else "0",
                 record.since, record.expires, _USAGE_TTL, _CALL_MS]  # fmt: skip
         keys = [*self._warm_keys(ref, now), self._keys.memo(ref, "")]
-        return await self._script("warm_put", keys, args) == b"1"
+        answer: bytes = await self._script("warm_put", keys, args)
+        return answer == b"1"
 
     async def warm_take(self, ref: EntryRef, lease_id: str, now: float) -> float | None:
         keys = [*self._warm_keys(ref, now), self._keys.memo(ref, "")]
