@@ -54,6 +54,7 @@ async def test_a_full_pool_gives_its_slot_to_the_acquire_right_after_a_release(
     for _ in range(30):
         async with await router.aacquire() as lease:
             assert lease.entry == "flaky"
+    await router.astatus()  # waits for the last release's free, still in flight
     assert len(fired(events, "acquired")) == len(fired(events, "released")) == 30
     assert fired(events, "acquire_failed") == []
 
