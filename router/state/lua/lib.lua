@@ -183,6 +183,21 @@ local function ensure_counts(leases_key, meta_key, held_key)
   end
 end
 
+-- Free lease `lid` (its slot and its count) and meter a live one's seconds from its
+-- commit to `upto` (or its expiry, if sooner) into the usage. Returns the seconds.
+local function drop_lease(usage_key, leases_key, meta_key, held_key, lid, m, upto, usage_ttl)
+  local expires = tonumber(redis.call('ZSCORE', leases_key, lid) or upto)
+  local seconds = 0
+  if m.live == 1 then seconds = math.max(0, math.min(upto, expires) - m.started) end
+  redis.call('HINCRBYFLOAT', usage_key, 'sandbox_seconds', seconds)
+  redis.call('EXPIRE', usage_key, usage_ttl)
+  ensure_counts(leases_key, meta_key, held_key)
+  redis.call('HDEL', meta_key, lid)
+  redis.call('ZREM', leases_key, lid)
+  count_lease(held_key, m.entry, -1)
+  return seconds
+end
+
 -- Drop expired leases (the lease set is their index by expiry, so only those
 -- are read), charging each its seconds until it expired. Returns how many.
 local function purge(usage_key, leases_key, meta_key, held_key, now)

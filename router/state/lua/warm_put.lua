@@ -12,14 +12,7 @@ return once(function()
   local m = cjson.decode(raw)
   if m.live ~= 1 then return '0' end
   if ARGV[3] == '1' then
-    local expires = tonumber(redis.call('ZSCORE', KEYS[2], lid))
-    local seconds = math.max(0, math.min(tonumber(ARGV[4]), expires) - m.started)
-    redis.call('HINCRBYFLOAT', KEYS[1], 'sandbox_seconds', seconds)
-    redis.call('EXPIRE', KEYS[1], tonumber(ARGV[6]))
-    ensure_counts(KEYS[2], KEYS[3], KEYS[4])
-    redis.call('HDEL', KEYS[3], lid)
-    redis.call('ZREM', KEYS[2], lid)
-    count_lease(KEYS[4], m.entry, -1)
+    drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], lid, m, tonumber(ARGV[4]), tonumber(ARGV[6]))
   else
     local expires = tonumber(ARGV[5])
     m.ttl = expires - m.started

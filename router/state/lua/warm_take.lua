@@ -16,14 +16,5 @@ return once(function()
   raw = redis.call('HGET', KEYS[3], lid)
   if not raw then return '0' end
   local m = cjson.decode(raw)
-  local expires = tonumber(redis.call('ZSCORE', KEYS[2], lid) or now)
-  local seconds = 0
-  if m.live == 1 then seconds = math.max(0, math.min(now, expires) - m.started) end
-  redis.call('HINCRBYFLOAT', KEYS[1], 'sandbox_seconds', seconds)
-  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-  ensure_counts(KEYS[2], KEYS[3], KEYS[4])
-  redis.call('HDEL', KEYS[3], lid)
-  redis.call('ZREM', KEYS[2], lid)
-  count_lease(KEYS[4], m.entry, -1)
-  return tostring(seconds)
+  return tostring(drop_lease(KEYS[1], KEYS[2], KEYS[3], KEYS[4], lid, m, now, tonumber(ARGV[3])))
 end)
