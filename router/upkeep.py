@@ -34,7 +34,7 @@ from router.events import (
 )
 from router.lease import Held
 from router.ledger import RESERVE_GRACE, Booking, Ledger
-from router.state.posted import then
+from router.state.posted import Posted, then
 from router.waits import until_done
 
 __all__ = ["Upkeep"]
@@ -133,6 +133,9 @@ class Upkeep:
         overtakes the commit)."""
         if held.committing is not None:
             await held.committing
+        return self._booking_now(held)
+
+    def _booking_now(self, held: Held) -> Booking:
         return self._ledger.booking(held, self._ctx.entries[held.entry].ref)
 
     async def _heartbeat(self, held: Held) -> None:
@@ -202,11 +205,11 @@ class Upkeep:
         committing = held.committing
         if committing is None or committing.done():
             return self._free_now(held)
-        freed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        freed: Posted[None] = Posted(asyncio.Future.result, loop=asyncio.get_running_loop())
 
         def free(_: object) -> None:
             try:
-                self._free_now(held).add_done_callback(functools.partial(_settle, freed))
+                self._free_now(held).add_done_callback(freed.land)
             except Exception as exc:
                 freed.set_exception(exc)
 
@@ -214,7 +217,7 @@ class Upkeep:
         return freed
 
     def _free_now(self, held: Held) -> asyncio.Future[None]:
-        booking = self._ledger.booking(held, self._ctx.entries[held.entry].ref)
+        booking = self._booking_now(held)
         return then(self._ledger.release(booking), functools.partial(self._freed, held, booking))
 
     def _freed(self, held: Held, booking: Booking, releasing: asyncio.Future[float | None]) -> None:
@@ -314,15 +317,3 @@ class Upkeep:
         if self._owed:
             self._ctx.emit(FreesOwed(len(self._owed)))
             self._owed.clear()
-
-
-def _settle(out: asyncio.Future[T], done: asyncio.Future[T]) -> None:
-    """Give ``out`` the outcome of ``done``."""
-    if out.done():
-        return
-    if done.cancelled():
-        out.cancel()
-    elif (exc := done.exception()) is not None:
-        out.set_exception(exc)
-    else:
-        out.set_result(done.result())

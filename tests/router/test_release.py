@@ -1,8 +1,8 @@
 """The release frees the slot beside the kill; the caller waits for the kill only.
 
-The router's own next acquire and status wait for the slots it is still
-freeing, so a program that releases and acquires again on a pool of one
-never finds its own slot taken. A cancelled release still kills its sandbox
+The router's status waits for the slots it is still freeing, and so does
+an acquire the pool refuses for concurrency meanwhile, so a program that
+releases and acquires again on a pool of one never finds its own slot taken. A cancelled release still kills its sandbox
 and frees its slot.
 """
 
