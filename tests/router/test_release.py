@@ -2,8 +2,8 @@
 
 The router's status waits for the slots it is still freeing, and so does
 an acquire the pool refuses for concurrency meanwhile, so a program that
-releases and acquires again on a pool of one never finds its own slot taken. A cancelled release still kills its sandbox
-and frees its slot.
+releases and acquires again on a pool of one never finds its own slot taken.
+A cancelled release still kills its sandbox and frees its slot.
 """
 
 from __future__ import annotations
