@@ -378,7 +378,23 @@ class LocalProcess:
         return self.proc.pid
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the whole process group (bwrap and everything below it)."""
+        """Signal the whole process group (bwrap and everything below it), while its
+        leader is not reaped.
+
+        Once reaped, the group's number is free when its last member goes, and
+        with pid_max at 32768 a busy host hands it to a newcomer within
+        minutes: a late kill (an emulator ending a sandbox whose commands ended
+        long ago) would SIGKILL a stranger's command.
+        """
+        if self.proc.returncode is None:
+            self.end_group(sig)
+
+    def end_group(self, sig: int = signal.SIGKILL) -> None:
+        """Signal what is left of the group; call it in the loop turn that saw the reap.
+
+        Members still running keep the group's number taken; with none left it
+        comes back only after the pid counter wraps around, not within a turn.
+        """
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 
@@ -406,7 +422,7 @@ class LocalProcess:
             self.kill()
             out, err = await readers
         code = await self.proc.wait()
-        self.kill()  # reap anything the command left running in its group
+        self.end_group()  # anything the command left running
         return out, err, code, timed_out
 
 

@@ -272,7 +272,7 @@ class ProcessService:
         finally:
             if timer is not None:
                 timer.cancel()
-            process.local.kill()  # reap what the command left running in its group
+            process.local.end_group()  # what the command left running
             sandbox.processes.pop(process.pid, None)
         process.end = _end_event(code)
         process.publish({"end": process.end})

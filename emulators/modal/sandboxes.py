@@ -288,7 +288,7 @@ class Exec:
             self.process.kill()
             await readers
         returncode = await proc.wait()
-        self.process.kill()
+        self.process.end_group()
         if returncode < 0:
             self.signal = -returncode
         else:

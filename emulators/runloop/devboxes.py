@@ -124,7 +124,7 @@ class Execution:
             self._read(proc.stdout, self.stdout), self._read(proc.stderr, self.stderr)
         )
         code = await proc.wait()
-        self.process.kill()
+        self.process.end_group()
         self.exit_status = 128 - code if code < 0 else code
         self.changes.notify()
         on_done()

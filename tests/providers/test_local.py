@@ -689,3 +689,43 @@ async def test_a_directory_swapped_for_a_symlink_mid_call_never_leads_outside(
     assert (outside / "secret.txt").read_bytes() == b"host secret"
     assert b"inside\n" in read
     assert b"host secret" not in read
+
+
+_REUSED_PID = """
+import asyncio, os, sys
+from providers.local import LocalProcess
+
+async def main() -> None:
+    old = LocalProcess(await asyncio.create_subprocess_exec("true", start_new_session=True), 1)
+    await old.proc.wait()
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(old.pid - 1))
+    newcomer = await asyncio.create_subprocess_exec("sleep", "30", start_new_session=True)
+    assert newcomer.pid == old.pid, (newcomer.pid, old.pid)
+    old.kill()
+    try:
+        await asyncio.wait_for(newcomer.wait(), 0.5)
+    except TimeoutError:
+        newcomer.kill()
+        sys.exit(0)
+    sys.exit(f"a late kill of a reaped command killed pid {newcomer.pid}'s newcomer")
+
+asyncio.run(main())
+"""
+
+
+def test_a_late_kill_never_reaches_a_newcomer_with_the_reaped_commands_pid() -> None:
+    """pid_max can be 32768: an emulator killing a command it reaped minutes ago (the end of
+    its sandbox) once SIGKILLed another sandbox's fresh command that had drawn the number.
+    A private PID namespace sets the next pid so the newcomer draws it here for sure."""
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare not installed (a private PID namespace picks the pid)")
+    unshare = ["unshare", "-U", "-r", "-p", "-f", "--mount-proc"]
+    probe = subprocess.run([*unshare, "true"], check=False, capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"unshare cannot make a user and PID namespace here: {probe.stderr!r}")
+    ran = subprocess.run(
+        [*unshare, sys.executable, "-c", _REUSED_PID],
+        check=False, capture_output=True, text=True, timeout=30, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
