@@ -30,7 +30,11 @@ one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
   ``POST /files/bulk-download`` (``{paths}`` in, a multipart/form-data
   response out: a ``file`` part per path, or an ``error`` part with the
   daemon's JSON error, each part naming the requested path exactly in
-  ``filename*``), ``GET /files?path=&depth=``.
+  ``filename*``), ``GET /files?path=&depth=``; and managing them as the
+  daemon does: ``POST /files/folder``, ``DELETE /files``, ``GET
+  /files/info``, ``POST /files/move``, ``POST /files/permissions``, ``GET
+  /files/find`` (lines holding a text), ``GET /files/search`` (names matching
+  a glob), ``POST /files/replace``.
 * ``GET /work-dir`` and ``/user-home-dir``: both ``/home/daytona``.
 """
 
@@ -39,16 +43,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import fnmatch
 import grp
 import json
 import os
+import posixpath
 import pwd
 import secrets
 import shutil
 import stat
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -181,6 +187,14 @@ class Toolbox:
             web.post(base + "/files/bulk-upload", self.upload),
             web.post(base + "/files/bulk-download", self.download),
             web.get(base + "/files", self.list_files),
+            web.delete(base + "/files", self.delete_file),
+            web.post(base + "/files/folder", self.create_folder),
+            web.get(base + "/files/info", self.file_info),
+            web.post(base + "/files/move", self.move_file),
+            web.post(base + "/files/permissions", self.set_permissions),
+            web.get(base + "/files/find", self.find_in_files),
+            web.get(base + "/files/search", self.search_files),
+            web.post(base + "/files/replace", self.replace_in_files),
             web.get(base + "/work-dir", self.home_dir),
             web.get(base + "/user-home-dir", self.home_dir),
         ]
@@ -604,6 +618,202 @@ class Toolbox:
         shown = path.rstrip("/") or "/"
         entries = await asyncio.to_thread(_walk, target, shown, int(raw_depth))
         return web.json_response(entries)
+
+    # -- managing files ---------------------------------------------------
+    @staticmethod
+    def _query(request: web.Request, *names: str) -> list[str]:
+        values = [request.query.get(name, "") for name in names]
+        if not all(values):
+            raise DaemonError(400, f"{' and '.join(names)} are required", "BAD_REQUEST")
+        return values
+
+    async def create_folder(self, request: web.Request) -> web.Response:
+        """``mkdir -p`` with the octal ``mode`` (``0755`` when unset)."""
+        box: Box = request[BOX]
+        (path,) = self._query(request, "path")
+        mode = _mode(request.query.get("mode") or "755")
+        target = self._writable(box, path)
+        await _os(path, lambda: target.mkdir(mode=mode, parents=True, exist_ok=True))
+        return web.Response(status=201)
+
+    async def delete_file(self, request: web.Request) -> web.Response:
+        """A file, or a directory with ``recursive=true``."""
+        box: Box = request[BOX]
+        (path,) = self._query(request, "path")
+        target = self._writable(box, path)
+        st = await _os(path, target.lstat)
+        if stat.S_ISDIR(st.st_mode):
+            if request.query.get("recursive") != "true":
+                raise DaemonError(
+                    400, "cannot delete directory without recursive flag", "BAD_REQUEST"
+                )
+            await _os(path, lambda: shutil.rmtree(target))
+        else:
+            await _os(path, target.unlink)
+        return web.Response(status=204)
+
+    async def file_info(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        (path,) = self._query(request, "path")
+        target = self._path(box, path)
+        await _os(path, target.stat)
+        return web.json_response(_file_info(target, box.local.absolute(path)))
+
+    async def move_file(self, request: web.Request) -> web.Response:
+        """A rename; the destination's directory must exist and the destination must not."""
+        box: Box = request[BOX]
+        source, destination = self._query(request, "source", "destination")
+        src = self._writable(box, source)
+        dst = self._writable(box, destination)
+        await _os(source, src.lstat)
+        await _os(destination, dst.parent.stat)
+        if dst.exists() or dst.is_symlink():
+            raise DaemonError(409, "destination already exists", "CONFLICT")
+        await _os(source, lambda: shutil.move(src, dst))
+        return web.Response(status=200)
+
+    async def set_permissions(self, request: web.Request) -> web.Response:
+        """``chmod`` to the octal ``mode``, ``chown`` to ``owner`` / ``group`` (names or ids;
+        ``daytona``, the sandbox's user, is the emulator's own)."""
+        box: Box = request[BOX]
+        (path,) = self._query(request, "path")
+        target = self._path(box, path)
+        await _os(path, target.stat)
+        mode = request.query.get("mode")
+        if mode:
+            await _os(path, lambda: target.chmod(_mode(mode)))
+        owner, group = request.query.get("owner", ""), request.query.get("group", "")
+        if owner or group:
+            uid = _id_of(owner, pwd.getpwnam, "user") if owner else -1
+            gid = _id_of(group, grp.getgrnam, "group") if group else -1
+            try:
+                await asyncio.to_thread(os.chown, target, uid, gid)
+            except OSError as exc:
+                message = f"failed to change owner: {exc.strerror}"
+                raise DaemonError(400, message, "BAD_REQUEST") from None
+        return web.Response(status=200)
+
+    async def find_in_files(self, request: web.Request) -> web.Response:
+        """Lines holding ``pattern`` (plain text) in the text files under ``path``."""
+        box: Box = request[BOX]
+        path, pattern = self._query(request, "path", "pattern")
+        root = self._path(box, path)
+        matches = await asyncio.to_thread(_find, root, path, pattern)
+        return web.json_response(matches)
+
+    async def search_files(self, request: web.Request) -> web.Response:
+        """Paths under ``path`` (itself included) whose name matches the glob ``pattern``."""
+        box: Box = request[BOX]
+        path, pattern = self._query(request, "path", "pattern")
+        root = self._path(box, path)
+        files = await asyncio.to_thread(
+            lambda: [
+                shown
+                for host, shown in _tree(root, path)
+                if fnmatch.fnmatchcase(host.name, pattern)
+            ]
+        )
+        return web.json_response({"files": files})
+
+    async def replace_in_files(self, request: web.Request) -> web.Response:
+        """Every occurrence of ``pattern`` replaced in each file; a result per file."""
+        box: Box = request[BOX]
+        body = await self._json(request)
+        files, pattern = body.get("files"), body.get("pattern")
+        new_value = body.get("newValue") or ""
+        if (
+            not isinstance(files, list)
+            or not all(isinstance(f, str) for f in files)
+            or not isinstance(pattern, str)
+            or not isinstance(new_value, str)
+        ):
+            raise DaemonError(400, "invalid request body", "INVALID_REQUEST_BODY")
+        results = []
+        for file in files:
+            try:
+                target = box.local.host(file, write=True)
+                content = await asyncio.to_thread(target.read_bytes)
+                replaced = content.replace(pattern.encode(), new_value.encode())
+                await asyncio.to_thread(target.write_bytes, replaced)
+            except PathRefused as exc:
+                results.append({"file": file, "success": False, "error": str(exc)})
+            except OSError as exc:
+                results.append({"file": file, "success": False, "error": _os_message(file, exc)})
+            else:
+                results.append({"file": file, "success": True})
+        return web.json_response(results)
+
+    def _writable(self, box: Box, path: str) -> Path:
+        try:
+            return box.local.host(path, write=True)
+        except PathRefused as exc:
+            raise DaemonError(400, str(exc), "INVALID_FILE_PATH") from None
+
+
+def _mode(raw: str) -> int:
+    try:
+        return int(raw, 8)
+    except ValueError:
+        raise DaemonError(400, "invalid mode format", "BAD_REQUEST") from None
+
+
+def _id_of(name: str, lookup: Callable[[str], Any], kind: str) -> int:
+    if name.isdigit():
+        return int(name)
+    if name == "daytona":
+        return os.getuid() if kind == "user" else os.getgid()
+    try:
+        return int(lookup(name)[2])
+    except KeyError:
+        raise DaemonError(400, f"{kind} not found", "BAD_REQUEST") from None
+
+
+def _os_message(path: str, exc: OSError) -> str:
+    return f"{path}: {exc.strerror or exc}".lower()
+
+
+async def _os(path: str, call: Callable[[], Any]) -> Any:
+    """``call`` off the loop, its OS error answered as the daemon does (404, 403, else 400)."""
+    try:
+        return await asyncio.to_thread(call)
+    except FileNotFoundError as exc:
+        raise DaemonError(404, _os_message(path, exc), "FILE_NOT_FOUND") from None
+    except PermissionError as exc:
+        raise DaemonError(403, _os_message(path, exc), "FILE_ACCESS_DENIED") from None
+    except OSError as exc:
+        raise DaemonError(400, _os_message(path, exc), "BAD_REQUEST") from None
+
+
+def _tree(root: Path, shown: str) -> Iterator[tuple[Path, str]]:
+    """``root`` and what lies under it, depth first in name order; symlinks not followed."""
+    if not root.exists() and not root.is_symlink():
+        raise DaemonError(404, f"{shown}: no such file or directory", "FILE_NOT_FOUND")
+    yield root, shown
+    if root.is_dir() and not root.is_symlink():
+        try:
+            children = sorted(root.iterdir(), key=lambda p: p.name)
+        except OSError:
+            return
+        for child in children:
+            yield from _tree(child, posixpath.join(shown, child.name))
+
+
+def _find(root: Path, shown: str, pattern: str) -> list[dict[str, Any]]:
+    """The daemon's content search: regular files not binary (no NUL in the first 512 bytes)."""
+    matches: list[dict[str, Any]] = []
+    for host, path in _tree(root, shown):
+        if not host.is_file() or host.is_symlink():
+            continue
+        try:
+            data = host.read_bytes()
+        except OSError:
+            continue
+        if b"\x00" in data[:512]:
+            continue
+        for number, line in enumerate(data.decode(errors="replace").splitlines(), 1):
+            if pattern in line:
+                matches.append({"file": path, "line": number, "content": line})
+    return matches
 
 
 CHUNK = 1 << 20

@@ -576,3 +576,33 @@ async def test_a_warm_pool_serves_creates_of_its_snapshot_at_once(
     assert json.loads(gone.value.body)["message"] == f"Warm pool {pool.id} not found"
     for sandbox in (served, cold, with_env):
         await sandbox.delete()
+
+
+async def test_files_are_managed_like_the_daemon_does(client: AsyncDaytona) -> None:
+    """Folders, info, moves, deletes, permissions, content search and replace (e2e suite)."""
+    sandbox = await client.create()
+    fs = sandbox.fs
+    await fs.create_folder("work/deep", "750")
+    await fs.upload_files([FileUpload(b"old one\nno\nold two\n", "work/a.txt")])
+    await fs.upload_files([FileUpload(b"\x00old", "work/deep/b.bin")])
+    info = await fs.get_file_info("work/a.txt")
+    assert (info.name, info.size, info.is_dir) == ("a.txt", 19, False)
+    assert (await fs.get_file_info("work/deep")).permissions == "0750"
+    found = await fs.find_files("work", "old")
+    assert [(m.file, m.line, m.content) for m in found] == [
+        ("work/a.txt", 1, "old one"),
+        ("work/a.txt", 3, "old two"),
+    ]
+    assert (await fs.search_files("work", "*.bin")).files == ["work/deep/b.bin"]
+    replaced = await fs.replace_in_files(["work/a.txt", "work/none"], "old", "new")
+    assert [(r.file, r.success) for r in replaced] == [("work/a.txt", True), ("work/none", False)]
+    assert await fs.download_file("work/a.txt") == b"new one\nno\nnew two\n"
+    await fs.set_file_permissions("work/a.txt", mode="600")
+    assert (await fs.get_file_info("work/a.txt")).permissions == "0600"
+    await fs.move_files("work/a.txt", "/tmp/moved.txt")
+    assert await fs.download_file("/tmp/moved.txt") == b"new one\nno\nnew two\n"
+    with pytest.raises(DaytonaError, match="directory"):
+        await fs.delete_file("work")
+    await fs.delete_file("work", recursive=True)
+    with pytest.raises(DaytonaNotFoundError):
+        await fs.get_file_info("work")
