@@ -17,9 +17,9 @@ a 502 whose message says it "was not found" (the SDK turns that into
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
+import posixpath
 import shutil
 import stat
 from collections.abc import AsyncIterator
@@ -38,7 +38,7 @@ from emulators.e2b.connect import (
     serve_unary,
 )
 from emulators.e2b.processes import ProcessService
-from emulators.e2b.sandboxes import E2BSandbox
+from emulators.e2b.sandboxes import E2B_HOME, E2BSandbox
 from emulators.filesystem import PathRefused
 
 if TYPE_CHECKING:
@@ -60,19 +60,39 @@ def _json_error(status: int, message: str) -> web.HTTPException:
     return _HTTP[status](text=body, content_type="application/json")
 
 
+def _link_host(sandbox: E2BSandbox, path: str | None, *, write: bool = False) -> Path:
+    """The host path of ``path`` with its last element not followed (a symlink stays one)."""
+    absolute = sandbox.local.absolute(path or E2B_HOME)
+    parent, name = posixpath.split(absolute)
+    if not name:
+        return sandbox.host(absolute, write=write)
+    return sandbox.host(parent, write=write) / name
+
+
 def _entry(sandbox: E2BSandbox, host: Path) -> Message:
+    """envd's EntryInfo: a symlink is described by its target (type, mode) and flagged,
+    with the target resolved to an absolute sandbox path (the link's own when dangling)."""
     info = host.lstat()
-    entry: Message = {"name": host.name, "path": sandbox.local.vendor(host)}
+    path = sandbox.local.vendor(host)
+    entry: Message = {"name": host.name, "path": path}
+    mode_of = info
+    file_type = "FILE_TYPE_FILE"
     if stat.S_ISLNK(info.st_mode):
+        target = sandbox.host(path)
+        try:
+            mode_of = target.stat()
+        except OSError:
+            file_type = "FILE_TYPE_UNSPECIFIED"
         entry["isSymlink"] = True
-        entry["symlinkTarget"] = os.readlink(host)
-        with contextlib.suppress(OSError):
-            info = host.stat()
-    is_dir = stat.S_ISDIR(info.st_mode)
+        entry["symlinkTarget"] = (
+            sandbox.local.vendor(target) if file_type != "FILE_TYPE_UNSPECIFIED" else path
+        )
+    if stat.S_ISDIR(mode_of.st_mode):
+        file_type = "FILE_TYPE_DIRECTORY"
     entry.update(
-        type="FILE_TYPE_DIRECTORY" if is_dir else "FILE_TYPE_FILE",
+        type=file_type,
         size=str(info.st_size),
-        mode=stat.S_IMODE(info.st_mode),
+        mode=stat.S_IMODE(mode_of.st_mode),
         permissions=stat.filemode(info.st_mode),
         owner="user",
         group="user",
@@ -215,7 +235,7 @@ class Envd:
         return result
 
     def _stat(self, sandbox: E2BSandbox, message: Message) -> Message:
-        return {"entry": _entry(sandbox, sandbox.host(message.get("path")))}
+        return {"entry": _entry(sandbox, _link_host(sandbox, message.get("path")))}
 
     def _list_dir(self, sandbox: E2BSandbox, message: Message) -> Message:
         root = sandbox.host(message.get("path"))
@@ -239,7 +259,7 @@ class Envd:
         return {"entry": _entry(sandbox, host)}
 
     def _remove(self, sandbox: E2BSandbox, message: Message) -> Message:
-        host = sandbox.host(message.get("path"), write=True)
+        host = _link_host(sandbox, message.get("path"), write=True)
         if host.is_dir() and not host.is_symlink():
             shutil.rmtree(host)
         else:
@@ -247,8 +267,8 @@ class Envd:
         return {}
 
     def _move(self, sandbox: E2BSandbox, message: Message) -> Message:
-        source = sandbox.host(message.get("source"), write=True)
-        destination = sandbox.host(message.get("destination"), write=True)
+        source = _link_host(sandbox, message.get("source"), write=True)
+        destination = _link_host(sandbox, message.get("destination"), write=True)
         destination.parent.mkdir(parents=True, exist_ok=True)
         source.rename(destination)
         return {"entry": _entry(sandbox, destination)}

@@ -19,6 +19,7 @@ from e2b import (
     CommandExitException,
     ConnectionConfig,
     FileNotFoundException,
+    FileType,
     InvalidArgumentException,
     NotFoundException,
     PtySize,
@@ -426,3 +427,35 @@ async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
         error = handle_api_exception(response)  # how the SDK reads an error answer
         assert isinstance(error, SandboxException)
         assert str(error) == "404: Cannot GET /v2/nope"
+
+
+async def test_get_info_of_a_symlink_describes_the_link(emu: E2BEmulator) -> None:
+    """envd lstats the last path element: a symlink's entry is the link itself, with its
+    resolved absolute target and the target's type (the SDK shows it as a symlink)."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        await sbx.files.write("d/target.txt", "x")
+        await sbx.commands.run("ln -s target.txt link.txt", cwd="/home/user/d")
+        info = await sbx.files.get_info("d/link.txt")
+        assert (info.name, info.path) == ("link.txt", "/home/user/d/link.txt")
+        assert (info.type, info.symlink_target) == (FileType.SYMLINK, "/home/user/d/target.txt")
+        listed = {e.name: e for e in await sbx.files.list("d")}
+        assert listed["link.txt"].symlink_target == "/home/user/d/target.txt"
+        assert listed["target.txt"].symlink_target is None
+    finally:
+        await sbx.kill()
+
+
+async def test_remove_of_a_symlink_removes_the_link(emu: E2BEmulator) -> None:
+    """Remove and rename act on a symlink itself, never on what it points to."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        await sbx.files.write("real/x.txt", "x")
+        await sbx.commands.run("ln -s real alias && ln -s real other")
+        await sbx.files.remove("alias")
+        await sbx.files.rename("other", "renamed")
+        assert await sbx.files.read("real/x.txt") == "x"
+        names = {e.name: e.type for e in await sbx.files.list(".")}
+        assert names == {"real": FileType.DIR, "renamed": FileType.SYMLINK}
+    finally:
+        await sbx.kill()
