@@ -19,7 +19,7 @@ those names at the ingress, as Runloop's DNS does.
 
 Faults come from the shared harness, per operation: ``create`` (both create
 routes), ``list``, ``get``, ``wait`` (the devbox status long-poll),
-``kill`` (shutdown), ``keepalive``, ``exec`` (execute, execute_async and
+``kill`` (shutdown), ``keepalive``, ``exec`` (execute, execute_async, execute_sync and
 everything under ``executions/``), ``files``, ``pause`` (suspend),
 ``resume``, ``port`` (enable_tunnel) and ``snapshot`` (snapshot_disk,
 snapshot_disk_async and ``disk_snapshots/``); plus ``boot``, taken when a
@@ -73,6 +73,7 @@ _SUB_OPS = {
     "keep_alive": "keepalive",
     "execute": "exec",
     "execute_async": "exec",
+    "execute_sync": "exec",
     "write_file_contents": "files",
     "read_file_contents": "files",
     "upload_file": "files",

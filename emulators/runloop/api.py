@@ -11,6 +11,8 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   ``limit`` / ``starting_after`` (``has_more``, ``total_count``), filtered
   by ``status``; ``GET /v1/devboxes/{id}``; ``POST .../wait_for_status``
   long-polls (at most 30 s) and answers 408 when the hold passes.
+* ``POST .../execute_sync`` (deprecated) holds until the command ends and
+  answers all of its output.
 * ``POST .../execute`` (waits ``optimistic_timeout`` seconds, at most 25,
   for the command; a repeated ``command_id`` answers the same execution) and
   ``.../execute_async`` (with ``attach_stdin`` the command's stdin stays
@@ -250,6 +252,7 @@ class DevboxApi:
             web.post(base + "/snapshot_disk_async", self.snapshot_disk_async),
             web.post(base + "/execute", self.execute),
             web.post(base + "/execute_async", self.execute_async),
+            web.post(base + "/execute_sync", self.execute_sync),
             web.get(execution, self.execution),
             web.post(execution + "/wait_for_status", self.wait_for_execution),
             web.post(execution + "/kill", self.kill_execution),
@@ -624,6 +627,24 @@ class DevboxApi:
         devbox = self.running(request)
         body = await self.body(request)
         return web.json_response(_execution_view(await self._start(devbox, body)))
+
+    async def execute_sync(self, request: web.Request) -> web.Response:
+        """Deprecated on Runloop, still served: held to the command's end, all of its output."""
+        devbox = self.running(request)
+        body = await self.body(request)
+        if body.get("attach_stdin"):
+            raise ApiError(400, "attach_stdin is not supported by execute_sync")
+        execution = await self._start(devbox, body)
+        if execution.task is not None:
+            await asyncio.shield(execution.task)
+        return web.json_response(
+            {
+                "devbox_id": devbox.id,
+                "exit_status": execution.exit_status,
+                "stdout": execution.stdout.decode("utf-8", "replace"),
+                "stderr": execution.stderr.decode("utf-8", "replace"),
+            }
+        )
 
     async def execution(self, request: web.Request) -> web.Response:
         _, execution = self.execution_of(request)

@@ -173,6 +173,26 @@ async def test_execute_dedups_command_ids(emu: RunloopEmulator, client: AsyncRun
     assert contents == "once\n"
 
 
+async def test_execute_sync_holds_until_the_command_ends(client: AsyncRunloop) -> None:
+    """The deprecated ``execute_sync`` is still served: the SDK's own tests call it."""
+    view = await client.devboxes.create_and_await_running()
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        done = await client.devboxes.execute_sync(
+            view.id, command="sleep 0.3; echo out; echo err >&2; exit 4"
+        )
+    assert (done.devbox_id, done.exit_status, done.stdout, done.stderr) == (
+        view.id,
+        4,
+        "out\n",
+        "err\n",
+    )
+    with (
+        pytest.warns(DeprecationWarning, match="deprecated"),
+        pytest.raises(BadRequestError, match="attach_stdin"),
+    ):
+        await client.devboxes.execute_sync(view.id, command="cat", attach_stdin=True)
+
+
 async def test_execution_long_poll_answers_408(client: AsyncRunloop) -> None:
     view = await client.devboxes.create_and_await_running()
     started = await client.devboxes.execute(view.id, command="sleep 30", optimistic_timeout=0)
