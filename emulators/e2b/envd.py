@@ -98,10 +98,49 @@ def _entry(sandbox: E2BSandbox, host: Path) -> Message:
         group="user",
         modifiedTime=datetime.fromtimestamp(info.st_mtime, UTC).isoformat().replace("+00:00", "Z"),
     )
+    if metadata := _read_metadata(host):
+        entry["metadata"] = metadata
     return entry
 
 
 CHUNK = 1 << 20
+XATTR_PREFIX = "user.e2b."
+METADATA_HEADER = "x-metadata-"
+_MAX_KEY = 246
+_MAX_METADATA = 4096
+
+
+def _metadata_of(request: web.Request) -> dict[str, str]:
+    """An upload's ``X-Metadata-<key>`` headers (key lowercased, first value kept), checked
+    as envd checks them: printable US-ASCII, keys of at most 246 bytes, 4096 in all."""
+    metadata: dict[str, str] = {}
+    for raw_name, raw_value in request.raw_headers:
+        name = raw_name.decode("latin-1").lower()
+        if not name.startswith(METADATA_HEADER):
+            continue
+        key, value = name[len(METADATA_HEADER) :], raw_value.decode("latin-1")
+        if not key or not all(0x20 <= ord(c) <= 0x7E for c in key + value):
+            raise _json_error(400, f"invalid metadata {key!r}: only printable US-ASCII")
+        if len(key) > _MAX_KEY:
+            raise _json_error(400, f"metadata key {key!r} is longer than {_MAX_KEY} bytes")
+        metadata.setdefault(key, value)
+    total = sum(len(XATTR_PREFIX) + len(k) + len(v) for k, v in metadata.items())
+    if total > _MAX_METADATA:
+        raise _json_error(400, f"metadata takes {total} bytes, more than {_MAX_METADATA}")
+    return metadata
+
+
+def _read_metadata(host: Path) -> dict[str, str]:
+    """The ``user.e2b.*`` xattrs of a file, prefix stripped (none when unreadable)."""
+    try:
+        names = os.listxattr(host)
+        return {
+            name[len(XATTR_PREFIX) :]: os.getxattr(host, name).decode("utf-8", "replace")
+            for name in names
+            if name.startswith(XATTR_PREFIX)
+        }
+    except OSError:
+        return {}
 
 
 async def _part_chunks(part: Any) -> AsyncIterator[bytes]:
@@ -157,6 +196,7 @@ class Envd:
     async def upload(self, request: web.Request) -> web.Response:
         sandbox = self.sandbox(request)
         path = request.query.get("path")
+        metadata = _metadata_of(request)
         written: list[Message] = []
         if request.content_type == "multipart/form-data":
             reader = await request.multipart()
@@ -166,11 +206,13 @@ class Envd:
                 target = path or getattr(part, "filename", None)
                 if not target:
                     raise _json_error(400, "a file part names no path")
-                written.append(await self._write(sandbox, target, _part_chunks(part)))
+                written.append(await self._write(sandbox, target, _part_chunks(part), metadata))
         else:
             if not path:
                 raise _json_error(400, "missing path")
-            written.append(await self._write(sandbox, path, request.content.iter_chunked(CHUNK)))
+            written.append(
+                await self._write(sandbox, path, request.content.iter_chunked(CHUNK), metadata)
+            )
         return web.json_response(written)
 
     def _host(self, sandbox: E2BSandbox, path: str, *, write: bool = False) -> Path:
@@ -179,8 +221,15 @@ class Envd:
         except PathRefused as exc:
             raise _json_error(400, str(exc)) from None
 
-    async def _write(self, sandbox: E2BSandbox, path: str, chunks: AsyncIterator[bytes]) -> Message:
-        """Write the body as it arrives into a file beside the target, then move it there."""
+    async def _write(
+        self,
+        sandbox: E2BSandbox,
+        path: str,
+        chunks: AsyncIterator[bytes],
+        metadata: dict[str, str],
+    ) -> Message:
+        """Write the body as it arrives into a file beside the target, then move it there
+        with the upload's metadata (and no other) as its xattrs."""
         host = self._host(sandbox, path, write=True)
         if host.is_dir():
             raise _json_error(400, f"path '{path}' is a directory")
@@ -191,11 +240,16 @@ class Envd:
             async for chunk in chunks:
                 await asyncio.to_thread(out.write, chunk)
             out.close()
+            for key, value in metadata.items():
+                os.setxattr(partial, XATTR_PREFIX + key, value.encode())
             await asyncio.to_thread(partial.replace, host)
         finally:
             out.close()
             partial.unlink(missing_ok=True)
-        return {"name": host.name, "type": "file", "path": sandbox.local.vendor(host)}
+        entry: Message = {"name": host.name, "type": "file", "path": sandbox.local.vendor(host)}
+        if metadata:
+            entry["metadata"] = metadata
+        return entry
 
     # -- Connect RPC -------------------------------------------------------
     async def rpc(self, request: web.Request) -> web.StreamResponse:

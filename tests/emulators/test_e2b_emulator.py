@@ -459,3 +459,41 @@ async def test_remove_of_a_symlink_removes_the_link(emu: E2BEmulator) -> None:
         assert names == {"real": FileType.DIR, "renamed": FileType.SYMLINK}
     finally:
         await sbx.kill()
+
+
+async def test_file_metadata_is_kept_as_xattrs(emu: E2BEmulator) -> None:
+    """``X-Metadata-*`` upload headers become ``user.e2b.*`` xattrs, shown by write, Stat,
+    ListDir and Move; an upload replaces them all and bad bytes answer 400."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        written = await sbx.files.write("m/a.txt", "a", metadata={"Author": "mish"})
+        assert written.metadata == {"author": "mish"}
+        octet = await sbx.files.write("m/b.txt", "b", metadata={"k": "v"}, use_octet_stream=True)
+        assert octet.metadata == {"k": "v"}
+        assert (await sbx.files.get_info("m/b.txt")).metadata == {"k": "v"}
+        assert {e.name: e.metadata for e in await sbx.files.list("m")} == {
+            "a.txt": {"author": "mish"},
+            "b.txt": {"k": "v"},
+        }
+        assert (await sbx.files.rename("m/a.txt", "m/c.txt")).metadata == {"author": "mish"}
+        assert (await sbx.files.write("m/c.txt", "again")).metadata is None
+        assert (await sbx.files.get_info("m/c.txt")).metadata is None
+        host = emu.core.e2b[sbx.sandbox_id].host("m/c.txt")
+        os.setxattr(host, "user.e2b.origin", b"outside")
+        assert (await sbx.files.get_info("m/c.txt")).metadata == {"origin": "outside"}
+        async with httpx.AsyncClient() as client:
+            response = await client.post(
+                f"{emu.url}/files",
+                params={"path": "m/bad.txt"},
+                content=b"x",
+                headers=[
+                    (b"E2b-Sandbox-Id", sbx.sandbox_id.encode()),
+                    (b"X-Access-Token", emu.core.e2b[sbx.sandbox_id].token.encode()),
+                    (b"Content-Type", b"application/octet-stream"),
+                    (b"X-Metadata-Key", b"caf\xe9"),
+                ],
+            )
+        assert response.status_code == 400
+        assert not await sbx.files.exists("m/bad.txt")
+    finally:
+        await sbx.kill()
