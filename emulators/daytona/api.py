@@ -11,9 +11,12 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
 * ``GET /api/sandbox`` lists the organization's sandboxes, newest first,
   filtered by ``labels`` (JSON), ``states``, ``id`` / ``name`` prefixes,
   paged by ``limit`` / ``cursor`` (``nextCursor`` is null on the last page).
-* ``GET|DELETE /api/sandbox/{idOrName}``; ``POST .../start``, ``.../stop``;
+* ``GET|DELETE /api/sandbox/{idOrName}``; ``POST .../start``, ``.../stop``,
+  ``.../archive`` (a stopped sandbox);
   ``POST /api/sandbox/{id}/last-activity`` (resets the auto-stop timer);
-  ``GET /api/sandbox/{id}/toolbox-proxy-url``.
+  ``GET /api/sandbox/{id}/toolbox-proxy-url``; the settings
+  ``POST .../autostop|autoarchive|autodelete/{minutes}``, ``.../public/{bool}``
+  and ``PUT .../labels``; ``GET .../telemetry/metrics`` (one sample, now).
 * ``POST /api/sandbox/{idOrName}/snapshot`` (``{name}``) snapshots a started
   or stopped sandbox: it answers the sandbox ``snapshotting`` and copies it in
   the background (`emulators.daytona.snapshots`); ``GET|DELETE
@@ -43,7 +46,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiohttp import web
 
-from emulators.daytona.sandboxes import DAYTONA_HOME, GONE, Box, iso, org_of
+from emulators.daytona.sandboxes import DAYTONA_HOME, GONE, Box, iso, metrics, org_of
 from emulators.daytona.snapshots import Captured, find
 from emulators.harness import QuotaViolation, apply_delay_or_hang
 from emulators.ingress import forward
@@ -70,6 +73,16 @@ DEFAULT_SNAPSHOT = "daytonaio/sandbox:0.5.0"
 DEFAULT_AUTO_STOP = 15
 DEFAULT_AUTO_ARCHIVE = 7 * 24 * 60
 MAX_PAGE = 200
+MAX_AUTO_ARCHIVE = 30 * 24 * 60
+_METRICS = {
+    "daytona.sandbox.cpu.utilization": "cpuUsedPct",
+    "daytona.sandbox.cpu.limit": "cpuCount",
+    "daytona.sandbox.memory.usage": "memUsed",
+    "daytona.sandbox.memory.limit": "memTotal",
+    "daytona.sandbox.memory.cache": "memCache",
+    "daytona.sandbox.filesystem.usage": "diskUsed",
+    "daytona.sandbox.filesystem.total": "diskTotal",
+}
 _REASONS = {
     400: "Bad Request",
     401: "Unauthorized",
@@ -182,6 +195,12 @@ class SandboxApi:
             web.post(one + "/stop", self.stop),
             web.post(one + "/last-activity", self.last_activity),
             web.post(one + "/autodelete/{interval}", self.set_auto_delete),
+            web.post(one + "/autostop/{interval}", self.set_auto_stop),
+            web.post(one + "/autoarchive/{interval}", self.set_auto_archive),
+            web.post(one + "/public/{public}", self.set_public),
+            web.put(one + "/labels", self.replace_labels),
+            web.post(one + "/archive", self.archive),
+            web.get(one + "/telemetry/metrics", self.metrics),
             web.get(one + "/toolbox-proxy-url", self.toolbox_proxy_url),
             web.get(one + "/ports/{port}/preview-url", self.preview_url),
             web.post(one + "/snapshot", self.snapshot),
@@ -250,7 +269,7 @@ class SandboxApi:
                 "proxyToolboxUrl": self.emulator.toolbox_url,
                 "defaultSnapshot": DEFAULT_SNAPSHOT,
                 "dashboardUrl": f"{url}/dashboard",
-                "maxAutoArchiveInterval": 30 * 24 * 60,
+                "maxAutoArchiveInterval": MAX_AUTO_ARCHIVE,
                 "maintananceMode": False,
                 "environment": "emulated",
             }
@@ -398,7 +417,7 @@ class SandboxApi:
 
     async def start(self, request: web.Request) -> web.Response:
         box = self._box(request)
-        if box.state not in ("started", "stopped"):
+        if box.state not in ("started", "stopped", "archived"):
             raise ApiError(400, f"Sandbox is not in a startable state (state: {box.state})")
         await self.core.start(box)
         return web.json_response(self._dto(box))
@@ -416,15 +435,69 @@ class SandboxApi:
     async def set_auto_delete(self, request: web.Request) -> web.Response:
         """Minutes a stopped sandbox is kept before deletion (0: at once, -1: never)."""
         box = self._box(request)
+        box.auto_delete = self._interval(request, -1)
+        return web.json_response(self._dto(box))
+
+    def _interval(self, request: web.Request, minimum: int) -> int:
         raw = request.match_info["interval"]
         try:
             interval = int(raw)
         except ValueError:
             raise ApiError(400, f"interval must be an integer, got {raw!r}") from None
-        if interval < -1:
-            raise ApiError(400, "interval must be -1, 0 or a number of minutes")
-        box.auto_delete = interval
+        if interval < minimum:
+            raise ApiError(400, f"interval must be at least {minimum}")
+        return interval
+
+    async def set_auto_stop(self, request: web.Request) -> web.Response:
+        """Minutes without activity before a stop (0: never)."""
+        box = self._box(request)
+        box.auto_stop = self._interval(request, 0)
         return web.json_response(self._dto(box))
+
+    async def set_auto_archive(self, request: web.Request) -> web.Response:
+        """Minutes a stopped sandbox waits before its archive (0: the longest, 30 days)."""
+        box = self._box(request)
+        box.auto_archive = self._interval(request, 0) or MAX_AUTO_ARCHIVE
+        return web.json_response(self._dto(box))
+
+    async def set_public(self, request: web.Request) -> web.Response:
+        """Whether a port's preview link needs the sandbox's token."""
+        box = self._box(request)
+        raw = request.match_info["public"]
+        if raw not in ("true", "false"):
+            raise ApiError(400, f"isPublic must be true or false, got {raw!r}")
+        box.public = raw == "true"
+        return web.json_response(self._dto(box))
+
+    async def replace_labels(self, request: web.Request) -> web.Response:
+        box = self._box(request)
+        box.labels = _string_map((await self.json_body(request)).get("labels"), "labels")
+        box.updated = time.time()
+        return web.json_response({"labels": box.labels})
+
+    async def archive(self, request: web.Request) -> web.Response:
+        """Archive a stopped sandbox (an archived one stays so)."""
+        box = self._box(request)
+        if box.state not in ("stopped", "archived"):
+            raise ApiError(400, f"Sandbox is not stopped (state: {box.state})")
+        self.core.archive(box)
+        return web.json_response(self._dto(box))
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The telemetry series asked for (``metricNames``) over ``from`` .. ``to``: the
+        emulator keeps no history, so each holds one point, the sample taken now."""
+        box = self._box(request)
+        sample = await asyncio.to_thread(metrics, box)
+        names = request.query.getall("metricNames", []) or list(_METRICS)
+        series = [
+            {
+                "metricName": name,
+                "dataPoints": [{"timestamp": sample["timestamp"], "value": sample[_METRICS[name]]}],
+            }
+            for name in names
+            if name in _METRICS
+        ]
+        return web.json_response({"series": series})
 
     # -- snapshots of sandboxes ---------------------------------------------
     async def snapshot(self, request: web.Request) -> web.Response:

@@ -9,6 +9,9 @@ or ``build_failed``) and its lifecycle intervals, in minutes as on Daytona:
 (toolbox calls and ``last-activity`` count), ``autoDeleteInterval``
 destroys it that long after it stopped (0: at once, negative: never) and
 ``ttlMinutes`` destroys it that long after its creation whatever its state.
+An archive (``autoArchiveInterval`` after a stop, or asked for) takes a
+stopped sandbox to ``archived``: its files stay, and a start brings it back
+through ``restoring``.
 `DaytonaCore.minute` says how many seconds an emulated minute lasts, so a
 test can watch a sandbox stop.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import secrets
 import shlex
 import time
@@ -53,6 +57,7 @@ __all__ = [
     "DaytonaCore",
     "ShellSession",
     "iso",
+    "metrics",
     "org_of",
 ]
 
@@ -340,6 +345,30 @@ class Box:
         return view
 
 
+def metrics(box: Box) -> dict[str, Any]:
+    """A usage sample as the daemon reports it (``SystemMetrics``): the sandbox's sizes,
+    and the bytes of its own files as disk used (CPU and memory use are not measured: 0)."""
+    used = 0
+    for directory, dirs, files in os.walk(box.local.root):
+        for name in [*dirs, *files]:
+            with contextlib.suppress(OSError):
+                used += os.lstat(os.path.join(directory, name)).st_size
+    now = time.time()
+    disk_total = box.disk << 30
+    return {
+        "cpuCount": box.cpu,
+        "cpuUsedPct": 0.0,
+        "memTotal": box.memory << 30,
+        "memUsed": 0,
+        "memCache": 0,
+        "diskTotal": disk_total,
+        "diskUsed": min(used, disk_total),
+        "diskFree": max(disk_total - used, 0),
+        "timestamp": iso(now),
+        "timestampUnix": int(now),
+    }
+
+
 StateListener = Callable[[Box, str, str], None]
 
 
@@ -404,9 +433,10 @@ class DaytonaCore(EmulatorCore):
             await interpreter.close()
 
     async def start(self, box: Box) -> None:
-        """Start a stopped sandbox (its files kept, its processes gone)."""
-        if box.state == "stopped":
-            self.set_state(box, "starting", desired_state="started")
+        """Start a stopped or archived sandbox (its files kept, its processes gone)."""
+        if box.state in ("stopped", "archived"):
+            passing = "starting" if box.state == "stopped" else "restoring"
+            self.set_state(box, passing, desired_state="started")
             await self.waking()
             box.last_activity = time.time()
             self.set_state(box, "started", stopped_at=None)
@@ -417,6 +447,12 @@ class DaytonaCore(EmulatorCore):
             self.set_state(box, "stopping", desired_state="stopped")
             await self.close_sessions(box)
             self.set_state(box, "stopped", stopped_at=time.time())
+
+    def archive(self, box: Box) -> None:
+        """Archive a stopped sandbox: ``archiving``, then ``archived``, its files kept."""
+        if box.state == "stopped":
+            self.set_state(box, "archiving", desired_state="archived")
+            self.set_state(box, "archived")
 
     async def kill(self, sandbox_id: str, ended_by: str = "kill") -> bool:
         box = self.boxes.get(sandbox_id)
@@ -446,10 +482,17 @@ class DaytonaCore(EmulatorCore):
                 if box.auto_delete == 0:
                     await self.kill(box.id, "expired")
             elif (
-                box.state == "stopped"
+                box.state in ("stopped", "archived")
                 and box.stopped_at is not None
                 and box.auto_delete > 0
                 and box.stopped_at + box.auto_delete * self.minute <= now
             ):
                 await self.kill(box.id, "expired")
+            elif (
+                box.state == "stopped"
+                and box.stopped_at is not None
+                and box.auto_archive > 0
+                and box.stopped_at + box.auto_archive * self.minute <= now
+            ):
+                self.archive(box)
         await super().expire()

@@ -35,7 +35,8 @@ one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
   /files/info``, ``POST /files/move``, ``POST /files/permissions``, ``GET
   /files/find`` (lines holding a text), ``GET /files/search`` (names matching
   a glob), ``POST /files/replace``.
-* ``GET /work-dir`` and ``/user-home-dir``: both ``/home/daytona``.
+* ``GET /work-dir`` and ``/user-home-dir``: both ``/home/daytona``;
+  ``GET /system/metrics``, a usage sample (`emulators.daytona.sandboxes.metrics`).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from aiohttp import BodyPartReader, web
 
 from emulators.daytona.api import bearer
 from emulators.daytona.interpreter import DEFAULT_TIMEOUT, Interpreter
-from emulators.daytona.sandboxes import DAYTONA_HOME, Box, ShellSession, iso
+from emulators.daytona.sandboxes import DAYTONA_HOME, Box, ShellSession, iso, metrics
 from emulators.daytona.terminals import EXIT_CONTROL, Terminal, open_terminal
 from emulators.filesystem import PathRefused
 from providers.errors import SandboxError
@@ -196,6 +197,7 @@ class Toolbox:
             web.get(base + "/files/search", self.search_files),
             web.post(base + "/files/replace", self.replace_in_files),
             web.get(base + "/work-dir", self.home_dir),
+            web.get(base + "/system/metrics", self.system_metrics),
             web.get(base + "/user-home-dir", self.home_dir),
         ]
 
@@ -245,6 +247,9 @@ class Toolbox:
     async def home_dir(self, request: web.Request) -> web.Response:
         """The user's home, which is also the working directory."""
         return web.json_response({"dir": DAYTONA_HOME})
+
+    async def system_metrics(self, request: web.Request) -> web.Response:
+        return web.json_response(await asyncio.to_thread(metrics, request[BOX]))
 
     # -- one-shot commands ------------------------------------------------
     async def execute(self, request: web.Request) -> web.Response:

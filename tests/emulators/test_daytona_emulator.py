@@ -606,3 +606,39 @@ async def test_files_are_managed_like_the_daemon_does(client: AsyncDaytona) -> N
     await fs.delete_file("work", recursive=True)
     with pytest.raises(DaytonaNotFoundError):
         await fs.get_file_info("work")
+
+
+async def test_settings_labels_and_archive(emu: DaytonaEmulator, client: AsyncDaytona) -> None:
+    """What a sandbox's owner changes after the create, and an archive the sandbox starts from."""
+    sandbox = await client.create()
+    assert await sandbox.set_labels({"suite": "e2e"}) == {"suite": "e2e"}
+    await sandbox.set_autostop_interval(30)
+    await sandbox.set_auto_archive_interval(60)
+    await sandbox.set_public(True)
+    fetched = await client.get(sandbox.id)
+    assert (fetched.labels, fetched.auto_stop_interval, fetched.auto_archive_interval) == (
+        {"suite": "e2e"},
+        30,
+        60,
+    )
+    assert fetched.public
+    await sandbox.fs.upload_file(b"kept", "notes.txt")
+    with pytest.raises(DaytonaError, match="stopped"):
+        await sandbox.archive()
+    await sandbox.stop()
+    await sandbox.archive()
+    assert sandbox.state == "archived"
+    await sandbox.start()
+    assert await sandbox.fs.download_file("notes.txt") == b"kept"
+
+
+async def test_metrics_live_and_over_time(client: AsyncDaytona) -> None:
+    """The daemon's live sample and the control plane's series hold the sandbox's sizes."""
+    sandbox = await client.create()
+    await sandbox.fs.upload_file(b"x" * 5000, "blob.bin")
+    live = await sandbox.get_metrics_latest()
+    assert (live.cpu_count, live.mem_total, live.disk_total) == (1, 1 << 30, 3 << 30)
+    assert 5000 <= live.disk_used <= live.disk_total
+    series = await sandbox.get_metrics()
+    assert series
+    assert (series[-1].cpu_count, series[-1].mem_total) == (1, 1 << 30)
