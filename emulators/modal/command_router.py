@@ -9,7 +9,9 @@ sandbox (``modal-sandbox-fs-tools`` included: that is how the SDK's
 stderr from an offset until the command exits, ``TaskExecWait`` /
 ``TaskExecPoll`` give its exit code (or signal), and stdin is written with
 ``TaskExecStdinWrite`` or the client stream ``TaskExecStdinWriteStream``
-(``TaskExecStdinStatus`` tells where to resume). An exec with ``pty_info``
+(``TaskExecStdinStatus`` tells where to resume). The entrypoint command of a
+create is read with ``SandboxStdioReadV2`` (after the sandbox ended too) and
+fed with ``SandboxStdinWriteV2``. An exec with ``pty_info``
 runs on a terminal of its own (`emulators.modal.pty_relay`), its output all
 on stdout. ``TaskSnapshotFilesystem`` (``Sandbox.snapshot_filesystem``)
 copies the sandbox's files into an image kept for the request's TTL
@@ -20,6 +22,7 @@ Faults: op ``exec``, ``files`` for fs-tools execs, ``snapshot``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from grpclib import GRPCError, Status
@@ -54,13 +57,13 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
         assert request is not None
         return request
 
-    def _task(self, stream: _Req, task_id: str) -> ModalSandbox:
+    def _task(self, stream: _Req, task_id: str, *, ended: bool = False) -> ModalSandbox:
         scheme, _, token = (metadata_value(stream, "authorization") or "").partition(" ")
         claims = self.core.tokens.claims(token) if scheme == "Bearer" else None
         if claims is None or claims.get("task_id") != task_id:
             raise GRPCError(Status.UNAUTHENTICATED, "Invalid or expired command router token")
         sandbox = self.core.tasks.get(task_id)
-        if sandbox is None or not sandbox.running:
+        if sandbox is None or not (sandbox.running or ended):
             raise GRPCError(Status.NOT_FOUND, f"Task {task_id} not found")
         sandbox.touch()
         return sandbox
@@ -103,21 +106,30 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
         request = await self._request(stream)
         _, execution = await self._exec(stream, request.task_id, request.exec_id)
         fd = 1 if request.file_descriptor == sr.TASK_EXEC_STDIO_FILE_DESCRIPTOR_STDOUT else 2
-        output = execution.output(fd)
-        offset = request.offset
-        while True:
+        async for chunk, _ in _output(execution, fd, request.offset):
+            await stream.send_message(sr.TaskExecStdioReadResponse(data=chunk))
 
-            def ready(at: int = offset) -> bool:
-                return len(output) > at or execution.done
+    async def SandboxStdioReadV2(self, stream: _Req) -> None:
+        """The entrypoint's stdout or stderr from an offset, live and after the sandbox ended;
+        a sandbox without one has no output and its streams end with it."""
+        request = await self._request(stream)
+        sandbox = self._task(stream, request.task_id, ended=True)
+        await apply_fault(self.core.faults, stream, "exec", sandbox.owner)
+        if sandbox.entrypoint is None:
+            await sandbox.ended.wait()
+            return
+        fd = 1 if request.file_descriptor == sr.SANDBOX_STDIO_FILE_DESCRIPTOR_STDOUT else 2
+        async for chunk, at in _output(sandbox.entrypoint, fd, request.offset):
+            await stream.send_message(sr.SandboxStdioReadV2Response(data=chunk, starting_offset=at))
 
-            await execution.until(ready)
-            while offset < len(output):
-                chunk = output.read(offset, _CHUNK)
-                await stream.send_message(sr.TaskExecStdioReadResponse(data=chunk))
-                offset += len(chunk)
-                output.took(offset)
-            if execution.done and offset >= len(output):
-                return
+    async def SandboxStdinWriteV2(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        sandbox = self._task(stream, request.task_id)
+        await apply_fault(self.core.faults, stream, "exec", sandbox.owner)
+        if sandbox.entrypoint is None:
+            raise GRPCError(Status.FAILED_PRECONDITION, "the sandbox has no entrypoint command")
+        await _write(sandbox.entrypoint, request.offset, request.data, request.eof)
+        await stream.send_message(sr.SandboxStdinWriteV2Response())
 
     async def TaskExecWait(self, stream: _Req) -> None:
         request = await self._request(stream)
@@ -172,6 +184,25 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
             )
         image_id = await self.core.snapshot(sandbox, ttl=None if ttl == _NO_EXPIRY else ttl)
         await stream.send_message(sr.TaskSnapshotFilesystemResponse(image_id=image_id))
+
+
+async def _output(execution: Exec, fd: int, offset: int) -> AsyncIterator[tuple[bytes, int]]:
+    """The chunks of ``execution``'s output ``fd`` from ``offset``, each with its offset,
+    until the command has exited and all was given."""
+    output = execution.output(fd)
+    while True:
+
+        def ready(at: int = offset) -> bool:
+            return len(output) > at or execution.done
+
+        await execution.until(ready)
+        while offset < len(output):
+            chunk = output.read(offset, _CHUNK)
+            yield chunk, offset
+            offset += len(chunk)
+            output.took(offset)
+        if execution.done and offset >= len(output):
+            return
 
 
 def _exit(execution: Exec) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """Modal's control plane (``modal.client.ModalClient``): apps, images, secrets, sandboxes.
 
 The RPCs the SDK calls for ``Client.hello``, ``App.lookup``, ``Sandbox.create`` (V2, and V1
-for GPU sandboxes), ``from_id``, ``list``, ``get_tags``, ``poll`` / ``wait``,
+for GPU sandboxes), ``from_id``, ``list``, ``get_tags`` / ``set_tags``, ``poll`` / ``wait``,
 ``tunnels``, ``terminate``, ``Image.from_id`` and ``modal.experimental.image_delete``
 (and ``SandboxSnapshotFs``, the V1 snapshot the SDK takes with
 ``MODAL_USE_LEGACY_FILESYSTEM_SNAPSHOT=1``; otherwise it snapshots through the
@@ -262,6 +262,8 @@ class ControlPlane(api_grpc.ModalClientBase):
             tunnels={port: tunnel_host() for port in ports},
         )
         self.core.add(sandbox)
+        if definition.entrypoint_args:
+            await self.core.start_entrypoint(sandbox)
         return sandbox
 
     def _router_access(self, sandbox: ModalSandbox) -> api_pb2.CommandRouterAccess:
@@ -368,6 +370,19 @@ class ControlPlane(api_grpc.ModalClientBase):
         sandbox = self._sandbox(workspace, request.sandbox_id)
         tags = [api_pb2.SandboxTag(tag_name=k, tag_value=v) for k, v in sandbox.tags.items()]
         await stream.send_message(api_pb2.SandboxTagsGetResponse(tags=tags))
+
+    async def SandboxTagsSetV2(self, stream: _Req) -> None:
+        await self._set_tags(stream, v2=True)
+
+    async def SandboxTagsSet(self, stream: _Req) -> None:
+        await self._set_tags(stream, v2=False)
+
+    async def _set_tags(self, stream: _Req, *, v2: bool) -> None:
+        """The request's tags replace all of the sandbox's (``list`` filters on the new ones)."""
+        workspace, request = await self._enter(stream, "get", v2=v2)
+        sandbox = self._sandbox(workspace, request.sandbox_id)
+        sandbox.tags = {tag.tag_name: tag.tag_value for tag in request.tags}
+        await stream.send_message(empty_pb2.Empty())
 
     async def SandboxGetTunnelsV2(self, stream: _Req) -> None:
         await self._tunnels(stream, v2=True)

@@ -4,8 +4,10 @@ A Modal sandbox is a `providers.local.LocalSandbox` (real commands, real
 files) plus what Modal keeps around it: the workspace (token id) that owns
 it, its app, tags, environment, the tunnels of the ports it declared at
 create, its one task (the container: exec'd commands go to the task's
-command router) and, once it has ended, its `GenericResult` (terminated, or
-timed out after its lifetime or idle time).
+command router), the entrypoint command a create may give (the sandbox's own
+process: its stdio are the sandbox's, and its exit ends the sandbox with its
+exit code) and, once it has ended, its `GenericResult` (exited, terminated,
+or timed out after its lifetime or idle time).
 
 A filesystem snapshot is an image (`KeptImage`): a copy of the sandbox's
 directory in the local provider's snapshot store, owned by the workspace,
@@ -326,6 +328,7 @@ class ModalSandbox:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     execs: dict[str, Exec] = field(default_factory=dict)
     tunnels: dict[int, str] = field(default_factory=dict)  # declared port -> tunnel host
+    entrypoint: Exec | None = None  # the create's command, whose output outlives the sandbox
 
     @property
     def workdir(self) -> str:
@@ -376,18 +379,24 @@ class ModalSandbox:
                 return json.dumps({name: {**args, "path": path}})
         return raw
 
-    def end(self, status: api_pb2.GenericResult.GenericStatus.ValueType, message: str) -> None:
+    def end(
+        self,
+        status: api_pb2.GenericResult.GenericStatus.ValueType,
+        message: str,
+        exitcode: int | None = None,
+    ) -> None:
         """Mark the sandbox finished and stop its commands (the local sandbox is killed apart)."""
         if self.result is not None:
             return
-        self.result = api_pb2.GenericResult(
-            status=status,
-            exception=message,
-            exitcode=137 if status == api_pb2.GenericResult.GENERIC_STATUS_TERMINATED else 0,
-        )
+        if exitcode is None:
+            terminated = status == api_pb2.GenericResult.GENERIC_STATUS_TERMINATED
+            exitcode = 137 if terminated else 0
+        self.result = api_pb2.GenericResult(status=status, exception=message, exitcode=exitcode)
         for execution in self.execs.values():
             execution.stop()
         self.execs.clear()
+        if self.entrypoint is not None and not self.entrypoint.done:
+            self.entrypoint.stop()
         self.ended.set()
 
     def info(self) -> api_pb2.SandboxInfo:
@@ -481,6 +490,28 @@ class ModalCore(EmulatorCore):
             return False
         await self.local.delete_snapshot(self.kept.pop(image_id).copy)
         return True
+
+    async def start_entrypoint(self, sandbox: ModalSandbox) -> None:
+        """Run the create's ``entrypoint_args`` as the sandbox's process (on a terminal
+        with ``pty_info``); the sandbox ends when it exits, with its exit code."""
+        definition = sandbox.definition
+        pty = definition.pty_info if definition.HasField("pty_info") else None
+        python = self.local.opts.python
+        argv = sandbox.argv(definition.entrypoint_args, sandbox.workdir, python, pty)
+        process = await sandbox.local.spawn(argv)
+        sandbox.entrypoint = Exec("entrypoint", "", process)
+        sandbox.entrypoint.pump = asyncio.create_task(self._exit_with(sandbox, sandbox.entrypoint))
+
+    async def _exit_with(self, sandbox: ModalSandbox, entrypoint: Exec) -> None:
+        await entrypoint.run(None)
+        if not sandbox.running:
+            return
+        code = entrypoint.code if entrypoint.code is not None else 128 + (entrypoint.signal or 0)
+        status = api_pb2.GenericResult.GENERIC_STATUS_SUCCESS
+        if code != 0:
+            status = api_pb2.GenericResult.GENERIC_STATUS_FAILURE
+        sandbox.end(status, "", code)
+        await self.kill(sandbox.id, "exited")
 
     async def kill(self, sandbox_id: str, ended_by: str = "kill") -> bool:
         sandbox = self.modal.get(sandbox_id)

@@ -47,10 +47,10 @@ def client(emu: ModalEmulator) -> Iterator[Any]:
     sdk_client.close()
 
 
-def create(client: Any, app_name: str = "contract", **kw: Any) -> Any:
+def create(client: Any, *entrypoint: str, app_name: str = "contract", **kw: Any) -> Any:
     app = modal.App.lookup(app_name, create_if_missing=True, client=client)
     kw.setdefault("image", modal.Image.from_registry(IMAGE))
-    return modal.Sandbox.create(app=app, client=client, **kw)
+    return modal.Sandbox.create(*entrypoint, app=app, client=client, **kw)
 
 
 def test_sync_sdk(emu: ModalEmulator, client: Any) -> None:
@@ -356,14 +356,46 @@ def test_images_secrets_and_slow_builds(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_unimplemented_rpcs_are_logged_by_name(emu: ModalEmulator, client: Any) -> None:
-    sb = create(client)
+    with structlog.testing.capture_logs() as events, pytest.raises(mx.UnimplementedError):
+        modal.Volume.from_name("data", create_if_missing=True, client=client).hydrate()
+    assert emu.unimplemented == {"VolumeGetOrCreate": 1}
+    assert [e["rpc"] for e in events if "unimplemented" in e["event"]] == ["VolumeGetOrCreate"]
+
+
+@pytest.mark.parametrize("gpu", [None, "T4"])
+def test_set_tags_replaces_the_tags_list_filters_on(client: Any, gpu: str | None) -> None:
+    """``set_tags`` (V2 and V1 RPCs) replaces every tag, as Modal's does."""
+    sb = create(client, tags={"team": "a", "old": "x"}, gpu=gpu)
     try:
-        with structlog.testing.capture_logs() as events, pytest.raises(mx.UnimplementedError):
-            sb.set_tags({"team": "b"})
-        assert emu.unimplemented == {"SandboxTagsSetV2": 1}
-        assert [e["rpc"] for e in events if "unimplemented" in e["event"]] == ["SandboxTagsSetV2"]
+        sb.set_tags({"team": "b"})
+        assert modal.Sandbox.from_id(sb.object_id, client=client).get_tags() == {"team": "b"}
+        app_id = modal.App.lookup("contract", client=client).app_id
+        listed = modal.Sandbox.list(app_id=app_id, tags={"team": "b"}, client=client)
+        assert [s.object_id for s in listed] == [sb.object_id]
+        assert list(modal.Sandbox.list(app_id=app_id, tags={"old": "x"}, client=client)) == []
     finally:
         sb.terminate()
+
+
+def test_the_entrypoint_is_the_sandboxs_process(emu: ModalEmulator, client: Any) -> None:
+    """``Sandbox.create(*args)`` runs ``args`` as the sandbox's own process: ``sb.stdin`` /
+    ``sb.stdout`` / ``sb.stderr`` are its, and the sandbox ends when it exits, with its code."""
+    shell = "read -r line; echo out $line; echo err >&2; sleep 0.2; echo late; exit 3"
+    sb = create(client, "bash", "-c", shell, workdir="/root/w")
+    sb.stdin.write(b"typed\n")
+    sb.stdin.write_eof()
+    sb.stdin.drain()
+    assert next(iter(sb.stdout)) == "out typed\n"
+    assert sb.poll() is None
+    sb.wait()
+    assert (sb.returncode, sb.stdout.read(), sb.stderr.read()) == (3, "late\n", "err\n")
+    assert modal.Sandbox.from_id(sb.object_id, client=client).returncode == 3
+    assert [r.ended_by for r in emu.records()] == ["exited"]
+
+    sleeper = create(client, "sleep", "60")
+    sleeper.terminate()
+    sleeper.wait(raise_on_termination=False)
+    assert (sleeper.returncode, sleeper.stdout.read()) == (137, "")
 
 
 def through_tunnel(emu: ModalEmulator, url: str) -> httpx.Response:
