@@ -17,11 +17,15 @@ a 502 whose message says it "was not found" (the SDK turns that into
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import json
 import os
 import posixpath
 import shutil
 import stat
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,10 +108,27 @@ def _entry(sandbox: E2BSandbox, host: Path) -> Message:
 
 
 CHUNK = 1 << 20
+_OPERATIONS = {"GET": "read", "POST": "write"}
 XATTR_PREFIX = "user.e2b."
 METADATA_HEADER = "x-metadata-"
 _MAX_KEY = 246
 _MAX_METADATA = 4096
+
+
+def _signature(request: web.Request, token: str) -> str:
+    """The v1 signature a client holding ``token`` makes for this file request: sha256 of
+    ``path:operation:username:token[:expiration]``, unpadded base64."""
+    query = request.query
+    parts = [
+        query.get("path", ""),
+        _OPERATIONS.get(request.method, ""),
+        query.get("username", ""),
+        token,
+    ]
+    if "signature_expiration" in query:
+        parts.append(query["signature_expiration"])
+    digest = hashlib.sha256(":".join(parts).encode()).digest()
+    return "v1_" + base64.b64encode(digest).rstrip(b"=").decode()
 
 
 def _metadata_of(request: web.Request) -> dict[str, str]:
@@ -165,8 +186,11 @@ class Envd:
         ]
 
     def sandbox(self, request: web.Request) -> E2BSandbox:
-        """The sandbox a request is for, with its access token checked."""
+        """The sandbox a request is for, with its access token (or file signature) checked."""
+        signature = request.query.get("signature") if request.path == "/files" else None
         sandbox_id = request.headers.get("E2b-Sandbox-Id")
+        if not sandbox_id and signature is not None:
+            sandbox_id = self._signed_by(request, signature)
         if not sandbox_id:
             raise _json_error(400, "missing E2b-Sandbox-Id header")
         sandbox = self.core.alive_sandbox(sandbox_id)
@@ -174,9 +198,33 @@ class Envd:
             raise _json_error(502, f"The sandbox {sandbox_id} was not found")
         if self.core.records[sandbox_id].paused:
             raise _json_error(502, f"The sandbox {sandbox_id} is paused: connect to resume it")
-        if request.headers.get("X-Access-Token") != sandbox.token:
+        token = request.headers.get("X-Access-Token")
+        if token is None and signature is not None:
+            self._check_signature(request, signature, sandbox.token)
+        elif token != sandbox.token:
             raise _json_error(401, "unauthorized access, please provide a valid access token")
         return sandbox
+
+    def _signed_by(self, request: web.Request, signature: str) -> str:
+        """The sandbox whose envd token made ``signature``: a signed URL on the shared
+        ``sandbox_url`` names no sandbox (on E2B its host does)."""
+        for sandbox_id, sandbox in self.core.e2b.items():
+            if self.core.alive_sandbox(sandbox_id) is not None and hmac.compare_digest(
+                signature, _signature(request, sandbox.token)
+            ):
+                return sandbox_id
+        raise _json_error(401, "invalid signature")
+
+    @staticmethod
+    def _check_signature(request: web.Request, signature: str, token: str) -> None:
+        """envd's order: a signature that does not match, then one past its expiry."""
+        if not hmac.compare_digest(signature, _signature(request, token)):
+            raise _json_error(401, "invalid signature")
+        expiration = request.query.get("signature_expiration")
+        if expiration is not None and not expiration.lstrip("-").isdigit():
+            raise _json_error(401, "invalid signature_expiration")
+        if expiration is not None and int(expiration) < time.time():
+            raise _json_error(401, "signature is already expired")
 
     # -- HTTP API ----------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:

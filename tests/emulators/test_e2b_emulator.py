@@ -497,3 +497,30 @@ async def test_file_metadata_is_kept_as_xattrs(emu: E2BEmulator) -> None:
         assert not await sbx.files.exists("m/bad.txt")
     finally:
         await sbx.kill()
+
+
+async def test_signed_file_urls_need_no_token(emu: E2BEmulator) -> None:
+    """``download_url``/``upload_url`` carry a signature of the path, operation, user and
+    envd token (and expiry) instead of headers; envd checks the signature, then the expiry."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        await sbx.files.write("signed.txt", "content")
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(sbx.download_url("signed.txt"))).text == "content"
+            assert (await client.get(sbx.download_url("signed.txt", "user", 60))).status_code == 200
+            upload = sbx.upload_url("up.txt", use_signature_expiration=60)
+            assert (await client.post(upload, files={"file": b"up"})).status_code == 200
+            refused = await client.post(sbx.download_url("up.txt"), files={"file": b"no"})
+            expired = await client.get(sbx.download_url("signed.txt", use_signature_expiration=-5))
+            forged = await client.get(
+                sbx.download_url("signed.txt").replace("signature=v1_", "signature=v1_x")
+            )
+        assert await sbx.files.read("up.txt") == "up"
+        assert refused.status_code == 401
+        assert (expired.status_code, expired.json()) == (
+            401,
+            {"code": 401, "message": "signature is already expired"},
+        )
+        assert forged.status_code == 401
+    finally:
+        await sbx.kill()
