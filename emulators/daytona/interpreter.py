@@ -14,7 +14,12 @@ The websocket ``/process/interpreter/execute`` takes ``{code, contextId,
 envs, timeout}`` and streams those chunks as text frames, then closes 1000.
 Past ``timeout`` seconds (0: none) the worker is interrupted and has 2 s to stop,
 else it is killed (its state lost; the next call starts a fresh one); either
-way the close code is 4008. Only the default context exists here.
+way the close code is 4008.
+
+Besides the default context, ``POST /process/interpreter/context`` makes
+one (``{cwd}``, python only) with a worker of its own, ``GET`` lists them
+(the default left out) and ``DELETE .../context/{id}`` ends one; an
+execution naming an unknown context is closed 1008, ``context not found``.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from emulators.filesystem import GuestSandbox
@@ -87,11 +94,13 @@ while True:
 
 
 class Interpreter:
-    """The default interpreter context of one sandbox: a worker, one execution at a time."""
+    """One interpreter context of a sandbox: a worker, one execution at a time."""
 
-    def __init__(self, sandbox: GuestSandbox, cwd: str) -> None:
+    def __init__(self, sandbox: GuestSandbox, cwd: str, context_id: str = "default") -> None:
         self.sandbox = sandbox
         self.cwd = cwd
+        self.id = context_id
+        self.created = time.time()
         self._worker: LocalProcess | None = None
         self._lock = asyncio.Lock()
 
@@ -140,6 +149,17 @@ class Interpreter:
                 return str(chunk["text"])
             await send(chunk)
         return "interrupted"
+
+    def info(self) -> dict[str, Any]:
+        """The context as the daemon shows it (``InterpreterContext``)."""
+        created = datetime.fromtimestamp(self.created, UTC).isoformat().replace("+00:00", "Z")
+        return {
+            "id": self.id,
+            "cwd": self.cwd,
+            "createdAt": created,
+            "active": True,
+            "language": "python",
+        }
 
     async def close(self) -> None:
         if self._worker is not None and self._worker.proc.returncode is None:

@@ -280,6 +280,7 @@ class Box:
     sessions: dict[str, ShellSession] = field(default_factory=dict)
     terminals: dict[str, Terminal] = field(default_factory=dict)
     interpreter: Interpreter | None = None
+    contexts: dict[str, Interpreter] = field(default_factory=dict)  # those made by a create
     boot: asyncio.Task[None] | None = None
     from_pool: str | None = None  # the warm pool whose sandbox served the create
 
@@ -428,9 +429,12 @@ class DaytonaCore(EmulatorCore):
         terminals, box.terminals = list(box.terminals.values()), {}
         for terminal in terminals:
             await terminal.kill()
-        interpreter, box.interpreter = box.interpreter, None
-        if interpreter is not None:
-            await interpreter.close()
+        interpreters = [box.interpreter, *box.contexts.values()]
+        box.interpreter = None
+        box.contexts.clear()
+        for interpreter in interpreters:
+            if interpreter is not None:
+                await interpreter.close()
 
     async def start(self, box: Box) -> None:
         """Start a stopped or archived sandbox (its files kept, its processes gone)."""

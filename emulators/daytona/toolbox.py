@@ -24,7 +24,9 @@ one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
   ``X-Daytona-Pty-Envs~<base64url JSON>`` subprotocol), ``.../{id}/connect``,
   ``GET /process/pty[/{id}]``, ``POST .../{id}/resize``, ``DELETE .../{id}``.
 * The stateful interpreter (`emulators.daytona.interpreter`): the websocket
-  ``/process/interpreter/execute`` in the default context.
+  ``/process/interpreter/execute``, in the default context or one made by
+  ``POST /process/interpreter/context`` (``GET`` lists them, ``DELETE
+  .../context/{id}`` ends one).
 * Files: ``POST /files/bulk-upload`` (multipart ``files[i].file``, its
   destination in ``files[i].path`` or else the part's filename),
   ``POST /files/bulk-download`` (``{paths}`` in, a multipart/form-data
@@ -55,6 +57,7 @@ import shutil
 import stat
 import time
 import urllib.parse
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -176,6 +179,9 @@ class Toolbox:
             web.post(pty + "/{pty}/resize", self.resize_terminal),
             web.get(pty + "/{pty}/connect", self.connect_terminal),
             web.get(base + "/process/interpreter/execute", self.interpret),
+            web.post(base + "/process/interpreter/context", self.create_context),
+            web.get(base + "/process/interpreter/context", self.list_contexts),
+            web.delete(base + "/process/interpreter/context/{context}", self.delete_context),
             web.post(base + "/process/execute", self.execute),
             web.post(base + "/process/code-run", self.code_run),
             web.post(base + "/process/session", self.create_session),
@@ -486,17 +492,24 @@ class Toolbox:
             await ws.close(code=1003, message=b"invalid request")
             return ws
         code, context = body.get("code"), body.get("contextId")
-        if not isinstance(code, str) or context not in (None, "default"):
-            await ws.close(code=1008, message=b"unknown context or no code")
+        if not isinstance(code, str) or not code:
+            await ws.close(code=1008, message=b"code is required")
+            return ws
+        if context in (None, "default"):
+            if box.interpreter is None:
+                box.interpreter = Interpreter(box.local, DAYTONA_HOME)
+            interpreter = box.interpreter
+        elif isinstance(context, str) and context in box.contexts:
+            interpreter = box.contexts[context]
+        else:
+            await ws.close(code=1008, message=f"context not found: {context}".encode())
             return ws
         timeout = body.get("timeout")
-        if box.interpreter is None:
-            box.interpreter = Interpreter(box.local, DAYTONA_HOME)
 
         async def send(chunk: dict[str, Any]) -> None:
             await ws.send_str(json.dumps(chunk))
 
-        close = await box.interpreter.execute(
+        close = await interpreter.execute(
             code,
             body.get("envs") or {},
             DEFAULT_TIMEOUT if timeout is None else float(timeout),
@@ -504,6 +517,38 @@ class Toolbox:
         )
         await ws.close(code=close)
         return ws
+
+    async def create_context(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        body = await self._json(request)
+        language, cwd = body.get("language") or "python", body.get("cwd") or DAYTONA_HOME
+        if language != "python":
+            message = f"unsupported language: {language} (only 'python' is supported currently)"
+            raise DaemonError(400, message, "BAD_REQUEST")
+        if not isinstance(cwd, str):
+            raise DaemonError(400, "cwd must be a string", "INVALID_REQUEST_BODY")
+        try:
+            cwd = box.local.absolute(cwd)
+        except PathRefused as exc:
+            raise DaemonError(400, str(exc), "INVALID_FILE_PATH") from None
+        interpreter = Interpreter(box.local, cwd, str(uuid.uuid4()))
+        box.contexts[interpreter.id] = interpreter
+        return web.json_response(interpreter.info())
+
+    async def list_contexts(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        return web.json_response({"contexts": [c.info() for c in box.contexts.values()]})
+
+    async def delete_context(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        context_id = request.match_info["context"]
+        if context_id == "default":
+            raise DaemonError(400, "cannot delete default context", "BAD_REQUEST")
+        interpreter = box.contexts.pop(context_id, None)
+        if interpreter is None:
+            raise DaemonError(404, f"context {context_id} not found", "NOT_FOUND")
+        await interpreter.close()
+        return web.json_response({"message": "Context deleted successfully"})
 
     # -- files ------------------------------------------------------------
     async def upload(self, request: web.Request) -> web.Response:

@@ -642,3 +642,23 @@ async def test_metrics_live_and_over_time(client: AsyncDaytona) -> None:
     series = await sandbox.get_metrics()
     assert series
     assert (series[-1].cpu_count, series[-1].mem_total) == (1, 1 << 30)
+
+
+async def test_interpreter_contexts_are_isolated(client: AsyncDaytona) -> None:
+    """A context made by ``create_context`` has its own namespace and working directory."""
+    sandbox = await client.create()
+    interpreter = sandbox.code_interpreter
+    await sandbox.fs.create_folder("/tmp/ctx", "755")
+    ctx = await interpreter.create_context(cwd="/tmp/ctx")
+    assert (ctx.cwd, ctx.language, ctx.active) == ("/tmp/ctx", "python", True)
+    await interpreter.run_code("kept = 7", context=ctx)
+    ran = await interpreter.run_code("import os\nprint(kept, os.getcwd())", context=ctx)
+    assert ran.stdout == "7 /tmp/ctx\n"
+    default = await interpreter.run_code("print(kept)")
+    assert default.error is not None
+    assert default.error.name == "NameError"
+    assert [c.id for c in await interpreter.list_contexts()] == [ctx.id]
+    await interpreter.delete_context(ctx)
+    assert await interpreter.list_contexts() == []
+    with pytest.raises(DaytonaError, match="context not found"):
+        await interpreter.run_code("print(1)", context=ctx)
