@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import math
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 
 from providers.capabilities import Capability
 from providers.errors import (
+    ArgumentTypeError,
     AuthError,
     CapacityExceeded,
     InvalidArgument,
@@ -119,6 +121,12 @@ class SandboxSpec:
         check_env(self.env, "SandboxSpec(env=...)")
         for port in self.ports:
             check_port(port, "SandboxSpec(ports=...)")
+        for name in ("template", "language", "gpu", "workdir"):
+            check_text(getattr(self, name), "SandboxSpec", name, optional=True)
+        for name in ("lifetime", "idle_timeout", "cpu"):
+            check_positive(getattr(self, name), "SandboxSpec", name, optional=True)
+        for name in ("memory_mb", "disk_gb"):
+            check_positive(getattr(self, name), "SandboxSpec", name, optional=True, whole=True)
 
     def with_labels(self, labels: Mapping[str, str]) -> SandboxSpec:
         """A copy with ``labels`` merged over the existing ones."""
@@ -142,6 +150,31 @@ def check_env(env: Mapping[str, str], argument: str) -> None:
             )
         if not isinstance(value, str) or "\x00" in value:
             raise InvalidArgument(f"{argument}: the value of {name!r} contains a NUL byte")
+
+
+def check_positive(
+    value: object, call: str, name: str, *, optional: bool = False, whole: bool = False
+) -> None:
+    """Refuse anything but a positive finite number (a whole one if ``whole``; None
+    if ``optional``), naming the argument as ``call(name=value)``."""
+    if value is None and optional:
+        return
+    kind = "a positive whole number" if whole else "a positive number"
+    if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+        raise ArgumentTypeError(f"{call}({name}={value!r}): expected {kind}")
+    if not 0 < value < math.inf:
+        raise InvalidArgument(f"{call}({name}={value!r}): expected {kind}")
+
+
+def check_text(value: object, call: str, name: str, *, optional: bool = False) -> None:
+    """Refuse anything but a non-empty string without NUL (or None if ``optional``)."""
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{call}({name}={value!r}): expected a string")
+    if not value or "\x00" in value:
+        shown = "..." if value else "''"
+        raise InvalidArgument(f"{call}({name}={shown}): expected a non-empty string without NUL")
 
 
 def check_port(port: object, argument: str) -> None:

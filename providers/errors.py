@@ -7,6 +7,7 @@ map each vendor SDK exception to the most specific class here, always with
     SandboxRouterError
     ├── ConfigError                 bad config file, field or value (router.config)
     ├── InvalidArgument             a hostile or impossible API argument (also a ValueError)
+    │   └── ArgumentTypeError       an argument of the wrong type (also a TypeError)
     ├── StateUnavailable            the shared state store cannot be reached
     ├── NoProviderAvailable         every chain entry was skipped or failed (router)
     ├── LeaseError                  a lease was used after release, or lost
@@ -31,6 +32,7 @@ from __future__ import annotations
 from datetime import datetime
 
 __all__ = [
+    "ArgumentTypeError",
     "AuthError",
     "CapacityExceeded",
     "ConfigError",
@@ -67,6 +69,14 @@ class InvalidArgument(SandboxRouterError, ValueError):
     Refused by `SandboxSpec` and the lease's sandbox handle before any SDK
     sees it, the same on every provider. The message names the argument and
     what is wrong with it, never an env value (it may be a secret).
+    """
+
+
+class ArgumentTypeError(InvalidArgument, TypeError):
+    """An argument of the wrong type (a number given as a string, a path as an int).
+
+    A ``TypeError`` as Python's own checks raise it, and inside the tree, so
+    an app catching ``SandboxRouterError`` around a call catches it too.
     """
 
 

@@ -10,6 +10,7 @@ The error classes are drawn as one tree in ``providers.errors``.
 
 from providers.base import CodeResult, CommandResult, FileInfo, PortURL, SandboxSpec, Snapshot
 from providers.errors import (
+    ArgumentTypeError,
     AuthError,
     CapacityExceeded,
     ConfigError,
@@ -34,6 +35,7 @@ from router.lease import AsyncLease, Lease
 from router.logs import configure_logging
 
 __all__ = [
+    "ArgumentTypeError",
     "AsyncLease",
     "AuthError",
     "CapacityExceeded",

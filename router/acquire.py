@@ -38,9 +38,11 @@ from providers.base import (
     LABEL_SESSION,
     LABEL_WARM,
     SandboxSpec,
+    check_positive,
 )
 from providers.capabilities import Capability
 from providers.errors import (
+    ArgumentTypeError,
     InvalidArgument,
     NoProviderAvailable,
     ProviderError,
@@ -354,21 +356,23 @@ def check_acquire(
 ) -> tuple[str, ...]:
     """Reject bad arguments before anything is reserved, naming the argument."""
     if spec is not None and not isinstance(spec, SandboxSpec):
-        raise TypeError(f"acquire(spec=...): expected a SandboxSpec, got {type(spec).__name__}")
+        raise ArgumentTypeError(
+            f"acquire(spec=...): expected a SandboxSpec, got {type(spec).__name__}"
+        )
     if isinstance(requires, str):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"acquire(requires={requires!r}): give a sequence of capabilities, "
             f"e.g. requires=({requires!r},)"
         )
     needed = tuple(requires)
     for cap in needed:
         if not isinstance(cap, str) or not cap:
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"acquire(requires=...): capabilities are non-empty strings, got {cap!r}"
             )
     for key, value in (labels or {}).items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"acquire(labels=...): keys and values are strings, got {key!r}: {value!r}"
             )
         if key in _RESERVED_LABELS:
@@ -377,10 +381,7 @@ def check_acquire(
         raise InvalidArgument(f"acquire(session={session!r}): a session key is a non-empty string")
     if session is not None and session.startswith(PAUSE_KEY):
         raise InvalidArgument(f"acquire(session=...): {PAUSE_KEY!r} keys are the pause tokens'")
-    if timeout is not None and not timeout > 0:
-        raise InvalidArgument(
-            f"acquire(timeout={timeout!r}): the deadline must be a positive number of seconds"
-        )
+    check_positive(timeout, "acquire", "timeout", optional=True)
     if spec is not None and spec.gpu and Capability.GPU not in needed:
         needed += (Capability.GPU,)  # an entry that ignores the gpu must not take the spec
     return needed

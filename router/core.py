@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from providers.base import Provider, SandboxSpec, Snapshot
+from pydantic import ValidationError
+
+from providers.base import Provider, SandboxSpec, Snapshot, check_positive, check_text
 from providers.errors import InvalidArgument
 from router import config as config_mod
 from router.acquire import Acquirer, check_acquire
@@ -35,6 +36,7 @@ from router.ledger import Ledger
 from router.pause import Pauses
 from router.sessions import Sessions
 from router.state import StateStore, open_store
+from router.state.base import SETTABLE_UNITS
 from router.status import EntryView, RouterStatus, read_status
 from router.upkeep import Upkeep
 from router.warm import WarmPools
@@ -195,9 +197,11 @@ class Router:
 
     def close_session(self, session: str) -> bool:
         """Kill a sticky session's sandbox and forget it; False when it had none."""
+        check_text(session, "close_session", "session")
         return self._engine.run(self._sessions.close(session))
 
     async def aclose_session(self, session: str) -> bool:
+        check_text(session, "close_session", "session")
         return await self._engine.arun(self._sessions.close(session))
 
     def reap(self) -> ReapReport:
@@ -219,15 +223,19 @@ class Router:
         """Set ``entry``'s warm pool as its config's ``warm`` would (size 0 drops it);
         unset arguments keep what the entry had (else the `WarmConfig` defaults).
         The next refill applies it: call `fill_warm` to apply it now."""
-        known = self._entries.get(entry)
-        current = self._warm.settings.get(entry) or (known.cfg.warm if known else None)
+        if not isinstance(entry, str) or entry not in self._entries:
+            known = ", ".join(self._entries)
+            raise InvalidArgument(f"set_warm(entry={entry!r}): not an entry here ({known})")
+        current = self._warm.settings.get(entry) or self._entries[entry].cfg.warm
         fields = current.model_dump() if current is not None else {}
-        fields["size"] = size
-        if max_idle is not None:
-            fields["max_idle"] = max_idle
-        if pause is not None:
-            fields["pause"] = pause
-        warm = config_mod.WarmConfig.model_validate(fields)
+        given = {"size": size, "max_idle": max_idle, "pause": pause}
+        fields.update({name: value for name, value in given.items() if value is not None})
+        try:
+            warm = config_mod.WarmConfig.model_validate(fields)
+        except ValidationError as exc:
+            name = ".".join(str(part) for part in exc.errors()[0]["loc"])
+            message = exc.errors()[0]["msg"]
+            raise InvalidArgument(f"set_warm({name}=...): {message}") from None
 
         async def configure() -> None:  # on the engine loop, between two refill passes
             self._warm.configure(entry, warm)
@@ -249,6 +257,14 @@ class Router:
 
     def set_usage(self, pool: str, unit: str, value: float) -> None:
         """Overwrite a pool's used amount this window (``sandbox-router quota set``)."""
+        pools = {e.ref.pool for e in self._entries.values()}
+        if pool not in pools:
+            known = ", ".join(sorted(pools))
+            raise InvalidArgument(f"set_usage(pool={pool!r}): no such pool here ({known})")
+        if unit not in SETTABLE_UNITS:
+            raise InvalidArgument(f"set_usage(unit={unit!r}): expected one of {SETTABLE_UNITS}")
+        if value != 0:
+            check_positive(value, "set_usage", "value")
         self._engine.run(self._set_usage(pool, unit, value))
 
     def close(self) -> None:
@@ -291,11 +307,8 @@ class Router:
         )
 
     async def _set_usage(self, pool: str, unit: str, value: float) -> None:
-        refs = [e.ref for e in self._entries.values() if e.ref.pool == pool]
-        if not refs:
-            pools = sorted({e.ref.pool for e in self._entries.values()})
-            raise ValueError(f"no pool {pool!r} in this config (pools: {', '.join(pools)})")
-        await self._ledger.store.set_usage(refs[0], unit, value, self._clock())
+        ref = next(e.ref for e in self._entries.values() if e.ref.pool == pool)
+        await self._ledger.store.set_usage(ref, unit, value, self._clock())
         self._ledger.exhausted.forget(pool)  # other replicas learn it from the limits version
         emit(self._hooks, QuotaChanged(pool=pool, unit=unit, value=value))
 
@@ -321,12 +334,5 @@ class Router:
 def _check_resume(token: object, timeout: float | None, default: float) -> float:
     if not isinstance(token, str) or not token or not token.isascii() or not token.isprintable():
         raise InvalidArgument("resume(token): not a pause token")
-    if timeout is None:
-        return default
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not 0 < timeout < math.inf
-    ):
-        raise InvalidArgument(f"resume(timeout): {timeout!r} is not a positive number of seconds")
-    return float(timeout)
+    check_positive(timeout, "resume", "timeout", optional=True)
+    return default if timeout is None else float(timeout)

@@ -15,8 +15,16 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from providers.base import CodeResult, CommandResult, FileInfo, Sandbox, check_env
-from providers.errors import InvalidArgument, LeaseError
+from providers.base import (
+    CodeResult,
+    CommandResult,
+    FileInfo,
+    Sandbox,
+    check_env,
+    check_positive,
+    check_text,
+)
+from providers.errors import ArgumentTypeError, InvalidArgument, LeaseError
 from providers.processes import (
     OnOutput,
     OnTerminalData,
@@ -93,7 +101,7 @@ class AsyncSandboxHandle(AsyncFiles):
         arrives, and ``stdin`` is fed to the command: both need the entry's
         ``stream`` (and ``stdin``) capability.
         """
-        _check_run(cmd, env, cwd)
+        _check_run(cmd, env, cwd, "run", timeout)
         if on_stdout is None and on_stderr is None and stdin is None:
             return await self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
         return await self._run(
@@ -117,7 +125,7 @@ class AsyncSandboxHandle(AsyncFiles):
     ) -> AsyncIterator[OutputChunk]:
         """The command's output chunks as they arrive; leaving the loop early kills it."""
         self._alive()
-        _check_run(cmd, env, cwd)
+        _check_run(cmd, env, cwd, "stream")
         return relay(self._engine, self._sandbox.stream(cmd, env=env, cwd=cwd))
 
     async def start(
@@ -134,7 +142,7 @@ class AsyncSandboxHandle(AsyncFiles):
         With ``on_stdout`` / ``on_stderr`` the output goes to them instead
         of `AsyncProcess.output`.
         """
-        _check_run(cmd, env, cwd)
+        _check_run(cmd, env, cwd, "start")
         process = await self._run(self._sandbox.start(cmd, env=env, cwd=cwd))
         if on_stdout is not None or on_stderr is not None:
             pump = _pump(
@@ -176,18 +184,25 @@ class AsyncSandboxHandle(AsyncFiles):
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` to ``path`` (relative to the sandbox's home), making parent dirs."""
+        _check_path_type(path, "write_file(path)")
+        if not isinstance(data, bytes | bytearray | memoryview | str):
+            raise ArgumentTypeError(f"write_file(data): bytes or str, not {type(data).__name__}")
         await self._run(self._sandbox.write_file(path, data))
 
     async def read_file(self, path: str) -> bytes:
-        return await self._run(self._sandbox.read_file(path))
+        return await self._run(self._sandbox.read_file(_check_path_type(path, "read_file(path)")))
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
-        return await self._run(self._sandbox.list_files(path))
+        return await self._run(self._sandbox.list_files(_check_path_type(path, "list_files(path)")))
 
     async def run_code(
         self, code: str, language: str = "python", *, timeout: float | None = 60.0
     ) -> CodeResult:
         """Run ``code`` in ``language``; its error is in the result, not raised."""
+        if not isinstance(code, str):
+            raise ArgumentTypeError(f"run_code(code): a string, not {type(code).__name__}")
+        check_text(language, "run_code", "language")
+        check_positive(timeout, "run_code", "timeout", optional=True)
         return await self._run(self._sandbox.run_code(code, language, timeout=timeout))
 
     def __repr__(self) -> str:
@@ -204,20 +219,45 @@ async def _pump_terminal(terminal: Terminal, on_data: OnTerminalData | None) -> 
         await deliver(on_data, data)
 
 
-def _check_run(cmd: str | Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> None:
+def _check_path_type(path: object, argument: str) -> str:
+    """A path of the wrong type is refused here; what it names (a NUL, an escape) is the
+    provider's to judge, as a `SandboxPathError` naming the sandbox."""
+    if not isinstance(path, str):
+        raise ArgumentTypeError(f"{argument}: a string, not {type(path).__name__}")
+    return path
+
+
+def _check_run(
+    cmd: str | Sequence[str],
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    call: str = "run",
+    timeout: float | None = None,
+) -> None:
     """Refuse what no provider could run, the same everywhere, before any SDK sees it."""
     if isinstance(cmd, str):
         if "\x00" in cmd:
-            raise InvalidArgument("run(cmd=...): contains a NUL byte")
+            raise InvalidArgument(f"{call}(cmd=...): contains a NUL byte")
+    elif not isinstance(cmd, Sequence):
+        raise ArgumentTypeError(
+            f"{call}(cmd=...): a string or a sequence of strings, not {type(cmd).__name__}"
+        )
     elif not cmd:
-        raise InvalidArgument("run(cmd=...): an empty argv")
+        raise InvalidArgument(f"{call}(cmd=...): an empty argv")
     else:
         for index, arg in enumerate(cmd):
+            if not isinstance(arg, str):
+                raise ArgumentTypeError(
+                    f"{call}(cmd=...): argument {index} is a {type(arg).__name__}, not a string"
+                )
             if "\x00" in arg:
-                raise InvalidArgument(f"run(cmd=...): argument {index} contains a NUL byte")
-    check_env(env or {}, "run(env=...)")
+                raise InvalidArgument(f"{call}(cmd=...): argument {index} contains a NUL byte")
+    check_env(env or {}, f"{call}(env=...)")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ArgumentTypeError(f"{call}(cwd=...): a string, not {type(cwd).__name__}")
     if cwd is not None and "\x00" in cwd:
-        raise InvalidArgument("run(cwd=...): contains a NUL byte")
+        raise InvalidArgument(f"{call}(cwd=...): contains a NUL byte")
+    check_positive(timeout, call, "timeout", optional=True)
 
 
 class SyncSandbox(SyncFiles["AsyncSandboxHandle"]):
@@ -255,7 +295,7 @@ class SyncSandbox(SyncFiles["AsyncSandboxHandle"]):
     ) -> Iterator[OutputChunk]:
         """The command's output chunks as they arrive; leaving the loop early kills it."""
         self._alive()
-        _check_run(cmd, env, cwd)
+        _check_run(cmd, env, cwd, "stream")
         return iterate(self._engine, self._async._sandbox.stream(cmd, env=env, cwd=cwd))
 
     def start(

@@ -325,6 +325,12 @@ class FleetSupport(abc.ABC):
         """
 
 
+SETTABLE_UNITS = (
+    "sessions",
+    "sandbox_seconds",
+)  # `StateStore.set_usage`; concurrent is live leases
+
+
 class StateStore(LedgerSupport, SessionSupport, LockSupport, FleetSupport, WarmSupport):
     """Shared state for one router configuration (namespaced by ``prefix``)."""
 

@@ -30,6 +30,7 @@ from router.state import redis_snapshot, scripts
 from router.state.base import (
     CALL_MEMORY,
     JOURNAL_MEMORY,
+    SETTABLE_UNITS,
     EntryRef,
     FleetView,
     Reservation,
@@ -233,8 +234,8 @@ class RedisStore(StateStore):
         return redis_snapshot.decode(list(by_pool.values()), replies, now)
 
     async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
-        if unit not in ("sessions", "sandbox_seconds"):
-            raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
+        if unit not in SETTABLE_UNITS:
+            raise ValueError(f"unit must be one of {SETTABLE_UNITS}, got {unit!r}")
         amount = int(value) if unit == "sessions" else float(value)
         usage = self._keys.pool(ref, now).usage
         await self._commands(

@@ -25,6 +25,7 @@ from policies.warm import Claim, WarmRecord
 from router.state.base import (
     CALL_MEMORY,
     JOURNAL_MEMORY,
+    SETTABLE_UNITS,
     EntryRef,
     EntryStatus,
     FleetView,
@@ -251,8 +252,8 @@ class TableStore(StateStore):
         return await self._transact(lambda tx: _snapshot(tx, refs, now))
 
     async def set_usage(self, ref: EntryRef, unit: str, value: float, now: float) -> None:
-        if unit not in ("sessions", "sandbox_seconds"):
-            raise ValueError(f"unit must be sessions or sandbox_seconds, got {unit!r}")
+        if unit not in SETTABLE_UNITS:
+            raise ValueError(f"unit must be one of {SETTABLE_UNITS}, got {unit!r}")
 
         def set_usage(tx: Tables) -> None:
             sessions, seconds = tx.usage(ref.pool, ref.window.key(now))

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from providers.base import SandboxSpec
-from providers.errors import SandboxError, SandboxPathError
-from router import Router
+from providers.errors import InvalidArgument, SandboxError, SandboxPathError
+from router import Router, SandboxRouterError
 
 
 @pytest.fixture
@@ -42,12 +45,17 @@ def router(tmp_path: Path) -> Router:
         ({"session": "  "}, ValueError, "session='  '"),
         ({"timeout": 0}, ValueError, "timeout=0"),
         ({"timeout": -5}, ValueError, "timeout=-5"),
+        ({"timeout": math.nan}, ValueError, "timeout=nan"),
+        ({"timeout": "5"}, TypeError, "timeout='5'"),
+        ({"timeout": True}, TypeError, "timeout=True"),
         ({"spec": {"template": "x"}}, TypeError, "expected a SandboxSpec"),
     ],
 )
 def test_bad_acquire_arguments(router: Router, kwargs: dict, error: type, message: str) -> None:
-    with pytest.raises(error, match=re.escape(message)):
+    """Python's own error class (TypeError, ValueError) and the router's tree, both."""
+    with pytest.raises(error, match=re.escape(message)) as info:
         router.acquire(**kwargs)
+    assert isinstance(info.value, InvalidArgument)
     view = router.status().entries[0]
     assert (view.used["sessions"], view.live_leases) == (0, 0)  # nothing reserved
 
@@ -75,3 +83,77 @@ def test_non_utf8_and_enormous_output(router: Router) -> None:
 def test_spec_env_reaches_commands(router: Router) -> None:
     with router.acquire(SandboxSpec(env={"A": "1"})) as lease:
         assert lease.sandbox.run("echo $A").stdout == "1\n"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda r: r.close_session(None), "close_session(session=None)"),
+        (lambda r: r.close_session(""), "close_session(session='')"),
+        (lambda r: r.set_usage("nowhere", "sessions", 1), "set_usage(pool='nowhere')"),
+        (lambda r: r.set_usage("local", "hours", 1), "set_usage(unit='hours')"),
+        (lambda r: r.set_usage("local", "sessions", math.nan), "set_usage(value=nan)"),
+        (lambda r: r.set_usage("local", "sessions", -1), "set_usage(value=-1)"),
+        (lambda r: r.set_usage("local", "sessions", "9"), "set_usage(value='9')"),
+        (lambda r: r.set_warm("nowhere", 1), "set_warm(entry='nowhere')"),
+        (lambda r: r.set_warm("local", -1), "set_warm(size=...)"),
+        (lambda r: r.set_warm("local", 1, max_idle=math.nan), "set_warm(max_idle=...)"),
+    ],
+)
+def test_bad_router_call_arguments(
+    router: Router, call: Callable[[Router], Any], message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        call(router)
+    view = router.status().entries[0]
+    assert (view.used["sessions"], view.live_leases) == (0, 0)
+
+
+_SANDBOX_CALLS: list[tuple[Callable[[Any], Any], str]] = [
+    (lambda s: s.run(5), "run(cmd=...)"),
+    (lambda s: s.run(["echo", 5]), "run(cmd=...): argument 1"),
+    (lambda s: s.run("true", timeout=math.nan), "run(timeout=nan)"),
+    (lambda s: s.run("true", timeout=-1), "run(timeout=-1)"),
+    (lambda s: s.run("true", timeout="5"), "run(timeout='5')"),
+    (lambda s: s.run("true", cwd=5), "run(cwd=...)"),
+    (lambda s: s.read_file(5), "read_file(path)"),
+    (lambda s: s.write_file(5, b"x"), "write_file(path)"),
+    (lambda s: s.write_file("a", 5), "write_file(data)"),
+    (lambda s: s.list_files(None), "list_files(path)"),
+    (lambda s: s.run_code(5), "run_code(code)"),
+    (lambda s: s.run_code("1", language=None), "run_code(language=None)"),
+    (lambda s: s.run_code("1", timeout=0), "run_code(timeout=0)"),
+    (lambda s: s.start("sleep 1", cwd=b"/tmp"), "start(cwd=...)"),
+]
+
+
+@pytest.mark.parametrize(("call", "message"), _SANDBOX_CALLS)
+def test_bad_sandbox_call_arguments(
+    router: Router, call: Callable[[Any], Any], message: str
+) -> None:
+    """Refused before any provider sees it, inside the router's tree; the lease lives on."""
+    with router.acquire() as lease:
+        with pytest.raises(SandboxRouterError, match=re.escape(message)):
+            call(lease.sandbox)
+        assert lease.sandbox.run("echo alive").stdout == "alive\n"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cpu": -1}, "SandboxSpec(cpu=-1)"),
+        ({"cpu": math.inf}, "SandboxSpec(cpu=inf)"),
+        ({"memory_mb": 0}, "SandboxSpec(memory_mb=0)"),
+        ({"disk_gb": -2}, "SandboxSpec(disk_gb=-2)"),
+        ({"lifetime": math.nan}, "SandboxSpec(lifetime=nan)"),
+        ({"idle_timeout": -1}, "SandboxSpec(idle_timeout=-1)"),
+        ({"memory_mb": "512"}, "SandboxSpec(memory_mb='512')"),
+        ({"template": ""}, "SandboxSpec(template='')"),
+        ({"template": 5}, "SandboxSpec(template=5)"),
+        ({"gpu": ""}, "SandboxSpec(gpu='')"),
+        ({"workdir": "a\x00b"}, "SandboxSpec(workdir=...)"),
+    ],
+)
+def test_bad_spec_fields(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=re.escape(message)):
+        SandboxSpec(**fields)
