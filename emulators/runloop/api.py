@@ -26,6 +26,9 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   ``upload_file`` (multipart ``path`` + ``file``), ``download_file`` (bytes).
   Uploads stream to disk part by part and downloads go out in chunks: a
   file is never held whole.
+* ``GET .../logs`` gives the executions' log lines (``source`` exec: the
+  command, each output line, stdout ``info`` and stderr ``error``, and the
+  exit code), optionally of one ``execution_id``.
 * ``POST .../keep_alive`` resets the idle timer; ``POST .../shutdown``.
 * ``POST .../suspend`` (``suspending`` -> ``suspended``: every execution
   ends, the disk stays) and ``POST .../resume`` (``resuming`` -> ``running``;
@@ -241,6 +244,7 @@ class DevboxApi:
             web.post("/v1/devboxes/create_and_await_running", self.create_and_await_running),
             web.get("/v1/devboxes", self.list),
             web.get(base, self.retrieve),
+            web.get(base + "/logs", self.logs),
             web.post(base + "/wait_for_status", self.wait_for_status),
             web.post(base + "/shutdown", self.shutdown),
             web.post(base + "/keep_alive", self.keep_alive),
@@ -454,6 +458,16 @@ class DevboxApi:
     async def retrieve(self, request: web.Request) -> web.Response:
         return web.json_response(self.devbox(request).view())
 
+    async def logs(self, request: web.Request) -> web.Response:
+        """Every execution's log lines, oldest first, or one execution's (``execution_id``)."""
+        devbox = self.devbox(request)
+        only = request.query.get("execution_id")
+        executions = [e for e in devbox.executions.values() if only is None or e.id == only]
+        lines = sorted(
+            (line for e in executions for line in e.log), key=lambda x: x["timestamp_ms"]
+        )
+        return web.json_response({"logs": lines})
+
     async def wait_for_status(self, request: web.Request) -> web.Response:
         devbox = self.devbox(request)
         body = await self.body(request)
@@ -603,6 +617,7 @@ class DevboxApi:
             command_id=command_id if isinstance(command_id, str) else None,
             process=process,
             stdin_attached=bool(attach_stdin),
+            command=command,
         )
         devbox.executions[execution.id] = execution
         if execution.command_id:

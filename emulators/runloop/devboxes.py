@@ -58,6 +58,7 @@ TERMINAL = frozenset({"shutdown", "failure"})
 ASLEEP = frozenset({"suspending", "suspended"})
 _ALPHABET = string.ascii_lowercase + string.digits
 _OUTPUT_CAP = 10 * 1024 * 1024
+_LOG_LINE_CAP = 10_000
 
 
 def new_id(prefix: str) -> str:
@@ -104,8 +105,23 @@ class Execution:
     stderr: bytearray = field(default_factory=bytearray)
     exit_status: int | None = None
     stdin_attached: bool = False
+    command: str = ""
+    started_ms: int = field(default_factory=now_ms)
+    log: list[dict[str, Any]] = field(default_factory=list)
     changes: Changes = field(default_factory=Changes)
     task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.log.append(self._entry("info", cmd=self.command, timestamp_ms=self.started_ms))
+
+    def _entry(self, level: str, **fields: Any) -> dict[str, Any]:
+        """A ``DevboxLogsListView`` log line of this execution."""
+        return {
+            "level": level,
+            "source": "exec",
+            "timestamp_ms": now_ms(),
+            "cmd_id": self.id,
+        } | fields
 
     @property
     def status(self) -> str:
@@ -121,18 +137,35 @@ class Execution:
         assert proc.stdout is not None
         assert proc.stderr is not None
         await asyncio.gather(
-            self._read(proc.stdout, self.stdout), self._read(proc.stderr, self.stderr)
+            self._read(proc.stdout, self.stdout, "info"),
+            self._read(proc.stderr, self.stderr, "error"),
         )
         code = await proc.wait()
         self.process.end_group()
         self.exit_status = 128 - code if code < 0 else code
+        self.log.append(self._entry("info", cmd=self.command, exit_code=self.exit_status))
         self.changes.notify()
         on_done()
 
-    async def _read(self, stream: asyncio.StreamReader, buf: bytearray) -> None:
+    async def _read(self, stream: asyncio.StreamReader, buf: bytearray, level: str) -> None:
+        """Keep the stream's bytes (to the cap) and log each of its lines at ``level``."""
+        logged = 0
         while chunk := await stream.read(65536):
             buf += chunk[: max(_OUTPUT_CAP - len(buf), 0)]
+            end = buf.rfind(b"\n") + 1
+            if end > logged:
+                self._log_lines(buf[logged:end], level)
+                logged = end
             self.changes.notify()
+        if len(buf) > logged:
+            self._log_lines(buf[logged:], level)
+
+    def _log_lines(self, data: bytearray, level: str) -> None:
+        """Log lines past `_LOG_LINE_CAP` are dropped: the output itself stays whole."""
+        for line in data.decode("utf-8", "replace").splitlines():
+            if len(self.log) >= _LOG_LINE_CAP:
+                return
+            self.log.append(self._entry(level, message=line))
 
     async def send_stdin(self, data: bytes | None) -> bool:
         """Write ``data`` to the command's stdin, or close it (None); False when the pipe broke."""

@@ -193,6 +193,23 @@ async def test_execute_sync_holds_until_the_command_ends(client: AsyncRunloop) -
         await client.devboxes.execute_sync(view.id, command="cat", attach_stdin=True)
 
 
+async def test_devbox_logs_hold_each_command_and_its_output(client: AsyncRunloop) -> None:
+    """``devboxes.logs.list`` (the object SDK's ``logs()``): commands, output lines, exits."""
+    view = await client.devboxes.create_and_await_running()
+    first = await client.devboxes.execute(view.id, command="echo one; echo two >&2; exit 3")
+    second = await client.devboxes.execute(view.id, command="echo three")
+    logs = (await client.devboxes.logs.list(view.id)).logs
+    assert [(log.cmd_id, log.source) for log in logs if log.cmd and log.exit_code is None] == [
+        (first.execution_id, "exec"),
+        (second.execution_id, "exec"),
+    ]
+    mine = (await client.devboxes.logs.list(view.id, execution_id=first.execution_id)).logs
+    lines = [(log.level, log.message) for log in mine if log.message]
+    assert sorted(lines) == [("error", "two"), ("info", "one")]
+    assert [log.exit_code for log in mine if log.exit_code is not None] == [3]
+    assert {log.cmd_id for log in mine} == {first.execution_id}
+
+
 async def test_execution_long_poll_answers_408(client: AsyncRunloop) -> None:
     view = await client.devboxes.create_and_await_running()
     started = await client.devboxes.execute(view.id, command="sleep 30", optimistic_timeout=0)
