@@ -26,8 +26,9 @@ import posixpath
 import shutil
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,13 +37,15 @@ from aiohttp import web
 from emulators.e2b.connect import (
     Message,
     RpcError,
+    Send,
     StreamHandler,
     UnaryHandler,
     serve_stream,
     serve_unary,
 )
-from emulators.e2b.processes import ProcessService
+from emulators.e2b.processes import ProcessService, keepalive_of
 from emulators.e2b.sandboxes import E2B_HOME, E2BSandbox
+from emulators.e2b.watch import DirWatcher, WatcherService
 from emulators.filesystem import PathRefused
 
 if TYPE_CHECKING:
@@ -303,7 +306,12 @@ class Envd:
     async def rpc(self, request: web.Request) -> web.StreamResponse:
         sandbox = self.sandbox(request)
         name = f"{request.match_info['service']}/{request.match_info['method']}"
-        streams: dict[str, StreamHandler] = self.processes.streams(sandbox, request)
+        streams: dict[str, StreamHandler] = {
+            **self.processes.streams(sandbox, request),
+            "filesystem.Filesystem/WatchDir": lambda m, send: self.watch_dir(
+                sandbox, m, send, keepalive_of(request)
+            ),
+        }
         unaries: dict[str, UnaryHandler] = {
             **self.processes.unaries(sandbox),
             "filesystem.Filesystem/Stat": lambda m: self.fs(sandbox, m, self._stat),
@@ -311,6 +319,11 @@ class Envd:
             "filesystem.Filesystem/MakeDir": lambda m: self.fs(sandbox, m, self._make_dir),
             "filesystem.Filesystem/Remove": lambda m: self.fs(sandbox, m, self._remove),
             "filesystem.Filesystem/Move": lambda m: self.fs(sandbox, m, self._move),
+            "filesystem.Filesystem/CreateWatcher": lambda m: self.create_watcher(sandbox, m),
+            "filesystem.Filesystem/GetWatcherEvents": lambda m: self._sync(
+                sandbox.watchers.events, m
+            ),
+            "filesystem.Filesystem/RemoveWatcher": lambda m: self._sync(sandbox.watchers.remove, m),
         }
         if name in streams:
             return await serve_stream(request, streams[name])
@@ -319,6 +332,31 @@ class Envd:
         return web.json_response(
             {"code": "unimplemented", "message": f"{name} is not emulated"}, status=501
         )
+
+    @staticmethod
+    async def _sync(op: Callable[[Message], Message], message: Message) -> Message:
+        return op(message)
+
+    async def _watcher(self, sandbox: E2BSandbox, message: Message) -> DirWatcher:
+        path = message.get("path") or E2B_HOME
+
+        def opened(_: E2BSandbox, __: Message) -> Message:
+            root = sandbox.host(path)
+            return {"watcher": WatcherService.open(root, path, message, partial(_entry, sandbox))}
+
+        watcher: DirWatcher = (await self.fs(sandbox, message, opened))["watcher"]
+        return watcher
+
+    async def watch_dir(
+        self, sandbox: E2BSandbox, message: Message, send: Send, keepalive: float | None
+    ) -> None:
+        watcher = await self._watcher(sandbox, message)
+        await WatcherService.stream(
+            watcher, send, keepalive, lambda: self.core.alive_sandbox(sandbox.id) is not None
+        )
+
+    async def create_watcher(self, sandbox: E2BSandbox, message: Message) -> Message:
+        return sandbox.watchers.create(await self._watcher(sandbox, message))
 
     async def fs(self, sandbox: E2BSandbox, message: Message, op: Any) -> Message:
         """Run one filesystem operation off the loop, mapping OS errors to RPC codes."""

@@ -43,7 +43,7 @@ from emulators.e2b.sandboxes import E2BSandbox
 from providers.errors import SandboxError
 from providers.local import LocalProcess
 
-__all__ = ["RELAY", "ProcessService", "RunningProcess", "frame"]
+__all__ = ["RELAY", "ProcessService", "RunningProcess", "frame", "keepalive_of"]
 
 _SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM}
 _SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
@@ -157,6 +157,12 @@ class RunningProcess:
         await stdin.drain()
 
 
+def keepalive_of(request: web.Request) -> float | None:
+    """Seconds of silence after which a stream sends a keepalive (None: never)."""
+    raw = request.headers.get(_KEEPALIVE_HEADER, "")
+    return float(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
 class ProcessService:
     """The process service of every sandbox of one emulator.
 
@@ -169,8 +175,7 @@ class ProcessService:
 
     def streams(self, sandbox: E2BSandbox, request: web.Request) -> dict[str, StreamHandler]:
         deadline = deadline_of(request)
-        raw = request.headers.get(_KEEPALIVE_HEADER, "")
-        keepalive = float(raw) if raw.isdigit() and int(raw) > 0 else None
+        keepalive = keepalive_of(request)
         return {
             "process.Process/Start": lambda m, send: self.start(
                 sandbox, m, send, deadline, keepalive

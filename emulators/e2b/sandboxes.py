@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from emulators.e2b.interpreter import Kernel
     from emulators.e2b.processes import RunningProcess
 
+from emulators.e2b.watch import WatcherService
+
 __all__ = ["E2B_HOME", "INTERPRETER_TEMPLATES", "E2BCore", "E2BSandbox"]
 
 E2B_HOME = "/home/user"
@@ -44,6 +46,7 @@ class E2BSandbox:
     processes: dict[int, RunningProcess] = field(default_factory=dict)
     kernel: Kernel | None = None
     traffic_token: str | None = None  # set when public traffic to its ports is restricted
+    watchers: WatcherService = field(default_factory=WatcherService)
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
 
     @property
@@ -67,6 +70,7 @@ class E2BSandbox:
         for process in list(self.processes.values()):
             process.local.kill()
         self.processes.clear()
+        self.watchers.close()
         if self.kernel is not None:
             self.kernel.kill()
             self.kernel = None

@@ -19,6 +19,8 @@ from e2b import (
     CommandExitException,
     ConnectionConfig,
     FileNotFoundException,
+    FilesystemEvent,
+    FilesystemEventType,
     FileType,
     InvalidArgumentException,
     NotFoundException,
@@ -524,3 +526,53 @@ async def test_signed_file_urls_need_no_token(emu: E2BEmulator) -> None:
         assert forged.status_code == 401
     finally:
         await sbx.kill()
+
+
+async def test_watch_dir_streams_filesystem_events(emu: E2BEmulator) -> None:
+    """WatchDir streams create/write/rename/remove with names relative to the watched
+    directory (every level when recursive); a missing directory is not found."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        await sbx.files.write("w/a.txt", "a")
+        seen: list[tuple[str, FilesystemEventType]] = []
+        handle = await sbx.files.watch_dir(
+            "w", on_event=lambda e: seen.append((e.name, e.type)), recursive=True
+        )
+        await sbx.files.write("w/a.txt", "changed")
+        await until(lambda: ("a.txt", FilesystemEventType.WRITE) in seen)
+        await sbx.files.make_dir("w/sub")
+        await sbx.files.write("w/sub/b.txt", "b")
+        await until(lambda: ("sub/b.txt", FilesystemEventType.CREATE) in seen)
+        await sbx.files.rename("w/a.txt", "w/c.txt")
+        await sbx.files.remove("w/sub/b.txt")
+        await until(lambda: ("sub/b.txt", FilesystemEventType.REMOVE) in seen)
+        await handle.stop()
+        assert ("sub", FilesystemEventType.CREATE) in seen
+        assert {
+            ("a.txt", FilesystemEventType.RENAME),
+            ("c.txt", FilesystemEventType.CREATE),
+        } <= set(seen)
+        with pytest.raises(FileNotFoundException):
+            await sbx.files.watch_dir("nowhere", on_event=lambda e: None)
+    finally:
+        await sbx.kill()
+
+
+def test_sync_watcher_polls_events(emu: E2BEmulator) -> None:
+    """The sync SDK's watcher is CreateWatcher, GetWatcherEvents and RemoveWatcher."""
+    sbx = Sandbox.create(**emu.sdk_kwargs())
+    try:
+        sbx.files.make_dir("w")
+        watcher = sbx.files.watch_dir("w", include_entry=True)
+        sbx.files.write("w/x.txt", "x")
+        events: list[FilesystemEvent] = []
+        deadline = time.monotonic() + 5
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.05)
+            events += watcher.get_new_events()
+        assert [(e.name, e.type) for e in events][:1] == [("x.txt", FilesystemEventType.CREATE)]
+        assert events[0].entry is not None
+        assert events[0].entry.path == "/home/user/w/x.txt"
+        watcher.stop()
+    finally:
+        sbx.kill()
