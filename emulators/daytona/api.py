@@ -21,7 +21,8 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
   or stopped sandbox: it answers the sandbox ``snapshotting`` and copies it in
   the background (`emulators.daytona.snapshots`); ``GET|DELETE
   /api/snapshots/{idOrName}`` read and delete such a snapshot, and a create
-  naming it starts from its files.
+  naming it starts from its files. ``GET /api/snapshots`` pages them with the
+  deployment's general snapshots (the default one among them).
 * A create matching a warm pool is served by one of its ready sandboxes
   (`emulators.daytona.warm_pools`, which also holds ``/api/warm-pools``).
 * ``GET /api/config``, public: the deployment's configuration, whose
@@ -47,7 +48,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from aiohttp import web
 
 from emulators.daytona.sandboxes import DAYTONA_HOME, GONE, Box, iso, metrics, org_of
-from emulators.daytona.snapshots import Captured, find
+from emulators.daytona.snapshots import Captured, find, general
 from emulators.harness import QuotaViolation, apply_delay_or_hang
 from emulators.ingress import forward
 from providers.base import SandboxSpec
@@ -204,6 +205,7 @@ class SandboxApi:
             web.get(one + "/toolbox-proxy-url", self.toolbox_proxy_url),
             web.get(one + "/ports/{port}/preview-url", self.preview_url),
             web.post(one + "/snapshot", self.snapshot),
+            web.get("/api/snapshots", self.list_snapshots),
             web.get("/api/snapshots/{snapshot}", self.get_snapshot),
             web.delete("/api/snapshots/{snapshot}", self.delete_snapshot),
             web.route("*", "/preview/{sandbox}/{port}/{tail:.*}", self.preview),
@@ -556,8 +558,53 @@ class SandboxApi:
             raise ApiError(404, f"Snapshot {wanted} not found")
         return found
 
+    def _general(self) -> list[dict[str, Any]]:
+        names = {DEFAULT_SNAPSHOT, *(self.emulator.snapshots or ())}
+        return [general(name) for name in sorted(names)]
+
     async def get_snapshot(self, request: web.Request) -> web.Response:
-        return web.json_response(self._captured(request).dto())
+        wanted = request.match_info["snapshot"]
+        found = find(self.emulator.captured.values(), wanted, org_of(self.key(request)))
+        if found is not None:
+            return web.json_response(found.dto())
+        for dto in self._general():
+            if wanted in (dto["id"], dto["name"]):
+                return web.json_response(dto)
+        raise ApiError(404, f"Snapshot {wanted} not found")
+
+    async def list_snapshots(self, request: web.Request) -> web.Response:
+        """The organization's snapshots and the general ones, ``name`` (a part of it) and
+        ``sourceSandboxId`` filtering, ``sort`` (``createdAt``, ``name``...) and ``order``
+        ordering, ``page`` / ``limit`` paging."""
+        query = request.query
+        page, limit = _positive(query, "page", 1), _positive(query, "limit", 100)
+        if limit > MAX_PAGE:
+            raise ApiError(400, f"limit must not be greater than {MAX_PAGE}")
+        org = org_of(self.key(request))
+        items = [s.dto() for s in self.emulator.captured.values() if s.organization_id == org]
+        items += self._general()
+        name, source = query.get("name", "").lower(), query.get("sourceSandboxId")
+        items = [
+            dto
+            for dto in items
+            if name in dto["name"].lower() and (source is None or dto["sourceSandboxId"] == source)
+        ]
+        sort = query.get("sort", "createdAt")
+        if sort not in ("name", "state", "lastUsedAt", "createdAt"):
+            raise ApiError(400, "sort must be one of name, state, lastUsedAt, createdAt")
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "order must be asc or desc")
+        items.sort(key=lambda dto: (dto[sort] or "", dto["id"]), reverse=order == "desc")
+        pages = max(1, -(-len(items) // limit))
+        return web.json_response(
+            {
+                "items": items[(page - 1) * limit : page * limit],
+                "total": len(items),
+                "page": page,
+                "totalPages": pages,
+            }
+        )
 
     async def delete_snapshot(self, request: web.Request) -> web.Response:
         """Mark the snapshot ``removing``; it is gone ``boot_seconds`` later (a delete of
@@ -651,6 +698,15 @@ class SandboxApi:
 def _order(box: Box) -> tuple[float, str]:
     """Newest first, then by id: the order pages follow."""
     return -box.created, box.id
+
+
+def _positive(query: Any, name: str, default: int) -> int:
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ApiError(400, f"{name} must be a positive integer")
+    return int(raw)
 
 
 def _cursor(raw: str | None) -> tuple[float, str] | None:

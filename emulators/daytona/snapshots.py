@@ -8,18 +8,25 @@ As on Daytona, the record is written ``active`` once the copy is made, before
 the sandbox leaves ``snapshotting``; a delete marks it ``removing`` and it is
 gone (its copy too) shortly after. A create naming it, by id or name, starts
 from a copy of the copy.
+
+The deployment's general snapshots (`general`: the default snapshot and
+those the emulator was given) are listed with them, to every organization,
+and are read-only here: ``GET /api/snapshots`` pages both, newest first.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from emulators.daytona.sandboxes import iso
 
-__all__ = ["Captured", "find"]
+__all__ = ["Captured", "find", "general"]
+
+_EPOCH = 1_735_689_600.0  # 2025-01-01, when the general snapshots were built
 
 
 @dataclass
@@ -80,3 +87,31 @@ def find(captured: Iterable[Captured], id_or_name: str, organization_id: str) ->
         if snap.organization_id == organization_id and id_or_name in (snap.id, snap.name)
     ]
     return next((snap for snap in mine if snap.state == "active"), mine[0] if mine else None)
+
+
+def general(name: str) -> dict[str, Any]:
+    """A general snapshot of the deployment (``SnapshotDto``), the same for every organization."""
+    return {
+        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"daytona-snapshot:{name}")),
+        "organizationId": None,
+        "general": True,
+        "name": name,
+        "imageName": name,
+        "state": "active",
+        "size": 1.0,
+        "entrypoint": None,
+        "cpu": 1,
+        "gpu": 0,
+        "mem": 1,
+        "disk": 3,
+        "errorReason": None,
+        "createdAt": iso(_EPOCH),
+        "updatedAt": iso(_EPOCH),
+        "lastUsedAt": None,
+        "buildInfo": None,
+        "regionIds": ["us"],
+        "initialRunnerId": None,
+        "ref": name,
+        "sourceSandboxId": None,
+        "sandboxClass": "container",
+    }

@@ -662,3 +662,26 @@ async def test_interpreter_contexts_are_isolated(client: AsyncDaytona) -> None:
     assert await interpreter.list_contexts() == []
     with pytest.raises(DaytonaError, match="context not found"):
         await interpreter.run_code("print(1)", context=ctx)
+
+
+async def test_snapshots_list_the_general_ones_and_the_organizations(
+    emu: DaytonaEmulator, client: AsyncDaytona
+) -> None:
+    """``snapshot.list`` pages the deployment's general snapshots and the organization's own."""
+    general = await client.snapshot.list()
+    assert [(s.name, s.general, s.state) for s in general.items] == [
+        ("daytonaio/sandbox:0.5.0", True, "active")
+    ]
+    assert (general.total, general.page, general.total_pages) == (1, 1, 1)
+    assert (await client.snapshot.get("daytonaio/sandbox:0.5.0")).general
+    sandbox = await client.create()
+    await sandbox.create_snapshot("mine", timeout=10)
+    await until(lambda: len(emu.captured) == 1)
+    first = await client.snapshot.list(page=1, limit=1)
+    assert ([s.name for s in first.items], first.total, first.total_pages) == (["mine"], 2, 2)
+    second = await client.snapshot.list(page=2, limit=1)
+    assert [s.name for s in second.items] == ["daytonaio/sandbox:0.5.0"]
+    by_source = await client.snapshot.list(source_sandbox_id=sandbox.id)
+    assert [s.name for s in by_source.items] == ["mine"]
+    await client.snapshot.delete("mine")
+    await until(lambda: not emu.captured)
