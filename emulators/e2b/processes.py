@@ -145,6 +145,11 @@ class RunningProcess:
             self.listeners.add(queue)
         return queue
 
+    def lose(self, sandbox_id: str) -> None:
+        """Break every stream watching this process off (its sandbox is going away)."""
+        self.publish({"lost": sandbox_id})
+        self.listeners.clear()
+
     def publish(self, event: Message) -> None:
         for queue in self.listeners:
             queue.put_nowait(event)
@@ -247,6 +252,12 @@ class ProcessService:
                 except TimeoutError:
                     await send({"event": {"keepalive": {}}})
                     continue
+                if "lost" in event:
+                    raise RpcError(
+                        "unavailable",
+                        f"the connection to sandbox {event['lost']} ended before the stream"
+                        " completed",
+                    )
                 await send({"event": event})
                 if "end" in event:
                     return

@@ -66,8 +66,10 @@ class E2BSandbox:
         return self.local.host(path or E2B_HOME, write=write)
 
     def shutdown(self) -> None:
-        """Kill every process and the kernel (the sandbox is being destroyed)."""
+        """Kill every process and the kernel (the sandbox is being destroyed); the streams
+        watching a process break off before its end, as E2B's proxy loses the sandbox."""
         for process in list(self.processes.values()):
+            process.lose(self.id)
             process.local.kill()
         self.processes.clear()
         self.watchers.close()

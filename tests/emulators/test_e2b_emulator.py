@@ -28,6 +28,7 @@ from e2b import (
     RateLimitException,
     SandboxException,
     SandboxNotFoundException,
+    SandboxNotRunningException,
     SandboxQuery,
     ServiceBusyException,
     TimeoutException,
@@ -576,3 +577,13 @@ def test_sync_watcher_polls_events(emu: E2BEmulator) -> None:
         watcher.stop()
     finally:
         sbx.kill()
+
+
+async def test_killing_the_sandbox_breaks_its_command_streams(emu: E2BEmulator) -> None:
+    """A killed sandbox's command streams end ``unavailable`` (the proxy lost the sandbox),
+    not with an exit: the SDK's health probe then says the sandbox is gone."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    command = await sbx.commands.run("sleep 30", background=True)
+    await sbx.kill()
+    with pytest.raises(SandboxNotRunningException, match="killed or reached its end of life"):
+        await command.wait()
