@@ -42,7 +42,8 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   ``.../snapshot_disk_async`` (answers at once) keep the devbox's disk as
   ``snp_...``; ``GET /v1/devboxes/disk_snapshots`` lists them,
   ``GET .../disk_snapshots/{id}/status`` tells the copy's progress and
-  ``POST .../disk_snapshots/{id}/delete`` deletes one (404 once gone). A create
+  ``POST .../disk_snapshots/{id}/delete`` deletes one (its status says
+  ``deleted`` from then on; anything else on it is a 404). A create
   with ``snapshot_id`` starts from that disk.
 
 A devbox belongs to the key that created it: other keys get 404. Commands
@@ -566,19 +567,26 @@ class DevboxApi:
     async def snapshot_disk_async(self, request: web.Request) -> web.Response:
         return web.json_response((await self._snapshot(request)).view())
 
-    def snapshot_of(self, request: web.Request) -> DiskSnapshot:
+    def snapshot_of(self, request: web.Request, *, deleted: bool = False) -> DiskSnapshot:
+        """The request's snapshot; a deleted one only with ``deleted`` (its status tells it)."""
         snapshot_id = request.match_info["snapshot_id"]
         snap = self.core.snapshots.get(snapshot_id)
-        if snap is None or snap.api_key != self.key(request):
+        if (
+            snap is None
+            or snap.api_key != self.key(request)
+            or (snap.status == "deleted" and not deleted)
+        ):
             raise ApiError(404, f"Snapshot {snapshot_id} not found")
         return snap
 
     async def snapshot_status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.snapshot_of(request).status_view())
+        return web.json_response(self.snapshot_of(request, deleted=True).status_view())
 
     async def delete_snapshot(self, request: web.Request) -> web.Response:
         snap = self.snapshot_of(request)
         await snap.done.wait()
+        if snap.status == "deleted":
+            raise ApiError(404, f"Snapshot {snap.id} not found")
         await self.core.delete_snapshot(snap)
         return web.json_response({})
 

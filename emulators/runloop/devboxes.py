@@ -402,8 +402,8 @@ class RunloopCore(EmulatorCore):
         snap.done.set()
 
     async def delete_snapshot(self, snap: DiskSnapshot) -> None:
+        """Drop its disk; the snapshot stays known, ``deleted``, as Runloop's status shows it."""
         snap.status = "deleted"
-        self.snapshots.pop(snap.id, None)
         await asyncio.to_thread(shutil.rmtree, snap.path, True)
 
     def add(self, devbox: Devbox) -> None:

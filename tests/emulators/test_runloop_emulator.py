@@ -460,6 +460,18 @@ async def test_disk_snapshot_is_a_source_for_a_create(emu: RunloopEmulator) -> N
             await sdk.devbox.create_from_snapshot(snap.id)
 
 
+async def test_a_deleted_snapshot_reports_deleted(client: AsyncRunloop) -> None:
+    """Its status says ``deleted`` (the SDK's smoke tests check it); deleting it again is a 404."""
+    view = await client.devboxes.create_and_await_running()
+    snap = await client.devboxes.snapshot_disk(view.id)
+    await client.devboxes.disk_snapshots.delete(snap.id)
+    status = await client.devboxes.disk_snapshots.query_status(snap.id)
+    assert (status.status, status.snapshot) == ("deleted", None)
+    assert [s.id async for s in client.devboxes.disk_snapshots.list()] == []
+    with pytest.raises(NotFoundError):
+        await client.devboxes.disk_snapshots.delete(snap.id)
+
+
 async def test_large_files_stream_both_ways(
     emu: RunloopEmulator, client: AsyncRunloop, tmp_path: Path
 ) -> None:
