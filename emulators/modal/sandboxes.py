@@ -33,6 +33,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import string
 import time
@@ -50,6 +51,8 @@ from providers.local import LocalProcess
 
 __all__ = [
     "FS_TOOLS",
+    "IMAGE_PATH",
+    "MODAL_BIN",
     "MODAL_HOME",
     "Container",
     "Exec",
@@ -61,6 +64,8 @@ __all__ = [
 ]
 
 MODAL_HOME = "/root"
+MODAL_BIN = "/__modal/bin"  # a ``python`` for systems that only have ``python3``
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FS_TOOLS = "/__modal/.bin/modal-sandbox-fs-tools"
 _BASE62 = string.digits + string.ascii_uppercase + string.ascii_lowercase
 _CHUNK = 64 * 1024
@@ -111,7 +116,8 @@ def _b64(data: bytes) -> str:
 
 
 class Container(GuestSandbox):
-    """A guest sandbox whose commands share one PID namespace, as a Modal container's do.
+    """A guest sandbox whose commands share one PID namespace, as a Modal container's do,
+    and find ``python`` on their PATH, as in every Modal image.
 
     Under bubblewrap each command would get a PID namespace of its own, so one
     exec could not signal another (the router's kill of a background process
@@ -127,6 +133,10 @@ class Container(GuestSandbox):
         super().__init__(guest, guest.home, isolate=guest.isolate)
         self._init: int | None = None
         self._holding = asyncio.Lock()
+        shim = self.root / MODAL_BIN.lstrip("/") / "python"
+        shim.parent.mkdir(parents=True, exist_ok=True)
+        shim.write_text('#!/bin/sh\nexec python3 "$@"\n')
+        shim.chmod(0o755)
 
     async def spawn(
         self,
@@ -135,25 +145,31 @@ class Container(GuestSandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> LocalProcess:
+        """Start ``cmd``; unless the create or the exec sets a PATH, it is an image's
+        with `MODAL_BIN` last (its ``python``, which every Modal image has)."""
         if self.isolate:
             await self._hold()
+        if "PATH" not in self.meta.get("env", {}) and "PATH" not in (env or {}):
+            env = {"PATH": f"{IMAGE_PATH}:{self.inside(MODAL_BIN)}", **(env or {})}
         return await super().spawn(cmd, env=env, cwd=cwd)
 
     async def _hold(self) -> None:
         async with self._holding:
             if self._init is None:
-                holder = await super().spawn(["sleep", "infinity"])
+                holder = await super().spawn([shutil.which("sleep") or "sleep", "infinity"])
                 self._init = await _child_of(holder.pid)
 
     def _bwrap(self, cwd: str) -> list[str]:
+        """bubblewrap by its host path: the command's PATH (a create's ``env``) finds it not."""
         alone = super()._bwrap(cwd)
-        if self._init is None:
-            return alone
         assert alone[:2] == ["bwrap", "--unshare-all"]
+        bwrap = shutil.which("bwrap") or "bwrap"
+        if self._init is None:
+            return [bwrap, *alone[1:]]
         shared = ["--userns", "3", "--pidns", "4", "--unshare-ipc", "--unshare-net"]
         shared += ["--unshare-uts", "--unshare-cgroup-try", *alone[2:]]
         join = 'exec 3<"$1/user" 4<"$1/pid" && shift && exec "$@"'
-        return ["/bin/sh", "-c", join, "join", f"/proc/{self._init}/ns", "bwrap", *shared]
+        return ["/bin/sh", "-c", join, "join", f"/proc/{self._init}/ns", bwrap, *shared]
 
 
 async def _child_of(pid: int) -> int:

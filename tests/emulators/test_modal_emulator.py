@@ -532,3 +532,23 @@ def test_the_whole_filesystem(isolation: str, monkeypatch: pytest.MonkeyPatch) -
         finally:
             sb.terminate()
             sdk_client.close()
+
+
+def test_python_is_on_the_path(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Modal's images have ``python`` (the examples exec it): a sandbox whose system has only
+    ``python3`` finds one last on its PATH; a PATH the create sets is kept."""
+    with ModalEmulator(isolation=isolation) as emu:
+        for key, value in emu.sdk_env().items():
+            monkeypatch.setenv(key, value)
+        sdk_client = modal.Client.from_credentials(TEST_TOKEN_ID, TEST_TOKEN_SECRET)
+        sb = create(sdk_client, "python", "-c", "print('entry'); import time; time.sleep(60)")
+        own = create(sdk_client, env={"PATH": "/opt/own"})
+        try:
+            ran = sb.exec("python", "-c", "import sys; print(sys.version_info[0])")
+            assert (ran.stdout.read(), ran.wait()) == ("3\n", 0)
+            assert next(iter(sb.stdout)) == "entry\n"
+            assert own.exec("/bin/sh", "-c", "echo $PATH").stdout.read() == "/opt/own\n"
+        finally:
+            sb.terminate()
+            own.terminate()
+            sdk_client.close()
