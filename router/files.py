@@ -100,7 +100,10 @@ class AsyncFiles(OnEngine):
     async def download_file(self, path: str, local: LocalPath) -> None:
         """Copy a sandbox file to ``local``, streamed."""
         check_path(path, "download_file(path)")
-        await self._run(self._sandbox.download_file(path, _local(local, "download_file(local)")))
+        target = _local(local, "download_file(local)")
+        if target.is_dir():
+            raise InvalidArgument(f"download_file(local): {str(target)!r} is a directory")
+        await self._run(self._sandbox.download_file(path, target))
 
     async def upload_dir(self, local: LocalPath, path: str) -> None:
         """Copy a local directory's content into ``path`` (made if missing), streamed."""

@@ -36,7 +36,13 @@ from providers.processes import (
 )
 from router.files import AsyncFiles, SyncFiles
 from router.portal import blocking, iterate, on_caller_loop, relay
-from router.processes import AsyncProcess, AsyncTerminal, SyncProcess, SyncTerminal
+from router.processes import (
+    AsyncProcess,
+    AsyncTerminal,
+    SyncProcess,
+    SyncTerminal,
+    check_size,
+)
 
 if TYPE_CHECKING:
     from router.engine import Engine
@@ -159,6 +165,7 @@ class AsyncSandboxHandle(AsyncFiles):
 
     async def attach(self, process_id: str) -> AsyncProcess:
         """A handle on a process started elsewhere (another handle, process or replica)."""
+        check_text(process_id, "attach", "process_id")
         process = await self._run(self._sandbox.attach(process_id))
         return AsyncProcess(process, self._engine, self._alive)
 
@@ -172,8 +179,7 @@ class AsyncSandboxHandle(AsyncFiles):
         on_data: OnTerminalData | None = None,
     ) -> AsyncTerminal:
         """An interactive shell on a PTY; its output goes to ``on_data``, else to `output`."""
-        if rows < 1 or cols < 1:
-            raise InvalidArgument(f"open_terminal(rows={rows}, cols={cols}): sizes are positive")
+        check_size(rows, cols, "open_terminal")
         check_env(env or {}, "open_terminal(env=...)")
         terminal = await self._run(
             self._sandbox.open_terminal(rows=rows, cols=cols, env=env, cwd=cwd)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
+from providers.base import check_positive
+from providers.errors import ArgumentTypeError, InvalidArgument
 from providers.processes import OutputChunk, Process, ProcessResult, Terminal
 from router.portal import OnEngine, Portal, blocking, iterate, relay
 
@@ -45,6 +47,7 @@ class AsyncProcess(OnEngine):
 
     async def wait(self, timeout: float | None = None) -> ProcessResult:
         """Its end; past ``timeout`` it is killed and the result says ``timed_out``."""
+        check_positive(timeout, "wait", "timeout", optional=True)
         return await self._run(self._process.wait(timeout))
 
     async def kill(self) -> bool:
@@ -52,7 +55,7 @@ class AsyncProcess(OnEngine):
         return await self._run(self._process.kill())
 
     async def write_stdin(self, data: str | bytes) -> None:
-        await self._run(self._process.write_stdin(data))
+        await self._run(self._process.write_stdin(check_data(data, "write_stdin(data)")))
 
     async def close_stdin(self) -> None:
         await self._run(self._process.close_stdin())
@@ -107,13 +110,15 @@ class AsyncTerminal(OnEngine):
 
     async def write(self, data: str | bytes) -> None:
         """Type into it."""
-        await self._run(self._terminal.write(data))
+        await self._run(self._terminal.write(check_data(data, "write(data)")))
 
     async def resize(self, rows: int, cols: int) -> None:
+        check_size(rows, cols, "resize")
         await self._run(self._terminal.resize(rows, cols))
 
     async def wait(self, timeout: float | None = None) -> int:
         """The exit code of its shell."""
+        check_positive(timeout, "wait", "timeout", optional=True)
         return await self._run(self._terminal.wait(timeout))
 
     async def kill(self) -> bool:
@@ -145,3 +150,21 @@ class SyncTerminal(Portal[AsyncTerminal]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._async._terminal!r}>"
+
+
+def check_size(rows: object, cols: object, call: str) -> None:
+    """A terminal size a PTY can take: whole numbers from 1 to 65535 (its ioctl's field)."""
+    for name, value in (("rows", rows), ("cols", cols)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ArgumentTypeError(f"{call}({name}={value!r}): a whole number of characters")
+        if not 1 <= value <= 65535:
+            raise InvalidArgument(f"{call}({name}={value!r}): from 1 to 65535 characters")
+
+
+def check_data(data: object, argument: str) -> str | bytes:
+    """Input for a process or terminal: text or bytes."""
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    if not isinstance(data, str | bytes):
+        raise ArgumentTypeError(f"{argument}: str or bytes, not {type(data).__name__}")
+    return data
