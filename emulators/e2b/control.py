@@ -211,15 +211,26 @@ class ControlPlane:
         query = request.query
         wanted = {unquote(k): unquote(v) for k, v in parse_qsl(query.get("metadata", ""))}
         states = set(query.get("state", "running,paused").split(","))
+        template = query.get("template")
+        order = query.get("order", "desc")
         try:
             limit = int(query.get("limit", "100"))
             offset = (
                 int(base64.urlsafe_b64decode(query["nextToken"])) if "nextToken" in query else 0
             )
+            started_after = (
+                datetime.fromisoformat(query["startedAfter"].replace(" ", "+"))
+                if "startedAfter" in query
+                else None
+            )
         except ValueError:
-            return api_error(400, "invalid limit or nextToken")
+            return api_error(400, "invalid limit, nextToken or startedAfter")
+        if started_after is not None and started_after.tzinfo is None:
+            started_after = started_after.replace(tzinfo=UTC)
         if not 0 < limit <= 1000:
             return api_error(400, "limit must be between 1 and 1000")
+        if order not in ("asc", "desc"):
+            return api_error(400, "order must be asc or desc")
         matching = sorted(
             (
                 s
@@ -228,8 +239,14 @@ class ControlPlane:
                 and self.core.alive_sandbox(s.id) is not None
                 and ("paused" if self.core.records[s.id].paused else "running") in states
                 and all(self.core.records[s.id].labels.get(k) == v for k, v in wanted.items())
+                and (template is None or template == s.template)
+                and (
+                    started_after is None
+                    or datetime.fromtimestamp(s.started_at, UTC) >= started_after
+                )
             ),
             key=lambda s: (s.started_at, s.id),
+            reverse=order == "desc",
         )
         page = matching[offset : offset + limit]
         headers = {}

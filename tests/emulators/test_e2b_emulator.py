@@ -11,6 +11,7 @@ import os
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 
 import httpx
 import pytest
@@ -587,3 +588,29 @@ async def test_killing_the_sandbox_breaks_its_command_streams(emu: E2BEmulator) 
     await sbx.kill()
     with pytest.raises(SandboxNotRunningException, match="killed or reached its end of life"):
         await command.wait()
+
+
+async def test_list_is_newest_first_and_filters_by_start_and_template(emu: E2BEmulator) -> None:
+    """E2B lists the newest sandbox first unless ``order="asc"``; ``started_after`` keeps
+    sandboxes started at or after it and ``template`` those of that template."""
+    kw = emu.sdk_kwargs()
+    first = await AsyncSandbox.create("base", **kw)
+    second = await AsyncSandbox.create("other", **kw)
+    try:
+        ids = [first.sandbox_id, second.sandbox_id]
+        newest = await AsyncSandbox.list(**kw).next_items()
+        assert [s.sandbox_id for s in newest] == ids[::-1]
+        oldest = await AsyncSandbox.list(order="asc", **kw).next_items()
+        assert [s.sandbox_id for s in oldest] == ids
+        started = (await second.get_info()).started_at
+        later = SandboxQuery(started_after=started)
+        assert [s.sandbox_id for s in await AsyncSandbox.list(query=later, **kw).next_items()] == [
+            second.sandbox_id
+        ]
+        after = SandboxQuery(started_after=started + timedelta(seconds=1))
+        assert await AsyncSandbox.list(query=after, **kw).next_items() == []
+        base = await AsyncSandbox.list(query=SandboxQuery(template="base"), **kw).next_items()
+        assert [s.sandbox_id for s in base] == [first.sandbox_id]
+    finally:
+        await first.kill()
+        await second.kill()
