@@ -3,7 +3,9 @@
 Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
 ``{"status", "message"}``), all under ``/v1/devboxes``:
 
-* ``POST /v1/devboxes`` creates a devbox (``provisioning`` at first);
+* ``POST /v1/devboxes`` creates a devbox (``provisioning`` at first, then
+  ``initializing`` while its ``launch_commands`` run in turn: one that fails
+  ends the devbox in ``failure``);
   ``POST /v1/devboxes/create_and_await_running`` also holds until it boots.
   A create repeated with the same ``x-request-id`` (an SDK retry) answers
   the devbox the first one made.
@@ -28,7 +30,8 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   file is never held whole.
 * ``GET .../logs`` gives the executions' log lines (``source`` exec: the
   command, each output line, stdout ``info`` and stderr ``error``, and the
-  exit code), optionally of one ``execution_id``.
+  exit code), optionally of one ``execution_id``; the launch commands'
+  (``setup_commands``) come first.
 * ``POST .../keep_alive`` resets the idle timer; ``POST .../shutdown``.
 * ``POST .../suspend`` (``suspending`` -> ``suspended``: every execution
   ends, the disk stays) and ``POST .../resume`` (``resuming`` -> ``running``;
@@ -204,6 +207,11 @@ def _launch_parameters(raw: Any) -> tuple[dict[str, Any], int, int | None]:
             raise ApiError(400, "after_idle.idle_time_seconds must be a positive integer")
         if after_idle.get("on_idle") != "shutdown":
             raise ApiError(400, "the emulator models on_idle 'shutdown' only")
+    commands = params.get("launch_commands")
+    if commands is not None and (
+        not isinstance(commands, list) or not all(isinstance(c, str) for c in commands)
+    ):
+        raise ApiError(400, "launch_commands must be a list of strings")
     size = params.get("resource_size_request")
     if size is not None and size not in _SIZES:
         raise ApiError(400, f"resource_size_request must be one of {sorted(_SIZES)}")
@@ -408,8 +416,38 @@ class DevboxApi:
         await asyncio.sleep(self.emulator.boot_seconds / 2)
         devbox.set_status("initializing")
         await asyncio.sleep(self.emulator.boot_seconds / 2)
+        if not await self._launch_commands(devbox):
+            await self.core.fail(devbox, "execution_failed")
+            return
         devbox.set_status("running")
         self.core.touch(devbox)
+
+    async def _launch_commands(self, devbox: Devbox) -> bool:
+        """Run the launch commands in turn, logged as ``setup_commands``; False when one fails."""
+        for command in devbox.launch_parameters.get("launch_commands") or []:
+            try:
+                process = await devbox.local.spawn(command)
+            except SandboxError:
+                return False
+            if process.proc.stdin is not None:
+                process.proc.stdin.close()
+            setup = Execution(
+                id=new_id("exn"),
+                devbox_id=devbox.id,
+                command_id=None,
+                process=process,
+                command=command,
+                source="setup_commands",
+            )
+            devbox.setup.append(setup)
+            try:
+                await setup.collect(lambda: None)
+            finally:
+                if setup.exit_status is None:
+                    process.kill()
+            if setup.exit_status != 0:
+                return False
+        return True
 
     async def create(self, request: web.Request) -> web.Response:
         devbox = await self._create(request)
@@ -463,7 +501,9 @@ class DevboxApi:
         """Every execution's log lines, oldest first, or one execution's (``execution_id``)."""
         devbox = self.devbox(request)
         only = request.query.get("execution_id")
-        executions = [e for e in devbox.executions.values() if only is None or e.id == only]
+        executions = [
+            e for e in (*devbox.setup, *devbox.executions.values()) if only is None or e.id == only
+        ]
         lines = sorted(
             (line for e in executions for line in e.log), key=lambda x: x["timestamp_ms"]
         )

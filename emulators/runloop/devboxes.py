@@ -106,6 +106,7 @@ class Execution:
     exit_status: int | None = None
     stdin_attached: bool = False
     command: str = ""
+    source: str = "exec"
     started_ms: int = field(default_factory=now_ms)
     log: list[dict[str, Any]] = field(default_factory=list)
     changes: Changes = field(default_factory=Changes)
@@ -118,7 +119,7 @@ class Execution:
         """A ``DevboxLogsListView`` log line of this execution."""
         return {
             "level": level,
-            "source": "exec",
+            "source": self.source,
             "timestamp_ms": now_ms(),
             "cmd_id": self.id,
         } | fields
@@ -294,6 +295,7 @@ class Devbox:
     last_activity: float = field(default_factory=time.time)
     transitions: list[dict[str, Any]] = field(default_factory=list)
     executions: dict[str, Execution] = field(default_factory=dict)
+    setup: list[Execution] = field(default_factory=list)
     by_command_id: dict[str, str] = field(default_factory=dict)
     changes: Changes = field(default_factory=Changes)
     boot: asyncio.Task[None] | None = None

@@ -245,6 +245,25 @@ async def test_await_running_times_out_on_a_stuck_boot(
     await client.devboxes.shutdown(view.id)
 
 
+async def test_launch_commands_run_while_the_devbox_initializes(client: AsyncRunloop) -> None:
+    """Runloop runs them before ``running``: a slow one holds the boot, a failing one fails it."""
+    commands = ["echo ready > boot.txt", "sleep 0.6"]
+    view = await client.devboxes.create(launch_parameters={"launch_commands": commands})
+    with pytest.raises(PollingTimeout):
+        await client.devboxes.await_running(
+            view.id, polling_config=PollingConfig(timeout_seconds=0.3)
+        )
+    await client.devboxes.await_running(view.id, polling_config=PollingConfig(timeout_seconds=5))
+    assert await client.devboxes.read_file_contents(view.id, file_path="boot.txt") == "ready\n"
+    logs = (await client.devboxes.logs.list(view.id)).logs
+    assert [log.cmd for log in logs if log.cmd and log.exit_code == 0] == commands
+    assert {log.source for log in logs} == {"setup_commands"}
+    with pytest.raises(RunloopError, match="terminal state: failure"):
+        await client.devboxes.create_and_await_running(
+            launch_parameters={"launch_commands": ["exit 7"]}
+        )
+
+
 async def test_failed_boot_is_a_terminal_state(emu: RunloopEmulator, client: AsyncRunloop) -> None:
     emu.inject("boot", status=500)
     with pytest.raises(RunloopError, match="non-running terminal state: failure"):
