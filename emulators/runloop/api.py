@@ -11,7 +11,8 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   the devbox the first one made.
 * ``GET /v1/devboxes`` lists the key's devboxes, newest first, paged with
   ``limit`` / ``starting_after`` (``has_more``, ``total_count``), filtered
-  by ``status``; ``GET /v1/devboxes/{id}``; ``POST .../wait_for_status``
+  by ``status``; ``GET /v1/devboxes/{id}``; ``POST /v1/devboxes/{id}``
+  updates its ``name`` and ``metadata``; ``POST .../wait_for_status``
   long-polls (at most 30 s) and answers 408 when the hold passes.
 * ``POST .../execute_sync`` (deprecated) holds until the command ends and
   answers all of its output.
@@ -44,7 +45,9 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
 * ``POST .../snapshot_disk`` (answers once the copy is done) and
   ``.../snapshot_disk_async`` (answers at once) keep the devbox's disk as
   ``snp_...``; ``GET /v1/devboxes/disk_snapshots`` lists them,
-  ``GET .../disk_snapshots/{id}/status`` tells the copy's progress and
+  ``GET .../disk_snapshots/{id}/status`` tells the copy's progress,
+  ``POST .../disk_snapshots/{id}`` updates its name, commit message and
+  metadata and
   ``POST .../disk_snapshots/{id}/delete`` deletes one (its status says
   ``deleted`` from then on; anything else on it is a 404). A create
   with ``snapshot_id`` starts from that disk.
@@ -145,6 +148,12 @@ def _string_map(value: Any, name: str) -> dict[str, str]:
     ):
         raise ApiError(400, f"{name} must map strings to strings")
     return dict(value)
+
+
+def _optional_text(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ApiError(400, f"{name} must be a string")
+    return value
 
 
 def _number(value: Any, name: str, default: float, maximum: float) -> float:
@@ -249,10 +258,12 @@ class DevboxApi:
             web.get("/v1/devboxes/disk_snapshots", self.list_snapshots),
             web.get(snapshot + "/status", self.snapshot_status),
             web.post(snapshot + "/delete", self.delete_snapshot),
+            web.post(snapshot, self.update_snapshot),
             web.post("/v1/devboxes", self.create),
             web.post("/v1/devboxes/create_and_await_running", self.create_and_await_running),
             web.get("/v1/devboxes", self.list),
             web.get(base, self.retrieve),
+            web.post(base, self.update),
             web.get(base + "/logs", self.logs),
             web.post(base + "/wait_for_status", self.wait_for_status),
             web.post(base + "/shutdown", self.shutdown),
@@ -497,6 +508,16 @@ class DevboxApi:
     async def retrieve(self, request: web.Request) -> web.Response:
         return web.json_response(self.devbox(request).view())
 
+    async def update(self, request: web.Request) -> web.Response:
+        """``name`` and ``metadata`` replace what the devbox had; empty ones clear it."""
+        devbox = self.devbox(request)
+        body = await self.body(request)
+        if body.get("name") is not None:
+            devbox.name = _optional_text(body["name"], "name") or None
+        if body.get("metadata") is not None:
+            devbox.metadata = _string_map(body["metadata"], "metadata")
+        return web.json_response(devbox.view())
+
     async def logs(self, request: web.Request) -> web.Response:
         """Every execution's log lines, oldest first, or one execution's (``execution_id``)."""
         devbox = self.devbox(request)
@@ -621,6 +642,18 @@ class DevboxApi:
 
     async def snapshot_status(self, request: web.Request) -> web.Response:
         return web.json_response(self.snapshot_of(request, deleted=True).status_view())
+
+    async def update_snapshot(self, request: web.Request) -> web.Response:
+        """``name``, ``commit_message`` and ``metadata`` (whole) replace what it had."""
+        snap = self.snapshot_of(request)
+        body = await self.body(request)
+        if body.get("name") is not None:
+            snap.name = _optional_text(body["name"], "name")
+        if body.get("commit_message") is not None:
+            snap.commit_message = _optional_text(body["commit_message"], "commit_message")
+        if body.get("metadata") is not None:
+            snap.metadata = _string_map(body["metadata"], "metadata")
+        return web.json_response(snap.view())
 
     async def delete_snapshot(self, request: web.Request) -> web.Response:
         snap = self.snapshot_of(request)

@@ -479,6 +479,20 @@ async def test_disk_snapshot_is_a_source_for_a_create(emu: RunloopEmulator) -> N
             await sdk.devbox.create_from_snapshot(snap.id)
 
 
+async def test_updates_replace_the_fields_given(client: AsyncRunloop) -> None:
+    """``devboxes.update`` and ``disk_snapshots.update``: given fields replace, the rest stay."""
+    view = await client.devboxes.create_and_await_running(name="a", metadata={"k": "v"})
+    renamed = await client.devboxes.update(view.id, name="b")
+    assert (renamed.name, renamed.metadata) == ("b", {"k": "v"})
+    await client.devboxes.update(view.id, name="", metadata={})
+    cleared = await client.devboxes.retrieve(view.id)
+    assert (cleared.name, cleared.metadata) == (None, {})
+    snap = await client.devboxes.snapshot_disk(view.id, name="s", commit_message="m")
+    updated = await client.devboxes.disk_snapshots.update(snap.id, metadata={"b": "2"})
+    assert (updated.id, updated.name, updated.commit_message) == (snap.id, "s", "m")
+    assert updated.metadata == {"b": "2"}
+
+
 async def test_a_deleted_snapshot_reports_deleted(client: AsyncRunloop) -> None:
     """Its status says ``deleted`` (the SDK's smoke tests check it); deleting it again is a 404."""
     view = await client.devboxes.create_and_await_running()
