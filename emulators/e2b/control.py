@@ -40,7 +40,6 @@ __all__ = ["CONCURRENCY_MESSAGE", "DEFAULT_TIMEOUT", "ControlPlane", "api_error"
 # The API's default sandbox timeout when a create names none, in seconds.
 DEFAULT_TIMEOUT = 15
 MAX_TIMEOUT = 24 * 3600
-PAUSED_KEPT = 30 * 24 * 3600  # E2B keeps a paused sandbox until it is killed (30 days here)
 CONCURRENCY_MESSAGE = (
     "you have reached the maximum number of concurrent E2B sandboxes ({limit}). "
     "If you need more, please visit 'https://e2b.dev/docs/billing'"
@@ -199,7 +198,10 @@ class ControlPlane:
             api_key=key,
             token=secrets.token_urlsafe(24),
             local=local,
+            auto_pause=body.get("autoPause") is True,
+            auto_pause_memory=body.get("autoPauseMemory") is not False,
         )
+        sandbox.boot()
         network = body.get("network")
         if isinstance(network, dict) and network.get("allowPublicTraffic") is False:
             sandbox.traffic_token = secrets.token_urlsafe(24)
@@ -273,22 +275,18 @@ class ControlPlane:
     async def set_timeout(self, request: web.Request) -> web.Response:
         sandbox = self._owned(request)
         timeout = (await self._body(request)).get("timeout")
-        if not isinstance(timeout, int) or not 0 < timeout <= MAX_TIMEOUT:
-            return api_error(400, f"timeout must be between 1 and {MAX_TIMEOUT} seconds")
+        if not isinstance(timeout, int) or not 0 <= timeout <= MAX_TIMEOUT:
+            return api_error(400, f"timeout must be between 0 and {MAX_TIMEOUT} seconds")
         self.core.set_lifetime(sandbox.id, timeout)
         return web.Response(status=204)
 
     async def pause(self, request: web.Request) -> web.Response:
-        """Stop the sandbox's processes where they are and keep its files (a "full"
-        pause keeps memory: its processes go on after `connect`). While paused it
-        takes no concurrency slot, envd does not answer, and its timeout stops."""
+        """Pause the sandbox: a "full" pause (``memory`` true or unset) keeps its processes
+        where they are, to go on after `connect`; a filesystem-only one keeps its files."""
         sandbox = self._owned(request)
-        record = self.core.records[sandbox.id]
-        if record.paused:
+        memory = (await self._body(request)).get("memory")
+        if not await self.core.pause(sandbox.id, memory=memory is not False):
             return api_error(409, f"sandbox {sandbox.id} is already paused")
-        await sandbox.local.pause()
-        record.paused = True
-        self.core.set_lifetime(sandbox.id, PAUSED_KEPT)
         return web.Response(status=204)
 
     async def snapshot(self, request: web.Request) -> web.Response:
@@ -314,10 +312,7 @@ class ControlPlane:
         sandbox = self._owned(request)
         record = self.core.records[sandbox.id]
         if record.paused:  # connect resumes a paused sandbox
-            await self.core.waking()
-            await sandbox.local.thaw()
-            record.paused = False
-            self.core.set_lifetime(sandbox.id, DEFAULT_TIMEOUT)
+            await self.core.resume(sandbox.id, DEFAULT_TIMEOUT)
         timeout = (await self._body(request)).get("timeout")
         if isinstance(timeout, int) and time.time() + timeout > self._expires_at(sandbox):
             self.core.set_lifetime(sandbox.id, timeout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,9 +26,11 @@ if TYPE_CHECKING:
 
 from emulators.e2b.watch import WatcherService
 
-__all__ = ["E2B_HOME", "INTERPRETER_TEMPLATES", "E2BCore", "E2BSandbox"]
+__all__ = ["BOOT_ID", "E2B_HOME", "INTERPRETER_TEMPLATES", "PAUSED_KEPT", "E2BCore", "E2BSandbox"]
 
 E2B_HOME = "/home/user"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+PAUSED_KEPT = 30 * 24 * 3600  # E2B keeps a paused sandbox until it is killed (30 days here)
 INTERPRETER_TEMPLATES = "code-interpreter"  # the prefix of the templates that run a kernel
 
 
@@ -47,6 +50,9 @@ class E2BSandbox:
     kernel: Kernel | None = None
     traffic_token: str | None = None  # set when public traffic to its ports is restricted
     watchers: WatcherService = field(default_factory=WatcherService)
+    auto_pause: bool = False  # the timeout pauses it (lifecycle on_timeout "pause")
+    auto_pause_memory: bool = True  # ... keeping its memory (False: filesystem only)
+    memory_kept: bool = True  # while paused: resuming continues its processes
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
 
     @property
@@ -64,6 +70,12 @@ class E2BSandbox:
             PathRefused: a write into a read-only system directory.
         """
         return self.local.host(path or E2B_HOME, write=write)
+
+    def boot(self) -> None:
+        """A fresh kernel boot id: the sandbox (re)booted, as a cold start does."""
+        path = self.host(BOOT_ID, write=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{uuid.uuid4()}\n")
 
     def shutdown(self) -> None:
         """Kill every process and the kernel (the sandbox is being destroyed); the streams
@@ -86,8 +98,41 @@ class E2BCore(EmulatorCore):
         self.e2b: dict[str, E2BSandbox] = {}
         self.snapshots: dict[str, str] = {}  # E2B snapshot id -> the local copy's id
 
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> bool:
+        """Pause a sandbox (False: it is already paused): its processes stop where they
+        are, or, without ``memory``, end (only the files are kept). A paused sandbox
+        takes no concurrency slot, envd does not answer, and its timeout stops."""
+        sandbox, record = self.e2b[sandbox_id], self.records[sandbox_id]
+        if record.paused:
+            return False
+        if not memory:
+            sandbox.shutdown()
+        await sandbox.local.pause()
+        record.paused = True
+        sandbox.memory_kept = memory
+        self.set_lifetime(sandbox_id, PAUSED_KEPT)
+        return True
+
+    async def resume(self, sandbox_id: str, lifetime: float) -> None:
+        """Resume a paused sandbox for ``lifetime`` seconds; one paused without its memory
+        boots afresh."""
+        sandbox, record = self.e2b[sandbox_id], self.records[sandbox_id]
+        await self.waking()
+        await sandbox.local.thaw()
+        if not sandbox.memory_kept:
+            sandbox.boot()
+        record.paused = False
+        self.set_lifetime(sandbox_id, lifetime)
+
     async def kill(self, sandbox_id: str, ended_by: str = "kill") -> bool:
         sandbox = self.e2b.get(sandbox_id)
+        if (
+            ended_by == "expired"
+            and sandbox is not None
+            and sandbox.auto_pause
+            and self.get(sandbox_id) is not None
+        ):
+            return await self.pause(sandbox_id, memory=sandbox.auto_pause_memory)
         if sandbox is not None and self.get(sandbox_id) is not None:
             sandbox.shutdown()
         return await super().kill(sandbox_id, ended_by)

@@ -31,6 +31,7 @@ from e2b import (
     SandboxNotFoundException,
     SandboxNotRunningException,
     SandboxQuery,
+    SandboxState,
     ServiceBusyException,
     TimeoutException,
 )
@@ -614,3 +615,51 @@ async def test_list_is_newest_first_and_filters_by_start_and_template(emu: E2BEm
     finally:
         await first.kill()
         await second.kill()
+
+
+async def _boot_id(sbx: AsyncSandbox) -> str:
+    return str(await sbx.files.read("/proc/sys/kernel/random/boot_id")).strip()
+
+
+async def test_a_timeout_pauses_when_the_lifecycle_says_so(emu: E2BEmulator) -> None:
+    """``lifecycle.on_timeout="pause"`` (``autoPause``) pauses at the timeout instead of
+    killing: a full pause keeps memory (same boot id, processes go on), a filesystem-only
+    one keeps the files and cold-boots on connect (a new boot id, no processes)."""
+    kw = emu.sdk_kwargs()
+    full = await AsyncSandbox.create(lifecycle={"on_timeout": "pause"}, **kw)
+    cold = await AsyncSandbox.create(
+        lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}}, **kw
+    )
+    try:
+        sleeper = await full.commands.run("sleep 30", background=True)
+        await cold.commands.run("sleep 30", background=True)
+        await cold.files.write("kept.txt", "kept")
+        boots = [await _boot_id(full), await _boot_id(cold)]
+        await full.set_timeout(0)
+        await cold.set_timeout(0)
+        await emu.core.expire()
+        for sbx in (full, cold):
+            assert (await sbx.get_info()).state == SandboxState.PAUSED
+            await sbx.connect()
+        assert [await _boot_id(full), await _boot_id(cold)] != boots
+        assert await _boot_id(full) == boots[0]
+        assert [p.pid for p in await full.commands.list()] == [sleeper.pid]
+        assert await cold.commands.list() == []
+        assert await cold.files.read("kept.txt") == "kept"
+    finally:
+        await full.kill()
+        await cold.kill()
+
+
+async def test_a_filesystem_only_pause_cold_boots_on_connect(emu: E2BEmulator) -> None:
+    """``pause(keep_memory=False)`` (``memory: false``) keeps only the files."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        await sbx.commands.run("sleep 30", background=True)
+        boot = await _boot_id(sbx)
+        assert await sbx.pause(keep_memory=False)
+        await sbx.connect()
+        assert await _boot_id(sbx) != boot
+        assert await sbx.commands.list() == []
+    finally:
+        await sbx.kill()
