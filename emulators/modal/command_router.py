@@ -11,7 +11,8 @@ stderr from an offset until the command exits, ``TaskExecWait`` /
 ``TaskExecStdinWrite`` or the client stream ``TaskExecStdinWriteStream``
 (``TaskExecStdinStatus`` tells where to resume). The entrypoint command of a
 create is read with ``SandboxStdioReadV2`` (after the sandbox ended too) and
-fed with ``SandboxStdinWriteV2``. An exec with ``pty_info``
+fed with ``SandboxStdinWriteV2``; ``SandboxWaitUntilReady`` plays the create's
+readiness probe. An exec with ``pty_info``
 runs on a terminal of its own (`emulators.modal.pty_relay`), its output all
 on stdout. ``TaskSnapshotFilesystem`` (``Sandbox.snapshot_filesystem``)
 copies the sandbox's files into an image kept for the request's TTL
@@ -22,6 +23,7 @@ Faults: op ``exec``, ``files`` for fs-tools execs, ``snapshot``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -170,6 +172,26 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
                 num_bytes_written=execution.stdin_written, closed=execution.stdin_closed
             )
         )
+
+    async def SandboxWaitUntilReady(self, stream: _Req) -> None:
+        """Until the create's readiness probe passes (tried every ``interval_ms``); past the
+        request's timeout DEADLINE_EXCEEDED, which the SDK raises as its TimeoutError."""
+        request = await self._request(stream)
+        sandbox = self._task(stream, request.task_id)
+        probe = sandbox.definition.readiness_probe
+        if not sandbox.definition.HasField("readiness_probe"):
+            raise GRPCError(Status.FAILED_PRECONDITION, "the sandbox has no readiness probe")
+        deadline = time.monotonic() + request.timeout
+        while sandbox.ready_at is None:
+            if not sandbox.running:
+                raise GRPCError(Status.FAILED_PRECONDITION, f"Sandbox {sandbox.id} has finished")
+            if await sandbox.probe(self.core.local.opts.python):
+                sandbox.ready_at = time.time()
+                break
+            if time.monotonic() >= deadline:
+                raise GRPCError(Status.DEADLINE_EXCEEDED, "the sandbox is not ready yet")
+            await asyncio.sleep((probe.interval_ms or 100) / 1000)
+        await stream.send_message(sr.SandboxWaitUntilReadyTcrResponse(ready_at=sandbox.ready_at))
 
     async def TaskSnapshotFilesystem(self, stream: _Req) -> None:
         request = await self._request(stream)

@@ -9,8 +9,11 @@ command router); every other RPC answers UNIMPLEMENTED.
 
 A create's ``encrypted_ports`` each get a tunnel (`emulators.modal.tunnels`),
 in the V2 create's answer and in ``SandboxGetTunnels`` / ``SandboxGetTunnelsV2``;
-a port not declared has none. Unencrypted and HTTP/2 ports answer
-UNIMPLEMENTED. A create whose image is a filesystem snapshot
+a port not declared has none. ``unencrypted_ports`` also get a raw TCP tunnel
+(``Tunnel.tcp_socket``: a listener on the emulator's host); HTTP/2 ports
+answer UNIMPLEMENTED. A create's ``name`` is unique among its app's running
+sandboxes (ALREADY_EXISTS) and ``Sandbox.from_name`` finds it. A create
+whose image is a filesystem snapshot
 (`emulators.modal.sandboxes.KeptImage`) starts from a copy of its files;
 ``ImageDelete`` deletes a snapshot or a built registry image, NOT_FOUND for
 an id the workspace does not have.
@@ -226,14 +229,20 @@ class ControlPlane(api_grpc.ModalClientBase):
         self, workspace: str, request: Any, env: dict[str, str], *, v2: bool
     ) -> ModalSandbox:
         definition: api_pb2.Sandbox = request.definition
-        if request.app_id not in self.core.apps.values():
+        if (workspace, request.app_id) not in {(k[0], v) for k, v in self.core.apps.items()}:
             raise GRPCError(Status.NOT_FOUND, f"App '{request.app_id}' not found")
         kept = self.core.image(definition.image_id, workspace)
         if kept is None and not self.emu.images.built(definition.image_id):
             raise GRPCError(Status.NOT_FOUND, f"Image '{definition.image_id}' not found")
         if definition.workdir and not definition.workdir.startswith("/"):
             raise GRPCError(Status.INVALID_ARGUMENT, "workdir must be an absolute path")
-        ports = _ports(definition.open_ports.ports)
+        ports, unencrypted = _ports(definition.open_ports.ports)
+        named = self._named(workspace, request.app_id, definition.name)
+        if definition.name and any(s.running for s in named):
+            raise GRPCError(
+                Status.ALREADY_EXISTS,
+                f"Sandbox with name '{definition.name}' already exists in this app",
+            )
         tags = {tag.tag_name: tag.tag_value for tag in request.tags}
         sandbox_id = new_id("sb", 22 if not v2 else 26)
         template = kept.copy if kept is not None else None
@@ -262,9 +271,45 @@ class ControlPlane(api_grpc.ModalClientBase):
             tunnels={port: tunnel_host() for port in ports},
         )
         self.core.add(sandbox)
+        for port in unencrypted:
+            await sandbox.open_tcp_tunnel(port, self.emu.host)
         if definition.entrypoint_args:
             await self.core.start_entrypoint(sandbox)
         return sandbox
+
+    def _named(self, workspace: str, app_id: str, name: str) -> list[ModalSandbox]:
+        """The app's sandboxes named ``name``, running ones first, then the latest."""
+        return sorted(
+            (
+                s
+                for s in self.core.modal.values()
+                if s.owner == workspace and s.app_id == app_id and s.definition.name == name
+            ),
+            key=lambda s: (s.running, s.created_at),
+            reverse=True,
+        )
+
+    async def SandboxGetFromNameV2(self, stream: _Req) -> None:
+        await self._from_name(stream, v2=True)
+
+    async def SandboxGetFromName(self, stream: _Req) -> None:
+        await self._from_name(stream, v2=False)
+
+    async def _from_name(self, stream: _Req, *, v2: bool) -> None:
+        """The app's running sandbox of that name (of either version: the SDK asks V1 first),
+        or with ``include_terminated`` the latest one."""
+        workspace, request = await self._enter(stream, "get", v2=v2)
+        environment = request.environment_name or "main"
+        app_id = self.core.apps.get((workspace, f"{environment}/{request.app_name}"), "")
+        named = self._named(workspace, app_id, request.sandbox_name)
+        if not named or not (named[0].running or request.include_terminated):
+            raise GRPCError(
+                Status.NOT_FOUND,
+                f"Sandbox with name '{request.sandbox_name}' not found in app '{request.app_name}'",
+            )
+        await stream.send_message(
+            api_pb2.SandboxGetFromNameResponse(sandbox_id=named[0].id, metadata=named[0].metadata())
+        )
 
     def _router_access(self, sandbox: ModalSandbox) -> api_pb2.CommandRouterAccess:
         jwt = self.core.tokens.mint(_ROUTER_TOKEN_TTL, task_id=sandbox.task_id)
@@ -433,19 +478,22 @@ def _running(sandbox: ModalSandbox) -> ModalSandbox:
     return sandbox
 
 
-def _ports(specs: Iterable[api_pb2.PortSpec]) -> list[int]:
-    """The ports of a create's ``open_ports``: TLS tunnels only (the ones the edge serves)."""
+def _ports(specs: Iterable[api_pb2.PortSpec]) -> tuple[list[int], list[int]]:
+    """The ports of a create's ``open_ports``, each with a tunnel the edge serves, and those
+    of them that also get a raw TCP tunnel (``unencrypted``)."""
     ports: list[int] = []
+    unencrypted: list[int] = []
     for spec in specs:
-        if spec.unencrypted or spec.tunnel_type == api_pb2.TUNNEL_TYPE_H2:
+        if spec.tunnel_type == api_pb2.TUNNEL_TYPE_H2:
             raise GRPCError(
-                Status.UNIMPLEMENTED,
-                "unencrypted and HTTP/2 tunnels are not implemented by the Modal emulator",
+                Status.UNIMPLEMENTED, "HTTP/2 tunnels are not implemented by the Modal emulator"
             )
         if not 1 <= spec.port <= 65535:
             raise GRPCError(Status.INVALID_ARGUMENT, f"Invalid port {spec.port}")
         ports.append(spec.port)
-    return ports
+        if spec.unencrypted:
+            unencrypted.append(spec.port)
+    return ports, unencrypted
 
 
 class Images:

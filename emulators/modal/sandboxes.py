@@ -77,6 +77,7 @@ _ENDINGS = {
 _FS_TOOLS_SOURCE = (Path(__file__).parent / "fs_tools.py").read_text()
 _PTY_SOURCE = (Path(__file__).parent / "pty_relay.py").read_text()
 _HOLDER_SECONDS = 5.0
+_PROBE_SECONDS = 5.0
 
 
 def new_id(prefix: str, length: int = 22, *, suffix: str = "") -> str:
@@ -345,6 +346,9 @@ class ModalSandbox:
     execs: dict[str, Exec] = field(default_factory=dict)
     tunnels: dict[int, str] = field(default_factory=dict)  # declared port -> tunnel host
     entrypoint: Exec | None = None  # the create's command, whose output outlives the sandbox
+    tcp_tunnels: dict[int, tuple[str, int]] = field(default_factory=dict)  # port -> address
+    ready_at: float | None = None  # when the readiness probe first passed
+    _listeners: list[asyncio.Server] = field(default_factory=list)
 
     @property
     def workdir(self) -> str:
@@ -413,7 +417,49 @@ class ModalSandbox:
         self.execs.clear()
         if self.entrypoint is not None and not self.entrypoint.done:
             self.entrypoint.stop()
+        for listener in self._listeners:
+            listener.close()
         self.ended.set()
+
+    async def open_tcp_tunnel(self, port: int, host: str) -> None:
+        """An unencrypted port's raw TCP tunnel: a listener on ``host`` piping each connection
+        to ``port`` in the sandbox, until the sandbox ends."""
+
+        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                upstream = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                writer.close()
+                return
+            self.touch()
+            await asyncio.gather(
+                _copy(reader, upstream[1]), _copy(upstream[0], writer), return_exceptions=True
+            )
+
+        listener = await asyncio.start_server(pipe, host, 0)
+        self._listeners.append(listener)
+        self.tcp_tunnels[port] = (host, listener.sockets[0].getsockname()[1])
+
+    async def probe(self, python: str) -> bool:
+        """One try of the create's readiness probe: a TCP connect, or an exec exiting 0."""
+        probe = self.definition.readiness_probe
+        if probe.HasField("tcp_port"):
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection("127.0.0.1", probe.tcp_port), _PROBE_SECONDS
+                )
+            except (OSError, TimeoutError):
+                return False
+            writer.close()
+            return True
+        process = await self.local.spawn(self.argv(probe.exec_command.argv, self.workdir, python))
+        try:
+            return await asyncio.wait_for(process.proc.wait(), _PROBE_SECONDS) == 0
+        except TimeoutError:
+            process.kill(signal.SIGKILL)
+            return False
+        finally:
+            process.end_group()
 
     def info(self) -> api_pb2.SandboxInfo:
         task = api_pb2.TaskInfo(
@@ -444,10 +490,28 @@ class ModalSandbox:
 
     def tunnel_data(self) -> list[api_pb2.TunnelData]:
         """The tunnels as Modal describes them: TLS on port 443 of each tunnel's host."""
-        return [
-            api_pb2.TunnelData(host=host, port=443, container_port=port)
-            for port, host in self.tunnels.items()
-        ]
+        data = []
+        for port, host in self.tunnels.items():
+            tcp_host, tcp_port = self.tcp_tunnels.get(port, ("", 0))
+            data.append(
+                api_pb2.TunnelData(
+                    host=host,
+                    port=443,
+                    container_port=port,
+                    unencrypted_host=tcp_host,
+                    unencrypted_port=tcp_port,
+                )
+            )
+        return data
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(_CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+    finally:
+        writer.close()
 
 
 @dataclass

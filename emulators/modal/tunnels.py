@@ -7,7 +7,9 @@ on port 443, which the SDK reads from the V2 create's answer or from
 names at its edge, which ends TLS and proxies to the port in the container.
 Here the edge is a plain-HTTP listener of the emulator's own that routes on
 the ``Host`` header (`emulators.modal.ModalEmulator.resolve` plays the
-DNS). A port not declared at create has no name, so nothing reaches it.
+DNS). A port not declared at create has no name, so nothing reaches it. An
+``unencrypted_ports`` port also gets a raw TCP tunnel
+(`emulators.modal.sandboxes.ModalSandbox.open_tcp_tunnel`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -431,8 +432,8 @@ def test_tunnels_of_declared_ports_reach_a_server_in_the_sandbox(
         wait_until(lambda: through_tunnel(emu, page).status_code == 200, seconds=15)
         assert through_tunnel(emu, page).text == "through the tunnel"
         assert through_tunnel(emu, f"https://nope.{DOMAIN}/").status_code == 404
-        with pytest.raises(mx.UnimplementedError, match="unencrypted"):
-            create(client, unencrypted_ports=[other])
+        with pytest.raises(mx.UnimplementedError, match="HTTP/2"):
+            create(client, h2_ports=[other])
     finally:
         sb.terminate()
     assert through_tunnel(emu, page).status_code == 502
@@ -552,3 +553,68 @@ def test_python_is_on_the_path(isolation: str, monkeypatch: pytest.MonkeyPatch) 
             sb.terminate()
             own.terminate()
             sdk_client.close()
+
+
+def test_a_named_sandbox_is_found_by_name(client: Any) -> None:
+    """A create's ``name`` is unique among the app's running sandboxes; ``from_name`` finds
+    it (the V1 lookup finds V2 sandboxes too), and a finished one with ``include_terminated``."""
+    sb = create(client, name="worker")
+    try:
+        with pytest.raises(mx.AlreadyExistsError):
+            create(client, name="worker")
+        found = modal.Sandbox.from_name("contract", "worker", client=client)
+        assert found.object_id == sb.object_id
+        assert found.exec("echo", "named").stdout.read() == "named\n"
+    finally:
+        sb.terminate()
+    with pytest.raises(mx.NotFoundError):
+        modal.Sandbox.from_name("contract", "worker", client=client)
+    ended = modal.Sandbox.from_name("contract", "worker", include_terminated=True, client=client)
+    assert (ended.object_id, ended.returncode) == (sb.object_id, 137)
+    again = create(client, name="worker")
+    again.terminate()
+
+
+def test_wait_until_ready_plays_the_readiness_probe(client: Any) -> None:
+    """``wait_until_ready`` returns once the create's probe passes (a TCP connect or an exec
+    exiting 0), and times out while it fails."""
+    port = free_port()
+    server = [
+        "python3",
+        "-c",
+        f"import time, http.server as h; time.sleep(0.5); h.test(port={port})",
+    ]
+    by_tcp = create(client, *server, readiness_probe=modal.Probe.with_tcp(port))
+    by_exec = create(client, readiness_probe=modal.Probe.with_exec("test", "-e", "/tmp/up"))
+    try:
+        started = time.monotonic()
+        by_tcp.wait_until_ready(timeout=10)
+        assert 0.4 < time.monotonic() - started < 5
+        with pytest.raises(mx.TimeoutError):
+            by_exec.wait_until_ready(timeout=1)
+        by_exec.exec("touch", "/tmp/up").wait()
+        by_exec.wait_until_ready(timeout=10)
+    finally:
+        by_tcp.terminate()
+        by_exec.terminate()
+
+
+def test_an_unencrypted_port_is_a_tcp_tunnel(emu: ModalEmulator, client: Any) -> None:
+    """``unencrypted_ports`` get a raw TCP tunnel (``tcp_socket``) on the emulator's host,
+    which stops with the sandbox."""
+    port = free_port()
+    echo = f"import socket; s = socket.create_server(('127.0.0.1', {port})); c, _ = s.accept(); "
+    echo += "c.sendall(c.recv(100).upper())"
+    sb = create(client, "python3", "-c", echo, unencrypted_ports=[port])
+    host, tcp_port = sb.tunnels()[port].tcp_socket
+    assert host == emu.host
+    wait_until(lambda: _tcp_echo(host, tcp_port, b"ping") == b"PING", seconds=15)
+    sb.wait()
+    with pytest.raises(ConnectionRefusedError):
+        _tcp_echo(host, tcp_port, b"gone")
+
+
+def _tcp_echo(host: str, port: int, data: bytes) -> bytes:
+    with socket.create_connection((host, port), timeout=5) as conn:
+        conn.sendall(data)
+        return conn.recv(100)
