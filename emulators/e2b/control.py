@@ -3,11 +3,14 @@
 Routes (JSON, key in ``X-API-KEY``, errors as ``{"code", "message"}``):
 
 * ``POST /v2/sandboxes``: create; 201 with the sandbox id and envd token.
-* ``GET /v2/sandboxes``: list the key's sandboxes, filtered by
-  ``metadata`` (an url-encoded ``k=v&...`` string) and ``state``, paged with
-  ``limit`` / ``nextToken`` and the ``x-next-token`` response header.
+* ``GET /v2/sandboxes``: list the key's sandboxes, newest first (``order``),
+  filtered by ``metadata`` (an url-encoded ``k=v&...`` string), ``state``,
+  ``template`` and ``startedAfter``, paged with ``limit`` / ``nextToken`` and
+  the ``x-next-token`` response header.
 * ``GET|DELETE /sandboxes/{id}``, ``POST /sandboxes/{id}/timeout``,
-  ``POST /v2/sandboxes/{id}/connect``.
+  ``POST /v2/sandboxes/{id}/connect``, ``POST /sandboxes/{id}/pause``.
+* ``POST /sandboxes/{id}/snapshots``, ``GET /snapshots`` (by ``sandboxID`` or
+  ``name``, paged), ``DELETE /templates/{snapshot id}``.
 
 A sandbox belongs to the key that created it (the key stands for a team):
 other keys get 404 for it, as on the real service. Account limits come from
@@ -21,6 +24,7 @@ import base64
 import secrets
 import string
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
@@ -28,7 +32,7 @@ from urllib.parse import parse_qsl, unquote
 from aiohttp import web
 
 from emulators.e2b.ports import DOMAIN
-from emulators.e2b.sandboxes import E2B_HOME, E2BSandbox
+from emulators.e2b.sandboxes import E2B_HOME, E2BSandbox, E2BSnapshot
 from emulators.harness import QuotaViolation
 from providers.base import SandboxSpec
 
@@ -75,6 +79,21 @@ def _string_map(value: Any, field: str) -> dict[str, str]:
     return dict(value)
 
 
+def _paged(query: Mapping[str, str], items: list[dict[str, Any]]) -> web.Response:
+    """One page of ``items`` (``limit``, ``nextToken``), the next token in ``x-next-token``."""
+    try:
+        limit = int(query.get("limit", "100"))
+        offset = int(base64.urlsafe_b64decode(query["nextToken"])) if "nextToken" in query else 0
+    except ValueError:
+        return api_error(400, "invalid limit or nextToken")
+    if not 0 < limit <= 1000:
+        return api_error(400, "limit must be between 1 and 1000")
+    headers = {}
+    if offset + limit < len(items):
+        headers["x-next-token"] = base64.urlsafe_b64encode(str(offset + limit).encode()).decode()
+    return web.json_response(items[offset : offset + limit], headers=headers)
+
+
 class ControlPlane:
     """The REST handlers, over the emulator's core."""
 
@@ -92,6 +111,7 @@ class ControlPlane:
             web.post("/v2/sandboxes/{sandbox_id}/connect", self.connect),
             web.post("/sandboxes/{sandbox_id}/pause", self.pause),
             web.post("/sandboxes/{sandbox_id}/snapshots", self.snapshot),
+            web.get("/snapshots", self.list_snapshots),
             web.delete("/templates/{template_id}", self.delete_template),
         ]
 
@@ -172,6 +192,8 @@ class ControlPlane:
             return api_error(400, "templateID is required")
         templates = self.emulator.templates
         snapshot = self.core.snapshots.get(template)
+        if snapshot is not None and snapshot.api_key != key:
+            snapshot = None
         if snapshot is None and templates is not None and template not in templates:
             return api_error(404, f"template '{template}' not found")
         timeout = body.get("timeout", DEFAULT_TIMEOUT)
@@ -183,7 +205,9 @@ class ControlPlane:
         try:
             local = await self.core.create(
                 key,
-                SandboxSpec(template=snapshot or template, env=env, labels=metadata),
+                SandboxSpec(
+                    template=snapshot.local_id if snapshot else template, env=env, labels=metadata
+                ),
                 home=E2B_HOME,
                 lifetime=timeout,
                 sandbox_id=sandbox_id,
@@ -216,21 +240,15 @@ class ControlPlane:
         template = query.get("template")
         order = query.get("order", "desc")
         try:
-            limit = int(query.get("limit", "100"))
-            offset = (
-                int(base64.urlsafe_b64decode(query["nextToken"])) if "nextToken" in query else 0
-            )
             started_after = (
                 datetime.fromisoformat(query["startedAfter"].replace(" ", "+"))
                 if "startedAfter" in query
                 else None
             )
         except ValueError:
-            return api_error(400, "invalid limit, nextToken or startedAfter")
+            return api_error(400, "invalid startedAfter")
         if started_after is not None and started_after.tzinfo is None:
             started_after = started_after.replace(tzinfo=UTC)
-        if not 0 < limit <= 1000:
-            return api_error(400, "limit must be between 1 and 1000")
         if order not in ("asc", "desc"):
             return api_error(400, "order must be asc or desc")
         matching = sorted(
@@ -250,13 +268,24 @@ class ControlPlane:
             key=lambda s: (s.started_at, s.id),
             reverse=order == "desc",
         )
-        page = matching[offset : offset + limit]
-        headers = {}
-        if offset + limit < len(matching):
-            headers["x-next-token"] = base64.urlsafe_b64encode(
-                str(offset + limit).encode()
-            ).decode()
-        return web.json_response([self._listed(s) for s in page], headers=headers)
+        return _paged(query, [self._listed(s) for s in matching])
+
+    async def list_snapshots(self, request: web.Request) -> web.Response:
+        """The key's snapshots, newest first, of one sandbox (``sandboxID``) or name."""
+        key = self._key(request)
+        query = request.query
+        matching = sorted(
+            (
+                s
+                for s in self.core.snapshots.values()
+                if s.api_key == key
+                and query.get("sandboxID", s.sandbox_id) == s.sandbox_id
+                and ("name" not in query or query["name"] == s.name)
+            ),
+            key=lambda s: s.created_at,
+            reverse=True,
+        )
+        return _paged(query, [{"snapshotID": s.id, "names": s.names} for s in matching])
 
     async def get(self, request: web.Request) -> web.Response:
         sandbox = self._owned(request)
@@ -294,18 +323,27 @@ class ControlPlane:
         from it starts its processes afresh)."""
         sandbox = self._owned(request)
         name = (await self._body(request)).get("name")
-        kept = await sandbox.local.snapshot(name if isinstance(name, str) else None)
-        snapshot_id = f"snapshot-{secrets.token_hex(8)}"
-        self.core.snapshots[snapshot_id] = kept.id
-        names = [f"{_CLIENT_ID}/{name}:default"] if isinstance(name, str) and name else []
-        return web.json_response({"snapshotID": snapshot_id, "names": names}, status=201)
+        name = name if isinstance(name, str) and name else None
+        kept = await sandbox.local.snapshot(name)
+        snapshot = E2BSnapshot(
+            id=f"snapshot-{secrets.token_hex(8)}",
+            local_id=kept.id,
+            sandbox_id=sandbox.id,
+            api_key=sandbox.api_key,
+            name=name,
+            names=[f"{_CLIENT_ID}/{name}:default"] if name else [],
+        )
+        self.core.snapshots[snapshot.id] = snapshot
+        return web.json_response({"snapshotID": snapshot.id, "names": snapshot.names}, status=201)
 
     async def delete_template(self, request: web.Request) -> web.Response:
-        self._key(request)
-        kept = self.core.snapshots.pop(request.match_info["template_id"], None)
-        if kept is None:
-            return api_error(404, f"template '{request.match_info['template_id']}' not found")
-        await self.core.local.delete_snapshot(kept)
+        key = self._key(request)
+        template_id = request.match_info["template_id"]
+        snapshot = self.core.snapshots.get(template_id)
+        if snapshot is None or snapshot.api_key != key:
+            return api_error(404, f"template '{template_id}' not found")
+        del self.core.snapshots[template_id]
+        await self.core.local.delete_snapshot(snapshot.local_id)
         return web.Response(status=204)
 
     async def connect(self, request: web.Request) -> web.Response:

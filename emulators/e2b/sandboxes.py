@@ -26,7 +26,15 @@ if TYPE_CHECKING:
 
 from emulators.e2b.watch import WatcherService
 
-__all__ = ["BOOT_ID", "E2B_HOME", "INTERPRETER_TEMPLATES", "PAUSED_KEPT", "E2BCore", "E2BSandbox"]
+__all__ = [
+    "BOOT_ID",
+    "E2B_HOME",
+    "INTERPRETER_TEMPLATES",
+    "PAUSED_KEPT",
+    "E2BCore",
+    "E2BSandbox",
+    "E2BSnapshot",
+]
 
 E2B_HOME = "/home/user"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -90,13 +98,26 @@ class E2BSandbox:
             self.kernel = None
 
 
+@dataclass
+class E2BSnapshot:
+    """A snapshot: a local copy of a sandbox's files that a create may start from."""
+
+    id: str
+    local_id: str
+    sandbox_id: str
+    api_key: str
+    name: str | None
+    names: list[str]
+    created_at: float = field(default_factory=time.time)
+
+
 class E2BCore(EmulatorCore):
     """`EmulatorCore` that also stops a sandbox's processes when it is killed or expires."""
 
     def __init__(self, name: str, root: Path, *, isolation: str = "auto") -> None:
         super().__init__(name, root, isolation=isolation)
         self.e2b: dict[str, E2BSandbox] = {}
-        self.snapshots: dict[str, str] = {}  # E2B snapshot id -> the local copy's id
+        self.snapshots: dict[str, E2BSnapshot] = {}
 
     async def pause(self, sandbox_id: str, *, memory: bool = True) -> bool:
         """Pause a sandbox (False: it is already paused): its processes stop where they

@@ -663,3 +663,36 @@ async def test_a_filesystem_only_pause_cold_boots_on_connect(emu: E2BEmulator) -
         assert await sbx.commands.list() == []
     finally:
         await sbx.kill()
+
+
+async def test_snapshots_are_listed_by_sandbox_and_name(emu: E2BEmulator) -> None:
+    """``GET /snapshots`` lists the key's snapshots, newest first, filtered by the sandbox
+    they came from or their name, paged; a deleted one is gone."""
+    kw = emu.sdk_kwargs()
+    one = await AsyncSandbox.create(**kw)
+    two = await AsyncSandbox.create(**kw)
+    try:
+        first = await one.create_snapshot()
+        named = await one.create_snapshot(name="nightly")
+        other = await two.create_snapshot()
+        pages = AsyncSandbox.list_snapshots(limit=2, **kw)
+        seen = [s.snapshot_id for s in await pages.next_items()]
+        seen += [s.snapshot_id for s in await pages.next_items()]
+        assert (seen, pages.has_next) == (
+            [other.snapshot_id, named.snapshot_id, first.snapshot_id],
+            False,
+        )
+        of_one = await AsyncSandbox.list_snapshots(sandbox_id=one.sandbox_id, **kw).next_items()
+        assert {s.snapshot_id for s in of_one} == {first.snapshot_id, named.snapshot_id}
+        [by_name] = await AsyncSandbox.list_snapshots(name="nightly", **kw).next_items()
+        assert (by_name.snapshot_id, by_name.names) == (named.snapshot_id, named.names)
+        assert (
+            await AsyncSandbox.list_snapshots(**emu.sdk_kwargs(api_key="e2b_other")).next_items()
+            == []
+        )
+        for snapshot in (first, named, other):
+            await AsyncSandbox.delete_snapshot(snapshot.snapshot_id, **kw)
+        assert await AsyncSandbox.list_snapshots(**kw).next_items() == []
+    finally:
+        await one.kill()
+        await two.kill()
