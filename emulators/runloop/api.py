@@ -42,6 +42,9 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   it again), shown as ``tunnel`` in the devbox's view; ``POST
   .../remove_tunnel``. The tunnel is served by the emulator's ingress
   (`emulators.runloop.RunloopEmulator`).
+* ``POST .../create_ssh_key`` makes an ed25519 key (with the host's
+  ``ssh-keygen``) and appends its public half to the devbox's
+  ``~/.ssh/authorized_keys``; no SSH server answers on the ``url`` it gives.
 * ``POST .../snapshot_disk`` (answers once the copy is done) and
   ``.../snapshot_disk_async`` (answers at once) keep the devbox's disk as
   ``snp_...``; ``GET /v1/devboxes/disk_snapshots`` lists them,
@@ -272,6 +275,7 @@ class DevboxApi:
             web.post(base + "/resume", self.resume),
             web.post(base + "/enable_tunnel", self.enable_tunnel),
             web.post(base + "/remove_tunnel", self.remove_tunnel),
+            web.post(base + "/create_ssh_key", self.create_ssh_key),
             web.post(base + "/snapshot_disk", self.snapshot_disk),
             web.post(base + "/snapshot_disk_async", self.snapshot_disk_async),
             web.post(base + "/execute", self.execute),
@@ -595,6 +599,42 @@ class DevboxApi:
         devbox = self._alive(request)
         devbox.tunnel = None
         return web.json_response({})
+
+    async def create_ssh_key(self, request: web.Request) -> web.Response:
+        """A new ed25519 key, its public half appended to the devbox's ``authorized_keys``."""
+        devbox = self.running(request)
+        with tempfile.TemporaryDirectory() as scratch:
+            private = Path(scratch) / "key"
+            try:
+                keygen = await asyncio.create_subprocess_exec(
+                    *("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", devbox.id),
+                    *("-f", str(private)),
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
+            except FileNotFoundError:
+                raise ApiError(500, "ssh-keygen is not installed on the emulator's host") from None
+            if await keygen.wait() != 0:
+                raise ApiError(500, "ssh-keygen failed")
+            secret = await asyncio.to_thread(private.read_text)
+            public = await asyncio.to_thread(private.with_suffix(".pub").read_text)
+        trusted = self.path(devbox, f"{RUNLOOP_HOME}/.ssh/authorized_keys", "path", write=True)
+
+        def authorize() -> None:
+            trusted.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with trusted.open("a") as keys:
+                keys.write(public)
+
+        await asyncio.to_thread(authorize)
+        return web.json_response(
+            {
+                "id": devbox.id,
+                "ssh_private_key": secret,
+                "ssh_user": "user",
+                "url": f"{devbox.id}.ssh.{self.emulator.domain}",
+            }
+        )
 
     # -- disk snapshots ----------------------------------------------------------
     async def _snapshot(self, request: web.Request) -> DiskSnapshot:

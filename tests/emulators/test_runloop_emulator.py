@@ -533,6 +533,19 @@ async def test_large_files_stream_both_ways(
     assert list((emu.core.local.root / ".uploads").iterdir()) == []
 
 
+async def test_ssh_key_is_authorized_in_the_devbox(client: AsyncRunloop) -> None:
+    """``create_ssh_key`` (the SDK's ``net.create_ssh_key``) hands out a key the devbox trusts."""
+    box = await client.devboxes.create_and_await_running()
+    key = await client.devboxes.create_ssh_key(box.id)
+    assert (key.id, key.ssh_user) == (box.id, "user")
+    assert key.ssh_private_key.startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert key.url.startswith(box.id)
+    trusted = await client.devboxes.read_file_contents(
+        box.id, file_path="/home/user/.ssh/authorized_keys"
+    )
+    assert trusted.startswith("ssh-ed25519 ")
+
+
 async def test_tunnel_reaches_a_server_with_its_token(
     emu: RunloopEmulator, client: AsyncRunloop
 ) -> None:
