@@ -9,6 +9,7 @@ map each vendor SDK exception to the most specific class here, always with
     ├── InvalidArgument             a hostile or impossible API argument (also a ValueError)
     │   └── ArgumentTypeError       an argument of the wrong type (also a TypeError)
     ├── StateUnavailable            the shared state store cannot be reached
+    ├── RouterClosed                a call on a router after its close (also a RuntimeError)
     ├── NoProviderAvailable         every chain entry was skipped or failed (router)
     ├── LeaseError                  a lease was used after release, or lost
     └── ProviderError               raised by a provider adapter
@@ -43,6 +44,7 @@ __all__ = [
     "ProviderError",
     "QuotaExceeded",
     "RateLimited",
+    "RouterClosed",
     "SandboxError",
     "SandboxPathError",
     "SandboxRouterError",
@@ -77,6 +79,15 @@ class ArgumentTypeError(InvalidArgument, TypeError):
 
     A ``TypeError`` as Python's own checks raise it, and inside the tree, so
     an app catching ``SandboxRouterError`` around a call catches it too.
+    """
+
+
+class RouterClosed(SandboxRouterError, RuntimeError):
+    """The router was closed: its loop, SDK clients and store connections are gone.
+
+    Raised by its calls and its leases' calls after `Router.close`, rather
+    than quietly opening everything again (a lease acquired then would be
+    one nothing releases).
     """
 
 

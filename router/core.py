@@ -268,12 +268,17 @@ class Router:
         self._engine.run(self._set_usage(pool, unit, value))
 
     def close(self) -> None:
-        """Release SDK clients and store connections, stop the engine loop."""
+        """Release SDK clients and store connections, stop the engine loop; once (the
+        router's calls raise `RouterClosed` after it), again is a no-op."""
+        if self._engine.closed:
+            return
         with contextlib.suppress(RuntimeError):
             self._engine.run(self._aclose())
         self._engine.close()
 
     async def aclose(self) -> None:
+        if self._engine.closed:
+            return
         await self._engine.arun(self._aclose())
         self._engine.close()
 

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from providers.errors import RouterClosed
+
 __all__ = ["Engine"]
 
 T = TypeVar("T")
@@ -31,10 +33,13 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._adopted = False
         self._pid = os.getpid()
+        self.closed = False
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
+            if self.closed:
+                raise RouterClosed("the router is closed; make a new Router")
             if self._pid != os.getpid():  # forked: the thread did not come along
                 self._loop, self._thread, self._pid = None, None, os.getpid()
                 self._adopted = False
@@ -77,7 +82,12 @@ class Engine:
         return self._thread is not None and threading.current_thread() is self._thread
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            loop = self.loop
+        except RouterClosed:
+            coro.close()
+            raise
+        return asyncio.run_coroutine_threadsafe(coro, loop)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run on the engine loop and wait (the sync API)."""
@@ -96,6 +106,9 @@ class Engine:
 
     async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run on the engine loop and await it (the async API); cancellation propagates."""
+        if self.closed:
+            coro.close()
+            raise RouterClosed("the router is closed; make a new Router")
         if self._loop is not None and self._on_engine_loop():
             return await coro
         return await asyncio.wrap_future(self.submit(coro))
@@ -106,6 +119,7 @@ class Engine:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
             self._adopted = False
+            self.closed = True
         if loop is not None and thread is not None and thread is not threading.current_thread():
             loop.call_soon_threadsafe(loop.stop)
             thread.join(10)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from providers.base import SandboxSpec
-from providers.errors import InvalidArgument, SandboxError, SandboxPathError
+from providers.errors import InvalidArgument, RouterClosed, SandboxError, SandboxPathError
 from router import Router, SandboxRouterError
 
 
@@ -189,3 +189,22 @@ def test_a_download_onto_a_directory_is_refused_by_name(router: Router, tmp_path
         lease.sandbox.write_file("a.txt", b"x")
         with pytest.raises(InvalidArgument, match=re.escape("download_file(local)")):
             lease.sandbox.download_file("a.txt", tmp_path)
+
+
+async def test_a_closed_router_refuses_calls_and_its_leases_by_name(tmp_path: Path) -> None:
+    """A call after close used to start a new loop and hand out a lease no one would
+    release; now it is refused, and close stays safe to call again."""
+    config = {"state_url": "memory://", "chain": [{"name": "local", "provider": "local",
+              "options": {"root": str(tmp_path)}}]}  # fmt: skip
+    sync = Router.from_config(config, hooks=[])
+    lease = sync.acquire()
+    sync.close()
+    for call in (sync.acquire, sync.status, lambda: lease.sandbox.run("true")):
+        with pytest.raises(RouterClosed, match="closed"):
+            call()
+    sync.close()
+    async_router = Router.from_config(config, hooks=[])
+    await async_router.aclose()
+    with pytest.raises(RouterClosed, match="closed"):
+        await async_router.aacquire()
+    await async_router.aclose()
