@@ -3,7 +3,8 @@
 Modal's SDK implements ``Sandbox.filesystem`` as execs of a binary in the
 container, ``/__modal/.bin/modal-sandbox-fs-tools '<json command>'``: file
 contents on stdin (``WriteFile``) or stdout (``ReadFile``), listings and
-stats as JSON on stdout, and a failure as exit code 1 with
+stats as JSON on stdout, watch events as JSON lines on stdout (``Watch``,
+until its timeout or the end of stdin), and a failure as exit code 1 with
 ``{"error_kind", "message"}`` on stderr. This stdlib-only script keeps that
 contract; the emulator runs it with the sandbox's Python, from the
 working directory, as ``python3 -c <this file> <json command> <json read-only
@@ -19,9 +20,11 @@ import errno
 import json
 import os
 import posixpath
+import select
 import shutil
 import stat
 import sys
+import time
 from typing import Any
 
 _KINDS = {
@@ -123,6 +126,63 @@ class Tool:
                 os.rmdir(path)
         else:
             os.remove(path)
+
+    def Watch(
+        self,
+        path: str,
+        recursive: bool = False,
+        filter: list[str] | None = None,
+        timeout_secs: float | None = None,
+    ) -> None:
+        """One JSON line per change (``{"event_type", "paths"}``) to ``path`` (a file, or a
+        directory's entries, nested ones too when ``recursive``) until ``timeout_secs`` pass
+        or stdin ends; found by polling the tree every `WATCH_INTERVAL` seconds."""
+        if not os.path.exists(path):
+            raise ToolError("NotFound", "No such file or directory (os error 2)")
+        deadline = None if timeout_secs is None else time.monotonic() + timeout_secs
+        seen = _tree(path, recursive)
+        while deadline is None or time.monotonic() < deadline:
+            wait = (
+                WATCH_INTERVAL
+                if deadline is None
+                else min(WATCH_INTERVAL, deadline - time.monotonic())
+            )
+            ready, _, _ = select.select([sys.stdin], [], [], max(wait, 0))
+            if ready and not sys.stdin.buffer.read1(65536):
+                return
+            now = _tree(path, recursive)
+            changes = [("Create", p) for p in now.keys() - seen.keys()]
+            changes += [("Remove", p) for p in seen.keys() - now.keys()]
+            changes += [("Modify", p) for p in now.keys() & seen.keys() if now[p] != seen[p]]
+            for kind, changed in sorted(changes, key=lambda c: c[1]):
+                if filter is None or kind in filter:
+                    print(json.dumps({"event_type": kind, "paths": [changed]}), flush=True)
+            seen = now
+
+
+WATCH_INTERVAL = 0.1
+
+
+def _tree(path: str, recursive: bool) -> dict[str, tuple[int, int, int]]:
+    """What is at ``path`` (a directory: what is in it), each with its mode, size and mtime."""
+    found: dict[str, tuple[int, int, int]] = {}
+
+    def note(at: str) -> None:
+        try:
+            info = os.lstat(at)
+        except OSError:
+            return
+        found[at] = (info.st_mode, info.st_size, info.st_mtime_ns)
+
+    if not os.path.isdir(path):
+        note(path)
+        return found
+    for parent, dirs, files in os.walk(path):
+        for name in dirs + files:
+            note(posixpath.join(parent, name))
+        if not recursive:
+            break
+    return found
 
 
 def main(argv: list[str]) -> int:

@@ -405,7 +405,8 @@ class ModalSandbox:
         message: str,
         exitcode: int | None = None,
     ) -> None:
-        """Mark the sandbox finished and stop its commands (the local sandbox is killed apart)."""
+        """Mark the sandbox finished and stop its commands (the local sandbox is killed apart,
+        and `ended` set after)."""
         if self.result is not None:
             return
         if exitcode is None:
@@ -419,7 +420,6 @@ class ModalSandbox:
             self.entrypoint.stop()
         for listener in self._listeners:
             listener.close()
-        self.ended.set()
 
     async def open_tcp_tunnel(self, port: int, host: str) -> None:
         """An unencrypted port's raw TCP tunnel: a listener on ``host`` piping each connection
@@ -598,7 +598,11 @@ class ModalCore(EmulatorCore):
         if sandbox is not None:
             status, message = _ENDINGS.get(ended_by, _ENDINGS["kill"])
             sandbox.end(status, message)
-        return await super().kill(sandbox_id, ended_by)
+        try:
+            return await super().kill(sandbox_id, ended_by)
+        finally:
+            if sandbox is not None:
+                sandbox.ended.set()  # a wait returns once the sandbox is gone
 
     async def expire(self) -> None:
         await super().expire()

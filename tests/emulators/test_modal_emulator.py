@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 import structlog
 from grpclib.exceptions import StreamTerminatedError
 from modal import exception as mx
+from modal.types import FileWatchEventType
 from modal_proto import api_pb2
 
 from emulators.harness import Emulator, free_port
@@ -618,3 +620,35 @@ def _tcp_echo(host: str, port: int, data: bytes) -> bytes:
     with socket.create_connection((host, port), timeout=5) as conn:
         conn.sendall(data)
         return conn.recv(100)
+
+
+def test_filesystem_watch_reports_changes_until_its_timeout(client: Any) -> None:
+    """``filesystem.watch`` yields the changes under a directory (filtered by type), and
+    ends without error when its timeout passes."""
+    sb = create(client)
+    try:
+        sb.filesystem.make_directory("/root/w/sub")
+        events: list[Any] = []
+
+        def watch() -> None:
+            kinds = [FileWatchEventType.Create, FileWatchEventType.Remove]
+            for event in sb.filesystem.watch("/root/w", recursive=True, filter=kinds, timeout=3):
+                events.append((event.type, event.paths))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        wait_until(lambda: _touched(sb, "/root/w/sub/a.done", events), seconds=3)
+        sb.exec("rm", "/root/w/sub/a.done").wait()
+        watcher.join(timeout=10)
+        assert not watcher.is_alive()
+        assert (FileWatchEventType.Create, ["/root/w/sub/a.done"]) in events
+        assert events[-1] == (FileWatchEventType.Remove, ["/root/w/sub/a.done"])
+        with pytest.raises(mx.SandboxFilesystemNotFoundError):
+            next(iter(sb.filesystem.watch("/root/nope", timeout=1)))
+    finally:
+        sb.terminate()
+
+
+def _touched(sb: Any, path: str, events: list[Any]) -> bool:
+    sb.exec("touch", path).wait()
+    return bool(events)
