@@ -8,7 +8,8 @@ Routes (JSON, key in ``X-API-KEY``, errors as ``{"code", "message"}``):
   ``template`` and ``startedAfter``, paged with ``limit`` / ``nextToken`` and
   the ``x-next-token`` response header.
 * ``GET|DELETE /sandboxes/{id}``, ``POST /sandboxes/{id}/timeout``,
-  ``POST /v2/sandboxes/{id}/connect``, ``POST /sandboxes/{id}/pause``.
+  ``POST /v2/sandboxes/{id}/connect``, ``POST /sandboxes/{id}/pause``,
+  ``POST /sandboxes/{id}/fork``.
 * ``POST /sandboxes/{id}/snapshots``, ``GET /snapshots`` (by ``sandboxID`` or
   ``name``, paged), ``DELETE /templates/{snapshot id}``.
 
@@ -79,6 +80,13 @@ def _string_map(value: Any, field: str) -> dict[str, str]:
     return dict(value)
 
 
+def _quota_error(violation: QuotaViolation) -> dict[str, Any]:
+    """E2B's answer to an account limit: 429 for the concurrency cap, 403 for the quota."""
+    if violation.kind == "concurrent":
+        return {"code": 429, "message": CONCURRENCY_MESSAGE.format(limit=violation.limit)}
+    return {"code": 403, "message": QUOTA_MESSAGE.format(limit=violation.limit)}
+
+
 def _paged(query: Mapping[str, str], items: list[dict[str, Any]]) -> web.Response:
     """One page of ``items`` (``limit``, ``nextToken``), the next token in ``x-next-token``."""
     try:
@@ -111,6 +119,7 @@ class ControlPlane:
             web.post("/v2/sandboxes/{sandbox_id}/connect", self.connect),
             web.post("/sandboxes/{sandbox_id}/pause", self.pause),
             web.post("/sandboxes/{sandbox_id}/snapshots", self.snapshot),
+            web.post("/sandboxes/{sandbox_id}/fork", self.fork),
             web.get("/snapshots", self.list_snapshots),
             web.delete("/templates/{template_id}", self.delete_template),
         ]
@@ -201,21 +210,28 @@ class ControlPlane:
             return api_error(400, f"timeout must be between 1 and {MAX_TIMEOUT} seconds")
         metadata = _string_map(body.get("metadata"), "metadata")
         env = _string_map(body.get("envVars"), "envVars")
-        sandbox_id = new_sandbox_id()
+        spec = SandboxSpec(
+            template=snapshot.local_id if snapshot else template, env=env, labels=metadata
+        )
         try:
-            local = await self.core.create(
-                key,
-                SandboxSpec(
-                    template=snapshot.local_id if snapshot else template, env=env, labels=metadata
-                ),
-                home=E2B_HOME,
-                lifetime=timeout,
-                sandbox_id=sandbox_id,
-            )
+            sandbox = await self._start(key, template, spec, timeout, body)
         except QuotaViolation as violation:
-            if violation.kind == "concurrent":
-                return api_error(429, CONCURRENCY_MESSAGE.format(limit=violation.limit))
-            return api_error(403, QUOTA_MESSAGE.format(limit=violation.limit))
+            error = _quota_error(violation)
+            return api_error(error["code"], error["message"])
+        return web.json_response(self._created(sandbox), status=201)
+
+    async def _start(
+        self, key: str, template: str, spec: SandboxSpec, timeout: int, body: dict[str, Any]
+    ) -> E2BSandbox:
+        """Create a sandbox of ``spec`` for ``key`` as a create request ``body`` asks.
+
+        Raises:
+            QuotaViolation: the account's concurrency cap or quota is reached.
+        """
+        sandbox_id = new_sandbox_id()
+        local = await self.core.create(
+            key, spec, home=E2B_HOME, lifetime=timeout, sandbox_id=sandbox_id
+        )
         sandbox = E2BSandbox(
             id=sandbox_id,
             template=template,
@@ -230,7 +246,38 @@ class ControlPlane:
         if isinstance(network, dict) and network.get("allowPublicTraffic") is False:
             sandbox.traffic_token = secrets.token_urlsafe(24)
         self.core.e2b[sandbox_id] = sandbox
-        return web.json_response(self._created(sandbox), status=201)
+        return sandbox
+
+    async def fork(self, request: web.Request) -> web.Response:
+        """``count`` new sandboxes from one copy of the source's files, its template,
+        metadata and environment (its memory is not emulated: processes start afresh);
+        each fork succeeds or fails on its own."""
+        source = self._owned(request)
+        body = await self._body(request)
+        count, timeout = body.get("count", 1), body.get("timeout", DEFAULT_TIMEOUT)
+        if not isinstance(count, int) or not 1 <= count <= 100:
+            return api_error(400, "count must be between 1 and 100")
+        if not isinstance(timeout, int) or not 0 < timeout <= MAX_TIMEOUT:
+            return api_error(400, f"timeout must be between 1 and {MAX_TIMEOUT} seconds")
+        kept = await source.local.snapshot()
+        spec = SandboxSpec(
+            template=kept.id,
+            env=dict(source.local.meta.get("env", {})),
+            labels=dict(self.core.records[source.id].labels),
+        )
+        results: list[dict[str, Any]] = []
+        try:
+            for _ in range(count):
+                try:
+                    fork = await self._start(source.api_key, source.template, spec, timeout, {})
+                except QuotaViolation as violation:
+                    results.append({"error": _quota_error(violation)})
+                    continue
+                fork.traffic_token = secrets.token_urlsafe(24) if source.traffic_token else None
+                results.append({"sandbox": self._created(fork)})
+        finally:
+            await self.core.local.delete_snapshot(kept.id)
+        return web.json_response(results, status=201)
 
     async def list(self, request: web.Request) -> web.Response:
         key = self._key(request)

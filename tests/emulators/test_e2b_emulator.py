@@ -696,3 +696,26 @@ async def test_snapshots_are_listed_by_sandbox_and_name(emu: E2BEmulator) -> Non
     finally:
         await one.kill()
         await two.kill()
+
+
+async def test_fork_starts_copies_of_the_files(emu: E2BEmulator) -> None:
+    """``fork`` starts ``count`` new sandboxes from one copy of the source's files (its
+    memory is not emulated); the source runs on and each fork is independent."""
+    kw = emu.sdk_kwargs()
+    source = await AsyncSandbox.create(metadata={"team": "a"}, **kw)
+    forks: list[AsyncSandbox] = []
+    try:
+        await source.files.write("state.txt", "before")
+        results = await source.fork(count=2, timeout=60)
+        forks = [f for f in results if isinstance(f, AsyncSandbox)]
+        assert len(forks) == 2
+        assert len({source.sandbox_id, *(f.sandbox_id for f in forks)}) == 3
+        await forks[0].files.write("state.txt", "changed")
+        assert await forks[1].files.read("state.txt") == "before"
+        assert await source.files.read("state.txt") == "before"
+        assert (await forks[1].get_info()).metadata == {"team": "a"}
+        with pytest.raises(SandboxNotFoundException):
+            await AsyncSandbox.fork("inowhere", **kw)
+    finally:
+        for sbx in [source, *forks]:
+            await sbx.kill()
