@@ -67,6 +67,7 @@ STDERR_PREFIX = b"\x02\x02\x02"
 GONE = frozenset({"destroying", "destroyed"})
 _MARK = b"\x1e"
 _MARK_END = b"\x1f"
+_INPUTS = "/tmp/.daytona-session-input"
 
 
 def iso(ts: float) -> str:
@@ -89,10 +90,40 @@ class Command:
     stderr: bytearray = field(default_factory=bytearray)
     output: bytearray = field(default_factory=bytearray)
     exit_code: int | None = None
+    echo: bool = True
     done: asyncio.Event = field(default_factory=asyncio.Event)
     ends_seen: set[str] = field(default_factory=set)
     mid_line: set[str] = field(default_factory=set)
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    _input: tuple[Path, int] | None = None  # the stdin FIFO and the session's end of it
+
+    def open_input(self, fifo: Path) -> None:
+        """Make the command's stdin FIFO and hold it open (read-write: the open never blocks)."""
+        fifo.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.mkfifo(fifo, 0o600)
+        self._input = fifo, os.open(fifo, os.O_RDWR | os.O_CLOEXEC)
+
+    async def send(self, data: str) -> None:
+        """Input to the running command, a newline added when missing (for ``read``).
+
+        Raises:
+            OSError: it cannot take input (it reads none, or it ended).
+        """
+        if self._input is None:
+            raise BrokenPipeError("the command reads no input")
+        if not data.endswith("\n"):
+            data += "\n"
+        if self.echo:
+            self.add("stdout", data.encode())
+        await asyncio.to_thread(os.write, self._input[1], data.encode())
+
+    def close_input(self) -> None:
+        if self._input is not None:
+            fifo, fd = self._input
+            self._input = None
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                fifo.unlink()
 
     def view(self) -> dict[str, Any]:
         return {"id": self.id, "command": self.command, "exitCode": self.exit_code}
@@ -127,6 +158,7 @@ class Command:
             self.finish()
 
     def finish(self) -> None:
+        self.close_input()
         self.done.set()
         self._wake()
 
@@ -158,14 +190,17 @@ class ShellSession:
     After each command the session has the shell print a marker on stdout
     (with the exit code) and one on stderr; what comes before a marker on
     a stream belongs to the command being run.
+
+    A command run asynchronously reads its stdin from a FIFO of its own in
+    the sandbox's ``/tmp`` that the session holds open, so `Command.send`
+    reaches it and it sees EOF only when it ends; a synchronous one reads
+    ``/dev/null``, as on Daytona.
     """
 
-    def __init__(
-        self, session_id: str, process: LocalProcess, rewrite: Callable[[str], str]
-    ) -> None:
+    def __init__(self, session_id: str, process: LocalProcess, sandbox: GuestSandbox) -> None:
         self.id = session_id
         self.process = process
-        self._rewrite = rewrite
+        self._sandbox = sandbox
         self.commands: dict[str, Command] = {}
         self.ended = False
         self._token = secrets.token_hex(8)
@@ -181,9 +216,17 @@ class ShellSession:
     def view(self) -> dict[str, Any]:
         return {"sessionId": self.id, "commands": [c.view() for c in self.commands.values()]}
 
-    def submit(self, command: str) -> Command:
-        """Queue ``command``; its ``done`` is set once it ran (or the shell ended)."""
-        cmd = Command(str(uuid.uuid4()), command)
+    def submit(self, command: str, *, interactive: bool = False, echo: bool = True) -> Command:
+        """Queue ``command``; its ``done`` is set once it ran (or the shell ended).
+
+        ``interactive``: its stdin stays open for `Command.send` (``echo``: input
+        also goes to its stdout log) until it ends.
+        """
+        cmd = Command(str(uuid.uuid4()), command, echo=echo)
+        stdin_path = "/dev/null"
+        if interactive:
+            stdin_path = self._sandbox.inside(f"{_INPUTS}/{cmd.id}")
+            cmd.open_input(self._sandbox.host(_INPUTS, write=True) / cmd.id)
         self.commands[cmd.id] = cmd
         self._queue["stdout"].append(cmd)
         self._queue["stderr"].append(cmd)
@@ -191,7 +234,7 @@ class ShellSession:
         stdin = self.process.proc.stdin
         assert stdin is not None
         stdin.write(
-            f"{{\n{self._rewrite(command)}\n}} < /dev/null\n"
+            f"{{\n{self._sandbox.rewrite(command)}\n}} < {shlex.quote(stdin_path)}\n"
             f"printf '{mark} {cmd.id} %s\\037' \"$?\"\n"
             f"printf '{mark} {cmd.id} -\\037' >&2\n".encode()
         )

@@ -13,7 +13,8 @@ one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
   ``POST /process/code-run`` runs python (or node) code the same way.
 * Sessions: ``POST /process/session`` starts a shell
   (`emulators.daytona.sandboxes.ShellSession`), ``POST .../{id}/exec``
-  runs a command in it (and waits unless ``runAsync``: then 202),
+  runs a command in it (and waits unless ``runAsync``: then 202, and
+  ``POST .../command/{cid}/input`` feeds its stdin),
   ``GET .../{id}``, ``.../command/{cid}``, ``.../command/{cid}/logs``
   (a websocket upgrade streams the log, stream prefixes kept, from its start
   and with ``follow=true`` until the command ends: then, or when its session
@@ -191,6 +192,7 @@ class Toolbox:
             web.post(session + "/exec", self.session_exec),
             web.get(session + "/command/{command}", self.get_command),
             web.get(session + "/command/{command}/logs", self.command_logs),
+            web.post(session + "/command/{command}/input", self.command_input),
             web.post(base + "/files/bulk-upload", self.upload),
             web.post(base + "/files/bulk-download", self.download),
             web.get(base + "/files", self.list_files),
@@ -337,7 +339,7 @@ class Toolbox:
         if session_id in box.sessions:
             raise DaemonError(409, f"session {session_id} already exists", "CONFLICT")
         process = await box.local.spawn(["/bin/bash", "--noprofile", "--norc", "-s"])
-        session = ShellSession(session_id, process, box.local.rewrite)
+        session = ShellSession(session_id, process, box.local)
         box.sessions[session_id] = session
         return web.Response(status=201)
 
@@ -363,8 +365,16 @@ class Toolbox:
             raise DaemonError(400, "command is required", "INVALID_REQUEST_BODY")
         if session.ended:
             raise DaemonError(410, f"session {session.id} has ended", "SESSION_ENDED")
-        cmd = session.submit(command)
-        if body.get("runAsync") or body.get("async"):
+        run_async = bool(body.get("runAsync") or body.get("async"))
+        try:
+            cmd = session.submit(
+                command, interactive=run_async, echo=not body.get("suppressInputEcho")
+            )
+        except (OSError, PathRefused) as exc:
+            raise DaemonError(
+                500, f"failed to create input pipe: {exc}", "INTERNAL_ERROR"
+            ) from None
+        if run_async:
             return web.json_response({"cmdId": cmd.id}, status=202)
         await cmd.done.wait()
         return web.json_response({"cmdId": cmd.id, "exitCode": cmd.exit_code, **cmd.logs()})
@@ -377,6 +387,26 @@ class Toolbox:
 
     async def get_command(self, request: web.Request) -> web.Response:
         return web.json_response(self._command(request).view())
+
+    async def command_input(self, request: web.Request) -> web.Response:
+        """Input for a running command (what it reads on stdin); 410 once it ended."""
+        session = self._session(request)
+        data = (await self._json(request)).get("data")
+        if not isinstance(data, str):
+            raise DaemonError(400, "data is required", "INVALID_REQUEST_BODY")
+        if session.ended:
+            raise DaemonError(410, "session process has exited", "SESSION_ENDED")
+        cmd = self._command(request)
+        if cmd.exit_code is not None or cmd.done.is_set():
+            message = f"command has already completed with exit code {cmd.exit_code}"
+            raise DaemonError(410, message, "GONE")
+        try:
+            await cmd.send(data)
+        except OSError as exc:
+            raise DaemonError(
+                500, f"failed to write to input pipe: {exc}", "INTERNAL_ERROR"
+            ) from None
+        return web.Response(status=204)
 
     async def command_logs(self, request: web.Request) -> web.StreamResponse:
         cmd = self._command(request)

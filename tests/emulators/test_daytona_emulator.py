@@ -685,3 +685,28 @@ async def test_snapshots_list_the_general_ones_and_the_organizations(
     assert [s.name for s in by_source.items] == ["mine"]
     await client.snapshot.delete("mine")
     await until(lambda: not emu.captured)
+
+
+async def test_an_async_session_command_reads_the_input_sent_to_it(client: AsyncDaytona) -> None:
+    """Async commands keep stdin open for ``send_session_command_input`` (echoed in the log);
+    sync ones see EOF at once; input to an ended command is refused with 410."""
+    sandbox = await client.create()
+    process = sandbox.process
+    await process.create_session("s")
+    synced = await process.execute_session_command(
+        "s", SessionExecuteRequest(command="cat; echo ok")
+    )
+    assert (synced.exit_code, synced.stdout) == (0, "ok\n")
+    asked = await process.execute_session_command(
+        "s",
+        SessionExecuteRequest(command='read -r name; echo "hi $name"', run_async=True),
+    )
+    assert asked.cmd_id
+    await process.send_session_command_input("s", asked.cmd_id, "Ada")
+    seen: list[str] = []
+    await asyncio.wait_for(
+        process.get_session_command_logs_async("s", asked.cmd_id, seen.append, seen.append), 5
+    )
+    assert "".join(seen) == "Ada\nhi Ada\n"
+    with pytest.raises(DaytonaError, match="already completed"):
+        await process.send_session_command_input("s", asked.cmd_id, "late")
