@@ -9,7 +9,7 @@ Routes (JSON, key in ``X-API-KEY``, errors as ``{"code", "message"}``):
   the ``x-next-token`` response header.
 * ``GET|DELETE /sandboxes/{id}``, ``POST /sandboxes/{id}/timeout``,
   ``POST /v2/sandboxes/{id}/connect``, ``POST /sandboxes/{id}/pause``,
-  ``POST /sandboxes/{id}/fork``.
+  ``POST /sandboxes/{id}/fork``, ``GET /sandboxes/{id}/metrics``.
 * ``POST /sandboxes/{id}/snapshots``, ``GET /snapshots`` (by ``sandboxID`` or
   ``name``, paged), ``DELETE /templates/{snapshot id}``.
 
@@ -21,6 +21,7 @@ monthly quota answers 403 (the team is blocked).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import secrets
 import string
@@ -120,6 +121,7 @@ class ControlPlane:
             web.post("/sandboxes/{sandbox_id}/pause", self.pause),
             web.post("/sandboxes/{sandbox_id}/snapshots", self.snapshot),
             web.post("/sandboxes/{sandbox_id}/fork", self.fork),
+            web.get("/sandboxes/{sandbox_id}/metrics", self.metrics),
             web.get("/snapshots", self.list_snapshots),
             web.delete("/templates/{template_id}", self.delete_template),
         ]
@@ -342,6 +344,27 @@ class ControlPlane:
             "domain": DOMAIN,
         }
         return web.json_response(detail)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The sandbox's samples from ``start`` to ``end`` (unix seconds); a running
+        sandbox is sampled first."""
+        sandbox = self._owned(request)
+        try:
+            start, end = (
+                int(request.query[k]) if k in request.query else None for k in ("start", "end")
+            )
+        except ValueError:
+            return api_error(400, "start and end must be unix timestamps in seconds")
+        if not self.core.records[sandbox.id].paused:
+            pids = [p.local.proc.pid for p in sandbox.processes.values()]
+            await asyncio.to_thread(
+                sandbox.metrics.sample,
+                sandbox.local.root,
+                pids,
+                sandbox.cpu_count,
+                sandbox.memory_mb,
+            )
+        return web.json_response(sandbox.metrics.between(start, end))
 
     async def kill(self, request: web.Request) -> web.Response:
         sandbox = self._owned(request)

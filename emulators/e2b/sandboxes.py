@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from emulators.e2b.interpreter import Kernel
     from emulators.e2b.processes import RunningProcess
 
+from emulators.e2b.metrics import Metrics
 from emulators.e2b.watch import WatcherService
 
 __all__ = [
@@ -58,6 +59,7 @@ class E2BSandbox:
     kernel: Kernel | None = None
     traffic_token: str | None = None  # set when public traffic to its ports is restricted
     watchers: WatcherService = field(default_factory=WatcherService)
+    metrics: Metrics = field(default_factory=Metrics)
     auto_pause: bool = False  # the timeout pauses it (lifecycle on_timeout "pause")
     auto_pause_memory: bool = True  # ... keeping its memory (False: filesystem only)
     memory_kept: bool = True  # while paused: resuming continues its processes

@@ -11,7 +11,7 @@ import os
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -719,3 +719,24 @@ async def test_fork_starts_copies_of_the_files(emu: E2BEmulator) -> None:
     finally:
         for sbx in [source, *forks]:
             await sbx.kill()
+
+
+async def test_metrics_are_sampled_within_the_asked_range(emu: E2BEmulator) -> None:
+    """``GET /sandboxes/{id}/metrics`` answers samples of the sandbox's CPU, memory and
+    disk use (taken when asked, stamped to the second), within ``start``..``end``."""
+    begun = datetime.now(UTC)
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        await sbx.files.write("blob.bin", b"x" * 100_000)
+        [metric] = await sbx.get_metrics()
+        assert (metric.cpu_count, metric.mem_total) == (2, 512 * 1024 * 1024)
+        assert metric.disk_used >= 100_000
+        assert metric.disk_total > metric.disk_used
+        assert 0 <= metric.cpu_used_pct <= 100
+        assert begun.timestamp() - 1 <= metric.timestamp.timestamp() <= time.time()
+        earlier = await sbx.get_metrics(
+            start=begun - timedelta(hours=1), end=begun - timedelta(minutes=30)
+        )
+        assert earlier == []
+    finally:
+        await sbx.kill()
