@@ -126,8 +126,10 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
 
     async def SandboxStdinWriteV2(self, stream: _Req) -> None:
         request = await self._request(stream)
-        sandbox = self._task(stream, request.task_id)
+        sandbox = self._task(stream, request.task_id, ended=True)
         await apply_fault(self.core.faults, stream, "exec", sandbox.owner)
+        if not sandbox.running:
+            raise GRPCError(Status.FAILED_PRECONDITION, f"Sandbox {sandbox.id} has finished")
         if sandbox.entrypoint is None:
             raise GRPCError(Status.FAILED_PRECONDITION, "the sandbox has no entrypoint command")
         await _write(sandbox.entrypoint, request.offset, request.data, request.eof)

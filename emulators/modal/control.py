@@ -341,10 +341,9 @@ class ControlPlane(api_grpc.ModalClientBase):
     async def _task_id(self, stream: _Req, *, v2: bool) -> None:
         workspace, request = await self._enter(stream, "get", v2=v2)
         sandbox = self._sandbox(workspace, request.sandbox_id)
+        response = api_pb2.SandboxGetTaskIdResponse(task_id=sandbox.task_id)
         if sandbox.result is not None:
-            response = api_pb2.SandboxGetTaskIdResponse(task_result=sandbox.result)
-        else:
-            response = api_pb2.SandboxGetTaskIdResponse(task_id=sandbox.task_id)
+            response.task_result.CopyFrom(sandbox.result)
         await stream.send_message(response)
 
     async def SandboxGetCommandRouterAccess(self, stream: _Req) -> None:
@@ -372,7 +371,9 @@ class ControlPlane(api_grpc.ModalClientBase):
         return sandbox
 
     def _live_access(self, sandbox: ModalSandbox) -> api_pb2.CommandRouterAccess:
-        return self._router_access(_running(sandbox))
+        """Access to a task's router, an ended one's too: it still serves the entrypoint's
+        output (its other RPCs answer NOT_FOUND)."""
+        return self._router_access(sandbox)
 
     async def SandboxListV2(self, stream: _Req) -> None:
         await self._list(stream, v2=True)

@@ -380,9 +380,11 @@ def test_set_tags_replaces_the_tags_list_filters_on(client: Any, gpu: str | None
         sb.terminate()
 
 
+@pytest.mark.timeout(30)
 def test_the_entrypoint_is_the_sandboxs_process(emu: ModalEmulator, client: Any) -> None:
     """``Sandbox.create(*args)`` runs ``args`` as the sandbox's own process: ``sb.stdin`` /
-    ``sb.stdout`` / ``sb.stderr`` are its, and the sandbox ends when it exits, with its code."""
+    ``sb.stdout`` / ``sb.stderr`` are its, and the sandbox ends when it exits, with its code;
+    a new handle reads its output after the end too (its task id and router stay known)."""
     shell = "read -r line; echo out $line; echo err >&2; sleep 0.2; echo late; exit 3"
     sb = create(client, "bash", "-c", shell, workdir="/root/w")
     sb.stdin.write(b"typed\n")
@@ -392,13 +394,17 @@ def test_the_entrypoint_is_the_sandboxs_process(emu: ModalEmulator, client: Any)
     assert sb.poll() is None
     sb.wait()
     assert (sb.returncode, sb.stdout.read(), sb.stderr.read()) == (3, "late\n", "err\n")
-    assert modal.Sandbox.from_id(sb.object_id, client=client).returncode == 3
+    ended = modal.Sandbox.from_id(sb.object_id, client=client)
+    assert (ended.returncode, ended.stdout.read()) == (3, "out typed\nlate\n")
     assert [r.ended_by for r in emu.records()] == ["exited"]
 
     sleeper = create(client, "sleep", "60")
     sleeper.terminate()
     sleeper.wait(raise_on_termination=False)
     assert (sleeper.returncode, sleeper.stdout.read()) == (137, "")
+    sleeper.stdin.write(b"late")
+    with pytest.raises(ValueError, match="finished"):
+        sleeper.stdin.drain()
 
 
 def through_tunnel(emu: ModalEmulator, url: str) -> httpx.Response:
