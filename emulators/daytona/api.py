@@ -25,6 +25,11 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
   deployment's general snapshots (the default one among them).
 * A create matching a warm pool is served by one of its ready sandboxes
   (`emulators.daytona.warm_pools`, which also holds ``/api/warm-pools``).
+* Preview links: ``GET .../ports/{port}/preview-url`` gives
+  ``/preview/{id}/{port}`` on the emulator's port and the token a private
+  sandbox's link wants (or an API key of its organization);
+  ``GET .../ports/{port}/signed-preview-url`` a ``/signed-preview/{token}``
+  URL that needs nothing until it expires (``POST .../{token}/expire``).
 * ``GET /api/config``, public: the deployment's configuration, whose
   ``defaultSnapshot`` is what a create naming no snapshot starts from.
 
@@ -182,6 +187,7 @@ class SandboxApi:
         self.core = emulator.core
         self._boots: set[asyncio.Task[None]] = set()  # boots, snapshot copies and removals
         self._preview_tokens: dict[str, str] = {}
+        self._signed: dict[str, SignedPreview] = {}
         self.warm: WarmPools | None = None  # set by the emulator: creates claim from its pools
 
     def routes(self) -> list[web.RouteDef]:
@@ -208,14 +214,25 @@ class SandboxApi:
             web.get("/api/snapshots", self.list_snapshots),
             web.get("/api/snapshots/{snapshot}", self.get_snapshot),
             web.delete("/api/snapshots/{snapshot}", self.delete_snapshot),
-            web.route("*", "/preview/{sandbox}/{port}/{tail:.*}", self.preview),
+            web.get(one + "/ports/{port}/signed-preview-url", self.signed_preview_url),
+            web.post(
+                one + "/ports/{port}/signed-preview-url/{token}/expire", self.expire_signed_preview
+            ),
+            web.route("*", "/preview/{sandbox}/{port}{tail:(/.*)?}", self.preview),
+            web.route("*", "/signed-preview/{token}{tail:(/.*)?}", self.signed_preview),
         ]
 
     @web.middleware
     async def errors(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        """Authenticate, and answer `ApiError` in the API's shape."""
+        """Authenticate, and answer `ApiError` in the API's shape (the preview proxy's too,
+        which authenticates by itself)."""
+        if request.path.startswith(("/preview/", "/signed-preview/")):
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return api_error(exc.status, exc.message, request.path)
         if (
             not request.path.startswith("/api/")
             or request.path.startswith("/api/socket.io")
@@ -633,19 +650,64 @@ class SandboxApi:
         return web.json_response({"sandboxId": box.id, "url": url, "token": token})
 
     async def preview(self, request: web.Request) -> web.StreamResponse:
-        """The preview proxy: the token checked (a public sandbox needs none), then the
-        request forwarded to the port inside the sandbox."""
-        box = self.core.boxes.get(request.match_info["sandbox"])
+        """The preview proxy: a private sandbox's link wants its token (``X-Daytona-Preview-Token``)
+        or an API key of its organization (``Authorization: Bearer``); then the request is
+        forwarded to the port inside the sandbox."""
+        box = self._previewed(request.match_info["sandbox"])
+        token = self._preview_tokens.get(box.id)
+        key = bearer(request)
+        authorized = (token is not None and request.headers.get(PREVIEW_TOKEN) == token) or (
+            key is not None and self.core.key_ok(key) and org_of(key) == box.organization_id
+        )
+        if not box.public and not authorized:
+            raise ApiError(401, "Unauthorized: send the preview token")
+        by_key = key is not None and self.core.key_ok(key)
+        drop = _PREVIEW_CREDENTIALS if by_key else frozenset({PREVIEW_TOKEN})
+        return await self._forward(request, _port(request.match_info["port"]), drop)
+
+    async def signed_preview_url(self, request: web.Request) -> web.Response:
+        """A URL holding its own token, valid ``expiresInSeconds`` (default 60, at most a day)."""
+        box = self._box(request)
+        port = _port(request.match_info["port"])
+        raw = request.query.get("expiresInSeconds", str(SIGNED_PREVIEW_SECONDS))
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_SIGNED_PREVIEW_SECONDS:
+            raise ApiError(
+                400, f"expiresInSeconds must be between 1 and {MAX_SIGNED_PREVIEW_SECONDS}"
+            )
+        token = secrets.token_urlsafe(18)
+        self._signed[token] = SignedPreview(box.id, port, time.monotonic() + int(raw))
+        url = f"{self.emulator.url}/signed-preview/{token}"
+        return web.json_response({"sandboxId": box.id, "port": port, "token": token, "url": url})
+
+    async def expire_signed_preview(self, request: web.Request) -> web.Response:
+        box = self._box(request)
+        port = _port(request.match_info["port"])
+        signed = self._signed.get(request.match_info["token"])
+        if signed is None or (signed.sandbox_id, signed.port) != (box.id, port):
+            raise ApiError(404, "Signed preview URL not found")
+        del self._signed[request.match_info["token"]]
+        return web.Response(status=200)
+
+    async def signed_preview(self, request: web.Request) -> web.StreamResponse:
+        signed = self._signed.get(request.match_info["token"])
+        if signed is None or signed.expires <= time.monotonic():
+            self._signed.pop(request.match_info["token"], None)
+            raise ApiError(401, "Unauthorized: the signed preview URL expired")
+        self._previewed(signed.sandbox_id)
+        return await self._forward(request, signed.port, frozenset())
+
+    def _previewed(self, sandbox_id: str) -> Box:
+        box = self.core.boxes.get(sandbox_id)
         if box is None or box.state in GONE:
             raise ApiError(404, "sandbox not found")
         if box.state != "started":
             raise ApiError(502, f"sandbox is not running (state: {box.state})")
-        token = self._preview_tokens.get(box.id)
-        if not box.public and (token is None or request.headers.get(PREVIEW_TOKEN) != token):
-            raise ApiError(401, "Unauthorized: send the preview token")
-        port = _port(request.match_info["port"])
-        tail = "/" + request.match_info["tail"]
-        return await forward(request, port, tail, drop=frozenset({PREVIEW_TOKEN}))
+        return box
+
+    @staticmethod
+    async def _forward(request: web.Request, port: int, drop: frozenset[str]) -> web.StreamResponse:
+        """To the port in the sandbox, the proxy's own credentials (``drop``) kept back."""
+        return await forward(request, port, request.match_info["tail"] or "/", drop=drop)
 
     async def last_activity(self, request: web.Request) -> web.Response:
         self.core.touch(self._box(request))
@@ -721,6 +783,17 @@ def _cursor(raw: str | None) -> tuple[float, str] | None:
 
 
 PREVIEW_TOKEN = "X-Daytona-Preview-Token"
+_PREVIEW_CREDENTIALS = frozenset({PREVIEW_TOKEN, "Authorization"})
+SIGNED_PREVIEW_SECONDS = 60
+MAX_SIGNED_PREVIEW_SECONDS = 24 * 60 * 60
+
+
+class SignedPreview(NamedTuple):
+    """What a signed preview URL opens, and until when (monotonic)."""
+
+    sandbox_id: str
+    port: int
+    expires: float
 
 
 def _port(raw: str) -> int:

@@ -710,3 +710,38 @@ async def test_an_async_session_command_reads_the_input_sent_to_it(client: Async
     assert "".join(seen) == "Ada\nhi Ada\n"
     with pytest.raises(DaytonaError, match="already completed"):
         await process.send_session_command_input("s", asked.cmd_id, "late")
+
+
+async def test_preview_links_bare_signed_and_by_api_key(client: AsyncDaytona) -> None:
+    """The link as the SDK gives it (no trailing slash) works with its token or the API key;
+    a signed URL works bare until it expires or is expired."""
+    sandbox = await client.create()
+    await sandbox.fs.upload_file(b"served", "site/index.html")
+    await sandbox.process.create_session("web")
+    await sandbox.process.execute_session_command(
+        "web",
+        SessionExecuteRequest(
+            command="cd site && exec python3 -m http.server 3917", run_async=True
+        ),
+    )
+    link = await sandbox.get_preview_link(3917)
+
+    async def fetch(url: str, **headers: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as response:
+            return response.status, await response.text()
+
+    for _ in range(50):
+        if (await fetch(link.url, **{"X-Daytona-Preview-Token": link.token}))[0] == 200:
+            break
+        await asyncio.sleep(0.1)
+    assert await fetch(link.url, **{"X-Daytona-Preview-Token": link.token}) == (200, "served")
+    assert await fetch(link.url, Authorization=f"Bearer {TEST_API_KEY}") == (200, "served")
+    assert (await fetch(link.url))[0] == 401
+    signed = await sandbox.create_signed_preview_url(3917, expires_in_seconds=1)
+    assert (signed.port, signed.sandbox_id) == (3917, sandbox.id)
+    assert await fetch(signed.url) == (200, "served")
+    await asyncio.sleep(1.2)
+    assert (await fetch(signed.url))[0] == 401
+    again = await sandbox.create_signed_preview_url(3917)
+    await sandbox.expire_signed_preview_url(3917, again.token)
+    assert (await fetch(again.url))[0] == 401
