@@ -320,9 +320,7 @@ class Envd:
             "filesystem.Filesystem/Remove": lambda m: self.fs(sandbox, m, self._remove),
             "filesystem.Filesystem/Move": lambda m: self.fs(sandbox, m, self._move),
             "filesystem.Filesystem/CreateWatcher": lambda m: self.create_watcher(sandbox, m),
-            "filesystem.Filesystem/GetWatcherEvents": lambda m: self._sync(
-                sandbox.watchers.events, m
-            ),
+            "filesystem.Filesystem/GetWatcherEvents": sandbox.watchers.events,
             "filesystem.Filesystem/RemoveWatcher": lambda m: self._sync(sandbox.watchers.remove, m),
         }
         if name in streams:

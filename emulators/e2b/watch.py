@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,10 +77,12 @@ class DirWatcher:
 
     def __post_init__(self) -> None:
         self.before = _snapshot(self.root, self.recursive)
+        self._lock = threading.Lock()
 
     def poll(self) -> list[Message]:
-        now = _snapshot(self.root, self.recursive)
-        before, self.before = self.before, now
+        with self._lock:
+            now = _snapshot(self.root, self.recursive)
+            before, self.before = self.before, now
         moved = {v[0]: k for k, v in now.items() if k not in before}
         events: list[tuple[str, str]] = []
         for name, (inode, *_rest) in before.items():
@@ -164,9 +167,12 @@ class WatcherService:
             raise RpcError("not_found", f"watcher {message.get('watcherId')} not found")
         return watcher
 
-    def events(self, message: Message) -> Message:
+    async def events(self, message: Message) -> Message:
+        """The events since the last call, a look taken now included (inotify's are
+        queued the moment they happen)."""
         watcher = self._watcher(message)
-        events, watcher.pending = watcher.pending, []
+        now = await asyncio.to_thread(watcher.poll)
+        events, watcher.pending = [*watcher.pending, *now], []
         return {"events": events}
 
     def remove(self, message: Message) -> Message:
