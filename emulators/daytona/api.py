@@ -14,7 +14,9 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
 * ``GET|DELETE /api/sandbox/{idOrName}``; ``POST .../start``, ``.../stop``,
   ``.../archive`` (a stopped sandbox);
   ``POST /api/sandbox/{id}/last-activity`` (resets the auto-stop timer);
-  ``GET /api/sandbox/{id}/toolbox-proxy-url``; the settings
+  ``GET /api/sandbox/{id}/toolbox-proxy-url``; ``.../build-logs-url`` and
+  ``.../build-logs`` (an image create's emulated build: no image is built,
+  the sandbox is the default one); the settings
   ``POST .../autostop|autoarchive|autodelete/{minutes}``, ``.../public/{bool}``
   and ``PUT .../labels``; ``GET .../telemetry/metrics`` (one sample, now).
 * ``POST /api/sandbox/{idOrName}/snapshot`` (``{name}``) snapshots a started
@@ -209,6 +211,8 @@ class SandboxApi:
             web.post(one + "/archive", self.archive),
             web.get(one + "/telemetry/metrics", self.metrics),
             web.get(one + "/toolbox-proxy-url", self.toolbox_proxy_url),
+            web.get(one + "/build-logs-url", self.build_logs_url),
+            web.get(one + "/build-logs", self.build_logs),
             web.get(one + "/ports/{port}/preview-url", self.preview_url),
             web.post(one + "/snapshot", self.snapshot),
             web.get("/api/snapshots", self.list_snapshots),
@@ -708,6 +712,34 @@ class SandboxApi:
     async def _forward(request: web.Request, port: int, drop: frozenset[str]) -> web.StreamResponse:
         """To the port in the sandbox, the proxy's own credentials (``drop``) kept back."""
         return await forward(request, port, request.match_info["tail"] or "/", drop=drop)
+
+    async def build_logs_url(self, request: web.Request) -> web.Response:
+        box = self._box(request)
+        return web.json_response({"url": f"{self.emulator.api_url}/sandbox/{box.id}/build-logs"})
+
+    async def build_logs(self, request: web.Request) -> web.StreamResponse:
+        """The image build's log, text: a line per Dockerfile instruction, then (with
+        ``follow=true``, once the build is over) how it ended."""
+        box = self._box(request)
+        if box.build_info is None:
+            raise ApiError(400, "Sandbox has no build")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+        await response.prepare(request)
+        steps = [
+            line.strip()
+            for line in box.build_info["dockerfileContent"].splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+        for number, step in enumerate(steps, 1):
+            await response.write(f"Step {number}/{len(steps)} : {step}\n".encode())
+        if request.query.get("follow") == "true":
+            if box.boot is not None:
+                await asyncio.wait({box.boot})
+            ref = box.build_info["snapshotRef"]
+            ended = f"Build failed: {box.error}" if box.state == "build_failed" else f"Built {ref}"
+            await response.write(f"{ended}\n".encode())
+        await response.write_eof()
+        return response
 
     async def last_activity(self, request: web.Request) -> web.Response:
         self.core.touch(self._box(request))

@@ -745,3 +745,15 @@ async def test_preview_links_bare_signed_and_by_api_key(client: AsyncDaytona) ->
     again = await sandbox.create_signed_preview_url(3917)
     await sandbox.expire_signed_preview_url(3917, again.token)
     assert (await fetch(again.url))[0] == 401
+
+
+async def test_an_image_create_streams_its_build_logs(
+    emu: DaytonaEmulator, client: AsyncDaytona, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``on_snapshot_create_logs`` follows the (emulated) build's log until the sandbox starts."""
+    monkeypatch.setattr(emu, "boot_seconds", 0.3)
+    logs: list[str] = []
+    image = CreateSandboxFromImageParams(image="python:3.12-slim")
+    sandbox = await client.create(image, on_snapshot_create_logs=logs.append, timeout=20)
+    assert sandbox.state == "started"
+    assert any("FROM python:3.12-slim" in line for line in logs)
