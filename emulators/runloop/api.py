@@ -6,7 +6,9 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
 * ``POST /v1/devboxes`` creates a devbox (``provisioning`` at first, then
   ``initializing`` while its ``launch_commands`` run in turn: one that fails
   ends the devbox in ``failure``);
-  ``POST /v1/devboxes/create_and_await_running`` also holds until it boots.
+  ``POST /v1/devboxes/create_and_await_running`` also holds until it boots,
+  at most ``CREATE_HOLD_MAX`` seconds (the SDK's default read timeout, 30 s,
+  must not pass first: it polls ``wait_for_status`` for the rest).
   A create repeated with the same ``x-request-id`` (an SDK retry) answers
   the devbox the first one made.
 * ``GET /v1/devboxes`` lists the key's devboxes, newest first, paged with
@@ -107,6 +109,7 @@ QUOTA_MESSAGE = (
     "Upgrade your plan or wait for the quota to reset."
 )
 STATUS_HOLD_MAX = 30.0
+CREATE_HOLD_MAX = 20.0
 EXEC_HOLD_MAX = 25.0
 MAX_KEEP_ALIVE = 172800
 DEFAULT_LAST_N = 100
@@ -471,7 +474,7 @@ class DevboxApi:
     async def create_and_await_running(self, request: web.Request) -> web.Response:
         devbox = await self._create(request)
         await devbox.changes.wait_for(
-            lambda: devbox.status == "running" or devbox.status in TERMINAL, STATUS_HOLD_MAX
+            lambda: devbox.status == "running" or devbox.status in TERMINAL, CREATE_HOLD_MAX
         )
         return web.json_response(devbox.view())
 

@@ -33,9 +33,10 @@ from runloop_api_client import (
 )
 from runloop_api_client.lib.polling import PollingConfig, PollingTimeout
 from runloop_api_client.sdk import AsyncDevbox, AsyncExecution
+from runloop_api_client.types import DevboxView
 
 from emulators.harness import Emulator, free_port
-from emulators.runloop import TEST_API_KEY, RunloopEmulator
+from emulators.runloop import TEST_API_KEY, RunloopEmulator, api
 from tests.polling import until
 
 ONE_SHARD = {"api_pool_shards": 1, "background_pool_shards": 1, "transfer_pool_shards": 1}
@@ -261,6 +262,25 @@ async def test_launch_commands_run_while_the_devbox_initializes(client: AsyncRun
     with pytest.raises(RunloopError, match="terminal state: failure"):
         await client.devboxes.create_and_await_running(
             launch_parameters={"launch_commands": ["exit 7"]}
+        )
+
+
+async def test_create_and_await_running_answers_a_slow_boot_in_time(
+    client: AsyncRunloop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its hold stays under the SDK's 30 s read timeout; the SDK polls the rest of the boot."""
+    monkeypatch.setattr(api, "CREATE_HOLD_MAX", 0.3)
+    params: Any = {"launch_commands": ["sleep 30"]}
+    held = await client.post(
+        "/v1/devboxes/create_and_await_running",
+        body={"launch_parameters": params},
+        cast_to=DevboxView,
+    )
+    assert held.status == "initializing"
+    with pytest.raises(PollingTimeout):
+        await client.devboxes.create_and_await_running(
+            launch_parameters=params,
+            polling_config=PollingConfig(max_attempts=1, interval_seconds=0.1),
         )
 
 
