@@ -45,7 +45,8 @@ from grpclib.server import Server
 
 from emulators.harness import Emulator, free_port
 from emulators.modal.command_router import CommandRouter
-from emulators.modal.control import ControlPlane, Images
+from emulators.modal.control import ControlPlane
+from emulators.modal.images import Images, Mounts
 from emulators.modal.rpc import DetailsCodec
 from emulators.modal.sandboxes import ModalCore, new_id
 from emulators.modal.tunnels import DOMAIN, TunnelEdge
@@ -92,6 +93,7 @@ class ModalEmulator(Emulator):
             self.core.secrets[secret_id] = dict(env)
             self.core.named_secrets[name] = secret_id
         self.images = Images(set(images) if images is not None else None, image_build_seconds)
+        self.mounts = Mounts()
         self.list_page_size = list_page_size
         self.unimplemented: Counter[str] = Counter()
         self.tunnel_port = free_port()

@@ -1,6 +1,7 @@
 """Modal's control plane (``modal.client.ModalClient``): apps, images, secrets, sandboxes.
 
-The RPCs the SDK calls for ``Client.hello``, ``App.lookup``, ``Sandbox.create`` (V2, and V1
+The RPCs the SDK calls for ``Client.hello``, ``App.lookup``, images and their local files
+(`emulators.modal.images`), ``Sandbox.create`` (V2, and V1
 for GPU sandboxes), ``from_id``, ``list``, ``get_tags`` / ``set_tags``, ``poll`` / ``wait``,
 ``tunnels``, ``terminate``, ``Image.from_id`` and ``modal.experimental.image_delete``
 (and ``SandboxSnapshotFs``, the V1 snapshot the SDK takes with
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import posixpath
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from grpclib import GRPCError, Status
 from grpclib.server import Stream
 from modal_proto import api_grpc, api_pb2
 
+from emulators.filesystem import PathRefused
 from emulators.harness import QuotaViolation
 from emulators.modal.rpc import apply_fault, fill_unimplemented, metadata_value
 from emulators.modal.sandboxes import MODAL_HOME, Container, ModalSandbox, new_id
@@ -49,7 +51,7 @@ from providers.base import SandboxSpec
 if TYPE_CHECKING:
     from emulators.modal import ModalEmulator
 
-__all__ = ["CONCURRENCY_MESSAGE", "QUOTA_MESSAGE", "ControlPlane", "Images"]
+__all__ = ["CONCURRENCY_MESSAGE", "QUOTA_MESSAGE", "ControlPlane"]
 
 CONCURRENCY_MESSAGE = (
     "Sandbox limit reached: this workspace already has {limit} concurrently running sandboxes. "
@@ -161,6 +163,25 @@ class ControlPlane(api_grpc.ModalClientBase):
             raise GRPCError(Status.NOT_FOUND, f"Image '{request.image_id}' not found")
         await stream.send_message(empty_pb2.Empty())
 
+    async def MountBatchedCheckExistence(self, stream: _Req) -> None:
+        _, request = await self._enter(stream, "image")
+        missing = self.emu.mounts.missing(request.sha256_hex_hashes)
+        await stream.send_message(
+            api_pb2.MountBatchedCheckExistenceResponse(missing_sha256_hex_hashes=missing)
+        )
+
+    async def MountPutFile(self, stream: _Req) -> None:
+        _, request = await self._enter(stream, "image")
+        if request.data_blob_id:
+            raise GRPCError(Status.UNIMPLEMENTED, "blob uploads are not implemented")
+        self.emu.mounts.put(request.sha256_hex, request.data)
+        await stream.send_message(api_pb2.MountPutFileResponse(exists=True))
+
+    async def MountGetOrCreate(self, stream: _Req) -> None:
+        _, request = await self._enter(stream, "image")
+        mount_id = self.emu.mounts.create(request.files)
+        await stream.send_message(api_pb2.MountGetOrCreateResponse(mount_id=mount_id))
+
     async def SecretGetOrCreate(self, stream: _Req) -> None:
         _, request = await self._enter(stream, "secret")
         if request.deployment_name and not request.env_dict:
@@ -232,8 +253,18 @@ class ControlPlane(api_grpc.ModalClientBase):
         if (workspace, request.app_id) not in {(k[0], v) for k, v in self.core.apps.items()}:
             raise GRPCError(Status.NOT_FOUND, f"App '{request.app_id}' not found")
         kept = self.core.image(definition.image_id, workspace)
-        if kept is None and not self.emu.images.built(definition.image_id):
+        built = self.emu.images.record(definition.image_id)
+        if kept is None and built is None:
             raise GRPCError(Status.NOT_FOUND, f"Image '{definition.image_id}' not found")
+        copies = list(built.copies) if built is not None else []
+        copies += [(mount_id, "/") for mount_id in definition.mount_ids]
+        files = [
+            (posixpath.join(to, path.lstrip("/")), data, mode)
+            for mount_id, to in copies
+            for path, data, mode in self.emu.mounts.files(mount_id)
+        ]
+        image_workdir = built.workdir if built is not None else None
+        workdir = definition.workdir or image_workdir
         if definition.workdir and not definition.workdir.startswith("/"):
             raise GRPCError(Status.INVALID_ARGUMENT, "workdir must be an absolute path")
         ports, unencrypted = _ports(definition.open_ports.ports)
@@ -246,12 +277,13 @@ class ControlPlane(api_grpc.ModalClientBase):
         tags = {tag.tag_name: tag.tag_value for tag in request.tags}
         sandbox_id = new_id("sb", 22 if not v2 else 26)
         template = kept.copy if kept is not None else None
+        image_env = built.env if built is not None else {}
         try:
             local = await self.core.create(
                 workspace,
-                SandboxSpec(template=template, env=env, labels=tags),
+                SandboxSpec(template=template, env={**image_env, **env}, labels=tags),
                 home=MODAL_HOME,
-                dirs=(definition.workdir,) if definition.workdir else (),
+                dirs=(workdir,) if workdir else (),
                 lifetime=definition.timeout_secs or 300,
                 sandbox_id=sandbox_id,
             )
@@ -259,6 +291,11 @@ class ControlPlane(api_grpc.ModalClientBase):
             template = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else QUOTA_MESSAGE
             raise GRPCError(Status.RESOURCE_EXHAUSTED, template.format(limit=exc.limit)) from None
         container = self.core.sandboxes[sandbox_id] = Container(local)
+        try:
+            _write_files(container, files)
+        except PathRefused as exc:
+            await self.core.kill(sandbox_id)
+            raise GRPCError(Status.INVALID_ARGUMENT, f"cannot mount a file there: {exc}") from None
         sandbox = ModalSandbox(
             id=sandbox_id,
             task_id=new_id("ta", suffix="V" if v2 else "1"),
@@ -269,6 +306,7 @@ class ControlPlane(api_grpc.ModalClientBase):
             definition=definition,
             local=container,
             tunnels={port: tunnel_host() for port in ports},
+            image_workdir=image_workdir,
         )
         self.core.add(sandbox)
         for port in unencrypted:
@@ -473,6 +511,15 @@ class ControlPlane(api_grpc.ModalClientBase):
         await stream.send_message(response)
 
 
+def _write_files(container: Container, files: Iterable[tuple[str, bytes, int]]) -> None:
+    """Put a create's mounted and copied files in its sandbox, with their modes."""
+    for path, data, mode in files:
+        target = container.host(path, write=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        target.chmod((mode & 0o7777) or 0o644)
+
+
 def _running(sandbox: ModalSandbox) -> ModalSandbox:
     if not sandbox.running:
         raise GRPCError(Status.FAILED_PRECONDITION, f"Sandbox {sandbox.id} has already finished")
@@ -495,67 +542,3 @@ def _ports(specs: Iterable[api_pb2.PortSpec]) -> tuple[list[int], list[int]]:
         if spec.unencrypted:
             unencrypted.append(spec.port)
     return ports, unencrypted
-
-
-class Images:
-    """The emulated image builder: registry images by tag, built once, maybe slowly.
-
-    Args:
-        allowed: registry tags a build may pull; None pulls any (an unknown
-            tag fails its build, as a missing registry image does).
-        build_seconds: how long a first build of a tag takes; until then
-            ``ImageGetOrCreate`` answers without a result and the SDK waits
-            on ``ImageJoinStreaming``.
-    """
-
-    def __init__(self, allowed: set[str] | None = None, build_seconds: float = 0.0) -> None:
-        self.allowed = allowed
-        self.build_seconds = build_seconds
-        self._ready_at: dict[str, float] = {}
-        self._tags: dict[str, str] = {}
-
-    def get_or_create(self, image: api_pb2.Image) -> tuple[str, dict[str, Any]]:
-        """The image id of ``image`` and, when its build is over, its result."""
-        tag = next(
-            (
-                c.split(None, 1)[1]
-                for c in image.dockerfile_commands
-                if c.upper().startswith("FROM ")
-            ),
-            "",
-        )
-        image_id = "im-" + hashlib.sha256(tag.encode()).hexdigest()[:22]
-        self._tags[image_id] = tag
-        self._ready_at.setdefault(image_id, time.monotonic() + self.build_seconds)
-        return image_id, self._result(image_id)
-
-    def forget(self, image_id: str) -> bool:
-        """Delete the image ``image_id`` (a later build of its tag makes it again)."""
-        self._tags.pop(image_id, None)
-        return self._ready_at.pop(image_id, None) is not None
-
-    def built(self, image_id: str) -> bool:
-        result = self._result(image_id).get("result")
-        return result is not None and result.status == api_pb2.GenericResult.GENERIC_STATUS_SUCCESS
-
-    async def join(self, image_id: str, timeout: float) -> dict[str, Any]:
-        """Wait (up to ``timeout``) for the build of ``image_id``; its result when over."""
-        if image_id not in self._ready_at:
-            raise GRPCError(Status.NOT_FOUND, f"Image '{image_id}' not found")
-        wait = self._ready_at[image_id] - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(min(wait, timeout))
-        return self._result(image_id)
-
-    def _result(self, image_id: str) -> dict[str, Any]:
-        if image_id not in self._ready_at or time.monotonic() < self._ready_at[image_id]:
-            return {}
-        tag = self._tags[image_id]
-        if self.allowed is not None and tag not in self.allowed:
-            failure = api_pb2.GenericResult(
-                status=api_pb2.GenericResult.GENERIC_STATUS_FAILURE,
-                exception=f"Failed to pull image {tag!r}: manifest unknown",
-            )
-            return {"result": failure}
-        success = api_pb2.GenericResult(status=api_pb2.GenericResult.GENERIC_STATUS_SUCCESS)
-        return {"result": success, "metadata": api_pb2.ImageMetadata(workdir="/")}

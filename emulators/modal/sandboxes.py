@@ -348,11 +348,12 @@ class ModalSandbox:
     entrypoint: Exec | None = None  # the create's command, whose output outlives the sandbox
     tcp_tunnels: dict[int, tuple[str, int]] = field(default_factory=dict)  # port -> address
     ready_at: float | None = None  # when the readiness probe first passed
+    image_workdir: str | None = None  # the image's WORKDIR, the default of a create's workdir
     _listeners: list[asyncio.Server] = field(default_factory=list)
 
     @property
     def workdir(self) -> str:
-        return self.definition.workdir or MODAL_HOME
+        return self.definition.workdir or self.image_workdir or MODAL_HOME
 
     @property
     def running(self) -> bool:

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -658,3 +659,28 @@ def test_filesystem_watch_reports_changes_until_its_timeout(client: Any) -> None
 def _touched(sb: Any, path: str, events: list[Any]) -> bool:
     sb.exec("touch", path).wait()
     return bool(events)
+
+
+def test_image_layers_bring_env_workdir_and_local_files(client: Any, tmp_path: Path) -> None:
+    """Each image layer is an image of its own: its ``env`` and ``workdir`` reach the sandbox's
+    commands, and the files ``add_local_file`` / ``add_local_dir`` add (copied or mounted)
+    are in the sandbox."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("X = 1\n")
+    (tmp_path / "run.sh").write_text("echo ran\n")
+    base = modal.Image.from_registry(IMAGE)
+    image = (
+        base.env({"GREETING": "hi there"})
+        .workdir("/srv/app")
+        .add_local_file(tmp_path / "run.sh", "/opt/run.sh", copy=True)
+        .add_local_dir(tmp_path / "pkg", "/srv/app/pkg")
+    )
+    sb = create(client, image=image)
+    other = create(client, image=base.env({"GREETING": "other"}))
+    try:
+        ran = sb.exec("bash", "-c", 'pwd; echo "$GREETING"; cat pkg/mod.py; sh /opt/run.sh')
+        assert ran.stdout.read() == "/srv/app\nhi there\nX = 1\nran\n"
+        assert other.exec("bash", "-c", "echo $GREETING").stdout.read() == "other\n"
+    finally:
+        sb.terminate()
+        other.terminate()
