@@ -28,7 +28,6 @@ import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ from emulators.e2b.connect import (
 )
 from emulators.e2b.processes import ProcessService, keepalive_of
 from emulators.e2b.sandboxes import E2B_HOME, E2BSandbox
-from emulators.e2b.watch import DirWatcher, WatcherService
+from emulators.e2b.watch import DirWatcher
 from emulators.filesystem import PathRefused
 
 if TYPE_CHECKING:
@@ -285,6 +284,7 @@ class Envd:
         if host.is_dir():
             raise _json_error(400, f"path '{path}' is a directory")
         await asyncio.to_thread(host.parent.mkdir, parents=True, exist_ok=True)
+        existed = host.exists()
         partial = host.with_name(f".{host.name}.upload-{os.urandom(4).hex()}")
         out = await asyncio.to_thread(partial.open, "wb")
         try:
@@ -293,7 +293,10 @@ class Envd:
             out.close()
             for key, value in metadata.items():
                 os.setxattr(partial, XATTR_PREFIX + key, value.encode())
-            await asyncio.to_thread(partial.replace, host)
+            kinds = ["CHMOD", "WRITE"] if existed else ["CREATE", "CHMOD", "WRITE"]
+            await asyncio.to_thread(
+                sandbox.watchers.change, lambda: partial.replace(host), host, kinds
+            )
         finally:
             out.close()
             partial.unlink(missing_ok=True)
@@ -340,7 +343,11 @@ class Envd:
 
         def opened(_: E2BSandbox, __: Message) -> Message:
             root = sandbox.host(path)
-            return {"watcher": WatcherService.open(root, path, message, partial(_entry, sandbox))}
+            return {
+                "watcher": sandbox.watchers.open(
+                    root, path, message, lambda host: _entry(sandbox, host)
+                )
+            }
 
         watcher: DirWatcher = (await self.fs(sandbox, message, opened))["watcher"]
         return watcher
@@ -349,7 +356,7 @@ class Envd:
         self, sandbox: E2BSandbox, message: Message, send: Send, keepalive: float | None
     ) -> None:
         watcher = await self._watcher(sandbox, message)
-        await WatcherService.stream(
+        await sandbox.watchers.stream(
             watcher, send, keepalive, lambda: self.core.alive_sandbox(sandbox.id) is not None
         )
 

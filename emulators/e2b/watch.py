@@ -6,8 +6,9 @@ what a test does between two looks: a new path is ``CREATE``, a path whose
 inode, size or mtime changed is ``WRITE``, a mode change ``CHMOD``, a path gone
 ``REMOVE``, and a path gone whose inode shows up under a new name ``RENAME``
 (old name) then ``CREATE`` (new name). Names are relative to the watched
-directory; a recursive watch sees every level below it. The upload's partial
-files (`emulators.e2b.envd`) are not reported: envd writes in place.
+directory; a recursive watch sees every level below it. An upload
+(`emulators.e2b.envd`) is reported as the inotify events of envd's own write
+(create, chown, write), not from snapshots: its partial file is not seen.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 import secrets
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,14 +78,32 @@ class DirWatcher:
 
     def __post_init__(self) -> None:
         self.before = _snapshot(self.root, self.recursive)
+        self._noted: list[tuple[str, str]] = []
         self._lock = threading.Lock()
+
+    def _note(self, host: Path, kinds: Sequence[str]) -> None:
+        """Report ``kinds`` of events for ``host`` (a file the emulator itself changed),
+        and take its state as seen so the next look does not report it again; the
+        caller holds the lock."""
+        if not host.is_relative_to(self.root):
+            return
+        name = str(host.relative_to(self.root))
+        if name == "." or (not self.recursive and "/" in name):
+            return
+        self._noted += [(name, kind) for kind in kinds]
+        try:
+            info = host.lstat()
+        except OSError:
+            self.before.pop(name, None)
+        else:
+            self.before[name] = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_mode)
 
     def poll(self) -> list[Message]:
         with self._lock:
             now = _snapshot(self.root, self.recursive)
             before, self.before = self.before, now
+            events, self._noted = self._noted, []
         moved = {v[0]: k for k, v in now.items() if k not in before}
-        events: list[tuple[str, str]] = []
         for name, (inode, *_rest) in before.items():
             if name not in now:
                 events.append((name, "RENAME" if inode in moved else "REMOVE"))
@@ -110,11 +129,25 @@ class WatcherService:
     """The watch RPCs of one sandbox's envd, over host paths the caller resolved."""
 
     def __init__(self) -> None:
-        self.watchers: dict[str, DirWatcher] = {}
+        self.watchers: dict[str, DirWatcher] = {}  # the polled ones, by id
+        self.active: set[DirWatcher] = set()  # every watcher, streamed ones too
 
-    @staticmethod
+    def change(self, make: Callable[[], None], host: Path, kinds: Sequence[str]) -> None:
+        """Make a change to ``host`` (blocking; run it off the loop) and report it to every
+        watcher as ``kinds`` of events, no look of theirs in between."""
+        watchers = list(self.active)
+        for watcher in watchers:
+            watcher._lock.acquire()
+        try:
+            make()
+            for watcher in watchers:
+                watcher._note(host, kinds)
+        finally:
+            for watcher in watchers:
+                watcher._lock.release()
+
     def open(
-        root: Path, path: str, message: Message, entry: Callable[[Path], Message]
+        self, root: Path, path: str, message: Message, entry: Callable[[Path], Message]
     ) -> DirWatcher:
         """A watcher of ``root`` (``path`` as the client named it), as a WatchDirRequest asks.
 
@@ -125,29 +158,37 @@ class WatcherService:
             raise RpcError("not_found", f"path {path} not found")
         if not root.is_dir():
             raise RpcError("invalid_argument", f"path {path} not a directory")
-        return DirWatcher(
+        watcher = DirWatcher(
             root,
             bool(message.get("recursive")),
             entry if message.get("includeEntry") else None,
         )
+        self.active.add(watcher)
+        return watcher
 
-    @staticmethod
     async def stream(
-        watcher: DirWatcher, send: Send, keepalive: float | None, alive: Callable[[], bool]
+        self,
+        watcher: DirWatcher,
+        send: Send,
+        keepalive: float | None,
+        alive: Callable[[], bool],
     ) -> None:
         """WatchDir: start, then the events as they come, keepalives between, until the
         client goes, the call's deadline passes or the sandbox is gone."""
-        await send({"start": {}})
-        idle = 0.0
-        while alive():
-            await asyncio.sleep(POLL_SECONDS)
-            events = await asyncio.to_thread(watcher.poll)
-            for event in events:
-                await send({"filesystem": event})
-            idle = 0.0 if events else idle + POLL_SECONDS
-            if keepalive is not None and idle >= keepalive:
-                await send({"keepalive": {}})
-                idle = 0.0
+        try:
+            await send({"start": {}})
+            idle = 0.0
+            while alive():
+                await asyncio.sleep(POLL_SECONDS)
+                events = await asyncio.to_thread(watcher.poll)
+                for event in events:
+                    await send({"filesystem": event})
+                idle = 0.0 if events else idle + POLL_SECONDS
+                if keepalive is not None and idle >= keepalive:
+                    await send({"keepalive": {}})
+                    idle = 0.0
+        finally:
+            self.active.discard(watcher)
 
     def create(self, watcher: DirWatcher) -> Message:
         """CreateWatcher: poll in the background, keeping the events for GetWatcherEvents."""
@@ -178,6 +219,7 @@ class WatcherService:
     def remove(self, message: Message) -> Message:
         watcher = self._watcher(message)
         self.watchers.pop(watcher.id, None)
+        self.active.discard(watcher)
         if watcher.task is not None:
             watcher.task.cancel()
         return {}
@@ -188,3 +230,4 @@ class WatcherService:
             if watcher.task is not None:
                 watcher.task.cancel()
         self.watchers.clear()
+        self.active.clear()

@@ -562,14 +562,19 @@ async def test_watch_dir_streams_filesystem_events(emu: E2BEmulator) -> None:
 
 def test_sync_watcher_polls_events(emu: E2BEmulator) -> None:
     """The sync SDK's watcher is CreateWatcher, GetWatcherEvents and RemoveWatcher; as with
-    envd's inotify, a change made before GetWatcherEvents is in its answer."""
+    envd's inotify, a change made before GetWatcherEvents is in its answer, and an upload
+    is envd's create, chown and write."""
     sbx = Sandbox.create(**emu.sdk_kwargs())
     try:
         sbx.files.make_dir("w")
         watcher = sbx.files.watch_dir("w", include_entry=True)
         sbx.files.write("w/x.txt", "x")
         events = watcher.get_new_events()
-        assert [(e.name, e.type) for e in events] == [("x.txt", FilesystemEventType.CREATE)]
+        assert [(e.name, e.type) for e in events] == [
+            ("x.txt", FilesystemEventType.CREATE),
+            ("x.txt", FilesystemEventType.CHMOD),
+            ("x.txt", FilesystemEventType.WRITE),
+        ]
         assert events[0].entry is not None
         assert events[0].entry.path == "/home/user/w/x.txt"
         watcher.stop()
