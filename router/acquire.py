@@ -150,7 +150,11 @@ class Acquirer:
                 continue
             held.failovers = failed
             if session is not None:
-                await self._sessions.bind(held, session)
+                try:
+                    await self._sessions.bind(held, session)
+                except BaseException:  # cancelled, or the store is gone: nobody holds it
+                    self._upkeep.spawn(self._upkeep.release(held))
+                    raise
             self._acquired(held, len(failed), started)
             return held
         ordered = {e: reasons[e] for e in self._ctx.entries if e in reasons}
@@ -166,12 +170,12 @@ class Acquirer:
         """
         pool = entry.ref.pool
         try:
-            return await self._ledger.book(entry, deadline, warm=warm)
+            return await self._upkeep.book(entry, deadline, warm=warm)
         except Denied as denied:
             if denied.reservation.unit != "concurrent" or not self._upkeep.freeing(pool):
                 raise
         await self._upkeep.caught_up((pool,))
-        return await self._ledger.book(entry, deadline, warm=warm)
+        return await self._upkeep.book(entry, deadline, warm=warm)
 
     def _acquired(
         self, held: Held, failovers: int, started: float, *, resumed: bool = False

@@ -108,7 +108,7 @@ class Pauses:
     async def _wake(self, key: str, name: str, sandbox_id: str, deadline: float) -> Held:
         entry = self._ctx.entries[name]
         try:
-            booking = await self._ledger.book(entry, deadline, new_session=False)
+            booking = await self._upkeep.book(entry, deadline, new_session=False)
         except Denied as denied:
             raise NoProviderAvailable({name: self._ledger.describe(denied.reservation)}) from None
         started = self._ctx.clock()

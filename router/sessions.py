@@ -55,7 +55,7 @@ class Sessions:
             self._lose(session, binding, why)
             return None
         try:
-            booking = await self._ledger.book(entry, deadline, new_session=False)
+            booking = await self._upkeep.book(entry, deadline, new_session=False)
         except Denied as denied:
             self._lose(session, binding, self._ledger.describe(denied.reservation))
             return None

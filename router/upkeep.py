@@ -255,6 +255,44 @@ class Upkeep:
             if announce:
                 self._ctx.emit(Released(booking.entry, lease_id, seconds))
 
+    async def book(
+        self, entry: Entry, deadline: float, *, new_session: bool = True, warm: bool = False
+    ) -> Booking:
+        """`Ledger.book` as a task of its own, so a caller cancelled while the store
+        answers leaves what the store granted to `_unbook`, not held until it expires."""
+        booking = asyncio.ensure_future(
+            self._ledger.book(entry, deadline, new_session=new_session, warm=warm)
+        )
+        try:
+            await until_done(booking)
+        except asyncio.CancelledError:
+            booking.add_done_callback(functools.partial(self._unbook, entry))
+            raise
+        return booking.result()
+
+    def _unbook(self, entry: Entry, booked: asyncio.Future[Booking]) -> None:
+        """Give back a booking nobody took: a claimed warm sandbox is killed and its lease
+        freed; a reservation is refunded (no create ran)."""
+        if booked.cancelled() or booked.exception() is not None:
+            return
+        booking = booked.result()
+        claimed = booking.claimed
+        if claimed is None:
+            self.spawn(self._ledger.refund(booking, "acquire_cancelled"))
+            return
+
+        async def unclaim() -> None:
+            try:
+                await entry.provider.kill(claimed.sandbox_id)
+            except Exception as exc:  # the janitor reaps it: unrecorded, unleased
+                self._ctx.emit(KillFailed(entry.name, claimed.sandbox_id, str(exc)))
+            try:
+                await self._ledger.release(booking)
+            except StateUnavailable as exc:
+                self._ledger.report("release", exc)  # the reservation expires by itself
+
+        self.spawn(unclaim())
+
     def abandon(self, create: asyncio.Future[Sandbox], booking: Booking, entry: Entry) -> None:
         """Follow a create the acquire stopped waiting for: the provider may still make
         (and bill) its sandbox, so its reservation stays until the create ends."""

@@ -1,0 +1,156 @@
+"""An acquire cancelled at any await gives back what it holds.
+
+The caller's task can be cancelled (a timeout around ``aacquire``, a
+client that went away) while the store is answering its reservation, or
+after its sandbox exists but before the lease reached the caller. The
+reservation the store granted, the session unit it took and the sandbox
+are then nobody's: they must be given back, not left to block the pool's
+concurrency until the reservation expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from router import Router
+from router.testing import ScriptedProvider
+
+
+class HeldReplies:
+    """TCP to Redis; while `hold` is set, Redis's replies wait in the proxy."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.hold = asyncio.Event()
+        self.requests = 0
+        self._open = asyncio.Event()
+        self._open.set()
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> HeldReplies:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        for pipe in self._pipes:
+            pipe.cancel()
+
+    def stop_replies(self) -> None:
+        self._open.clear()
+
+    def let_replies_through(self) -> None:
+        self._open.set()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(*self.target)
+        for pipe in (self._pump(client_r, server_w, False), self._pump(server_r, client_w, True)):
+            task = asyncio.ensure_future(pipe)
+            self._pipes.add(task)
+            task.add_done_callback(self._pipes.discard)
+
+    async def _pump(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool
+    ) -> None:
+        with contextlib.suppress(OSError):
+            while data := await src.read(65536):
+                if replies:
+                    await self._open.wait()
+                else:
+                    self.requests += 1
+                dst.write(data)
+                await dst.drain()
+        dst.close()
+
+
+@pytest.fixture
+async def proxy(redis_url: str) -> AsyncIterator[HeldReplies]:
+    host, port = redis_url.removeprefix("redis://").split("/")[0].rsplit(":", 1)
+    async with HeldReplies((host, int(port))) as p:
+        yield p
+
+
+def _config(port: int, key_prefix: str, **entry: object) -> dict[str, object]:
+    return {
+        "state_url": f"redis://127.0.0.1:{port}/0",
+        "key_prefix": key_prefix,
+        "chain": [{"name": "fake", "provider": "local", "quota": {"concurrent": 1}, **entry}],
+    }
+
+
+async def _pool(router: Router) -> tuple[float, int]:
+    view = (await router.astatus()).entries[0]
+    return view.used["sessions"], view.live_leases
+
+
+async def _settles(router: Router, want: Callable[[tuple[float, int]], bool]) -> tuple[float, int]:
+    """The pool's (sessions used, live leases) once ``want`` holds, or after 5 s."""
+    for _ in range(100):
+        if want(pool := await _pool(router)):
+            return pool
+        await asyncio.sleep(0.05)
+    return pool
+
+
+async def _soon(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never happened")
+
+
+async def test_cancelled_while_the_store_reserves_gives_the_reservation_back(
+    proxy: HeldReplies, key_prefix: str
+) -> None:
+    fake = ScriptedProvider("fake")
+    router = Router.from_config(_config(proxy.port, key_prefix), providers={"fake": fake}, hooks=[])
+    async with router:
+        await (await router.aacquire()).release()
+        assert await _settles(router, lambda pool: pool == (1, 0)) == (1, 0)
+        proxy.stop_replies()
+        sent = proxy.requests
+        acquiring = asyncio.ensure_future(router.aacquire())
+        await _soon(lambda: proxy.requests > sent)
+        acquiring.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await acquiring
+        proxy.let_replies_through()
+        assert await _settles(router, lambda pool: pool == (1, 0)) == (1, 0)
+        assert fake.creates == 1
+        async with await router.aacquire(timeout=5):  # the one slot is free again
+            pass
+
+
+async def test_cancelled_after_the_sandbox_exists_releases_the_lease(
+    proxy: HeldReplies, key_prefix: str
+) -> None:
+    """Cancelled while binding a session (the lease and its sandbox exist): the lease is
+    released as the caller's release would, so the sandbox stays the session's for its
+    idle TTL, and closing the session ends it."""
+    landing = threading.Event()
+    fake = ScriptedProvider("fake", script=[None, landing])
+    router = Router.from_config(_config(proxy.port, key_prefix), providers={"fake": fake}, hooks=[])
+    async with router:
+        await (await router.aacquire()).release()
+        acquiring = asyncio.ensure_future(router.aacquire(session="s1"))
+        await _soon(lambda: fake.creates == 2)
+        proxy.stop_replies()  # the session's bind will wait: the lease and its sandbox exist
+        sent = proxy.requests
+        landing.set()
+        await _soon(lambda: proxy.requests > sent)
+        acquiring.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await acquiring
+        proxy.let_replies_through()
+        assert (await _settles(router, lambda pool: pool[1] == 0))[1] == 0
+        async with await router.aacquire(session="s1", timeout=5) as again:
+            assert again.sandbox_id == fake.created[1]
+        assert await router.aclose_session("s1")
+        await _soon(lambda: fake.alive() == [])
