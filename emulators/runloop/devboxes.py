@@ -116,12 +116,13 @@ class Execution:
         self.log.append(self._entry("info", cmd=self.command, timestamp_ms=self.started_ms))
 
     def _entry(self, level: str, **fields: Any) -> dict[str, Any]:
-        """A ``DevboxLogsListView`` log line of this execution."""
+        """A ``DevboxLogsListView`` log line (with ``shell_name``, which older SDKs read)."""
         return {
             "level": level,
             "source": self.source,
             "timestamp_ms": now_ms(),
             "cmd_id": self.id,
+            "shell_name": None,
         } | fields
 
     @property

@@ -209,6 +209,8 @@ async def test_devbox_logs_hold_each_command_and_its_output(client: AsyncRunloop
     assert sorted(lines) == [("error", "two"), ("info", "one")]
     assert [log.exit_code for log in mine if log.exit_code is not None] == [3]
     assert {log.cmd_id for log in mine} == {first.execution_id}
+    # runloop-examples' snapshots agent reads ``shell_name``, which the 3.0 SDK no longer models.
+    assert {getattr(log, "shell_name", "missing") for log in mine} == {None}
 
 
 async def test_execution_long_poll_answers_408(client: AsyncRunloop) -> None:
