@@ -132,8 +132,9 @@ class Images:
 
 
 def _env(rest: str, current: Mapping[str, str]) -> dict[str, str]:
-    """The variables of an ``ENV`` instruction, ``$VAR`` expanded as Docker does (not in
-    single quotes)."""
+    """The variables of an ``ENV`` instruction, ``$VAR`` expanded. Also in single quotes,
+    unlike Docker: ``Image.env`` single-quotes every value with a ``$`` and Modal's own
+    examples rely on ``.env({"PATH": "/root/.local/bin:$PATH"})`` extending the PATH."""
     known = {"PATH": _DEFAULT_PATH, **current}
     if "=" not in rest.split(None, 1)[0]:
         key, _, value = rest.partition(" ")
@@ -141,7 +142,7 @@ def _env(rest: str, current: Mapping[str, str]) -> dict[str, str]:
     found: dict[str, str] = {}
     for key, raw in _ENV_PAIR.findall(rest):
         if raw.startswith("'"):
-            found[key] = raw[1:-1]
+            found[key] = _expand(raw[1:-1], {**known, **found})
         elif raw.startswith('"'):
             found[key] = _expand(re.sub(r"\\(.)", r"\1", raw[1:-1]), {**known, **found})
         else:

@@ -662,7 +662,8 @@ def _touched(sb: Any, path: str, events: list[Any]) -> bool:
 
 
 def test_image_layers_bring_env_workdir_and_local_files(client: Any, tmp_path: Path) -> None:
-    """Each image layer is an image of its own: its ``env`` and ``workdir`` reach the sandbox's
+    """Each image layer is an image of its own: its ``env`` (``$PATH`` expanded, as the
+    examples' ``.env({"PATH": "...:$PATH"})`` needs) and ``workdir`` reach the sandbox's
     commands, and the files ``add_local_file`` / ``add_local_dir`` add (copied or mounted)
     are in the sandbox."""
     (tmp_path / "pkg").mkdir()
@@ -671,6 +672,7 @@ def test_image_layers_bring_env_workdir_and_local_files(client: Any, tmp_path: P
     base = modal.Image.from_registry(IMAGE)
     image = (
         base.env({"GREETING": "hi there"})
+        .env({"PATH": "/opt/tools:$PATH"})
         .workdir("/srv/app")
         .add_local_file(tmp_path / "run.sh", "/opt/run.sh", copy=True)
         .add_local_dir(tmp_path / "pkg", "/srv/app/pkg")
@@ -680,6 +682,8 @@ def test_image_layers_bring_env_workdir_and_local_files(client: Any, tmp_path: P
     try:
         ran = sb.exec("bash", "-c", 'pwd; echo "$GREETING"; cat pkg/mod.py; sh /opt/run.sh')
         assert ran.stdout.read() == "/srv/app\nhi there\nX = 1\nran\n"
+        path = sb.exec("printenv", "PATH").stdout.read()
+        assert path.startswith("/opt/tools:/usr/local/sbin:")
         assert other.exec("bash", "-c", "echo $GREETING").stdout.read() == "other\n"
     finally:
         sb.terminate()
