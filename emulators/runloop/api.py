@@ -34,7 +34,8 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
 * ``GET .../logs`` gives the executions' log lines (``source`` exec: the
   command, each output line, stdout ``info`` and stderr ``error``, and the
   exit code), optionally of one ``execution_id``; the launch commands'
-  (``setup_commands``) come first.
+  (``setup_commands``) come first. ``GET .../usage`` bills the devbox's
+  size: vCPU and memory over the time not suspended, disk over all of it.
 * ``POST .../keep_alive`` resets the idle timer; ``POST .../shutdown``.
 * ``POST .../suspend`` (``suspending`` -> ``suspended``: every execution
   ends, the disk stays) and ``POST .../resume`` (``resuming`` -> ``running``;
@@ -271,6 +272,7 @@ class DevboxApi:
             web.get(base, self.retrieve),
             web.post(base, self.update),
             web.get(base + "/logs", self.logs),
+            web.get(base + "/usage", self.usage),
             web.post(base + "/wait_for_status", self.wait_for_status),
             web.post(base + "/shutdown", self.shutdown),
             web.post(base + "/keep_alive", self.keep_alive),
@@ -524,6 +526,9 @@ class DevboxApi:
         if body.get("metadata") is not None:
             devbox.metadata = _string_map(body["metadata"], "metadata")
         return web.json_response(devbox.view())
+
+    async def usage(self, request: web.Request) -> web.Response:
+        return web.json_response(self.devbox(request).usage())
 
     async def logs(self, request: web.Request) -> web.Response:
         """Every execution's log lines, oldest first, or one execution's (``execution_id``)."""

@@ -254,6 +254,29 @@ class DiskSnapshot:
         }
 
 
+_SIZES: dict[str, tuple[float, float, float]] = {
+    "X_SMALL": (0.5, 1, 4),
+    "SMALL": (1, 2, 4),
+    "MEDIUM": (2, 4, 8),
+    "LARGE": (2, 8, 16),
+    "X_LARGE": (4, 16, 16),
+    "XX_LARGE": (8, 32, 16),
+}
+
+
+def _resources(params: dict[str, Any]) -> tuple[float, float, float]:
+    """vCPUs, GiB of memory and GiB of disk of a launch: Runloop's sizes (SMALL unless set)."""
+    size = params.get("resource_size_request") or "SMALL"
+    if size != "CUSTOM_SIZE":
+        return _SIZES[size]
+    small = _SIZES["SMALL"]
+    return (
+        float(params.get("custom_cpu_cores") or small[0]),
+        float(params.get("custom_gb_memory") or small[1]),
+        float(params.get("custom_disk_size") or small[2]),
+    )
+
+
 def _top_level_links(root: str) -> Callable[[str, list[str]], list[str]]:
     """copytree's ignore: the root's symlinks (the host's ``/bin -> usr/bin``) every devbox has."""
 
@@ -328,6 +351,31 @@ class Devbox:
             return None
         idle_end = self.idle_end
         return self.lifetime_end if idle_end is None else min(self.lifetime_end, idle_end)
+
+    def usage(self) -> dict[str, Any]:
+        """``DevboxResourceUsageView``: the size's vCPU and memory billed over the time not
+        suspended, its disk over all the time since the create."""
+        end = self.end_ms if self.end_ms is not None else now_ms()
+        marks = [(t["status"], t["transition_time_ms"]) for t in self.transitions]
+        asleep_ms = sum(
+            min(until, end) - since
+            for (status, since), (_, until) in zip(marks, [*marks[1:], ("", end)], strict=True)
+            if status == "suspended" and since < end
+        )
+        elapsed = (end - self.created_ms) // 1000
+        active = max(end - self.created_ms - asleep_ms, 0) // 1000
+        cpu, memory, disk = _resources(self.launch_parameters)
+        return {
+            "id": self.id,
+            "status": self.status,
+            "start_time_ms": self.created_ms,
+            "end_time_ms": self.end_ms,
+            "total_elapsed_seconds": elapsed,
+            "total_active_seconds": active,
+            "vcpu_seconds": int(active * cpu),
+            "memory_gb_seconds": int(active * memory),
+            "disk_gb_seconds": int(elapsed * disk),
+        }
 
     def view(self) -> dict[str, Any]:
         """The devbox as the API shows it (``DevboxView``)."""

@@ -555,6 +555,27 @@ async def test_large_files_stream_both_ways(
     assert list((emu.core.local.root / ".uploads").iterdir()) == []
 
 
+async def test_resource_usage_bills_the_size_over_time(client: AsyncRunloop) -> None:
+    """``retrieve_resource_usage``: vCPU and memory over active time, disk over elapsed time."""
+    params: Any = {"resource_size_request": "MEDIUM"}
+    view = await client.devboxes.create_and_await_running(launch_parameters=params)
+    await asyncio.sleep(1.1)
+    await client.devboxes.shutdown(view.id)
+    usage = await client.devboxes.retrieve_resource_usage(view.id)
+    assert (usage.id, usage.status, usage.start_time_ms) == (
+        view.id,
+        "shutdown",
+        view.create_time_ms,
+    )
+    assert usage.end_time_ms is not None
+    assert usage.end_time_ms >= view.create_time_ms + 1000
+    active = usage.total_active_seconds
+    assert active >= 1
+    assert usage.total_elapsed_seconds >= active
+    assert (usage.vcpu_seconds, usage.memory_gb_seconds) == (2 * active, 4 * active)
+    assert usage.disk_gb_seconds == 8 * usage.total_elapsed_seconds
+
+
 async def test_ssh_key_is_authorized_in_the_devbox(client: AsyncRunloop) -> None:
     """``create_ssh_key`` (the SDK's ``net.create_ssh_key``) hands out a key the devbox trusts."""
     box = await client.devboxes.create_and_await_running()
