@@ -242,6 +242,9 @@ class ControlPlane:
             local=local,
             auto_pause=body.get("autoPause") is True,
             auto_pause_memory=body.get("autoPauseMemory") is not False,
+            auto_resume=isinstance(resume := body.get("autoResume"), dict)
+            and resume.get("enabled") is True,
+            timeout=timeout,
         )
         sandbox.boot()
         network = body.get("network")

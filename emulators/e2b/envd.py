@@ -4,14 +4,17 @@ With ``sandbox_url`` set, the SDK sends every sandbox request to one URL and
 names the sandbox in the ``E2b-Sandbox-Id`` header and its envd token in
 ``X-Access-Token``. A sandbox that is gone answers what E2B's proxy answers,
 a 502 whose message says it "was not found" (the SDK turns that into
-``SandboxNotRunningException``).
+``SandboxNotRunningException``); so does a paused one, unless its
+lifecycle auto-resumes it: then the request resumes it.
 
 * ``/process.Process/*`` (Connect): commands and terminals, served by
   `emulators.e2b.processes.ProcessService`.
 * ``/filesystem.Filesystem/*`` (Connect): ``Stat``, ``ListDir``, ``MakeDir``,
-  ``Remove``, ``Move``.
+  ``Remove``, ``Move``, and the watchers of `emulators.e2b.watch`.
 * ``GET /files?path=`` downloads, ``POST /files`` uploads (multipart field
-  ``file`` or an ``application/octet-stream`` body), ``GET /health``.
+  ``file`` or an ``application/octet-stream`` body; ``X-Metadata-*`` headers
+  become the file's ``user.e2b.*`` xattrs), ``GET /health``. A ``/files`` URL
+  may carry a v1 ``signature`` of the envd token instead of the token.
 """
 
 from __future__ import annotations
@@ -187,7 +190,7 @@ class Envd:
             web.post(r"/{service:(process\.Process|filesystem\.Filesystem)}/{method}", self.rpc),
         ]
 
-    def sandbox(self, request: web.Request) -> E2BSandbox:
+    async def sandbox(self, request: web.Request) -> E2BSandbox:
         """The sandbox a request is for, with its access token (or file signature) checked."""
         signature = request.query.get("signature") if request.path == "/files" else None
         sandbox_id = request.headers.get("E2b-Sandbox-Id")
@@ -198,8 +201,8 @@ class Envd:
         sandbox = self.core.alive_sandbox(sandbox_id)
         if sandbox is None:
             raise _json_error(502, f"The sandbox {sandbox_id} was not found")
-        if self.core.records[sandbox_id].paused:
-            raise _json_error(502, f"The sandbox {sandbox_id} is paused: connect to resume it")
+        if not await self.core.woken(sandbox_id):
+            raise _json_error(502, f"The sandbox {sandbox_id} was not found: it is paused")
         token = request.headers.get("X-Access-Token")
         if token is None and signature is not None:
             self._check_signature(request, signature, sandbox.token)
@@ -230,11 +233,11 @@ class Envd:
 
     # -- HTTP API ----------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        self.sandbox(request)
+        await self.sandbox(request)
         return web.Response(status=204)
 
     async def download(self, request: web.Request) -> web.Response:
-        sandbox = self.sandbox(request)
+        sandbox = await self.sandbox(request)
         path = request.query.get("path", "")
         host = self._host(sandbox, path)
         if not host.exists():
@@ -244,7 +247,7 @@ class Envd:
         return web.FileResponse(host, headers={"Content-Type": "application/octet-stream"})
 
     async def upload(self, request: web.Request) -> web.Response:
-        sandbox = self.sandbox(request)
+        sandbox = await self.sandbox(request)
         path = request.query.get("path")
         metadata = _metadata_of(request)
         written: list[Message] = []
@@ -307,7 +310,7 @@ class Envd:
 
     # -- Connect RPC -------------------------------------------------------
     async def rpc(self, request: web.Request) -> web.StreamResponse:
-        sandbox = self.sandbox(request)
+        sandbox = await self.sandbox(request)
         name = f"{request.match_info['service']}/{request.match_info['method']}"
         streams: dict[str, StreamHandler] = {
             **self.processes.streams(sandbox, request),

@@ -158,7 +158,7 @@ class Interpreter:
         return [web.post("/execute", self.execute)]
 
     async def execute(self, request: web.Request) -> web.StreamResponse:
-        sandbox = self.envd.sandbox(request)
+        sandbox = await self.envd.sandbox(request)
         if not sandbox.has_interpreter:  # E2B's proxy: nothing listens on the port
             body = {
                 "sandboxId": sandbox.id,

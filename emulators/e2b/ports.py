@@ -51,8 +51,8 @@ class PortEdge:
         sandbox = self.core.alive_sandbox(sandbox_id)
         if sandbox is None:
             return _error(502, f"The sandbox {sandbox_id} was not found")
-        if self.core.records[sandbox_id].paused:
-            return _error(502, f"The sandbox {sandbox_id} is paused")
+        if not await self.core.woken(sandbox_id):
+            return _error(502, f"The sandbox {sandbox_id} was not found: it is paused")
         token = sandbox.traffic_token
         if token is not None and request.headers.get(TOKEN_HEADER) != token:
             return _error(403, "missing or wrong traffic access token")

@@ -63,6 +63,8 @@ class E2BSandbox:
     auto_pause: bool = False  # the timeout pauses it (lifecycle on_timeout "pause")
     auto_pause_memory: bool = True  # ... keeping its memory (False: filesystem only)
     memory_kept: bool = True  # while paused: resuming continues its processes
+    auto_resume: bool = False  # traffic to it while paused resumes it
+    timeout: int = 15  # the seconds it runs for after an auto-resume
     _pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
 
     @property
@@ -146,6 +148,14 @@ class E2BCore(EmulatorCore):
             sandbox.boot()
         record.paused = False
         self.set_lifetime(sandbox_id, lifetime)
+
+    async def woken(self, sandbox_id: str) -> bool:
+        """True when the sandbox runs: a paused one whose lifecycle auto-resumes (and kept
+        its memory) is resumed by the request asking, as E2B's proxy does."""
+        sandbox, record = self.e2b[sandbox_id], self.records[sandbox_id]
+        if record.paused and sandbox.auto_resume and sandbox.memory_kept:
+            await self.resume(sandbox_id, sandbox.timeout)
+        return not record.paused
 
     async def kill(self, sandbox_id: str, ended_by: str = "kill") -> bool:
         sandbox = self.e2b.get(sandbox_id)

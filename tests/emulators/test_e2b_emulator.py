@@ -741,3 +741,26 @@ async def test_metrics_are_sampled_within_the_asked_range(emu: E2BEmulator) -> N
         assert earlier == []
     finally:
         await sbx.kill()
+
+
+async def test_auto_resume_wakes_a_paused_sandbox_on_traffic(emu: E2BEmulator) -> None:
+    """With ``lifecycle.auto_resume`` a request to the paused sandbox resumes it (for its
+    timeout again); without, E2B's proxy answers that it is not found until a connect."""
+    kw = emu.sdk_kwargs()
+    waking = await AsyncSandbox.create(
+        timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True}, **kw
+    )
+    sleeping = await AsyncSandbox.create(lifecycle={"on_timeout": "pause"}, **kw)
+    try:
+        await waking.files.write("kept.txt", "kept")
+        assert await waking.pause()
+        assert await sleeping.pause()
+        assert await waking.files.read("kept.txt") == "kept"
+        info = await waking.get_info()
+        assert info.state == SandboxState.RUNNING
+        assert (info.end_at - datetime.now(UTC)).total_seconds() > 100
+        assert not await sleeping.is_running()
+        assert (await sleeping.get_info()).state == SandboxState.PAUSED
+    finally:
+        await waking.kill()
+        await sleeping.kill()
