@@ -12,7 +12,7 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
   filtered by ``labels`` (JSON), ``states``, ``id`` / ``name`` prefixes,
   paged by ``limit`` / ``cursor`` (``nextCursor`` is null on the last page).
 * ``GET|DELETE /api/sandbox/{idOrName}``; ``POST .../start``, ``.../stop``,
-  ``.../archive`` (a stopped sandbox);
+  ``.../archive`` (a stopped sandbox), ``.../resize``;
   ``POST /api/sandbox/{id}/last-activity`` (resets the auto-stop timer);
   ``GET /api/sandbox/{id}/toolbox-proxy-url``; ``.../build-logs-url`` and
   ``.../build-logs`` (an image create's emulated build: no image is built,
@@ -209,6 +209,7 @@ class SandboxApi:
             web.post(one + "/public/{public}", self.set_public),
             web.put(one + "/labels", self.replace_labels),
             web.post(one + "/archive", self.archive),
+            web.post(one + "/resize", self.resize),
             web.get(one + "/telemetry/metrics", self.metrics),
             web.get(one + "/toolbox-proxy-url", self.toolbox_proxy_url),
             web.get(one + "/build-logs-url", self.build_logs_url),
@@ -504,6 +505,34 @@ class SandboxApi:
         if box.state not in ("stopped", "archived"):
             raise ApiError(400, f"Sandbox is not stopped (state: {box.state})")
         self.core.archive(box)
+        return web.json_response(self._dto(box))
+
+    async def resize(self, request: web.Request) -> web.Response:
+        """New CPU, memory (GB) or disk (GB): a started sandbox only grows CPU and memory, a
+        stopped one changes them and grows its disk; it passes through ``resizing``."""
+        box = self._box(request)
+        body = await self.json_body(request)
+        wanted = {k: body[k] for k in ("cpu", "memory", "disk") if body.get(k) is not None}
+        if not wanted:
+            raise ApiError(400, "At least one of cpu, memory or disk must be given")
+        sizes = {k: _int(body, k, 0, minimum=1) for k in wanted}
+        if box.state not in ("started", "stopped"):
+            raise ApiError(
+                400, f"Sandbox must be started or stopped to resize (state: {box.state})"
+            )
+        if box.state == "started":
+            if "disk" in sizes:
+                raise ApiError(400, "Disk resize requires a stopped sandbox")
+            if sizes.get("cpu", box.cpu) < box.cpu or sizes.get("memory", box.memory) < box.memory:
+                raise ApiError(400, "Hot resize only supports increases of cpu and memory")
+        if sizes.get("disk", box.disk) < box.disk:
+            raise ApiError(400, "Sandbox disk size can only be increased")
+        previous = box.state
+        self.core.set_state(box, "resizing")
+        box.cpu = sizes.get("cpu", box.cpu)
+        box.memory = sizes.get("memory", box.memory)
+        box.disk = sizes.get("disk", box.disk)
+        self.core.set_state(box, previous)
         return web.json_response(self._dto(box))
 
     async def metrics(self, request: web.Request) -> web.Response:

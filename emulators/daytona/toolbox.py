@@ -19,7 +19,8 @@ one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
   (a websocket upgrade streams the log, stream prefixes kept, from its start
   and with ``follow=true`` until the command ends: then, or when its session
   is deleted, the socket closes 1000), ``DELETE .../{id}`` ends the shell and
-  whatever it runs.
+  whatever it runs. ``GET /process/session/entrypoint[/logs]`` shows the
+  image's command (``sleep infinity``), running and silent.
 * Terminals (`emulators.daytona.terminals`): the websocket
   ``/process/pty/create-connect?id=&cols=&rows=&cwd=`` (env in the
   ``X-Daytona-Pty-Envs~<base64url JSON>`` subprotocol), ``.../{id}/connect``,
@@ -79,6 +80,7 @@ __all__ = ["EXECUTE_DEFAULT_TIMEOUT", "PROXY", "Toolbox", "daemon_error"]
 
 EXECUTE_DEFAULT_TIMEOUT = 10
 PROXY = "DAYTONA_PROXY"
+ENTRYPOINT = "sleep infinity"  # the default snapshot's command
 BOX = web.RequestKey("box", Box)
 _INTERPRETERS = {"python": ["python3", "-"], "javascript": ["node", "-"]}
 _ATTR_CHARS = frozenset("!#$&+-.^_`|~")
@@ -185,6 +187,8 @@ class Toolbox:
             web.delete(base + "/process/interpreter/context/{context}", self.delete_context),
             web.post(base + "/process/execute", self.execute),
             web.post(base + "/process/code-run", self.code_run),
+            web.get(base + "/process/session/entrypoint", self.entrypoint),
+            web.get(base + "/process/session/entrypoint/logs", self.entrypoint_logs),
             web.post(base + "/process/session", self.create_session),
             web.get(base + "/process/session", self.list_sessions),
             web.get(session, self.get_session),
@@ -331,6 +335,25 @@ class Toolbox:
             raise DaemonError(404, "session not found", "NOT_FOUND")
         return session
 
+    async def entrypoint(self, request: web.Request) -> web.Response:
+        """The ``entrypoint`` session: the image's command, which runs as long as the sandbox."""
+        box: Box = request[BOX]
+        command = {"id": f"entrypoint-{box.id}", "command": ENTRYPOINT, "exitCode": None}
+        return web.json_response({"sessionId": "entrypoint", "commands": [command]})
+
+    async def entrypoint_logs(self, request: web.Request) -> web.StreamResponse:
+        """The entrypoint's log, empty: ``sleep infinity`` writes nothing (a followed log stays
+        open until the client leaves)."""
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            return web.json_response({"output": "", "stdout": "", "stderr": ""})
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        if request.query.get("follow") == "true":
+            async for _ in ws:
+                pass
+        await ws.close()
+        return ws
+
     async def create_session(self, request: web.Request) -> web.Response:
         box: Box = request[BOX]
         session_id = (await self._json(request)).get("sessionId")
@@ -390,6 +413,8 @@ class Toolbox:
 
     async def command_input(self, request: web.Request) -> web.Response:
         """Input for a running command (what it reads on stdin); 410 once it ended."""
+        if request.match_info["session"] == "entrypoint":
+            raise DaemonError(400, "can't send input to entrypoint session", "BAD_REQUEST")
         session = self._session(request)
         data = (await self._json(request)).get("data")
         if not isinstance(data, str):

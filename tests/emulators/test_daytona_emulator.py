@@ -757,3 +757,30 @@ async def test_an_image_create_streams_its_build_logs(
     sandbox = await client.create(image, on_snapshot_create_logs=logs.append, timeout=20)
     assert sandbox.state == "started"
     assert any("FROM python:3.12-slim" in line for line in logs)
+
+
+async def test_resize_hot_and_stopped(client: AsyncDaytona) -> None:
+    """A started sandbox only grows CPU and memory; a stopped one changes them, grows its disk."""
+    sandbox = await client.create()
+    await sandbox.resize(Resources(cpu=2, memory=2))
+    assert (sandbox.cpu, sandbox.memory, sandbox.disk, sandbox.state) == (2, 2, 3, "started")
+    with pytest.raises(DaytonaError, match="stopped"):
+        await sandbox.resize(Resources(disk=5))
+    with pytest.raises(DaytonaError, match="increase"):
+        await sandbox.resize(Resources(cpu=1))
+    await sandbox.stop()
+    await sandbox.resize(Resources(cpu=1, disk=5))
+    assert (sandbox.cpu, sandbox.memory, sandbox.disk, sandbox.state) == (1, 2, 5, "stopped")
+    with pytest.raises(DaytonaError, match="disk"):
+        await sandbox.resize(Resources(disk=4))
+
+
+async def test_the_entrypoint_session_is_the_images_command(client: AsyncDaytona) -> None:
+    """Every sandbox has the ``entrypoint`` session: the image's command, still running."""
+    sandbox = await client.create()
+    session = await sandbox.process.get_entrypoint_session()
+    assert session.session_id == "entrypoint"
+    assert session.commands is not None
+    assert [(c.command, c.exit_code) for c in session.commands] == [("sleep infinity", None)]
+    logs = await sandbox.process.get_entrypoint_logs()
+    assert (logs.stdout, logs.stderr) == ("", "")
