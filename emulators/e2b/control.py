@@ -345,7 +345,13 @@ class ControlPlane:
             **self._listed(sandbox),
             "envdAccessToken": sandbox.token,
             "domain": DOMAIN,
+            "lifecycle": {
+                "onTimeout": "pause" if sandbox.auto_pause else "kill",
+                "autoResume": sandbox.auto_resume,
+            },
         }
+        if self.core.records[sandbox.id].paused:
+            detail["pauseMode"] = "full" if sandbox.memory_kept else "filesystem"
         return web.json_response(detail)
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -764,3 +764,18 @@ async def test_auto_resume_wakes_a_paused_sandbox_on_traffic(emu: E2BEmulator) -
     finally:
         await waking.kill()
         await sleeping.kill()
+
+
+async def test_info_carries_the_lifecycle(emu: E2BEmulator) -> None:
+    """``GET /sandboxes/{id}`` answers the lifecycle policy the create asked for."""
+    kw = emu.sdk_kwargs()
+    plain = await AsyncSandbox.create(**kw)
+    pausing = await AsyncSandbox.create(
+        lifecycle={"on_timeout": "pause", "auto_resume": True}, **kw
+    )
+    try:
+        assert (await plain.get_info()).lifecycle == {"on_timeout": "kill", "auto_resume": False}
+        assert (await pausing.get_info()).lifecycle == {"on_timeout": "pause", "auto_resume": True}
+    finally:
+        await plain.kill()
+        await pausing.kill()
