@@ -15,8 +15,10 @@ heartbeats and release go where its reservation went.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -40,6 +42,7 @@ from router.outage import Outage
 from router.state import EntryRef, Reservation, Settlement, Snapshot, Spend, StateStore
 from router.state.posted import then
 from router.state.warm import Claim
+from router.waits import until_done
 
 __all__ = ["RESERVE_GRACE", "Booking", "Denied", "Ledger"]
 
@@ -124,7 +127,13 @@ class Ledger:
             self._ctx.emit(StateWarning(url=self.store.url, problem=problem))
 
     async def book(
-        self, entry: Entry, deadline: float, *, new_session: bool = True, warm: bool = False
+        self,
+        entry: Entry,
+        deadline: float,
+        *,
+        new_session: bool = True,
+        warm: bool = False,
+        abandoned: Callable[[Entry, Booking], None] | None = None,
     ) -> Booking:
         """Reserve what one create (or reconnect) needs before ``deadline``; raises `Denied`.
 
@@ -132,6 +141,8 @@ class Ledger:
         sandbox creates nothing. ``warm=True`` claims a ready warm sandbox of
         the entry in the same call when there is one (`Booking.claimed`, whose
         lease id the booking takes); only the shared store holds warm pools.
+        Cancelled while the store answers, what it grants goes to
+        ``abandoned`` (else it would hold its slot until the hold expires).
         """
         lease_id = "l-" + secrets.token_hex(8)
         budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
@@ -139,13 +150,25 @@ class Ledger:
         shared = not await self.outage.active(self.store)
         if shared and new_session:
             self._skip_exhausted(entry.ref, now)
+        booking = Booking(lease_id, entry.name, entry.ref, shared, budget, new_session)
         if shared:
             try:
                 await self.outage.keep_in_touch(self.store)  # owed outage spend lands first
-                reservation = await self.store.reserve(
-                    entry.ref, self._breaker, lease_id, now, hold,
-                    new_session=new_session, warm=warm,
+                reserving = asyncio.ensure_future(
+                    self.store.reserve(
+                        entry.ref, self._breaker, lease_id, now, hold,
+                        new_session=new_session, warm=warm,
+                    )
                 )  # fmt: skip
+                try:
+                    await until_done(reserving)
+                except asyncio.CancelledError:
+                    if abandoned is not None:
+                        reserving.add_done_callback(
+                            functools.partial(self._abandoned, entry, booking, abandoned)
+                        )
+                    raise
+                reservation = reserving.result()
                 self.outage.answered = now
                 self.state_error = None
             except StateUnavailable as exc:
@@ -153,12 +176,15 @@ class Ledger:
                 shared = False
             else:
                 self._remember(entry.ref, reservation, now)
-        ref = entry.ref if shared else self.outage.share(entry.ref)
-        booking = Booking(lease_id, entry.name, ref, shared, budget, new_session)
         if not shared:
+            booking = replace(booking, ref=self.outage.share(entry.ref), shared=False)
             reservation = await self.outage.store.reserve(
-                ref, self._breaker, lease_id, now, hold, new_session=new_session
+                booking.ref, self._breaker, lease_id, now, hold, new_session=new_session
             )
+        return self._booked(entry, booking, reservation)
+
+    def _booked(self, entry: Entry, booking: Booking, reservation: Reservation) -> Booking:
+        """The booking a reservation makes; raises `Denied` for a refusal."""
         if reservation.transition:
             self.transition(entry.name, reservation.transition)
         if not reservation.granted:
@@ -166,9 +192,22 @@ class Ledger:
         if (claimed := reservation.claimed) is not None:
             self.outage.spent(entry.ref.pool, "sandbox_seconds", claimed.metered)
             return replace(booking, lease_id=claimed.lease_id, counted=False, claimed=claimed)
-        if shared and new_session:
+        if booking.shared and booking.counted:
             self.outage.spent(entry.ref.pool, "sessions", 1)
         return booking
+
+    def _abandoned(
+        self,
+        entry: Entry,
+        booking: Booking,
+        abandoned: Callable[[Entry, Booking], None],
+        reserving: asyncio.Future[Reservation],
+    ) -> None:
+        """Hand what the store granted a cancelled caller to ``abandoned``."""
+        if reserving.cancelled() or reserving.exception() is not None:
+            return
+        with contextlib.suppress(Denied):
+            abandoned(entry, self._booked(entry, booking, reserving.result()))
 
     def _skip_exhausted(self, ref: EntryRef, now: float) -> None:
         """Raise `Denied` for a pool this replica knows is out of quota, asking nobody."""

@@ -258,24 +258,15 @@ class Upkeep:
     async def book(
         self, entry: Entry, deadline: float, *, new_session: bool = True, warm: bool = False
     ) -> Booking:
-        """`Ledger.book` as a task of its own, so a caller cancelled while the store
-        answers leaves what the store granted to `_unbook`, not held until it expires."""
-        booking = asyncio.ensure_future(
-            self._ledger.book(entry, deadline, new_session=new_session, warm=warm)
+        """`Ledger.book`, where what the store grants a caller cancelled meanwhile is
+        given back (`_unbook`), not held until its reservation expires."""
+        return await self._ledger.book(
+            entry, deadline, new_session=new_session, warm=warm, abandoned=self._unbook
         )
-        try:
-            await until_done(booking)
-        except asyncio.CancelledError:
-            booking.add_done_callback(functools.partial(self._unbook, entry))
-            raise
-        return booking.result()
 
-    def _unbook(self, entry: Entry, booked: asyncio.Future[Booking]) -> None:
+    def _unbook(self, entry: Entry, booking: Booking) -> None:
         """Give back a booking nobody took: a claimed warm sandbox is killed and its lease
         freed; a reservation is refunded (no create ran)."""
-        if booked.cancelled() or booked.exception() is not None:
-            return
-        booking = booked.result()
         claimed = booking.claimed
         if claimed is None:
             self.spawn(self._ledger.refund(booking, "acquire_cancelled"))

@@ -178,7 +178,7 @@ class LedgerSupport(abc.ABC):
     """
 
     @abc.abstractmethod
-    async def reserve(
+    def reserve(
         self,
         ref: EntryRef,
         cfg: BreakerConfig,
@@ -189,14 +189,16 @@ class LedgerSupport(abc.ABC):
         new_session: bool = True,
         warm: bool = False,
         call_id: str = "",
-    ) -> Reservation:
+    ) -> Awaitable[Reservation]:
         """Admit through the breaker and reserve a session and a slot.
 
         ``new_session=False`` reserves only a slot (reconnecting to a sticky
         session's existing sandbox creates nothing). ``warm=True`` first
         claims a ready warm sandbox of the entry when one is (never for the
         half-open probe): ``Reservation.claimed`` names it, and its lease id
-        replaces ``lease_id`` (`policies.warm.claim`).
+        replaces ``lease_id`` (`policies.warm.claim`). Redis sends it before
+        returning (a posted call): a caller cancelled meanwhile still gets its
+        answer to a callback (`Ledger.book`), with no task to pay for.
         """
 
     @abc.abstractmethod

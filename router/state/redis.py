@@ -99,7 +99,7 @@ class RedisStore(StateStore):
                 replies: list[Any] = await pipe.execute()
                 return replies
 
-    async def reserve(
+    def reserve(
         self,
         ref: EntryRef,
         cfg: BreakerConfig,
@@ -110,8 +110,8 @@ class RedisStore(StateStore):
         new_session: bool = True,
         warm: bool = False,
         call_id: str = "",
-    ) -> Reservation:
-        raw = await self._script(
+    ) -> asyncio.Future[Reservation]:
+        return self._post(
             "reserve",
             [*self._keys.pool(ref, now), self._keys.warm(ref), self._keys.memo(ref, call_id)],
             [
@@ -127,28 +127,7 @@ class RedisStore(StateStore):
                 "1" if warm else "0",
                 _CALL_MS,
             ],
-        )
-        if raw[:1] == b"+":
-            probe, moved_from, moved_to = raw[1:].decode().split("|")
-            moved = (moved_from, moved_to) if moved_from else None
-            return Reservation(True, probe=probe == "1", transition=moved)
-        r = json.loads(raw)
-        if r["granted"]:
-            transition = (r["from"], r["to"]) if r["from"] else None
-            claimed = Claim(**r["claimed"]) if "claimed" in r else None
-            return Reservation(True, probe=bool(r["probe"]), transition=transition, claimed=claimed)
-        if r["reason"] == "quota":
-            return Reservation(
-                False,
-                reason="quota",
-                unit=r["unit"],
-                used=float(r["used"]),
-                limit=float(r["limit"]),
-                until=ref.window.reset_at(now).timestamp(),
-                version=int(r["version"]),
-            )
-        return Reservation(
-            False, reason=r["reason"], until=float(r["until_"]), detail=r.get("detail", "")
+            functools.partial(_reservation, ref, now),
         )
 
     def settle(
@@ -405,3 +384,29 @@ def _cfg(cfg: BreakerConfig) -> str:
 def _limit_args(limits: Limits) -> tuple[str, ...]:
     """A pool's limits as reserve's arguments, in UNITS order ('' = unlimited)."""
     return tuple("" if limits.get(u) is None else repr(limits.get(u)) for u in UNITS)
+
+
+def _reservation(ref: EntryRef, now: float, raw: bytes) -> Reservation:
+    """The reserve script's answer: ``+probe|from|to`` for a plain grant, else JSON."""
+    if raw[:1] == b"+":
+        probe, moved_from, moved_to = raw[1:].decode().split("|")
+        moved = (moved_from, moved_to) if moved_from else None
+        return Reservation(True, probe=probe == "1", transition=moved)
+    r = json.loads(raw)
+    if r["granted"]:
+        transition = (r["from"], r["to"]) if r["from"] else None
+        claimed = Claim(**r["claimed"]) if "claimed" in r else None
+        return Reservation(True, probe=bool(r["probe"]), transition=transition, claimed=claimed)
+    if r["reason"] == "quota":
+        return Reservation(
+            False,
+            reason="quota",
+            unit=r["unit"],
+            used=float(r["used"]),
+            limit=float(r["limit"]),
+            until=ref.window.reset_at(now).timestamp(),
+            version=int(r["version"]),
+        )
+    return Reservation(
+        False, reason=r["reason"], until=float(r["until_"]), detail=r.get("detail", "")
+    )
