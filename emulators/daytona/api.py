@@ -18,7 +18,8 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
   ``.../build-logs`` (an image create's emulated build: no image is built,
   the sandbox is the default one); the settings
   ``POST .../autostop|autoarchive|autodelete/{minutes}``, ``.../public/{bool}``
-  and ``PUT .../labels``; ``GET .../telemetry/metrics`` (one sample, now).
+  and ``PUT .../labels``; ``GET .../signing-key`` (``.../rotate``: a new one),
+  which pre-signed file URLs are signed with; ``GET .../telemetry/metrics`` (one sample, now).
 * ``POST /api/sandbox/{idOrName}/snapshot`` (``{name}``) snapshots a started
   or stopped sandbox: it answers the sandbox ``snapshotting`` and copies it in
   the background (`emulators.daytona.snapshots`); ``GET|DELETE
@@ -210,6 +211,8 @@ class SandboxApi:
             web.put(one + "/labels", self.replace_labels),
             web.post(one + "/archive", self.archive),
             web.post(one + "/resize", self.resize),
+            web.get(one + "/signing-key", self.signing_key),
+            web.post(one + "/signing-key/rotate", self.rotate_signing_key),
             web.get(one + "/telemetry/metrics", self.metrics),
             web.get(one + "/toolbox-proxy-url", self.toolbox_proxy_url),
             web.get(one + "/build-logs-url", self.build_logs_url),
@@ -506,6 +509,16 @@ class SandboxApi:
             raise ApiError(400, f"Sandbox is not stopped (state: {box.state})")
         self.core.archive(box)
         return web.json_response(self._dto(box))
+
+    async def signing_key(self, request: web.Request) -> web.Response:
+        """The key the SDK signs pre-signed file URLs with (checked by the toolbox proxy)."""
+        return web.json_response(self._box(request).signing_key)
+
+    async def rotate_signing_key(self, request: web.Request) -> web.Response:
+        """A new signing key: the URLs signed with the old one stop working."""
+        box = self._box(request)
+        box.signing_key = secrets.token_urlsafe(32)
+        return web.json_response(box.signing_key)
 
     async def resize(self, request: web.Request) -> web.Response:
         """New CPU, memory (GB) or disk (GB): a started sandbox only grows CPU and memory, a

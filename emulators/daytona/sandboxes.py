@@ -326,6 +326,7 @@ class Box:
     contexts: dict[str, Interpreter] = field(default_factory=dict)  # those made by a create
     boot: asyncio.Task[None] | None = None
     from_pool: str | None = None  # the warm pool whose sandbox served the create
+    signing_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))  # file URLs
 
     @property
     def organization_id(self) -> str:

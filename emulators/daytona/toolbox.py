@@ -38,7 +38,10 @@ one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
   daemon does: ``POST /files/folder``, ``DELETE /files``, ``GET
   /files/info``, ``POST /files/move``, ``POST /files/permissions``, ``GET
   /files/find`` (lines holding a text), ``GET /files/search`` (names matching
-  a glob), ``POST /files/replace``.
+  a glob), ``POST /files/replace``; one file: ``GET /files/download`` and
+  ``POST /files/upload-v2`` (multipart ``file`` or the raw body), which the
+  proxy also takes with no key when pre-signed (``path``, ``expires``,
+  ``signature``: `_check_signature`).
 * ``GET /work-dir`` and ``/user-home-dir``: both ``/home/daytona``;
   ``GET /system/metrics``, a usage sample (`emulators.daytona.sandboxes.metrics`).
 """
@@ -50,6 +53,8 @@ import base64
 import binascii
 import fnmatch
 import grp
+import hashlib
+import hmac
 import json
 import os
 import posixpath
@@ -64,7 +69,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from aiohttp import BodyPartReader, web
+from aiohttp import BodyPartReader, StreamReader, web
 
 from emulators.daytona.api import bearer
 from emulators.daytona.interpreter import DEFAULT_TIMEOUT, Interpreter
@@ -116,8 +121,9 @@ class DaemonError(Exception):
         self.code = code
 
 
-def _content_disposition(form_name: str, path: str) -> bytes:
-    """A part's Content-Disposition as the daemon writes it, naming ``path`` exactly.
+def _content_disposition(form_name: str | None, path: str) -> bytes:
+    """A part's Content-Disposition as the daemon writes it, naming ``path`` exactly (with no
+    ``form_name``: a download's ``attachment``).
 
     ``filename`` is a Latin-1 approximation (quotes and backslashes escaped,
     control characters and anything beyond Latin-1 made ``_``); ``filename*``
@@ -132,9 +138,9 @@ def _content_disposition(form_name: str, path: str) -> bytes:
         chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in _ATTR_CHARS) else f"%{b:02X}"
         for b in path.encode()
     )
+    kind = "attachment" if form_name is None else f'form-data; name="{form_name}"'
     return (
-        f'form-data; name="{form_name}"; filename="{latin1}"; '.encode("latin-1")
-        + f"filename*=utf-8''{encoded}".encode()
+        f'{kind}; filename="{latin1}"; '.encode("latin-1") + f"filename*=utf-8''{encoded}".encode()
     )
 
 
@@ -200,6 +206,8 @@ class Toolbox:
             web.post(base + "/files/bulk-upload", self.upload),
             web.post(base + "/files/bulk-download", self.download),
             web.get(base + "/files", self.list_files),
+            web.get(base + "/files/download", self.download_one),
+            web.post(base + "/files/upload-v2", self.upload_one),
             web.delete(base + "/files", self.delete_file),
             web.post(base + "/files/folder", self.create_folder),
             web.get(base + "/files/info", self.file_info),
@@ -221,11 +229,18 @@ class Toolbox:
         if not request.path.startswith("/toolbox/"):
             return await handler(request)
         key = bearer(request)
-        if not self.core.key_ok(key):
+        signed = _signed_operation(request)
+        if signed is not None and not self.core.key_ok(key):
+            box = self.core.boxes.get(request.match_info.get("sandbox", ""))
+            refused = _check_signature(request, signed, box)
+            if refused is not None:
+                return daemon_error(401, refused, "UNAUTHORIZED", request, source=PROXY)
+        elif not self.core.key_ok(key):
             return daemon_error(401, "Unauthorized", "UNAUTHORIZED", request, source=PROXY)
-        assert key is not None
-        box = self.core.find(request.match_info.get("sandbox", ""), key)
-        if box is None:
+        else:
+            assert key is not None
+            box = self.core.find(request.match_info.get("sandbox", ""), key)
+        if box is None or box.state == "destroyed":
             return daemon_error(404, "sandbox not found", "NOT_FOUND", request, source=PROXY)
         if box.state != "started":
             message = f"sandbox is not running (state: {box.state})"
@@ -686,6 +701,55 @@ class Toolbox:
         await response.write_eof()
         return response
 
+    async def download_one(self, request: web.Request) -> web.StreamResponse:
+        """One file, its body the response's (``GET /files/download?path=``)."""
+        box: Box = request[BOX]
+        (path,) = self._query(request, "path")
+        target = self._path(box, path)
+        handle = await _os(path, lambda: target.open("rb"))
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            response = web.StreamResponse(
+                headers={
+                    "Content-Type": "application/octet-stream",
+                    "Content-Disposition": _content_disposition(None, target.name).decode(
+                        "latin-1"
+                    ),
+                    "Content-Length": str(size),
+                }
+            )
+            await response.prepare(request)
+            while chunk := await asyncio.to_thread(handle.read, CHUNK):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+        finally:
+            handle.close()
+
+    async def upload_one(self, request: web.Request) -> web.Response:
+        """One file to ``path`` (its directories made): the ``file`` part of a multipart body,
+        or the raw body."""
+        box: Box = request[BOX]
+        (path,) = self._query(request, "path")
+        target = self._writable(box, path)
+        staging = box.local.dir.parent / f".{box.local.id}.uploads"
+        try:
+            if request.content_type.startswith("multipart/form-data"):
+                reader = await request.multipart()
+                staged = None
+                while (part := await reader.next()) is not None:
+                    if isinstance(part, BodyPartReader) and part.name == "file":
+                        staged = await _stage(part, staging)
+                        break
+                if staged is None:
+                    raise DaemonError(400, "http: no such file", "BAD_REQUEST")
+            else:
+                staged = await _stage(request.content, staging)
+            await _os(path, lambda: _place(staged[0], target))
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+        return web.json_response({"name": target.name, "path": path, "type": "file"})
+
     async def _open_part(
         self, box: Box, path: str, request: web.Request
     ) -> tuple[str, str, int, bytes | BinaryIO]:
@@ -855,6 +919,42 @@ class Toolbox:
             raise DaemonError(400, str(exc), "INVALID_FILE_PATH") from None
 
 
+_SIGNED = {("GET", "/files/download"): "GET", ("HEAD", "/files/download"): "GET"}
+_SIGNED[("POST", "/files/upload-v2")] = "POST"
+
+
+def _signed_operation(request: web.Request) -> str | None:
+    """The method a pre-signed file URL was signed for, if ``request`` is one."""
+    if "signature" not in request.query:
+        return None
+    tail = "/" + "/".join(request.path.split("/")[3:])
+    return _SIGNED.get((request.method, tail))
+
+
+def _check_signature(request: web.Request, method: str, box: Box | None) -> str | None:
+    """Why the proxy refuses a pre-signed file URL (None: it accepts it).
+
+    The signature is ``v1_`` and the unpadded base64url HMAC-SHA256, under the
+    sandbox's signing key, of ``v1:files:{method}:{path}:{expires}``; ``expires``
+    0 never expires.
+    """
+    raw_expires, path = request.query.get("expires", ""), request.query.get("path", "")
+    if not raw_expires.isdigit():
+        return "invalid expires query parameter"
+    expires = int(raw_expires)
+    if expires and time.time() > expires:
+        return "signature is expired"
+    signature = request.query["signature"]
+    if not signature.startswith("v1_"):
+        return "unsupported signature scheme"
+    if box is None:
+        return "failed to resolve signing key"
+    canonical = f"v1:files:{method}:{path}:{expires}".encode()
+    digest = hmac.new(box.signing_key.encode(), canonical, hashlib.sha256).digest()
+    wanted = "v1_" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return None if hmac.compare_digest(wanted, signature) else "invalid signature"
+
+
 def _mode(raw: str) -> int:
     try:
         return int(raw, 8)
@@ -924,13 +1024,14 @@ def _find(root: Path, shown: str, pattern: str) -> list[dict[str, Any]]:
 CHUNK = 1 << 20
 
 
-async def _stage(part: BodyPartReader, staging: Path) -> tuple[Path, int]:
-    """A file part written to a staging file as it arrives: its path and size."""
+async def _stage(part: BodyPartReader | StreamReader, staging: Path) -> tuple[Path, int]:
+    """A file part (or a raw body) written to a staging file as it arrives: its path, size."""
     await asyncio.to_thread(staging.mkdir, parents=True, exist_ok=True)
     file = staging / secrets.token_hex(8)
     size = 0
+    read = part.read_chunk if isinstance(part, BodyPartReader) else part.read
     with await asyncio.to_thread(file.open, "wb") as out:
-        while chunk := await part.read_chunk(CHUNK):
+        while chunk := await read(CHUNK):
             await asyncio.to_thread(out.write, chunk)
             size += len(chunk)
     return file, size

@@ -784,3 +784,30 @@ async def test_the_entrypoint_session_is_the_images_command(client: AsyncDaytona
     assert [(c.command, c.exit_code) for c in session.commands] == [("sleep infinity", None)]
     logs = await sandbox.process.get_entrypoint_logs()
     assert (logs.stdout, logs.stderr) == ("", "")
+
+
+async def test_presigned_file_urls(client: AsyncDaytona) -> None:
+    """``download_url`` / ``upload_url`` work with no credentials until they expire or the
+    sandbox's signing key is rotated."""
+    sandbox = await client.create()
+    await sandbox.fs.upload_file(b"signed body", "docs/a.txt")
+    download = await sandbox.download_url("docs/a.txt")
+    upload = await sandbox.upload_url("docs/b.bin")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(download) as got:
+            assert (got.status, await got.read()) == (200, b"signed body")
+        form = aiohttp.FormData()
+        form.add_field("file", b"uploaded", filename="b.bin")
+        async with http.post(upload, data=form) as put:
+            assert (put.status, (await put.json())["name"]) == (200, "b.bin")
+        assert await sandbox.fs.download_file("docs/b.bin") == b"uploaded"
+        async with http.post(upload, data=b"raw", headers={"Content-Type": "text/plain"}) as raw:
+            assert raw.status == 200
+        assert await sandbox.fs.download_file("docs/b.bin") == b"raw"
+        async with http.get(download.replace("a.txt", "b.bin", 1)) as forged:
+            assert forged.status == 401
+        await sandbox.rotate_signing_key()
+        async with http.get(download) as rotated:
+            assert rotated.status == 401
+        async with http.get(await sandbox.download_url("docs/a.txt", ttl_seconds=0)) as forever:
+            assert forever.status == 200
