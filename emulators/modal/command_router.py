@@ -16,7 +16,9 @@ readiness probe. An exec with ``pty_info``
 runs on a terminal of its own (`emulators.modal.pty_relay`), its output all
 on stdout. ``TaskSnapshotFilesystem`` (``Sandbox.snapshot_filesystem``)
 copies the sandbox's files into an image kept for the request's TTL
-(``-1``: until deleted). A task whose sandbox has ended is NOT_FOUND.
+(``-1``: until deleted); ``TaskSnapshotDirectory`` one directory of them,
+which ``TaskMountDirectory`` / ``TaskUnmountDirectory`` mount in a sandbox.
+A task whose sandbox has ended is NOT_FOUND.
 Faults: op ``exec``, ``files`` for fs-tools execs, ``snapshot``.
 """
 
@@ -25,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from google.protobuf import empty_pb2  # type: ignore[import-untyped]
 from grpclib import GRPCError, Status
 from grpclib.server import Stream
 from modal_proto import task_command_router_grpc
@@ -197,17 +201,50 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
 
     async def TaskSnapshotFilesystem(self, stream: _Req) -> None:
         request = await self._request(stream)
-        sandbox = self._task(stream, request.task_id)
-        await apply_fault(self.core.faults, stream, "snapshot", sandbox.owner)
-        if request.container_id:
-            raise GRPCError(Status.NOT_FOUND, f"Container {request.container_id} not found")
-        ttl = request.ttl_seconds
-        if ttl != _NO_EXPIRY and ttl <= 0:
-            raise GRPCError(
-                Status.INVALID_ARGUMENT, "ttl_seconds must be positive, or -1 for no expiry"
-            )
-        image_id = await self.core.snapshot(sandbox, ttl=None if ttl == _NO_EXPIRY else ttl)
+        sandbox = await self._container(stream, request.task_id, request.container_id)
+        image_id = await self.core.snapshot(sandbox, ttl=_ttl(request.ttl_seconds))
         await stream.send_message(sr.TaskSnapshotFilesystemResponse(image_id=image_id))
+
+    async def TaskSnapshotDirectory(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        sandbox = await self._container(stream, request.task_id, request.container_id)
+        path = request.path.decode(errors="surrogateescape")
+        image_id = await self.core.snapshot_directory(sandbox, path, _ttl(request.ttl_seconds))
+        await stream.send_message(sr.TaskSnapshotDirectoryResponse(image_id=image_id))
+
+    async def TaskMountDirectory(self, stream: _Req) -> None:
+        """Mount a directory or filesystem snapshot, or an empty image (``from_scratch``: no
+        id); a registry image's files are the host's, so mounting one is UNIMPLEMENTED."""
+        request = await self._request(stream)
+        sandbox = await self._container(stream, request.task_id, request.container_id)
+        kept = self.core.image(request.image_id, sandbox.owner)
+        built = self.emu.images.record(request.image_id)
+        if kept is not None:
+            tree: Path | None = self.core.tree(kept)
+        elif not request.image_id or (built and built.tag == "scratch" and not built.copies):
+            tree = None
+        elif built is not None:
+            raise GRPCError(
+                Status.UNIMPLEMENTED, "mounting a registry image is not implemented by the emulator"
+            )
+        else:
+            raise GRPCError(Status.NOT_FOUND, f"Image '{request.image_id}' not found")
+        await sandbox.mount(request.path.decode(errors="surrogateescape"), tree)
+        await stream.send_message(empty_pb2.Empty())
+
+    async def TaskUnmountDirectory(self, stream: _Req) -> None:
+        request = await self._request(stream)
+        sandbox = await self._container(stream, request.task_id, request.container_id)
+        await sandbox.unmount(request.path.decode(errors="surrogateescape"))
+        await stream.send_message(empty_pb2.Empty())
+
+    async def _container(self, stream: _Req, task_id: str, container_id: str) -> ModalSandbox:
+        """The task's sandbox for a snapshot or mount (op ``snapshot``); sidecars are absent."""
+        sandbox = self._task(stream, task_id)
+        await apply_fault(self.core.faults, stream, "snapshot", sandbox.owner)
+        if container_id:
+            raise GRPCError(Status.NOT_FOUND, f"Container {container_id} not found")
+        return sandbox
 
 
 async def _output(execution: Exec, fd: int, offset: int) -> AsyncIterator[tuple[bytes, int]]:
@@ -227,6 +264,15 @@ async def _output(execution: Exec, fd: int, offset: int) -> AsyncIterator[tuple[
             output.took(offset)
         if execution.done and offset >= len(output):
             return
+
+
+def _ttl(ttl: int) -> float | None:
+    """A snapshot request's ``ttl_seconds`` (``-1``: kept until deleted)."""
+    if ttl != _NO_EXPIRY and ttl <= 0:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT, "ttl_seconds must be positive, or -1 for no expiry"
+        )
+    return None if ttl == _NO_EXPIRY else ttl
 
 
 def _exit(execution: Exec) -> dict[str, int]:

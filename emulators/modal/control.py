@@ -256,6 +256,10 @@ class ControlPlane(api_grpc.ModalClientBase):
         built = self.emu.images.record(definition.image_id)
         if kept is None and built is None:
             raise GRPCError(Status.NOT_FOUND, f"Image '{definition.image_id}' not found")
+        if kept is not None and kept.directory is not None:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, "a directory snapshot is mounted (mount_image), not run"
+            )
         copies = list(built.copies) if built is not None else []
         copies += [(mount_id, "/") for mount_id in definition.mount_ids]
         files = [

@@ -12,6 +12,8 @@ or timed out after its lifetime or idle time).
 A filesystem snapshot is an image (`KeptImage`): a copy of the sandbox's
 directory in the local provider's snapshot store, owned by the workspace,
 until it is deleted or its TTL passes; a create from it starts on a copy.
+A directory snapshot is a copy of one directory, which ``mount_image``
+copies to a mount point (what was there is set aside until the unmount).
 
 Ids have Modal's shapes: ``sb-`` + 22 base62 characters is a V1 sandbox
 (the SDK routes such ids to the V1 RPCs), longer ids are V2 sandboxes;
@@ -44,7 +46,7 @@ from pathlib import Path
 from grpclib import GRPCError, Status
 from modal_proto import api_pb2
 
-from emulators.filesystem import GuestSandbox
+from emulators.filesystem import GuestSandbox, PathRefused
 from emulators.harness import EmulatorCore
 from providers.errors import ProviderError
 from providers.local import LocalProcess
@@ -78,6 +80,8 @@ _FS_TOOLS_SOURCE = (Path(__file__).parent / "fs_tools.py").read_text()
 _PTY_SOURCE = (Path(__file__).parent / "pty_relay.py").read_text()
 _HOLDER_SECONDS = 5.0
 _PROBE_SECONDS = 5.0
+_MOUNTED = "/__modal/mounted"  # where a mount sets aside what was at its mount point
+_DIRECTORY_SNAPSHOTS = "modal-directory-snapshots"
 
 
 def new_id(prefix: str, length: int = 22, *, suffix: str = "") -> str:
@@ -348,6 +352,7 @@ class ModalSandbox:
     entrypoint: Exec | None = None  # the create's command, whose output outlives the sandbox
     tcp_tunnels: dict[int, tuple[str, int]] = field(default_factory=dict)  # port -> address
     ready_at: float | None = None  # when the readiness probe first passed
+    mounts: dict[str, Path | None] = field(default_factory=dict)  # mount point -> hidden below
     image_workdir: str | None = None  # the image's WORKDIR, the default of a create's workdir
     _listeners: list[asyncio.Server] = field(default_factory=list)
 
@@ -421,6 +426,42 @@ class ModalSandbox:
             self.entrypoint.stop()
         for listener in self._listeners:
             listener.close()
+
+    async def mount(self, path: str, tree: Path | None) -> None:
+        """Put a copy of ``tree`` (None: an empty directory) at ``path``, what was there
+        set aside until `unmount`."""
+        point = self.local.absolute(path)
+        if point == "/":
+            raise GRPCError(Status.INVALID_ARGUMENT, "cannot mount an image at /")
+        if point in self.mounts:
+            await self.unmount(point)
+        target = self._host(point)
+        aside: Path | None = None
+        if target.exists() or target.is_symlink():
+            aside = self.local.root / _MOUNTED.lstrip("/") / secrets.token_hex(8)
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(target, aside)
+        self.mounts[point] = aside
+        if tree is None:
+            target.mkdir(parents=True)
+        else:
+            await asyncio.to_thread(shutil.copytree, tree, target, symlinks=True)
+
+    async def unmount(self, path: str) -> None:
+        point = self.local.absolute(path)
+        if point not in self.mounts:
+            raise GRPCError(Status.NOT_FOUND, f"no image is mounted at {point}")
+        aside = self.mounts.pop(point)
+        target = self._host(point)
+        await asyncio.to_thread(shutil.rmtree, target, ignore_errors=True)
+        if aside is not None:
+            os.rename(aside, target)
+
+    def _host(self, path: str) -> Path:
+        try:
+            return self.local.host(path, write=True)
+        except PathRefused as exc:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(exc)) from None
 
     async def open_tcp_tunnel(self, port: int, host: str) -> None:
         """An unencrypted port's raw TCP tunnel: a listener on ``host`` piping each connection
@@ -517,11 +558,13 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 @dataclass
 class KeptImage:
-    """A filesystem snapshot: an image whose files are a copy the local provider keeps."""
+    """A filesystem snapshot: an image whose files are a copy the local provider keeps; or
+    a directory snapshot, a copy of one directory, which is only mounted."""
 
-    copy: str  # the id of the copy in the local provider's snapshot store
+    copy: str  # the id of the copy in the local provider's snapshot store ("": a directory)
     owner: str
     expires_at: float | None  # time.time(); None: kept until deleted
+    directory: Path | None = None  # a directory snapshot's copy
 
     def live(self, now: float) -> bool:
         return self.expires_at is None or now < self.expires_at
@@ -532,6 +575,7 @@ class ModalCore(EmulatorCore):
 
     def __init__(self, name: str, root: Path, *, isolation: str = "auto") -> None:
         super().__init__(name, root, isolation=isolation)
+        self.root = root
         self.modal: dict[str, ModalSandbox] = {}
         self.tasks: dict[str, ModalSandbox] = {}
         self.apps: dict[tuple[str, str], str] = {}
@@ -558,6 +602,28 @@ class ModalCore(EmulatorCore):
         self.kept[image_id] = KeptImage(copy.id, sandbox.owner, expires_at)
         return image_id
 
+    async def snapshot_directory(self, sandbox: ModalSandbox, path: str, ttl: float | None) -> str:
+        """Copy one directory of ``sandbox`` into a new image its workspace owns; the image id."""
+        source = sandbox._host(path)
+        if not source.is_dir():
+            raise GRPCError(Status.NOT_FOUND, f"no directory {sandbox.local.absolute(path)}")
+        image_id = new_id("im")
+        target = self.root / _DIRECTORY_SNAPSHOTS / image_id
+        await asyncio.to_thread(shutil.copytree, source, target, symlinks=True)
+        expires_at = time.time() + ttl if ttl is not None else None
+        self.kept[image_id] = KeptImage("", sandbox.owner, expires_at, directory=target)
+        return image_id
+
+    def tree(self, kept: KeptImage) -> Path:
+        """The files of a kept image: the directory's copy, or the whole snapshot's."""
+        return kept.directory or self.local._snapshot_dir(kept.copy)
+
+    async def _drop(self, kept: KeptImage) -> None:
+        if kept.directory is not None:
+            await asyncio.to_thread(shutil.rmtree, kept.directory, ignore_errors=True)
+        else:
+            await self.local.delete_snapshot(kept.copy)
+
     def image(self, image_id: str, workspace: str) -> KeptImage | None:
         """The snapshot image ``image_id`` when ``workspace`` owns it and its TTL has not passed."""
         kept = self.kept.get(image_id)
@@ -569,7 +635,7 @@ class ModalCore(EmulatorCore):
         """Delete a snapshot image and its copy; False when the workspace has no such image."""
         if self.image(image_id, workspace) is None:
             return False
-        await self.local.delete_snapshot(self.kept.pop(image_id).copy)
+        await self._drop(self.kept.pop(image_id))
         return True
 
     async def start_entrypoint(self, sandbox: ModalSandbox) -> None:
@@ -616,4 +682,4 @@ class ModalCore(EmulatorCore):
         for image_id, kept in list(self.kept.items()):
             if not kept.live(wall):
                 del self.kept[image_id]
-                await self.local.delete_snapshot(kept.copy)
+                await self._drop(kept)

@@ -630,35 +630,40 @@ def _tcp_echo(host: str, port: int, data: bytes) -> bytes:
 
 
 def test_filesystem_watch_reports_changes_until_its_timeout(client: Any) -> None:
-    """``filesystem.watch`` yields the changes under a directory (filtered by type), and
-    ends without error when its timeout passes."""
+    """``filesystem.watch`` yields the changes under a directory (filtered by type) until
+    the caller stops, and ends without error when its timeout passes."""
     sb = create(client)
     try:
         sb.filesystem.make_directory("/root/w/sub")
-        events: list[Any] = []
+        events: list[tuple[FileWatchEventType, list[str]]] = []
 
         def watch() -> None:
             kinds = [FileWatchEventType.Create, FileWatchEventType.Remove]
-            for event in sb.filesystem.watch("/root/w", recursive=True, filter=kinds, timeout=3):
+            for event in sb.filesystem.watch("/root/w", recursive=True, filter=kinds, timeout=30):
                 events.append((event.type, event.paths))
+                if event.type == FileWatchEventType.Remove:
+                    return
 
         watcher = threading.Thread(target=watch)
         watcher.start()
-        wait_until(lambda: _touched(sb, "/root/w/sub/a.done", events), seconds=3)
-        sb.exec("rm", "/root/w/sub/a.done").wait()
+        made: list[str] = []
+
+        def touched() -> bool:
+            made.append(f"/root/w/sub/{len(made)}.done")
+            sb.exec("touch", made[-1]).wait()
+            return bool(events)
+
+        wait_until(touched, seconds=10)
+        created, [path] = events[0]
+        assert created == FileWatchEventType.Create
+        sb.exec("rm", path).wait()
         watcher.join(timeout=10)
-        assert not watcher.is_alive()
-        assert (FileWatchEventType.Create, ["/root/w/sub/a.done"]) in events
-        assert events[-1] == (FileWatchEventType.Remove, ["/root/w/sub/a.done"])
+        assert events[-1] == (FileWatchEventType.Remove, [path])
+        assert list(sb.filesystem.watch("/root/w", timeout=1)) == []
         with pytest.raises(mx.SandboxFilesystemNotFoundError):
             next(iter(sb.filesystem.watch("/root/nope", timeout=1)))
     finally:
         sb.terminate()
-
-
-def _touched(sb: Any, path: str, events: list[Any]) -> bool:
-    sb.exec("touch", path).wait()
-    return bool(events)
 
 
 def test_image_layers_bring_env_workdir_and_local_files(client: Any, tmp_path: Path) -> None:
@@ -688,3 +693,32 @@ def test_image_layers_bring_env_workdir_and_local_files(client: Any, tmp_path: P
     finally:
         sb.terminate()
         other.terminate()
+
+
+def test_a_directory_snapshot_mounts_in_another_sandbox(emu: ModalEmulator, client: Any) -> None:
+    """``snapshot_directory`` keeps one directory as an image that ``mount_image`` puts at a
+    path of a running sandbox, over what was there until ``unmount_image`` (a filesystem
+    snapshot and an empty image mount too)."""
+    first = create(client)
+    second = create(client)
+    try:
+        first.filesystem.write_text("v1", "/root/project/src/main.py")
+        snap = first.snapshot_directory("/root/project")
+        assert emu.core.kept[snap.object_id].expires_at is not None
+        second.filesystem.write_text("own", "/srv/app/own.txt")
+        second.mount_image("/srv/app", snap)
+        assert second.filesystem.read_text("/srv/app/src/main.py") == "v1"
+        assert second.exec("ls", "/srv/app").stdout.read() == "src\n"
+        second.unmount_image("/srv/app")
+        assert second.exec("ls", "/srv/app").stdout.read() == "own.txt\n"
+        second.mount_image("/srv/empty", modal.Image.from_scratch())
+        assert second.exec("ls", "-A", "/srv/empty").stdout.read() == ""
+        second.mount_image("/mnt/whole", first.snapshot_filesystem())
+        assert second.filesystem.read_text("/mnt/whole/root/project/src/main.py") == "v1"
+        with pytest.raises(mx.NotFoundError):
+            second.unmount_image("/srv/app")
+    finally:
+        first.terminate()
+        second.terminate()
+    modal.experimental.image_delete(snap.object_id, client=client)
+    assert snap.object_id not in emu.core.kept
