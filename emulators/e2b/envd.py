@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -367,19 +368,24 @@ class Envd:
         return sandbox.watchers.create(await self._watcher(sandbox, message))
 
     async def fs(self, sandbox: E2BSandbox, message: Message, op: Any) -> Message:
-        """Run one filesystem operation off the loop, mapping OS errors to RPC codes."""
+        """Run one filesystem operation off the loop, mapping OS errors to RPC codes with
+        envd's messages, which name the (absolute) path."""
         try:
             result: Message = await asyncio.to_thread(op, sandbox, message)
         except PathRefused as exc:
             raise RpcError("invalid_argument", str(exc)) from None
-        except FileNotFoundError:
-            raise RpcError("not_found", f"no such file or directory: {message}") from None
-        except FileExistsError:
-            raise RpcError("already_exists", f"already exists: {message}") from None
-        except NotADirectoryError:
-            raise RpcError("invalid_argument", f"not a directory: {message}") from None
         except OSError as exc:
-            raise RpcError("internal", f"{exc.strerror}: {message}") from None
+            where = message.get("path") or message.get("source") or E2B_HOME
+            with contextlib.suppress(PathRefused):
+                where = sandbox.local.absolute(str(where))
+            if isinstance(exc, FileNotFoundError):
+                message_ = f"file not found: {where}: no such file or directory"
+                raise RpcError("not_found", message_) from None
+            if isinstance(exc, FileExistsError):
+                raise RpcError("already_exists", f"file already exists: {where}") from None
+            if isinstance(exc, NotADirectoryError):
+                raise RpcError("invalid_argument", f"path is not a directory: {where}") from None
+            raise RpcError("internal", f"{exc.strerror}: {where}") from None
         return result
 
     def _stat(self, sandbox: E2BSandbox, message: Message) -> Message:

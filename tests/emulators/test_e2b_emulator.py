@@ -779,3 +779,15 @@ async def test_info_carries_the_lifecycle(emu: E2BEmulator) -> None:
     finally:
         await plain.kill()
         await pausing.kill()
+
+
+async def test_filesystem_errors_name_the_path_as_envd_does(emu: E2BEmulator) -> None:
+    """envd's errors read ``file not found: <path>...``, not the request's fields."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        with pytest.raises(FileNotFoundException, match=r"^file not found: /home/user/gone\b"):
+            await sbx.files.get_info("gone")
+        with pytest.raises(FileNotFoundException, match=r"^file not found: /home/user/gone\b"):
+            await sbx.files.rename("gone", "there")
+    finally:
+        await sbx.kill()
