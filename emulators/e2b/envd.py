@@ -260,6 +260,13 @@ class Envd:
                 target = path or getattr(part, "filename", None)
                 if not target:
                     raise _json_error(400, "a file part names no path")
+                absolute = sandbox.local.vendor(self._host(sandbox, target, write=True))
+                if any(entry["path"] == absolute for entry in written):
+                    raise _json_error(
+                        400,
+                        f"you cannot upload multiple files to the same path '{absolute}' in one"
+                        " upload request, only the first specified file was uploaded",
+                    )
                 written.append(await self._write(sandbox, target, _part_chunks(part), metadata))
         else:
             if not path:

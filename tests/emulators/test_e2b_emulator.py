@@ -791,3 +791,16 @@ async def test_filesystem_errors_name_the_path_as_envd_does(emu: E2BEmulator) ->
             await sbx.files.rename("gone", "there")
     finally:
         await sbx.kill()
+
+
+async def test_one_upload_writes_a_path_once(emu: E2BEmulator) -> None:
+    """envd refuses a multipart upload naming one path twice (400), keeping the first."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        with pytest.raises(InvalidArgumentException, match=r"same path '/home/user/twice\.txt'"):
+            await sbx.files.write_files(
+                [{"path": "twice.txt", "data": "one"}, {"path": "./twice.txt", "data": "two"}]
+            )
+        assert await sbx.files.read("twice.txt") == "one"
+    finally:
+        await sbx.kill()
