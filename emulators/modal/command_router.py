@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CommandRouter"]
 
-_CHUNK = 1024 * 1024
 _NO_EXPIRY = -1  # a snapshot's ttl_seconds keeping it until it is deleted
 _Req = Stream[Any, Any]
 
@@ -112,7 +110,7 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
         request = await self._request(stream)
         _, execution = await self._exec(stream, request.task_id, request.exec_id)
         fd = 1 if request.file_descriptor == sr.TASK_EXEC_STDIO_FILE_DESCRIPTOR_STDOUT else 2
-        async for chunk, _ in _output(execution, fd, request.offset):
+        async for chunk, _ in execution.output_from(fd, request.offset):
             await stream.send_message(sr.TaskExecStdioReadResponse(data=chunk))
 
     async def SandboxStdioReadV2(self, stream: _Req) -> None:
@@ -125,7 +123,7 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
             await sandbox.ended.wait()
             return
         fd = 1 if request.file_descriptor == sr.SANDBOX_STDIO_FILE_DESCRIPTOR_STDOUT else 2
-        async for chunk, at in _output(sandbox.entrypoint, fd, request.offset):
+        async for chunk, at in sandbox.entrypoint.output_from(fd, request.offset):
             await stream.send_message(sr.SandboxStdioReadV2Response(data=chunk, starting_offset=at))
 
     async def SandboxStdinWriteV2(self, stream: _Req) -> None:
@@ -245,25 +243,6 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
         if container_id:
             raise GRPCError(Status.NOT_FOUND, f"Container {container_id} not found")
         return sandbox
-
-
-async def _output(execution: Exec, fd: int, offset: int) -> AsyncIterator[tuple[bytes, int]]:
-    """The chunks of ``execution``'s output ``fd`` from ``offset``, each with its offset,
-    until the command has exited and all was given."""
-    output = execution.output(fd)
-    while True:
-
-        def ready(at: int = offset) -> bool:
-            return len(output) > at or execution.done
-
-        await execution.until(ready)
-        while offset < len(output):
-            chunk = output.read(offset, _CHUNK)
-            yield chunk, offset
-            offset += len(chunk)
-            output.took(offset)
-        if execution.done and offset >= len(output):
-            return
 
 
 def _ttl(ttl: int) -> float | None:

@@ -3,7 +3,9 @@
 The RPCs the SDK calls for ``Client.hello``, ``App.lookup``, images and their local files
 (`emulators.modal.images`), ``Sandbox.create`` (V2, and V1
 for GPU sandboxes), ``from_id``, ``list``, ``get_tags`` / ``set_tags``, ``poll`` / ``wait``,
-``tunnels``, ``terminate``, ``Image.from_id`` and ``modal.experimental.image_delete``
+``tunnels``, ``terminate``, a V1 sandbox's entrypoint stdio (``SandboxGetLogs``,
+``SandboxStdinWrite``; a V2 one's is the command router's), ``Image.from_id`` and
+``modal.experimental.image_delete``
 (and ``SandboxSnapshotFs``, the V1 snapshot the SDK takes with
 ``MODAL_USE_LEGACY_FILESYSTEM_SNAPSHOT=1``; otherwise it snapshots through the
 command router); every other RPC answers UNIMPLEMENTED.
@@ -30,6 +32,7 @@ quota answers RESOURCE_EXHAUSTED with a message in Modal's style.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import posixpath
 import time
@@ -471,6 +474,40 @@ class ControlPlane(api_grpc.ModalClientBase):
         sandbox = self._sandbox(workspace, request.sandbox_id)
         sandbox.tags = {tag.tag_name: tag.tag_value for tag in request.tags}
         await stream.send_message(empty_pb2.Empty())
+
+    async def SandboxGetLogs(self, stream: _Req) -> None:
+        """A V1 sandbox's entrypoint output as text batches; ``entry_id`` is the offset of the
+        bytes given so far (a partial UTF-8 character waits for the rest). The stream ends at
+        the request's timeout, and says ``eof`` once all was given."""
+        workspace, request = await self._enter(stream, "get")
+        sandbox = self._sandbox(workspace, request.sandbox_id)
+        fd = 2 if request.file_descriptor == api_pb2.FILE_DESCRIPTOR_STDERR else 1
+        offset = int(request.last_entry_id) if request.last_entry_id.isdigit() else 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(request.timeout or _MAX_WAIT, _MAX_WAIT)):
+                if sandbox.entrypoint is not None:
+                    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+                    async for chunk, at in sandbox.entrypoint.output_from(fd, offset):
+                        data = text.decode(chunk)
+                        offset = at + len(chunk) - len(text.getstate()[0])
+                        log = api_pb2.TaskLogs(data=data, file_descriptor=request.file_descriptor)
+                        batch = api_pb2.TaskLogsBatch(entry_id=str(offset), items=[log])
+                        await stream.send_message(batch)
+                else:
+                    await sandbox.ended.wait()
+                await stream.send_message(api_pb2.TaskLogsBatch(entry_id=str(offset), eof=True))
+
+    async def SandboxStdinWrite(self, stream: _Req) -> None:
+        """A V1 sandbox's entrypoint stdin; a write whose ``index`` was applied is skipped."""
+        workspace, request = await self._enter(stream, "exec")
+        sandbox = _running(self._sandbox(workspace, request.sandbox_id))
+        entrypoint = sandbox.entrypoint
+        if entrypoint is None:
+            raise GRPCError(Status.FAILED_PRECONDITION, "the sandbox has no entrypoint command")
+        if request.index > sandbox.stdin_index:
+            sandbox.stdin_index = request.index
+            await entrypoint.write_stdin(entrypoint.stdin_written, request.input, request.eof)
+        await stream.send_message(api_pb2.SandboxStdinWriteResponse())
 
     async def SandboxGetTunnelsV2(self, stream: _Req) -> None:
         await self._tunnels(stream, v2=True)

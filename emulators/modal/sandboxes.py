@@ -39,7 +39,7 @@ import shutil
 import signal
 import string
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +71,7 @@ IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FS_TOOLS = "/__modal/.bin/modal-sandbox-fs-tools"
 _BASE62 = string.digits + string.ascii_uppercase + string.ascii_lowercase
 _CHUNK = 64 * 1024
+_READ_CHUNK = 1024 * 1024
 _ENDINGS = {
     "kill": (api_pb2.GenericResult.GENERIC_STATUS_TERMINATED, "Sandbox terminated"),
     "expired": (api_pb2.GenericResult.GENERIC_STATUS_TIMEOUT, "Sandbox timed out"),
@@ -279,6 +280,24 @@ class Exec:
         async with self.changed:
             await self.changed.wait_for(ready)
 
+    async def output_from(self, fd: int, offset: int) -> AsyncIterator[tuple[bytes, int]]:
+        """The chunks of output ``fd`` from ``offset``, each with its offset, until the
+        command has exited and all was given."""
+        output = self.output(fd)
+        while True:
+
+            def ready(at: int = offset) -> bool:
+                return len(output) > at or self.done
+
+            await self.until(ready)
+            while offset < len(output):
+                chunk = output.read(offset, _READ_CHUNK)
+                yield chunk, offset
+                offset += len(chunk)
+                output.took(offset)
+            if self.done and offset >= len(output):
+                return
+
     async def write_stdin(self, offset: int, data: bytes, eof: bool) -> None:
         """Write ``data`` at ``offset`` of the stdin stream (bytes already written are skipped)."""
         stdin = self.process.proc.stdin
@@ -353,6 +372,7 @@ class ModalSandbox:
     tcp_tunnels: dict[int, tuple[str, int]] = field(default_factory=dict)  # port -> address
     ready_at: float | None = None  # when the readiness probe first passed
     mounts: dict[str, Path | None] = field(default_factory=dict)  # mount point -> hidden below
+    stdin_index: int = 0  # the last V1 SandboxStdinWrite index applied
     image_workdir: str | None = None  # the image's WORKDIR, the default of a create's workdir
     _listeners: list[asyncio.Server] = field(default_factory=list)
 

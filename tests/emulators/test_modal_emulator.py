@@ -722,3 +722,13 @@ def test_a_directory_snapshot_mounts_in_another_sandbox(emu: ModalEmulator, clie
         second.terminate()
     modal.experimental.image_delete(snap.object_id, client=client)
     assert snap.object_id not in emu.core.kept
+
+
+def test_a_v1_sandboxs_entrypoint_streams_through_the_control_plane(client: Any) -> None:
+    """A V1 (GPU) sandbox's entrypoint is read with ``SandboxGetLogs`` and fed with
+    ``SandboxStdinWrite``."""
+    sb = create(client, "bash", "-c", "read -r l; echo out $l; echo é >&2; exit 4", gpu="T4")
+    sb.stdin.write(b"v1\n")
+    sb.stdin.drain()
+    sb.wait()
+    assert (sb.returncode, sb.stdout.read(), sb.stderr.read()) == (4, "out v1\n", "é\n")
