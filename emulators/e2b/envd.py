@@ -79,6 +79,26 @@ def _link_host(sandbox: E2BSandbox, path: str | None, *, write: bool = False) ->
     return sandbox.host(parent, write=write) / name
 
 
+_GO_MODE_LETTERS = (
+    (stat.S_ISDIR, "d"),
+    (stat.S_ISLNK, "L"),
+    (lambda m: stat.S_ISBLK(m) or stat.S_ISCHR(m), "D"),
+    (stat.S_ISFIFO, "p"),
+    (stat.S_ISSOCK, "S"),
+    (lambda m: bool(m & stat.S_ISUID), "u"),
+    (lambda m: bool(m & stat.S_ISGID), "g"),
+    (stat.S_ISCHR, "c"),
+    (lambda m: bool(m & stat.S_ISVTX), "t"),
+)
+
+
+def _go_filemode(mode: int) -> str:
+    """``mode`` as Go's ``os.FileMode.String`` writes it (envd's ``permissions``):
+    type and special letters (``-`` when none), then ``rwxrwxrwx``."""
+    kind = "".join(letter for test, letter in _GO_MODE_LETTERS if test(mode)) or "-"
+    return kind + "".join(c if mode & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+
+
 def _entry(sandbox: E2BSandbox, host: Path) -> Message:
     """envd's EntryInfo: a symlink is described by its target (type, mode) and flagged,
     with the target resolved to an absolute sandbox path (the link's own when dangling)."""
@@ -103,7 +123,7 @@ def _entry(sandbox: E2BSandbox, host: Path) -> Message:
         type=file_type,
         size=str(info.st_size),
         mode=stat.S_IMODE(mode_of.st_mode),
-        permissions=stat.filemode(info.st_mode),
+        permissions=_go_filemode(info.st_mode),
         owner="user",
         group="user",
         modifiedTime=datetime.fromtimestamp(info.st_mtime, UTC).isoformat().replace("+00:00", "Z"),

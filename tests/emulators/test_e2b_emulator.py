@@ -435,7 +435,8 @@ async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
 
 async def test_get_info_of_a_symlink_describes_the_link(emu: E2BEmulator) -> None:
     """envd lstats the last path element: a symlink's entry is the link itself, with its
-    resolved absolute target and the target's type (the SDK shows it as a symlink)."""
+    resolved absolute target and the target's type (the SDK shows it as a symlink);
+    permissions read as Go's ``FileMode.String``."""
     sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
     try:
         await sbx.files.write("d/target.txt", "x")
@@ -446,6 +447,11 @@ async def test_get_info_of_a_symlink_describes_the_link(emu: E2BEmulator) -> Non
         listed = {e.name: e for e in await sbx.files.list("d")}
         assert listed["link.txt"].symlink_target == "/home/user/d/target.txt"
         assert listed["target.txt"].symlink_target is None
+        await sbx.commands.run("chmod 4755 target.txt", cwd="/home/user/d")
+        modes = {e.name: e.permissions for e in await sbx.files.list("/home/user")}
+        assert modes["d"] == "drwxr-xr-x"
+        modes = {e.name: e.permissions for e in await sbx.files.list("d")}
+        assert modes == {"link.txt": "Lrwxrwxrwx", "target.txt": "urwxr-xr-x"}
     finally:
         await sbx.kill()
 
