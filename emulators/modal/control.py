@@ -284,7 +284,8 @@ class ControlPlane(api_grpc.ModalClientBase):
         tags = {tag.tag_name: tag.tag_value for tag in request.tags}
         sandbox_id = new_id("sb", 22 if not v2 else 26)
         template = kept.copy if kept is not None else None
-        image_env = built.env if built is not None else {}
+        image_env = dict(built.env) if built is not None else {}
+        image_path = image_env.pop("PATH", None)
         try:
             local = await self.core.create(
                 workspace,
@@ -297,7 +298,7 @@ class ControlPlane(api_grpc.ModalClientBase):
         except QuotaViolation as exc:
             template = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else QUOTA_MESSAGE
             raise GRPCError(Status.RESOURCE_EXHAUSTED, template.format(limit=exc.limit)) from None
-        container = self.core.sandboxes[sandbox_id] = Container(local)
+        container = self.core.sandboxes[sandbox_id] = Container(local, image_path)
         try:
             _write_files(container, files)
         except PathRefused as exc:

@@ -123,7 +123,8 @@ def _b64(data: bytes) -> str:
 
 class Container(GuestSandbox):
     """A guest sandbox whose commands share one PID namespace, as a Modal container's do,
-    and find ``python`` on their PATH, as in every Modal image.
+    and find ``python`` on their PATH (``image_path``, the image's, else a usual one), as in
+    every Modal image.
 
     Under bubblewrap each command would get a PID namespace of its own, so one
     exec could not signal another (the router's kill of a background process
@@ -135,8 +136,9 @@ class Container(GuestSandbox):
     commands share the host's namespace anyway.
     """
 
-    def __init__(self, guest: GuestSandbox) -> None:
+    def __init__(self, guest: GuestSandbox, image_path: str | None = None) -> None:
         super().__init__(guest, guest.home, isolate=guest.isolate)
+        self.image_path = image_path or IMAGE_PATH
         self._init: int | None = None
         self._holding = asyncio.Lock()
         shim = self.root / MODAL_BIN.lstrip("/") / "python"
@@ -151,12 +153,12 @@ class Container(GuestSandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> LocalProcess:
-        """Start ``cmd``; unless the create or the exec sets a PATH, it is an image's
+        """Start ``cmd``; unless the create or the exec sets a PATH, it is the image's
         with `MODAL_BIN` last (its ``python``, which every Modal image has)."""
         if self.isolate:
             await self._hold()
         if "PATH" not in self.meta.get("env", {}) and "PATH" not in (env or {}):
-            env = {"PATH": f"{IMAGE_PATH}:{self.inside(MODAL_BIN)}", **(env or {})}
+            env = {"PATH": f"{self.image_path}:{self.inside(MODAL_BIN)}", **(env or {})}
         return await super().spawn(cmd, env=env, cwd=cwd)
 
     async def _hold(self) -> None:

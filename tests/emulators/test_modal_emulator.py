@@ -689,6 +689,7 @@ def test_image_layers_bring_env_workdir_and_local_files(client: Any, tmp_path: P
         assert ran.stdout.read() == "/srv/app\nhi there\nX = 1\nran\n"
         path = sb.exec("printenv", "PATH").stdout.read()
         assert path.startswith("/opt/tools:/usr/local/sbin:")
+        assert sb.exec("python", "-c", "print(2)").stdout.read() == "2\n"
         assert other.exec("bash", "-c", "echo $GREETING").stdout.read() == "other\n"
     finally:
         sb.terminate()
