@@ -40,9 +40,8 @@ from router.events import (
 from router.lease import Held
 from router.outage import Outage
 from router.state import EntryRef, Reservation, Settlement, Snapshot, Spend, StateStore
-from router.state.posted import then
+from router.state.posted import posted, then
 from router.state.warm import Claim
-from router.waits import until_done
 
 __all__ = ["RESERVE_GRACE", "Booking", "Denied", "Ledger"]
 
@@ -154,21 +153,20 @@ class Ledger:
         if shared:
             try:
                 await self.outage.keep_in_touch(self.store)  # owed outage spend lands first
-                reserving = asyncio.ensure_future(
+                reserving = posted(
                     self.store.reserve(
                         entry.ref, self._breaker, lease_id, now, hold,
                         new_session=new_session, warm=warm,
                     )
                 )  # fmt: skip
                 try:
-                    await until_done(reserving)
+                    reservation = await reserving
                 except asyncio.CancelledError:
                     if abandoned is not None:
-                        reserving.add_done_callback(
+                        reserving.after_cancel(
                             functools.partial(self._abandoned, entry, booking, abandoned)
                         )
                     raise
-                reservation = reserving.result()
                 self.outage.answered = now
                 self.state_error = None
             except StateUnavailable as exc:

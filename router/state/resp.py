@@ -206,14 +206,17 @@ class ScriptConnection:
             return out
 
         def landed(first: bool, call: asyncio.Future[Any]) -> None:
-            if out.done():
+            if out.done() and not out.cancelled():
                 return
             if call.cancelled() or isinstance(call.exception(), _TRANSPORT):
-                self._retry_into(out, sha, script, keys, args)
+                if out.cancelled():  # its caller is gone: no retry, the error is the answer
+                    out.land(call)
+                else:
+                    self._retry_into(out, sha, script, keys, args)
                 return
             reply = call.result()
             if isinstance(reply, hiredis.ReplyError):
-                if first and str(reply).startswith("NOSCRIPT"):
+                if first and str(reply).startswith("NOSCRIPT") and not out.cancelled():
                     if conn.lost is not None:
                         self._retry_into(out, sha, script, keys, args)
                         return

@@ -81,3 +81,51 @@ async def test_a_coroutine_or_a_landed_call_is_chained_not_folded() -> None:
     assert chained is not landed
     assert await chained == 4
     assert landed.result() == 3
+
+
+async def test_a_cancelled_callers_answer_reaches_after_cancel_however_the_turns_fall() -> None:
+    """The server ran the call; whoever undoes it gets the answer whether it landed before
+    the cancelled caller's handler ran, after it, or without any cancel taking hold."""
+    loop = asyncio.get_running_loop()
+    seen: list[Any] = []
+
+    def undo(answer: asyncio.Future[int]) -> None:
+        seen.append(answer.result())
+
+    registered_first: Posted[int] = Posted(lambda c: c.result() + 1, loop=loop)
+    registered_first.cancel()
+    registered_first.after_cancel(undo)
+    registered_first.land(finished(1))
+
+    landed_first: Posted[int] = Posted(lambda c: c.result() + 1, loop=loop)
+    landed_first.cancel()
+    landed_first.land(finished(2))
+    landed_first.after_cancel(undo)
+
+    not_cancelled: Posted[int] = Posted(lambda c: c.result() + 1, loop=loop)
+    not_cancelled.land(finished(3))  # the reply won the race: the cancel never took
+    not_cancelled.after_cancel(undo)
+    assert seen == [2, 3, 4]
+    assert registered_first.cancelled()
+    assert landed_first.cancelled()
+
+
+async def test_a_task_cancelled_awaiting_a_posted_call_leaves_its_answer_to_undo() -> None:
+    loop = asyncio.get_running_loop()
+    call: Posted[str] = Posted(lambda c: c.result(), loop=loop)
+    undone: list[str] = []
+
+    async def caller() -> str:
+        try:
+            return await call
+        except asyncio.CancelledError:
+            call.after_cancel(lambda answer: undone.append(answer.result()))
+            raise
+
+    task = asyncio.ensure_future(caller())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    call.land(finished("granted l-1"))
+    assert undone == ["granted l-1"]
