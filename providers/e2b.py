@@ -329,7 +329,10 @@ class E2BSandbox(Sandbox):
         ]
 
     async def remove(self, path: str) -> None:
+        """envd's remove takes a missing path as removed already; the contract says
+        NotFound, so the path is looked at first."""
         with self._errors():
+            await self._native.files.get_info(path)
             await self._native.files.remove(path)
 
     async def make_dir(self, path: str) -> bool:

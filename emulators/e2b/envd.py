@@ -444,7 +444,7 @@ class Envd:
         if host.is_dir() and not host.is_symlink():
             shutil.rmtree(host)
         else:
-            host.unlink()
+            host.unlink(missing_ok=True)  # envd's os.RemoveAll: gone already is removed
         return {}
 
     def _move(self, sandbox: E2BSandbox, message: Message) -> Message:

@@ -471,6 +471,17 @@ async def test_remove_of_a_symlink_removes_the_link(emu: E2BEmulator) -> None:
         await sbx.kill()
 
 
+async def test_remove_of_a_missing_path_is_no_error(emu: E2BEmulator) -> None:
+    """envd removes with Go's os.RemoveAll: a path that is not there is already removed
+    (the adapter asks get_info first to say NotFound, as every provider does)."""
+    sbx = await AsyncSandbox.create(**emu.sdk_kwargs())
+    try:
+        await sbx.files.remove("never/was.txt")
+        assert not await sbx.files.exists("never/was.txt")
+    finally:
+        await sbx.kill()
+
+
 async def test_file_metadata_is_kept_as_xattrs(emu: E2BEmulator) -> None:
     """``X-Metadata-*`` upload headers become ``user.e2b.*`` xattrs, shown by write, Stat,
     ListDir and Move; an upload replaces them all and bad bytes answer 400."""
