@@ -25,7 +25,10 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
   the background (`emulators.daytona.snapshots`); ``GET|DELETE
   /api/snapshots/{idOrName}`` read and delete such a snapshot, and a create
   naming it starts from its files. ``GET /api/snapshots`` pages them with the
-  deployment's general snapshots (the default one among them).
+  deployment's general snapshots (the default one among them);
+  ``POST /api/snapshots`` makes one of an image (emulated: nothing is
+  pulled), ``.../activate`` and ``.../deactivate`` switch one, and
+  ``.../build-logs[-url]`` show a build's log.
 * A create matching a warm pool is served by one of its ready sandboxes
   (`emulators.daytona.warm_pools`, which also holds ``/api/warm-pools``).
 * Preview links: ``GET .../ports/{port}/preview-url`` gives
@@ -191,6 +194,7 @@ class SandboxApi:
         self._boots: set[asyncio.Task[None]] = set()  # boots, snapshot copies and removals
         self._preview_tokens: dict[str, str] = {}
         self._signed: dict[str, SignedPreview] = {}
+        self._pulls: dict[str, asyncio.Task[None]] = {}  # image snapshots still pulling
         self.warm: WarmPools | None = None  # set by the emulator: creates claim from its pools
 
     def routes(self) -> list[web.RouteDef]:
@@ -220,6 +224,11 @@ class SandboxApi:
             web.get(one + "/ports/{port}/preview-url", self.preview_url),
             web.post(one + "/snapshot", self.snapshot),
             web.get("/api/snapshots", self.list_snapshots),
+            web.post("/api/snapshots", self.create_snapshot),
+            web.post("/api/snapshots/{snapshot}/activate", self.activate_snapshot),
+            web.post("/api/snapshots/{snapshot}/deactivate", self.deactivate_snapshot),
+            web.get("/api/snapshots/{snapshot}/build-logs-url", self.snapshot_build_logs_url),
+            web.get("/api/snapshots/{snapshot}/build-logs", self.snapshot_build_logs),
             web.get("/api/snapshots/{snapshot}", self.get_snapshot),
             web.delete("/api/snapshots/{snapshot}", self.delete_snapshot),
             web.get(one + "/ports/{port}/signed-preview-url", self.signed_preview_url),
@@ -614,6 +623,97 @@ class SandboxApi:
         if box.state == "snapshotting":
             self.core.set_state(box, previous)
 
+    async def create_snapshot(self, request: web.Request) -> web.Response:
+        """A snapshot of an image (``imageName``) or a build (``buildInfo``): it answers
+        ``pending`` and becomes ``active`` in the background (`_pull`)."""
+        key = self.key(request)
+        body = await self.json_body(request)
+        name, image = body.get("name"), body.get("imageName")
+        if not isinstance(name, str) or not name.strip():
+            raise ApiError(400, "name must be a non-empty string")
+        if find(self.emulator.captured.values(), name, org_of(key)) is not None:
+            raise ApiError(409, f"Snapshot with name {name} already exists")
+        build_info = body.get("buildInfo")
+        if (image is None) == (build_info is None):
+            raise ApiError(400, "Exactly one of imageName and buildInfo must be given")
+        if image is not None:
+            if not isinstance(image, str) or not image.strip():
+                raise ApiError(400, "imageName must be a non-empty string")
+            tag = image.rsplit("/", 1)[-1].partition("@")[0].partition(":")[2]
+            if "@" not in image and tag in ("", "latest"):
+                raise ApiError(
+                    400, "Images must include a tag, and the tag 'latest' is not allowed"
+                )
+        else:
+            _, build_info, _ = self.source({"buildInfo": build_info}, key)
+        entrypoint = body.get("entrypoint")
+        if entrypoint is not None and (
+            not isinstance(entrypoint, list) or not all(isinstance(a, str) for a in entrypoint)
+        ):
+            raise ApiError(400, "entrypoint must be a list of strings")
+        snap = Captured(
+            id=str(uuid.uuid4()),
+            name=name,
+            organization_id=org_of(key),
+            local_id=None,
+            source_sandbox_id=None,
+            target=str(body.get("regionId") or "us"),
+            **{k: _int(body, k, v, minimum=0) for k, v in DEFAULT_RESOURCES.items()},
+            state="pending",
+            image_name=image,
+            build_info=build_info,
+            entrypoint=entrypoint,
+        )
+        self.emulator.captured[snap.id] = snap
+        self._pulls[snap.id] = self.background(self._pull(snap))
+        return web.json_response(snap.dto())
+
+    async def _pull(self, snap: Captured) -> None:
+        """``pulling`` (``building`` for a build), then ``active``, ``boot_seconds`` apart."""
+        for state in ("building" if snap.build_info else "pulling", "active"):
+            await asyncio.sleep(self.emulator.boot_seconds)
+            if snap.state == "removing":
+                break
+            snap.state, snap.updated = state, time.time()
+        self._pulls.pop(snap.id, None)
+
+    async def activate_snapshot(self, request: web.Request) -> web.Response:
+        """An ``inactive`` snapshot made ``active`` again."""
+        snap = self._captured(request)
+        if snap.state not in ("inactive", "active"):
+            raise ApiError(400, f"Snapshot {snap.name} is {snap.state}")
+        snap.state, snap.updated = "active", time.time()
+        return web.json_response(snap.dto())
+
+    async def deactivate_snapshot(self, request: web.Request) -> web.Response:
+        """An ``active`` snapshot made ``inactive``: creates refuse it until activated."""
+        snap = self._captured(request)
+        if snap.state not in ("inactive", "active"):
+            raise ApiError(400, f"Snapshot {snap.name} is {snap.state}")
+        snap.state, snap.updated = "inactive", time.time()
+        return web.Response(status=204)
+
+    async def snapshot_build_logs_url(self, request: web.Request) -> web.Response:
+        snap = self._captured(request)
+        return web.json_response({"url": f"{self.emulator.api_url}/snapshots/{snap.id}/build-logs"})
+
+    async def snapshot_build_logs(self, request: web.Request) -> web.StreamResponse:
+        """The build's log, as a sandbox's (`_write_build_log`), once it is over when followed."""
+        snap = self._captured(request)
+        if snap.build_info is None:
+            raise ApiError(400, f"Snapshot {snap.name} has no build")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+        await response.prepare(request)
+        await _write_steps(response, snap.build_info["dockerfileContent"])
+        if request.query.get("follow") == "true":
+            pulling = self._pulls.get(snap.id)
+            if pulling is not None:
+                await asyncio.wait({pulling})
+            ended = f"Build failed: {snap.error}" if snap.state == "build_failed" else "Built"
+            await response.write(f"{ended} {snap.build_info['snapshotRef']}\n".encode())
+        await response.write_eof()
+        return response
+
     def _captured(self, request: web.Request) -> Captured:
         wanted = request.match_info["snapshot"]
         found = find(self.emulator.captured.values(), wanted, org_of(self.key(request)))
@@ -681,7 +781,8 @@ class SandboxApi:
     async def _remove(self, snap: Captured) -> None:
         await asyncio.sleep(self.emulator.boot_seconds)
         self.emulator.captured.pop(snap.id, None)
-        await self.core.local.delete_snapshot(snap.local_id)
+        if snap.local_id is not None:
+            await self.core.local.delete_snapshot(snap.local_id)
 
     async def preview_url(self, request: web.Request) -> web.Response:
         """A port's preview link and the token a private sandbox's link wants.
@@ -767,13 +868,7 @@ class SandboxApi:
             raise ApiError(400, "Sandbox has no build")
         response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
         await response.prepare(request)
-        steps = [
-            line.strip()
-            for line in box.build_info["dockerfileContent"].splitlines()
-            if line.strip() and not line.lstrip().startswith("#")
-        ]
-        for number, step in enumerate(steps, 1):
-            await response.write(f"Step {number}/{len(steps)} : {step}\n".encode())
+        await _write_steps(response, box.build_info["dockerfileContent"])
         if request.query.get("follow") == "true":
             if box.boot is not None:
                 await asyncio.wait({box.boot})
@@ -829,6 +924,17 @@ class SandboxApi:
                 "nextCursor": next_cursor,
             }
         )
+
+
+async def _write_steps(response: web.StreamResponse, dockerfile: str) -> None:
+    """A build log's line per Dockerfile instruction."""
+    steps = [
+        line.strip()
+        for line in dockerfile.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    for number, step in enumerate(steps, 1):
+        await response.write(f"Step {number}/{len(steps)} : {step}\n".encode())
 
 
 def _order(box: Box) -> tuple[float, str]:

@@ -7,7 +7,10 @@ Daytona's id and its name, unique in its organization while the record lasts.
 As on Daytona, the record is written ``active`` once the copy is made, before
 the sandbox leaves ``snapshotting``; a delete marks it ``removing`` and it is
 gone (its copy too) shortly after. A create naming it, by id or name, starts
-from a copy of the copy.
+from a copy of the copy. A snapshot made by ``POST /api/snapshots`` from an
+image (a name, or a build) goes ``pending`` -> ``pulling`` (``building``) ->
+``active``; nothing is pulled or built, and its sandboxes start from the
+default files, with the sizes it was made with.
 
 The deployment's general snapshots (`general`: the default snapshot and
 those the emulator was given) are listed with them, to every organization,
@@ -36,14 +39,18 @@ class Captured:
     id: str
     name: str
     organization_id: str
-    local_id: str
-    source_sandbox_id: str
+    local_id: str | None  # None: made from an image, its sandboxes start from the default files
+    source_sandbox_id: str | None
     target: str
     cpu: int
     gpu: int
     memory: int
     disk: int
     state: str = "active"
+    image_name: str | None = None
+    build_info: dict[str, Any] | None = None
+    entrypoint: list[str] | None = None
+    error: str | None = None
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
 
@@ -58,22 +65,22 @@ class Captured:
             "organizationId": self.organization_id,
             "general": False,
             "name": self.name,
-            "imageName": None,
+            "imageName": self.image_name,
             "state": self.state,
             "size": None,
-            "entrypoint": None,
+            "entrypoint": self.entrypoint,
             "cpu": self.cpu,
             "gpu": self.gpu,
             "mem": self.memory,
             "disk": self.disk,
-            "errorReason": None,
+            "errorReason": self.error,
             "createdAt": iso(self.created),
             "updatedAt": iso(self.updated),
             "lastUsedAt": iso(self.created),
-            "buildInfo": None,
+            "buildInfo": self.build_info,
             "regionIds": [self.target],
             "initialRunnerId": "emulated-runner",
-            "ref": f"registry.emulated/daytona/{self.id}:latest",
+            "ref": self.image_name or f"registry.emulated/daytona/{self.id}:latest",
             "sourceSandboxId": self.source_sandbox_id,
             "sandboxClass": "container",
         }

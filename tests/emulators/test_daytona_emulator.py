@@ -811,3 +811,35 @@ async def test_presigned_file_urls(client: AsyncDaytona) -> None:
             assert rotated.status == 401
         async with http.get(await sandbox.download_url("docs/a.txt", ttl_seconds=0)) as forever:
             assert forever.status == 200
+
+
+async def test_a_snapshot_made_from_an_image_is_a_source_for_creates(
+    emu: DaytonaEmulator, client: AsyncDaytona
+) -> None:
+    """``snapshot.create`` from an image name goes ``pending`` -> ``pulling`` -> ``active``
+    (nothing is pulled: its sandboxes have the default filesystem) with the sizes asked."""
+    from daytona import CreateSnapshotParams
+
+    logs: list[str] = []
+    snap = await client.snapshot.create(
+        CreateSnapshotParams(
+            name="py312", image="python:3.12-slim", resources=Resources(cpu=2, memory=2)
+        ),
+        on_logs=logs.append,
+    )
+    assert (snap.state, snap.image_name, snap.cpu, snap.mem, snap.general) == (
+        "active",
+        "python:3.12-slim",
+        2,
+        2,
+        False,
+    )
+    assert logs[-1].startswith("Created snapshot py312")
+    with pytest.raises(DaytonaError, match="latest"):
+        await client.snapshot.create(CreateSnapshotParams(name="bad", image="python:latest"))
+    with pytest.raises(DaytonaError, match="already exists"):
+        await client.snapshot.create(CreateSnapshotParams(name="py312", image="python:3.12"))
+    sandbox = await client.create(CreateSandboxFromSnapshotParams(snapshot="py312"))
+    assert (sandbox.snapshot, sandbox.cpu, sandbox.memory) == ("py312", 2, 2)
+    await client.snapshot.delete(snap)
+    await until(lambda: not emu.captured)
