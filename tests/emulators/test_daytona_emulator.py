@@ -68,7 +68,8 @@ async def api(emu: DaytonaEmulator, method: str, path: str, **kw: Any) -> tuple[
         aiohttp.ClientSession() as http,
         http.request(method, emu.api_url + path, headers=headers, **kw) as response,
     ):
-        return response.status, await response.json()
+        body = await response.read()
+        return response.status, json.loads(body) if body else None
 
 
 def demux(output: str) -> tuple[str, str]:
@@ -839,6 +840,10 @@ async def test_a_snapshot_made_from_an_image_is_a_source_for_creates(
         await client.snapshot.create(CreateSnapshotParams(name="bad", image="python:latest"))
     with pytest.raises(DaytonaError, match="already exists"):
         await client.snapshot.create(CreateSnapshotParams(name="py312", image="python:3.12"))
+    assert (await api(emu, "POST", f"/snapshots/{snap.id}/deactivate"))[0] == 204
+    with pytest.raises(DaytonaError, match="inactive"):
+        await client.create(CreateSandboxFromSnapshotParams(snapshot="py312"))
+    assert (await client.snapshot.activate(snap)).state == "active"
     sandbox = await client.create(CreateSandboxFromSnapshotParams(snapshot="py312"))
     assert (sandbox.snapshot, sandbox.cpu, sandbox.memory) == ("py312", 2, 2)
     await client.snapshot.delete(snap)
