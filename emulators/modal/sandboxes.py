@@ -154,11 +154,16 @@ class Container(GuestSandbox):
         cwd: str | None = None,
     ) -> LocalProcess:
         """Start ``cmd``; unless the create or the exec sets a PATH, it is the image's
-        with `MODAL_BIN` last (its ``python``, which every Modal image has)."""
+        with `MODAL_BIN` last (its ``python``, which every Modal image has); Python's
+        output is buffered unless they set ``PYTHONUNBUFFERED``."""
         if self.isolate:
             await self._hold()
-        if "PATH" not in self.meta.get("env", {}) and "PATH" not in (env or {}):
-            env = {"PATH": f"{self.image_path}:{self.inside(MODAL_BIN)}", **(env or {})}
+        defaults = {
+            "PATH": f"{self.image_path}:{self.inside(MODAL_BIN)}",
+            "PYTHONUNBUFFERED": "",  # the local provider's "1": a container's Python buffers
+        }
+        own = {**self.meta.get("env", {}), **(env or {})}
+        env = {**{k: v for k, v in defaults.items() if k not in own}, **(env or {})}
         return await super().spawn(cmd, env=env, cwd=cwd)
 
     async def _hold(self) -> None:

@@ -546,16 +546,22 @@ def test_the_whole_filesystem(isolation: str, monkeypatch: pytest.MonkeyPatch) -
 
 def test_python_is_on_the_path(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Modal's images have ``python`` (the examples exec it): a sandbox whose system has only
-    ``python3`` finds one last on its PATH; a PATH the create sets is kept."""
+    ``python3`` finds one last on its PATH; a PATH the create sets is kept. Its stdout is
+    buffered, as in a Modal container: the code interpreter example reads a JSON line that
+    ``print(..., flush=True)`` writes whole (unbuffered, its newline came as a chunk apart)."""
     with ModalEmulator(isolation=isolation) as emu:
         for key, value in emu.sdk_env().items():
             monkeypatch.setenv(key, value)
         sdk_client = modal.Client.from_credentials(TEST_TOKEN_ID, TEST_TOKEN_SECRET)
-        sb = create(sdk_client, "python", "-c", "print('entry'); import time; time.sleep(60)")
+        sb = create(
+            sdk_client, "python", "-c", "print('entry', flush=True); import time; time.sleep(60)"
+        )
         own = create(sdk_client, env={"PATH": "/opt/own"})
         try:
             ran = sb.exec("python", "-c", "import sys; print(sys.version_info[0])")
             assert (ran.stdout.read(), ran.wait()) == ("3\n", 0)
+            buffered = "import sys; print(sys.stdout.write_through)"
+            assert sb.exec("python", "-c", buffered).stdout.read() == "False\n"
             assert next(iter(sb.stdout)) == "entry\n"
             assert own.exec("/bin/sh", "-c", "echo $PATH").stdout.read() == "/opt/own\n"
         finally:
