@@ -77,7 +77,13 @@ class Captured:
             "createdAt": iso(self.created),
             "updatedAt": iso(self.updated),
             "lastUsedAt": iso(self.created),
-            "buildInfo": self.build_info,
+            "buildInfo": None
+            if self.build_info is None
+            else {
+                **self.build_info,
+                "createdAt": iso(self.created),
+                "updatedAt": iso(self.created),
+            },
             "regionIds": [self.target],
             "initialRunnerId": "emulated-runner",
             "ref": self.image_name or f"registry.emulated/daytona/{self.id}:latest",

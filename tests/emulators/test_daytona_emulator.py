@@ -848,3 +848,23 @@ async def test_a_snapshot_made_from_an_image_is_a_source_for_creates(
     assert (sandbox.snapshot, sandbox.cpu, sandbox.memory) == ("py312", 2, 2)
     await client.snapshot.delete(snap)
     await until(lambda: not emu.captured)
+
+
+async def test_a_snapshot_built_from_a_declarative_image(
+    emu: DaytonaEmulator, client: AsyncDaytona, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build snapshot (``buildInfo``) goes through ``building`` (long enough here for the
+    SDK, which polls each second, to follow it); its log shows the steps."""
+    from daytona import CreateSnapshotParams, Image
+
+    monkeypatch.setattr(emu, "boot_seconds", 0.8)
+    logs: list[str] = []
+    image = Image.debian_slim("3.12").pip_install(["requests"])
+    snap = await client.snapshot.create(
+        CreateSnapshotParams(name="built", image=image), on_logs=logs.append
+    )
+    assert snap.state == "active"
+    assert snap.build_info is not None
+    assert "requests" in snap.build_info.dockerfile_content
+    assert any(line.startswith("Step 1/") for line in logs)
+    await client.snapshot.delete(snap)
