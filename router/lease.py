@@ -10,6 +10,9 @@ Both flavours delegate to the same async handle on the router's loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import warnings
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -354,6 +357,8 @@ class _LeaseBase:
         self._engine = engine
         self._release_fn = release
         self._pause_fn = pause
+        dropped = weakref.finalize(self, _release_dropped, held, engine, release)
+        dropped.atexit = False  # at exit the engine's thread is going too; the janitor reaps
 
     @property
     def id(self) -> str:
@@ -403,6 +408,24 @@ class _LeaseBase:
         state = "released" if self._held.released else "live"
         name = type(self).__name__
         return f"<{name} {self.id} entry={self.entry} sandbox={self.sandbox_id} {state}>"
+
+
+def _release_dropped(
+    held: Held, engine: Engine, release: Callable[[Held], Coroutine[Any, Any, None]]
+) -> None:
+    """Release a lease its owner dropped unreleased (and every handle on its sandbox): its
+    heartbeats would otherwise keep it, and the sandbox it pays for, alive for as long as
+    the router runs. Said with a ResourceWarning, as an unclosed file is."""
+    if held.released or engine.closed:
+        return
+    warnings.warn(
+        f"lease {held.lease_id} on {held.entry} was never released; released on garbage "
+        "collection (use it as a context manager, or call release())",
+        ResourceWarning,
+        stacklevel=2,
+    )
+    with contextlib.suppress(RuntimeError):  # the app's loop (an adopted one) is closed
+        engine.submit(release(held))
 
 
 class Lease(_LeaseBase):

@@ -9,9 +9,12 @@ A cancelled release still kills its sandbox and frees its slot.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import warnings
 
+import pytest
 import redis
 
 from tests.polling import wait_until
@@ -94,3 +97,27 @@ def test_a_cancelled_release_still_kills_and_frees(make_router, scripted, events
     view = router.status().entries[0]
     assert (view.live_leases, view.used["sessions"]) == (0, 2)
     assert fired(events, "kill_failed") == []
+
+
+def test_a_lease_dropped_unreleased_is_released_with_a_warning(make_router, scripted) -> None:
+    """Its heartbeats would keep a dropped lease, and the sandbox it pays for, alive for
+    as long as the router runs. A handle on its sandbox keeps it, as its owner would."""
+    flaky = scripted()
+    router = make_router(providers={"flaky": flaky}, chain=CHAIN)
+    handle = router.acquire().sandbox
+    gc.collect()
+    assert handle.run("echo kept").stdout == "kept\n"
+    kept = handle.id
+    with pytest.warns(ResourceWarning, match="released on garbage collection"):
+        del handle  # the last reference: the lease goes with it
+    wait_until(lambda: flaky.alive() == [])
+    assert flaky.alive() == []
+    assert kept in flaky.created
+    wait_until(lambda: router.status().entries[0].live_leases == 0)
+    assert router.status().entries[0].live_leases == 0
+    with router.acquire() as lease:
+        pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del lease  # released already: no warning
+        gc.collect()
