@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import posixpath
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -46,6 +45,7 @@ from modal_proto import api_grpc, api_pb2
 
 from emulators.filesystem import PathRefused
 from emulators.harness import QuotaViolation
+from emulators.modal.images import Copy
 from emulators.modal.rpc import apply_fault, fill_unimplemented, metadata_value
 from emulators.modal.sandboxes import MODAL_HOME, Container, ModalSandbox, new_id
 from emulators.modal.tunnels import tunnel_host
@@ -264,11 +264,9 @@ class ControlPlane(api_grpc.ModalClientBase):
                 Status.INVALID_ARGUMENT, "a directory snapshot is mounted (mount_image), not run"
             )
         copies = list(built.copies) if built is not None else []
-        copies += [(mount_id, "/") for mount_id in definition.mount_ids]
+        copies += [Copy(mount_id, (".",), "/") for mount_id in definition.mount_ids]
         files = [
-            (posixpath.join(to, path.lstrip("/")), data, mode)
-            for mount_id, to in copies
-            for path, data, mode in self.emu.mounts.files(mount_id)
+            placed for copy in copies for placed in copy.place(self.emu.mounts.files(copy.mount_id))
         ]
         image_workdir = built.workdir if built is not None else None
         workdir = definition.workdir or image_workdir

@@ -6,9 +6,9 @@ Every layer of an image (``from_registry``, then each ``env``, ``workdir``,
 whole definition. A layer is not run: the sandbox's system is the host's
 (`emulators.filesystem.GuestSandbox`), so ``RUN`` commands (package
 installs) are skipped; what a layer says about the sandbox is kept:
-``ENV`` variables, the ``WORKDIR``, and the files of a ``COPY`` of its
-context mount. A registry tag not in ``allowed`` fails its build, as a
-missing registry image does.
+``ENV`` variables, the ``WORKDIR``, and the files a ``COPY`` takes from its
+context mount (placed as Docker places them). A registry tag not in
+``allowed`` fails its build, as a missing registry image does.
 
 Local files reach Modal as mounts: the SDK asks which contents Modal lacks
 (``MountBatchedCheckExistence``), uploads them (``MountPutFile``) and
@@ -21,9 +21,12 @@ blob storage, which the emulator lacks (``BlobCreate`` is UNIMPLEMENTED).
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import hashlib
+import json
 import posixpath
 import re
+import shlex
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,11 +35,42 @@ from typing import Any
 from grpclib import GRPCError, Status
 from modal_proto import api_pb2
 
-__all__ = ["ImageRecord", "Images", "Mounts"]
+__all__ = ["Copy", "ImageRecord", "Images", "Mounts"]
 
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_PAIR = re.compile(r"""([^\s=]+)=("(?:[^"\\]|\\.)*"|'[^']*'|\S*)""")
 _VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A ``COPY`` of files of a mount: its sources (``.``: all) to a destination."""
+
+    mount_id: str
+    sources: tuple[str, ...]
+    destination: str
+
+    def place(self, files: Iterable[tuple[str, bytes, int]]) -> list[tuple[str, bytes, int]]:
+        """Where Docker puts ``files`` (path in the mount, contents, mode): a directory's
+        contents into the destination, a file to it, or into it when it ends with ``/`` or
+        there are several sources."""
+        into = self.destination.endswith("/") or len(self.sources) > 1
+        placed: list[tuple[str, bytes, int]] = []
+        sources = [posixpath.normpath(source.lstrip("/")) for source in self.sources]
+        for path, data, mode in files:
+            name = posixpath.normpath(path.lstrip("/"))
+            for source in sources:
+                if source == ".":
+                    placed.append((posixpath.join(self.destination, name), data, mode))
+                elif name.startswith(source + "/"):
+                    rest = name[len(source) + 1 :]
+                    placed.append((posixpath.join(self.destination, rest), data, mode))
+                elif name == source or fnmatch.fnmatchcase(name, source):
+                    to = self.destination
+                    if into or name != source:
+                        to = posixpath.join(to, posixpath.basename(name))
+                    placed.append((to, data, mode))
+        return placed
 
 
 @dataclass
@@ -47,7 +81,7 @@ class ImageRecord:
     ready_at: float  # time.monotonic() when its build is over
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
-    copies: list[tuple[str, str]] = field(default_factory=list)  # (mount id, destination)
+    copies: list[Copy] = field(default_factory=list)
 
 
 class Images:
@@ -90,9 +124,15 @@ class Images:
                 record.env.update(_env(rest, record.env))
             elif word == "WORKDIR" and rest:
                 record.workdir = posixpath.join(record.workdir or "/", _unquote(rest))
-            elif word == "COPY" and image.context_mount_id and rest:
-                destination = posixpath.join(record.workdir or "/", _unquote(rest.split()[-1]))
-                record.copies.append((image.context_mount_id, destination))
+            elif word == "COPY" and image.context_mount_id:
+                words = _words(rest)
+                if len(words) >= 2:
+                    to = words[-1]
+                    destination = posixpath.join(record.workdir or "/", to)
+                    if to.endswith("/") and not destination.endswith("/"):
+                        destination += "/"
+                    copy = Copy(image.context_mount_id, tuple(words[:-1]), destination)
+                    record.copies.append(copy)
         return record
 
     def record(self, image_id: str) -> ImageRecord | None:
@@ -152,6 +192,15 @@ def _env(rest: str, current: Mapping[str, str]) -> dict[str, str]:
 
 def _expand(value: str, env: Mapping[str, str]) -> str:
     return _VARIABLE.sub(lambda m: env.get(m[1] or m[2], ""), value)
+
+
+def _words(rest: str) -> list[str]:
+    """A ``COPY``'s sources and destination (shell or JSON form), its ``--flags`` dropped."""
+    try:
+        words = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+    except ValueError:
+        return []
+    return [str(w) for w in words if not str(w).startswith("--")]
 
 
 def _unquote(word: str) -> str:

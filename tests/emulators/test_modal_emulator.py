@@ -739,3 +739,18 @@ def test_a_v1_sandboxs_entrypoint_streams_through_the_control_plane(client: Any)
     sb.stdin.drain()
     sb.wait()
     assert (sb.returncode, sb.stdout.read(), sb.stderr.read()) == (4, "out v1\n", "é\n")
+
+
+def test_a_dockerfiles_copy_places_files_as_docker_does(client: Any, tmp_path: Path) -> None:
+    """``Image.from_dockerfile``'s ``COPY``: a directory's contents into the destination, a
+    file to a destination path or into a destination directory, relative to the WORKDIR."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x.py").write_text("x")
+    (tmp_path / "y.txt").write_text("y")
+    dockerfile = tmp_path / "Dockerfile"
+    copies = "COPY sub/ /dst/\nCOPY y.txt /etc2/z.txt\nCOPY y.txt sub/x.py multi/\n"
+    dockerfile.write_text(f"FROM {IMAGE}\nWORKDIR /srv\n{copies}")
+    image = modal.Image.from_dockerfile(dockerfile, context_dir=tmp_path)
+    sb = create(client, "bash", "-c", "find /dst /etc2 /srv -type f | sort", image=image)
+    sb.wait()
+    assert sb.stdout.read() == "/dst/x.py\n/etc2/z.txt\n/srv/multi/x.py\n/srv/multi/y.txt\n"
