@@ -9,7 +9,7 @@ the proxy in front answers a refused key (401), an unknown sandbox (404) and
 one not running (400) in the same shape with ``source: DAYTONA_PROXY``.
 
 * ``POST /process/execute`` runs a command to the end (stdout and stderr
-  merged in ``result``; ``timeout`` seconds, 10 when unset, then 408);
+  merged in ``result``; past ``timeout`` seconds, when given, 408);
   ``POST /process/code-run`` runs python (or node) code the same way.
 * Sessions: ``POST /process/session`` starts a shell
   (`emulators.daytona.sandboxes.ShellSession`), ``POST .../{id}/exec``
@@ -81,9 +81,8 @@ from providers.errors import SandboxError
 if TYPE_CHECKING:
     from emulators.daytona import DaytonaEmulator
 
-__all__ = ["EXECUTE_DEFAULT_TIMEOUT", "PROXY", "Toolbox", "daemon_error"]
+__all__ = ["PROXY", "Toolbox", "daemon_error"]
 
-EXECUTE_DEFAULT_TIMEOUT = 10
 PROXY = "DAYTONA_PROXY"
 ENTRYPOINT = "sleep infinity"  # the default snapshot's command
 BOX = web.RequestKey("box", Box)
@@ -283,10 +282,10 @@ class Toolbox:
         box: Box = request[BOX]
         body = await self._json(request)
         command = body.get("command")
-        if not isinstance(command, str) or not command:
-            raise DaemonError(400, "command is required", "INVALID_REQUEST_BODY")
+        if not isinstance(command, str) or not command.strip():
+            raise DaemonError(400, "command cannot be empty or whitespace-only", "BAD_REQUEST")
         cwd = body.get("cwd")
-        timeout = body.get("timeout") or EXECUTE_DEFAULT_TIMEOUT
+        timeout = body.get("timeout") or None
         script = self._shell(box, f"{{ {command}\n}} 2>&1", cwd)
         result = await box.local.run(
             ["/bin/bash", "-c", script],

@@ -868,3 +868,17 @@ async def test_a_snapshot_built_from_a_declarative_image(
     assert "requests" in snap.build_info.dockerfile_content
     assert any(line.startswith("Step 1/") for line in logs)
     await client.snapshot.delete(snap)
+
+
+async def test_exec_without_a_timeout_runs_to_the_end(
+    client: AsyncDaytona, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon puts no limit on an exec that names no timeout (it had a default of 10 s)."""
+    from emulators.daytona import toolbox
+
+    monkeypatch.setattr(toolbox, "EXECUTE_DEFAULT_TIMEOUT", 1, raising=False)
+    sandbox = await client.create()
+    ran = await sandbox.process.exec("sleep 1.5; echo done")
+    assert (ran.exit_code, ran.result) == (0, "done\n")
+    with pytest.raises(DaytonaError, match="cannot be empty"):
+        await sandbox.process.exec("  ")
