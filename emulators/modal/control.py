@@ -67,6 +67,7 @@ QUOTA_MESSAGE = (
 IMAGE_BUILDER_VERSION = "2025.06"
 _AUTH_TOKEN_TTL = 20 * 60
 _ROUTER_TOKEN_TTL = 10 * 60
+_CONNECT_TOKEN_TTL = 24 * 3600
 _MAX_WAIT = 55.0
 _SUCCESS = api_pb2.GenericResult(status=api_pb2.GenericResult.GENERIC_STATUS_SUCCESS)
 _Req = Stream[Any, Any]
@@ -473,6 +474,24 @@ class ControlPlane(api_grpc.ModalClientBase):
         sandbox = self._sandbox(workspace, request.sandbox_id)
         sandbox.tags = {tag.tag_name: tag.tag_value for tag in request.tags}
         await stream.send_message(empty_pb2.Empty())
+
+    async def SandboxCreateConnectTokenV2(self, stream: _Req) -> None:
+        await self._connect_token(stream, v2=True)
+
+    async def SandboxCreateConnectToken(self, stream: _Req) -> None:
+        await self._connect_token(stream, v2=False)
+
+    async def _connect_token(self, stream: _Req, *, v2: bool) -> None:
+        """A URL of its own for the request's port and a token the edge wants with each
+        request (`emulators.modal.tunnels`); the ``user_metadata`` is not passed on."""
+        workspace, request = await self._enter(stream, "port", v2=v2)
+        sandbox = _running(self._sandbox(workspace, request.sandbox_id))
+        host = tunnel_host()
+        self.core.connect_hosts[host] = (sandbox, request.port or 8080)
+        token = self.core.tokens.mint(_CONNECT_TOKEN_TTL, connect=host)
+        await stream.send_message(
+            api_pb2.SandboxCreateConnectTokenResponse(url=f"https://{host}", token=token)
+        )
 
     async def SandboxGetLogs(self, stream: _Req) -> None:
         """A V1 sandbox's entrypoint output as text batches; ``entry_id`` is the offset of the

@@ -610,6 +610,7 @@ class ModalCore(EmulatorCore):
         self.named_secrets: dict[str, str] = {}
         self.tokens = Tokens()
         self.tunnel_hosts: dict[str, tuple[ModalSandbox, int]] = {}
+        self.connect_hosts: dict[str, tuple[ModalSandbox, int]] = {}  # connect token URLs
         self.kept: dict[str, KeptImage] = {}
 
     def add(self, sandbox: ModalSandbox) -> None:

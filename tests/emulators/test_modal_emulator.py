@@ -408,13 +408,15 @@ def test_the_entrypoint_is_the_sandboxs_process(emu: ModalEmulator, client: Any)
         sleeper.stdin.drain()
 
 
-def through_tunnel(emu: ModalEmulator, url: str) -> httpx.Response:
+def through_tunnel(
+    emu: ModalEmulator, url: str, headers: dict[str, str] | None = None
+) -> httpx.Response:
     """GET ``url`` (a tunnel's) where Modal's DNS would send it: the emulator's edge."""
     parsed = httpx.URL(url)
     target = emu.resolve(parsed.host)
     assert target is not None
     edge = parsed.copy_with(scheme="http", host=target[0], port=target[1])
-    return httpx.get(edge, headers={"Host": parsed.host}, timeout=5)
+    return httpx.get(edge, headers={"Host": parsed.host, **(headers or {})}, timeout=5)
 
 
 def test_tunnels_of_declared_ports_reach_a_server_in_the_sandbox(
@@ -754,3 +756,26 @@ def test_a_dockerfiles_copy_places_files_as_docker_does(client: Any, tmp_path: P
     sb = create(client, "bash", "-c", "find /dst /etc2 /srv -type f | sort", image=image)
     sb.wait()
     assert sb.stdout.read() == "/dst/x.py\n/etc2/z.txt\n/srv/multi/x.py\n/srv/multi/y.txt\n"
+
+
+def test_a_connect_token_reaches_the_port_it_names(emu: ModalEmulator, client: Any) -> None:
+    """``create_connect_token`` gives a URL and a token: the edge forwards a request bearing
+    the token (``Authorization: Bearer`` or ``_modal_connect_token``) to the port, and
+    refuses one without (401)."""
+    port = free_port()
+    server = f"import http.server as h; h.test(h.SimpleHTTPRequestHandler, port={port})"
+    sb = create(client, "python3", "-c", server, readiness_probe=modal.Probe.with_tcp(port))
+    stranger = create(client)
+    try:
+        sb.wait_until_ready(timeout=10)
+        creds = sb.create_connect_token(user_metadata={"user": "a"}, port=port)
+        bearer = {"Authorization": f"Bearer {creds.token}"}
+        assert through_tunnel(emu, creds.url + "/", bearer).status_code == 200
+        with_query = f"{creds.url}/?_modal_connect_token={creds.token}"
+        assert through_tunnel(emu, with_query).status_code == 200
+        assert through_tunnel(emu, creds.url + "/").status_code == 401
+        other = {"Authorization": f"Bearer {stranger.create_connect_token(port=port).token}"}
+        assert through_tunnel(emu, creds.url + "/", other).status_code == 401
+    finally:
+        sb.terminate()
+        stranger.terminate()
