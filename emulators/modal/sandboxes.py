@@ -462,7 +462,7 @@ class ModalSandbox:
             raise GRPCError(Status.INVALID_ARGUMENT, "cannot mount an image at /")
         if point in self.mounts:
             await self.unmount(point)
-        target = self._host(point)
+        target = self.host_path(point)
         aside: Path | None = None
         if target.exists() or target.is_symlink():
             aside = self.local.root / _MOUNTED.lstrip("/") / secrets.token_hex(8)
@@ -479,12 +479,13 @@ class ModalSandbox:
         if point not in self.mounts:
             raise GRPCError(Status.NOT_FOUND, f"no image is mounted at {point}")
         aside = self.mounts.pop(point)
-        target = self._host(point)
+        target = self.host_path(point)
         await asyncio.to_thread(shutil.rmtree, target, ignore_errors=True)
         if aside is not None:
             os.rename(aside, target)
 
-    def _host(self, path: str) -> Path:
+    def host_path(self, path: str) -> Path:
+        """The host path of sandbox path ``path``, to write; INVALID_ARGUMENT where refused."""
         try:
             return self.local.host(path, write=True)
         except PathRefused as exc:
@@ -632,7 +633,7 @@ class ModalCore(EmulatorCore):
 
     async def snapshot_directory(self, sandbox: ModalSandbox, path: str, ttl: float | None) -> str:
         """Copy one directory of ``sandbox`` into a new image its workspace owns; the image id."""
-        source = sandbox._host(path)
+        source = sandbox.host_path(path)
         if not source.is_dir():
             raise GRPCError(Status.NOT_FOUND, f"no directory {sandbox.local.absolute(path)}")
         image_id = new_id("im")
