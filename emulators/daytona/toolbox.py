@@ -230,7 +230,7 @@ class Toolbox:
         key = bearer(request)
         signed = _signed_operation(request)
         if signed is not None and not self.core.key_ok(key):
-            box = self.core.boxes.get(request.match_info.get("sandbox", ""))
+            box = self.core.boxes.get(_sandbox_id(request))
             refused = _check_signature(request, signed, box)
             if refused is not None:
                 return daemon_error(401, refused, "UNAUTHORIZED", request, source=PROXY)
@@ -238,7 +238,7 @@ class Toolbox:
             return daemon_error(401, "Unauthorized", "UNAUTHORIZED", request, source=PROXY)
         else:
             assert key is not None
-            box = self.core.find(request.match_info.get("sandbox", ""), key)
+            box = self.core.find(_sandbox_id(request), key)
         if box is None or box.state == "destroyed":
             return daemon_error(404, "sandbox not found", "NOT_FOUND", request, source=PROXY)
         if box.state != "started":
@@ -251,7 +251,9 @@ class Toolbox:
         except DaemonError as exc:
             return daemon_error(exc.status, exc.message, exc.code, request)
         except web.HTTPNotFound:
-            return daemon_error(404, "route not found", "NOT_FOUND", request)
+            tail = "/" + "/".join(request.path.split("/")[3:])
+            message = f"route not found: {request.method} {tail}"
+            return daemon_error(404, message, "NOT_FOUND", request)
 
     @staticmethod
     async def _json(request: web.Request) -> dict[str, Any]:
@@ -920,6 +922,11 @@ class Toolbox:
 
 _SIGNED = {("GET", "/files/download"): "GET", ("HEAD", "/files/download"): "GET"}
 _SIGNED[("POST", "/files/upload-v2")] = "POST"
+
+
+def _sandbox_id(request: web.Request) -> str:
+    """The sandbox a toolbox request names (``/toolbox/{id}/...``), whether a route matched."""
+    return request.match_info.get("sandbox") or request.path.split("/")[2]
 
 
 def _signed_operation(request: web.Request) -> str | None:

@@ -882,3 +882,14 @@ async def test_exec_without_a_timeout_runs_to_the_end(
     assert (ran.exit_code, ran.result) == (0, "done\n")
     with pytest.raises(DaytonaError, match="cannot be empty"):
         await sandbox.process.exec("  ")
+
+
+async def test_a_toolbox_route_the_emulator_lacks_is_not_a_missing_sandbox(
+    client: AsyncDaytona,
+) -> None:
+    """Git (not emulated) answers the daemon's 404 for the route, not the proxy's
+    "sandbox not found", which would send a user looking for a deleted sandbox."""
+    sandbox = await client.create()
+    with pytest.raises(DaytonaNotFoundError, match="route not found: GET /git/status") as missing:
+        await sandbox.git.status("repo")
+    assert missing.value.status_code == 404
