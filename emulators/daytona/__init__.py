@@ -3,8 +3,11 @@
 One loopback HTTP server plays three Daytona services on one port:
 
 * the control-plane API under ``/api`` (`emulators.daytona.api`): create,
-  get, list, delete, start, stop, last-activity, and snapshots of sandboxes
-  (`emulators.daytona.snapshots`); warm pools, which make sandboxes of a
+  get, list, delete, start, stop, archive, resize, last-activity, settings
+  (labels, lifecycle intervals, public), metrics, preview links (signed or
+  not, and the preview proxy itself), the signing key of pre-signed file
+  URLs, and snapshots (`emulators.daytona.snapshots`: of sandboxes, of
+  images, and the general ones); warm pools, which make sandboxes of a
   snapshot ahead of the creates they serve (`emulators.daytona.warm_pools`);
   and the deployment's configuration (``/api/config``);
 * the notification gateway, Socket.IO at ``/api/socket.io/``: a client
@@ -13,7 +16,9 @@ One loopback HTTP server plays three Daytona services on one port:
   ``sandbox.state.updated`` (``{sandbox, oldState, newState}``), which is
   how the SDK learns that a sandbox has started;
 * the toolbox proxy under ``/toolbox`` (`emulators.daytona.toolbox`), the
-  ``toolboxProxyUrl`` of every sandbox: commands, sessions, code, files.
+  ``toolboxProxyUrl`` of every sandbox: commands, sessions, terminals, code
+  and interpreter contexts, files. Git, LSP and computer use are not
+  emulated (their routes answer the daemon's 404).
 
 Sandboxes are real local sandboxes (`emulators.daytona.sandboxes`) that boot
 in ``boot_seconds`` and stop or go away on Daytona's lifecycle intervals,
