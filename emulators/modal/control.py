@@ -300,9 +300,9 @@ class ControlPlane(api_grpc.ModalClientBase):
         container = self.core.sandboxes[sandbox_id] = Container(local, image_path)
         try:
             _write_files(container, files)
-        except PathRefused as exc:
+        except (PathRefused, OSError) as exc:
             await self.core.kill(sandbox_id)
-            raise GRPCError(Status.INVALID_ARGUMENT, f"cannot mount a file there: {exc}") from None
+            raise GRPCError(Status.INVALID_ARGUMENT, f"cannot put an image file: {exc}") from None
         sandbox = ModalSandbox(
             id=sandbox_id,
             task_id=new_id("ta", suffix="V" if v2 else "1"),

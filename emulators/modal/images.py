@@ -128,9 +128,9 @@ class Images:
                 words = _words(rest)
                 if len(words) >= 2:
                     to = words[-1]
-                    destination = posixpath.join(record.workdir or "/", to)
-                    if to.endswith("/") and not destination.endswith("/"):
-                        destination += "/"
+                    destination = posixpath.normpath(posixpath.join(record.workdir or "/", to))
+                    if to.endswith("/") or posixpath.basename(to) in (".", ".."):
+                        destination = destination.rstrip("/") + "/"
                     copy = Copy(image.context_mount_id, tuple(words[:-1]), destination)
                     record.copies.append(copy)
         return record

@@ -750,12 +750,13 @@ def test_a_dockerfiles_copy_places_files_as_docker_does(client: Any, tmp_path: P
     (tmp_path / "sub" / "x.py").write_text("x")
     (tmp_path / "y.txt").write_text("y")
     dockerfile = tmp_path / "Dockerfile"
-    copies = "COPY sub/ /dst/\nCOPY y.txt /etc2/z.txt\nCOPY y.txt sub/x.py multi/\n"
+    copies = "COPY sub/ /dst/\nCOPY y.txt /etc2/z.txt\nCOPY y.txt sub/x.py multi/\nCOPY y.txt .\n"
     dockerfile.write_text(f"FROM {IMAGE}\nWORKDIR /srv\n{copies}")
     image = modal.Image.from_dockerfile(dockerfile, context_dir=tmp_path)
     sb = create(client, "bash", "-c", "find /dst /etc2 /srv -type f | sort", image=image)
     sb.wait()
-    assert sb.stdout.read() == "/dst/x.py\n/etc2/z.txt\n/srv/multi/x.py\n/srv/multi/y.txt\n"
+    found = "/dst/x.py\n/etc2/z.txt\n/srv/multi/x.py\n/srv/multi/y.txt\n/srv/y.txt\n"
+    assert sb.stdout.read() == found
 
 
 def test_a_connect_token_reaches_the_port_it_names(emu: ModalEmulator, client: Any) -> None:
