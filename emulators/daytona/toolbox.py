@@ -1010,20 +1010,24 @@ def _tree(root: Path, shown: str) -> Iterator[tuple[Path, str]]:
 
 
 def _find(root: Path, shown: str, pattern: str) -> list[dict[str, Any]]:
-    """The daemon's content search: regular files not binary (no NUL in the first 512 bytes)."""
+    """The daemon's content search, a line at a time: regular files that are not binary
+    (no NUL in their first 512 bytes)."""
     matches: list[dict[str, Any]] = []
+    wanted = pattern.encode()
     for host, path in _tree(root, shown):
         if not host.is_file() or host.is_symlink():
             continue
         try:
-            data = host.read_bytes()
+            with host.open("rb") as file:
+                if b"\x00" in file.read(512):
+                    continue
+                file.seek(0)
+                for number, line in enumerate(file, 1):
+                    if wanted in line:
+                        text = line.rstrip(b"\n").removesuffix(b"\r").decode(errors="replace")
+                        matches.append({"file": path, "line": number, "content": text})
         except OSError:
             continue
-        if b"\x00" in data[:512]:
-            continue
-        for number, line in enumerate(data.decode(errors="replace").splitlines(), 1):
-            if pattern in line:
-                matches.append({"file": path, "line": number, "content": line})
     return matches
 
 
