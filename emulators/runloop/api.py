@@ -28,7 +28,8 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   the last ``last_n`` lines (100 by default) with ``*_truncated`` set when
   lines were dropped; the streams give all of it.
 * ``POST .../write_file_contents``, ``read_file_contents`` (plain text),
-  ``upload_file`` (multipart ``path`` + ``file``), ``download_file`` (bytes).
+  ``upload_file`` (multipart ``path`` + ``file``; without a file part, an
+  empty file), ``download_file`` (bytes).
   Uploads stream to disk part by part and downloads go out in chunks: a
   file is never held whole.
 * ``GET .../logs`` gives the executions' log lines (``source`` exec: the
@@ -906,7 +907,6 @@ class DevboxApi:
         staged = Path(name)
         try:
             path: str | None = None
-            received = False
             while (part := await reader.next()) is not None:
                 if not isinstance(part, BodyPartReader):
                     raise ApiError(400, "nested multipart is not accepted")
@@ -914,9 +914,6 @@ class DevboxApi:
                     path = await part.text()
                 elif part.name == "file":
                     await self._spool(part, staged)
-                    received = True
-            if not received:
-                raise ApiError(400, "file is required (a file part)")
             target = self.path(devbox, path, "path", write=True)
             await self._place(staged, target)
         finally:

@@ -315,6 +315,9 @@ async def test_keep_alive_time_ends_the_devbox(emu: RunloopEmulator, client: Asy
 
 async def test_file_errors(client: AsyncRunloop) -> None:
     view = await client.devboxes.create_and_await_running()
+    # ``file`` is optional in the API (the SDK's generated tests omit it): an empty file.
+    await client.devboxes.upload_file(view.id, path="empty.txt")
+    assert await client.devboxes.read_file_contents(view.id, file_path="empty.txt") == ""
     with pytest.raises(BadRequestError, match="No such file"):
         await client.devboxes.download_file(view.id, path="missing.bin")
     with pytest.raises(BadRequestError, match="/etc/x: read-only file system"):
