@@ -876,9 +876,9 @@ async def test_exec_without_a_timeout_runs_to_the_end(
     """The daemon puts no limit on an exec that names no timeout (it had a default of 10 s)."""
     from emulators.daytona import toolbox
 
-    monkeypatch.setattr(toolbox, "EXECUTE_DEFAULT_TIMEOUT", 1, raising=False)
+    monkeypatch.setattr(toolbox, "EXECUTE_DEFAULT_TIMEOUT", 0.2, raising=False)
     sandbox = await client.create()
-    ran = await sandbox.process.exec("sleep 1.5; echo done")
+    ran = await sandbox.process.exec("sleep 0.5; echo done")
     assert (ran.exit_code, ran.result) == (0, "done\n")
     with pytest.raises(DaytonaError, match="cannot be empty"):
         await sandbox.process.exec("  ")
