@@ -17,7 +17,7 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
   ``GET /api/sandbox/{id}/toolbox-proxy-url``; ``.../build-logs-url`` and
   ``.../build-logs`` (an image create's emulated build: no image is built,
   the sandbox is the default one); the settings
-  ``POST .../autostop|autoarchive|autodelete/{minutes}``, ``.../public/{bool}``
+  ``POST .../autostop|autoarchive|autodelete|ttl/{minutes}``, ``.../public/{bool}``
   and ``PUT .../labels``; ``GET .../signing-key`` (``.../rotate``: a new one),
   which pre-signed file URLs are signed with; ``GET .../telemetry/metrics`` (one sample, now).
 * ``POST /api/sandbox/{idOrName}/snapshot`` (``{name}``) snapshots a started
@@ -211,6 +211,7 @@ class SandboxApi:
             web.post(one + "/autodelete/{interval}", self.set_auto_delete),
             web.post(one + "/autostop/{interval}", self.set_auto_stop),
             web.post(one + "/autoarchive/{interval}", self.set_auto_archive),
+            web.post(one + "/ttl/{interval}", self.set_ttl),
             web.post(one + "/public/{public}", self.set_public),
             web.put(one + "/labels", self.replace_labels),
             web.post(one + "/archive", self.archive),
@@ -494,6 +495,12 @@ class SandboxApi:
         """Minutes a stopped sandbox waits before its archive (0: the longest, 30 days)."""
         box = self._box(request)
         box.auto_archive = self._interval(request, 0) or MAX_AUTO_ARCHIVE
+        return web.json_response(self._dto(box))
+
+    async def set_ttl(self, request: web.Request) -> web.Response:
+        """Minutes from now until the sandbox is destroyed, whatever its state (0: never)."""
+        box = self._box(request)
+        box.ttl, box.ttl_from = self._interval(request, 0), time.time()
         return web.json_response(self._dto(box))
 
     async def set_public(self, request: web.Request) -> web.Response:

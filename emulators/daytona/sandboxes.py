@@ -8,7 +8,8 @@ or ``build_failed``) and its lifecycle intervals, in minutes as on Daytona:
 ``autoStopInterval`` stops a sandbox after that long without activity
 (toolbox calls and ``last-activity`` count), ``autoDeleteInterval``
 destroys it that long after it stopped (0: at once, negative: never) and
-``ttlMinutes`` destroys it that long after its creation whatever its state.
+``ttlMinutes`` destroys it that long after its creation (or after the
+``set_ttl`` that changed it) whatever its state.
 An archive (``autoArchiveInterval`` after a stop, or asked for) takes a
 stopped sandbox to ``archived``: its files stay, and a start brings it back
 through ``restoring``.
@@ -327,6 +328,7 @@ class Box:
     boot: asyncio.Task[None] | None = None
     from_pool: str | None = None  # the warm pool whose sandbox served the create
     signing_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))  # file URLs
+    ttl_from: float | None = None  # when the TTL was set (None: it counts from the create)
 
     @property
     def organization_id(self) -> str:
@@ -345,7 +347,7 @@ class Box:
 
     def dto(self, toolbox_url: str, *, listed: bool = False) -> dict[str, Any]:
         """The sandbox as the API shows it: ``Sandbox``, or ``SandboxListItem`` when listed."""
-        ttl_end = self.created + self.ttl * 60 if self.ttl > 0 else None
+        ttl_end = (self.ttl_from or self.created) + self.ttl * 60 if self.ttl > 0 else None
         view: dict[str, Any] = {
             "id": self.id,
             "organizationId": self.organization_id,
@@ -519,7 +521,7 @@ class DaytonaCore(EmulatorCore):
         for box in list(self.boxes.values()):
             if box.state in GONE:
                 continue
-            if box.ttl > 0 and box.created + box.ttl * self.minute <= now:
+            if box.ttl > 0 and (box.ttl_from or box.created) + box.ttl * self.minute <= now:
                 await self.kill(box.id, "expired")
             elif (
                 box.state == "started"

@@ -893,3 +893,15 @@ async def test_a_toolbox_route_the_emulator_lacks_is_not_a_missing_sandbox(
     with pytest.raises(DaytonaNotFoundError, match="route not found: GET /git/status") as missing:
         await sandbox.git.status("repo")
     assert missing.value.status_code == 404
+
+
+async def test_set_ttl_counts_from_now(emu: DaytonaEmulator, client: AsyncDaytona) -> None:
+    """``set_ttl`` destroys the sandbox that many minutes after the call, whatever its state."""
+    emu.core.minute = 0.3
+    sandbox = await client.create(CreateSandboxFromSnapshotParams(auto_stop_interval=0))
+    await asyncio.sleep(0.4)  # longer than the TTL: counted from the call, not the create
+    await sandbox.set_ttl(1)
+    await sandbox.refresh_data()
+    assert sandbox.state == "started"
+    await until(lambda: not emu.alive(), 2)
+    assert {r.id: r.ended_by for r in emu.records()} == {sandbox.id: "expired"}
