@@ -33,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from providers.errors import SandboxError
-from providers.local import LocalProcess, LocalProvider, LocalSandbox, _system_dirs
+from providers.local import (
+    LocalProcess,
+    LocalProvider,
+    LocalSandbox,
+    _system_dirs,
+    bwrap_command,
+)
 
 __all__ = ["GuestSandbox", "PathRefused"]
 
@@ -207,7 +213,7 @@ class GuestSandbox(LocalSandbox):
         return process
 
     def _bwrap(self, cwd: str) -> list[str]:
-        cmd = ["bwrap", "--unshare-all", "--share-net", "--die-with-parent"]
+        cmd = [bwrap_command(), "--unshare-all", "--share-net", "--die-with-parent"]
         cmd += ["--bind", str(self.root), "/"]
         for system in self.system_dirs:
             cmd += ["--ro-bind", system, system]

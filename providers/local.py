@@ -150,6 +150,12 @@ def bwrap_available() -> bool:
     return shutil.which("bwrap") is not None
 
 
+def bwrap_command() -> str:
+    """bubblewrap by its host path: a command's env (a sandbox's PATH) must not decide
+    whether the launcher itself is found."""
+    return shutil.which("bwrap") or "bwrap"
+
+
 def _default_root() -> Path:
     return Path(tempfile.gettempdir()) / f"sandbox-router-{os.getuid()}" / "local"
 
@@ -553,7 +559,7 @@ class LocalSandbox(Sandbox):
             inside = self.resolve(cwd) if cwd else self.dir
             relative = inside.relative_to(self.dir)
             scratch = HOME if relative == Path() else f"{HOME}/{relative}"
-        cmd = ["bwrap", "--unshare-all", "--die-with-parent"]
+        cmd = [bwrap_command(), "--unshare-all", "--die-with-parent"]
         if self._provider.share_net:
             cmd.append("--share-net")
         for d in _system_dirs():

@@ -173,12 +173,11 @@ class Container(GuestSandbox):
                 self._init = await _child_of(holder.pid)
 
     def _bwrap(self, cwd: str) -> list[str]:
-        """bubblewrap by its host path: the command's PATH (a create's ``env``) finds it not."""
         alone = super()._bwrap(cwd)
-        assert alone[:2] == ["bwrap", "--unshare-all"]
-        bwrap = shutil.which("bwrap") or "bwrap"
+        bwrap = alone[0]
+        assert alone[1] == "--unshare-all"
         if self._init is None:
-            return [bwrap, *alone[1:]]
+            return alone
         shared = ["--userns", "3", "--pidns", "4", "--unshare-ipc", "--unshare-net"]
         shared += ["--unshare-uts", "--unshare-cgroup-try", *alone[2:]]
         join = 'exec 3<"$1/user" 4<"$1/pid" && shift && exec "$@"'

@@ -70,6 +70,19 @@ async def test_argv_env_and_cwd(sandbox: LocalSandbox) -> None:
     assert r.stdout == "1\nmarker\n"
 
 
+async def test_a_path_in_the_env_is_the_commands_not_the_launchers(
+    provider: LocalProvider,
+) -> None:
+    """bubblewrap is started by its host path: a sandbox env PATH without /usr/bin made
+    every command fail to start ("cannot start 'bwrap'")."""
+    sb = await provider.create(SandboxSpec(env={"PATH": "/opt/nothing"}))
+    try:
+        ran = await sb.run("echo $PATH")
+        assert (ran.exit_code, ran.stdout) == (0, "/opt/nothing\n")
+    finally:
+        await sb.kill()
+
+
 async def test_host_environment_is_scrubbed(
     sandbox: LocalSandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
