@@ -18,8 +18,9 @@ API's ``{statusCode, timestamp, path, error, message}``), under ``/api``:
   ``.../build-logs`` (an image create's emulated build: no image is built,
   the sandbox is the default one); the settings
   ``POST .../autostop|autoarchive|autodelete|ttl/{minutes}``, ``.../public/{bool}``
-  and ``PUT .../labels``; ``GET .../signing-key`` (``.../rotate``: a new one),
-  which pre-signed file URLs are signed with; ``GET .../telemetry/metrics`` (one sample, now).
+  and ``PUT .../labels``, ``POST .../network-settings`` (recorded only);
+  ``GET .../signing-key`` (``.../rotate``: a new one), which pre-signed file
+  URLs are signed with; ``GET .../telemetry/metrics`` (one sample, now).
 * ``POST /api/sandbox/{idOrName}/snapshot`` (``{name}``) snapshots a started
   or stopped sandbox: it answers the sandbox ``snapshotting`` and copies it in
   the background (`emulators.daytona.snapshots`); ``GET|DELETE
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import json
 import secrets
 import time
@@ -76,6 +78,7 @@ __all__ = [
     "Lifecycle",
     "SandboxApi",
     "api_error",
+    "network_settings",
 ]
 
 CONCURRENCY_MESSAGE = "Total CPU limit exceeded. Maximum allowed: {limit}."
@@ -85,6 +88,7 @@ DEFAULT_SNAPSHOT = "daytonaio/sandbox:0.5.0"
 DEFAULT_AUTO_STOP = 15
 DEFAULT_AUTO_ARCHIVE = 7 * 24 * 60
 MAX_PAGE = 200
+MAX_ALLOWED_NETWORKS = 10
 MAX_AUTO_ARCHIVE = 30 * 24 * 60
 _METRICS = {
     "daytona.sandbox.cpu.utilization": "cpuUsedPct",
@@ -180,6 +184,30 @@ class Lifecycle(NamedTuple):
         )
 
 
+def network_settings(body: dict[str, Any]) -> dict[str, Any]:
+    """A create's (or an update's) network settings as `Box` fields: ``networkBlockAll``,
+    ``networkAllowList`` (at most 10 IPv4 CIDRs, comma-separated), ``domainAllowList``."""
+    allow, domains = body.get("networkAllowList"), body.get("domainAllowList")
+    if allow is not None:
+        if not isinstance(allow, str):
+            raise ApiError(400, "networkAllowList must be a string")
+        cidrs = [c.strip() for c in allow.split(",") if c.strip()]
+        if len(cidrs) > MAX_ALLOWED_NETWORKS:
+            raise ApiError(400, f"networkAllowList allows at most {MAX_ALLOWED_NETWORKS} CIDRs")
+        for cidr in cidrs:
+            try:
+                ipaddress.IPv4Network(cidr, strict=False)
+            except ValueError:
+                raise ApiError(400, f"Invalid CIDR in networkAllowList: {cidr}") from None
+    if domains is not None and not isinstance(domains, str):
+        raise ApiError(400, "domainAllowList must be a string")
+    return {
+        "network_block_all": bool(body.get("networkBlockAll")),
+        "network_allow_list": allow,
+        "domain_allow_list": domains,
+    }
+
+
 def bearer(request: web.Request) -> str | None:
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     return key if scheme.lower() == "bearer" and key else None
@@ -216,6 +244,7 @@ class SandboxApi:
             web.put(one + "/labels", self.replace_labels),
             web.post(one + "/archive", self.archive),
             web.post(one + "/resize", self.resize),
+            web.post(one + "/network-settings", self.update_network),
             web.get(one + "/signing-key", self.signing_key),
             web.post(one + "/signing-key/rotate", self.rotate_signing_key),
             web.get(one + "/telemetry/metrics", self.metrics),
@@ -332,6 +361,7 @@ class SandboxApi:
                 400, "Cannot specify Sandbox resources when using a snapshot; use an image"
             )
         intervals = Lifecycle.of(body)
+        network = network_settings(body)
         if self.warm is not None and build_info is None and snapshot is not None:
             source = captured.id if captured is not None else snapshot
             claimed = self.warm.claim(
@@ -362,7 +392,7 @@ class SandboxApi:
             target=str(body.get("target") or "us"),
             **intervals._asdict(),
             public=bool(body.get("public")),
-            network_block_all=bool(body.get("networkBlockAll")),
+            **network,
             build_info=build_info,
             state="pending_build" if build_info else "creating",
             cpu=sizes["cpu"],
@@ -535,6 +565,23 @@ class SandboxApi:
         box = self._box(request)
         box.signing_key = secrets.token_urlsafe(32)
         return web.json_response(box.signing_key)
+
+    async def update_network(self, request: web.Request) -> web.Response:
+        """The settings the body names changed, the others kept."""
+        box = self._box(request)
+        body = await self.json_body(request)
+        current = {
+            "networkBlockAll": box.network_block_all,
+            "networkAllowList": box.network_allow_list,
+            "domainAllowList": box.domain_allow_list,
+        }
+        given = {k: v for k, v in body.items() if k in current and v is not None}
+        if not given:
+            raise ApiError(400, "At least one network setting must be given")
+        for name, value in network_settings({**current, **given}).items():
+            setattr(box, name, value)
+        box.updated = time.time()
+        return web.json_response(self._dto(box))
 
     async def resize(self, request: web.Request) -> web.Response:
         """New CPU, memory (GB) or disk (GB): a started sandbox only grows CPU and memory, a

@@ -313,6 +313,8 @@ class Box:
     disk: int
     public: bool = False
     network_block_all: bool = False
+    network_allow_list: str | None = None  # recorded, not enforced (the host's network)
+    domain_allow_list: str | None = None
     build_info: dict[str, Any] | None = None
     state: str = "creating"
     desired_state: str = "started"
@@ -363,6 +365,8 @@ class Box:
             "recoverable": False if self.error else None,
             "public": self.public,
             "networkBlockAll": self.network_block_all,
+            "networkAllowList": self.network_allow_list,
+            "domainAllowList": self.domain_allow_list,
             "cpu": self.cpu,
             "gpu": self.gpu,
             "memory": self.memory,

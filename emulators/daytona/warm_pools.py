@@ -40,6 +40,7 @@ from emulators.daytona.api import (
     DEFAULT_RESOURCES,
     ApiError,
     Lifecycle,
+    network_settings,
 )
 from emulators.daytona.sandboxes import DAYTONA_HOME, Box, iso, org_of
 from emulators.harness import QuotaViolation
@@ -219,7 +220,8 @@ class WarmPools:
         box.labels = dict(labels)
         box.auto_stop, box.auto_delete, box.auto_archive, box.ttl = intervals
         box.public = bool(body.get("public"))
-        box.network_block_all = bool(body.get("networkBlockAll"))
+        for setting, value in network_settings(body).items():
+            setattr(box, setting, value)
         box.created = box.updated = box.last_activity = now
         box.from_pool = pool.id
         record = self.core.records.get(box.id)

@@ -905,3 +905,23 @@ async def test_set_ttl_counts_from_now(emu: DaytonaEmulator, client: AsyncDayton
     assert sandbox.state == "started"
     await until(lambda: not emu.alive(), 2)
     assert {r.id: r.ended_by for r in emu.records()} == {sandbox.id: "expired"}
+
+
+async def test_network_settings_are_kept_and_updated(client: AsyncDaytona) -> None:
+    """The create's network settings show on the sandbox and ``update_network_settings`` changes
+    them (the emulator records them; its sandboxes share the host's network)."""
+    sandbox = await client.create(
+        CreateSandboxFromSnapshotParams(network_allow_list="10.0.0.0/24,192.168.1.0/16")
+    )
+    assert (sandbox.network_block_all, sandbox.network_allow_list) == (
+        False,
+        "10.0.0.0/24,192.168.1.0/16",
+    )
+    await sandbox.update_network_settings(network_block_all=True)
+    fetched = await client.get(sandbox.id)
+    assert (fetched.network_block_all, fetched.network_allow_list) == (
+        True,
+        "10.0.0.0/24,192.168.1.0/16",
+    )
+    with pytest.raises(DaytonaError, match="CIDR"):
+        await client.create(CreateSandboxFromSnapshotParams(network_allow_list="nope"))
