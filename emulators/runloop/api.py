@@ -5,7 +5,9 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
 
 * ``POST /v1/devboxes`` creates a devbox (``provisioning`` at first, then
   ``initializing`` while its ``launch_commands`` run in turn: one that fails
-  ends the devbox in ``failure``);
+  ends the devbox in ``failure``); a create's ``entrypoint`` then runs as
+  the devbox's main process, and its end shuts the devbox down
+  (``entrypoint_exit``);
   ``POST /v1/devboxes/create_and_await_running`` also holds until it boots,
   at most ``CREATE_HOLD_MAX`` seconds (the SDK's default read timeout, 30 s,
   must not pass first: it polls ``wait_for_status`` for the rest).
@@ -397,6 +399,7 @@ class DevboxApi:
         metadata = _string_map(body.get("metadata"), "metadata")
         env = _string_map(body.get("environment_variables"), "environment_variables")
         name = body.get("name")
+        entrypoint = _optional_text(body.get("entrypoint"), "entrypoint")
         devbox_id = new_id("dbx")
         try:
             local = await self.core.create(
@@ -419,6 +422,7 @@ class DevboxApi:
             source={s: body[s] for s in sources},
             name=name if isinstance(name, str) else None,
             tunnel=tunnel,
+            entrypoint=entrypoint or None,
         )
         self.core.add(devbox)
         if request_id:
@@ -442,31 +446,46 @@ class DevboxApi:
             return
         devbox.set_status("running")
         self.core.touch(devbox)
+        if devbox.entrypoint is not None:
+            await self._entrypoint(devbox, devbox.entrypoint)
+
+    async def _entrypoint(self, devbox: Devbox, command: str) -> None:
+        """The devbox's main process (logged as ``entrypoint``): its end shuts the devbox down,
+        unless a suspend ended it."""
+        main = await self._setup_process(devbox, command, "entrypoint")
+        if main is not None and devbox.status == "running":
+            devbox.boot = None
+            await self.core.kill(devbox.id, "entrypoint_exit")
+
+    async def _setup_process(self, devbox: Devbox, command: str, source: str) -> Execution | None:
+        """Run ``command`` to its end as a process of the devbox itself; None if it cannot start."""
+        try:
+            process = await devbox.local.spawn(command)
+        except SandboxError:
+            return None
+        if process.proc.stdin is not None:
+            process.proc.stdin.close()
+        run = Execution(
+            id=new_id("exn"),
+            devbox_id=devbox.id,
+            command_id=None,
+            process=process,
+            command=command,
+            source=source,
+        )
+        devbox.setup.append(run)
+        try:
+            await run.collect(lambda: None)
+        finally:
+            if run.exit_status is None:
+                process.kill()
+        return run
 
     async def _launch_commands(self, devbox: Devbox) -> bool:
         """Run the launch commands in turn, logged as ``setup_commands``; False when one fails."""
         for command in devbox.launch_parameters.get("launch_commands") or []:
-            try:
-                process = await devbox.local.spawn(command)
-            except SandboxError:
-                return False
-            if process.proc.stdin is not None:
-                process.proc.stdin.close()
-            setup = Execution(
-                id=new_id("exn"),
-                devbox_id=devbox.id,
-                command_id=None,
-                process=process,
-                command=command,
-                source="setup_commands",
-            )
-            devbox.setup.append(setup)
-            try:
-                await setup.collect(lambda: None)
-            finally:
-                if setup.exit_status is None:
-                    process.kill()
-            if setup.exit_status != 0:
+            setup = await self._setup_process(devbox, command, "setup_commands")
+            if setup is None or setup.exit_status != 0:
                 return False
         return True
 

@@ -311,6 +311,7 @@ class Devbox:
     idle_seconds: int | None
     source: dict[str, str] = field(default_factory=dict)
     name: str | None = None
+    entrypoint: str | None = None
     status: str = "provisioning"
     created_ms: int = field(default_factory=now_ms)
     end_ms: int | None = None
@@ -435,9 +436,9 @@ class RunloopCore(EmulatorCore):
         )
 
     async def suspend(self, devbox: Devbox) -> None:
-        """Stop every execution (memory is not kept) and sleep; the disk stays."""
+        """Stop every process, entrypoint too (memory is not kept), and sleep; the disk stays."""
         devbox.set_status("suspending")
-        for execution in list(devbox.executions.values()):
+        for execution in [*devbox.setup, *devbox.executions.values()]:
             await execution.kill()
         devbox.set_status("suspended")
         self.refresh(devbox)
@@ -480,7 +481,7 @@ class RunloopCore(EmulatorCore):
         if devbox is not None and devbox.status not in TERMINAL:
             if devbox.boot is not None:
                 devbox.boot.cancel()
-            reason = "api_shutdown"
+            reason = "entrypoint_exit" if ended_by == "entrypoint_exit" else "api_shutdown"
             if ended_by == "expired":
                 idle_end = devbox.idle_end
                 reason = (

@@ -286,6 +286,18 @@ async def test_create_and_await_running_answers_a_slow_boot_in_time(
         )
 
 
+async def test_entrypoint_ends_the_devbox_when_it_exits(
+    emu: RunloopEmulator, client: AsyncRunloop
+) -> None:
+    """A create's ``entrypoint`` is the devbox's main process: its end shuts the devbox down."""
+    view = await client.devboxes.create_and_await_running(entrypoint="echo served; sleep 0.4")
+    await until(lambda: emu.core.devboxes[view.id].status == "shutdown")
+    ended = await client.devboxes.retrieve(view.id)
+    assert ended.shutdown_reason == "entrypoint_exit"
+    logs = (await client.devboxes.logs.list(view.id)).logs
+    assert [(log.source, log.message) for log in logs if log.message] == [("entrypoint", "served")]
+
+
 async def test_failed_boot_is_a_terminal_state(emu: RunloopEmulator, client: AsyncRunloop) -> None:
     emu.inject("boot", status=500)
     with pytest.raises(RunloopError, match="non-running terminal state: failure"):
