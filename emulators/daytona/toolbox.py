@@ -996,9 +996,10 @@ async def _os(path: str, call: Callable[[], Any]) -> Any:
 
 
 def _tree(root: Path, shown: str) -> Iterator[tuple[Path, str]]:
-    """``root`` and what lies under it, depth first in name order; symlinks not followed."""
+    """``root`` and what lies under it, depth first in name order; symlinks not followed;
+    nothing when ``root`` is missing (the daemon's walk skips it and answers no matches)."""
     if not root.exists() and not root.is_symlink():
-        raise DaemonError(404, f"{shown}: no such file or directory", "FILE_NOT_FOUND")
+        return
     yield root, shown
     if root.is_dir() and not root.is_symlink():
         try:

@@ -595,6 +595,8 @@ async def test_files_are_managed_like_the_daemon_does(client: AsyncDaytona) -> N
         ("work/a.txt", 3, "old two"),
     ]
     assert (await fs.search_files("work", "*.bin")).files == ["work/deep/b.bin"]
+    assert await fs.find_files("nowhere", "old") == []  # the daemon's walk skips what is missing
+    assert (await fs.search_files("nowhere", "*")).files == []
     replaced = await fs.replace_in_files(["work/a.txt", "work/none"], "old", "new")
     assert [(r.file, r.success) for r in replaced] == [("work/a.txt", True), ("work/none", False)]
     assert await fs.download_file("work/a.txt") == b"new one\nno\nnew two\n"
