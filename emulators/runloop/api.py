@@ -53,7 +53,8 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   ``~/.ssh/authorized_keys``; no SSH server answers on the ``url`` it gives.
 * ``POST .../snapshot_disk`` (answers once the copy is done) and
   ``.../snapshot_disk_async`` (answers at once) keep the devbox's disk as
-  ``snp_...``; ``GET /v1/devboxes/disk_snapshots`` lists them,
+  ``snp_...``; ``GET /v1/devboxes/disk_snapshots`` lists them (paged as
+  devboxes are, by ``devbox_id`` or ``source_blueprint_id``),
   ``GET .../disk_snapshots/{id}/status`` tells the copy's progress,
   ``POST .../disk_snapshots/{id}`` updates its name, commit message and
   metadata and
@@ -76,6 +77,7 @@ import json
 import os
 import secrets
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from signal import SIGINT
 from typing import TYPE_CHECKING, Any
@@ -201,6 +203,30 @@ def _execution_view(execution: Execution, last_n: int = DEFAULT_LAST_N) -> dict[
         view["stdout"], view["stdout_truncated"] = _tail(bytes(execution.stdout), last_n)
         view["stderr"], view["stderr_truncated"] = _tail(bytes(execution.stderr), last_n)
     return view
+
+
+def _page(query: Mapping[str, str], items: list[Any], field: str) -> dict[str, Any]:
+    """One cursor page of ``items`` (each with an ``id`` and a ``view()``) under ``field``:
+    ``limit`` (20 by default, at most 5000) after the ``starting_after`` id, ``has_more`` and,
+    unless ``include_total_count`` is false, ``total_count``."""
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        raise ApiError(400, "limit must be an integer") from None
+    if not 0 < limit <= 5000:
+        raise ApiError(400, "limit must be between 1 and 5000")
+    start = 0
+    after = query.get("starting_after")
+    if after:
+        ids = [item.id for item in items]
+        start = ids.index(after) + 1 if after in ids else len(ids)
+    answer: dict[str, Any] = {
+        field: [item.view() for item in items[start : start + limit]],
+        "has_more": start + limit < len(items),
+    }
+    if query.get("include_total_count", "true") != "false":
+        answer["total_count"] = len(items)
+    return answer
 
 
 def _launch_parameters(raw: Any) -> tuple[dict[str, Any], int, int | None]:
@@ -502,16 +528,9 @@ class DevboxApi:
 
     async def list(self, request: web.Request) -> web.Response:
         key = self.key(request)
-        query = request.query
-        status = query.get("status")
+        status = request.query.get("status")
         if status is not None and status not in _DEVBOX_STATUSES:
             raise ApiError(400, f"status must be one of {sorted(_DEVBOX_STATUSES)}")
-        try:
-            limit = int(query.get("limit", "20"))
-        except ValueError:
-            raise ApiError(400, "limit must be an integer") from None
-        if not 0 < limit <= 5000:
-            raise ApiError(400, "limit must be between 1 and 5000")
         matching = sorted(
             (
                 d
@@ -520,19 +539,7 @@ class DevboxApi:
             ),
             key=lambda d: (-d.created_ms, d.id),
         )
-        start = 0
-        after = query.get("starting_after")
-        if after:
-            ids = [d.id for d in matching]
-            start = ids.index(after) + 1 if after in ids else len(ids)
-        page = matching[start : start + limit]
-        answer: dict[str, Any] = {
-            "devboxes": [d.view() for d in page],
-            "has_more": start + limit < len(matching),
-        }
-        if query.get("include_total_count", "true") != "false":
-            answer["total_count"] = len(matching)
-        return web.json_response(answer)
+        return web.json_response(_page(request.query, matching, "devboxes"))
 
     async def retrieve(self, request: web.Request) -> web.Response:
         return web.json_response(self.devbox(request).view())
@@ -732,16 +739,20 @@ class DevboxApi:
         return web.json_response({})
 
     async def list_snapshots(self, request: web.Request) -> web.Response:
+        """The key's complete snapshots, newest first, paged; by ``devbox_id`` or
+        ``source_blueprint_id`` (the metadata filters are not modelled)."""
         key = self.key(request)
-        devbox_id = request.query.get("devbox_id")
-        snaps = [
-            s.view()
-            for s in sorted(self.core.snapshots.values(), key=lambda s: -s.created_ms)
+        query = request.query
+        devbox_id, blueprint_id = query.get("devbox_id"), query.get("source_blueprint_id")
+        matching = [
+            s
+            for s in reversed(self.core.snapshots.values())
             if s.api_key == key
             and s.status == "complete"
             and (devbox_id is None or s.source_devbox_id == devbox_id)
+            and (blueprint_id is None or s.source_blueprint_id == blueprint_id)
         ]
-        return web.json_response({"snapshots": snaps, "has_more": False, "total_count": len(snaps)})
+        return web.json_response(_page(query, matching, "snapshots"))
 
     # -- executions ----------------------------------------------------------
     async def _start(self, devbox: Devbox, body: dict[str, Any]) -> Execution:

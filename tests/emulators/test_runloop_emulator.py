@@ -530,6 +530,19 @@ async def test_updates_replace_the_fields_given(client: AsyncRunloop) -> None:
     assert updated.metadata == {"b": "2"}
 
 
+async def test_snapshot_list_pages_and_filters(client: AsyncRunloop) -> None:
+    """``disk_snapshots.list`` honours ``limit`` and ``starting_after`` (the SDK smoke tests'
+    ``snapshot.list(limit=2)``) and filters by devbox."""
+    one = await client.devboxes.create_and_await_running()
+    two = await client.devboxes.create_and_await_running()
+    ids = [(await client.devboxes.snapshot_disk(one.id)).id for _ in range(3)]
+    other = (await client.devboxes.snapshot_disk(two.id)).id
+    first = await client.devboxes.disk_snapshots.list(limit=2, devbox_id=one.id)
+    assert ([s.id for s in first.snapshots], first.has_more) == (ids[::-1][:2], True)
+    assert first.total_count == 3
+    assert [s.id async for s in client.devboxes.disk_snapshots.list(limit=2)] == [other, *ids[::-1]]
+
+
 async def test_a_deleted_snapshot_reports_deleted(client: AsyncRunloop) -> None:
     """Its status says ``deleted`` (the SDK's smoke tests check it); deleting it again is a 404."""
     view = await client.devboxes.create_and_await_running()
