@@ -143,26 +143,19 @@ def _content_disposition(form_name: str | None, path: str) -> bytes:
     )
 
 
-def _file_info(path: Path, shown: str) -> dict[str, Any]:
-    st = path.lstat()
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = str(st.st_gid)
+def _file_info(st: os.stat_result, shown: str) -> dict[str, Any]:
+    """A file's ``FileInfo`` as the daemon gives it: from ``stat`` (a symlink shows what it
+    points to), owner and group as numeric ids, ``name`` the last part of ``shown``."""
     modified = time.gmtime(st.st_mtime)
     return {
-        "name": path.name,
+        "name": posixpath.basename(shown.rstrip("/")) or "/",
         "path": shown,
         "isDir": stat.S_ISDIR(st.st_mode),
         "size": st.st_size,
         "mode": stat.filemode(st.st_mode),
         "permissions": oct(st.st_mode & 0o777)[2:].zfill(4),
-        "owner": owner,
-        "group": group,
+        "owner": str(st.st_uid),
+        "group": str(st.st_gid),
         "modTime": time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", modified),
         "modifiedAt": iso(st.st_mtime),
     }
@@ -786,7 +779,7 @@ class Toolbox:
         if not target.is_dir():
             raise DaemonError(400, f"not a directory: {path}", "BAD_REQUEST")
         shown = path.rstrip("/") or "/"
-        entries = await asyncio.to_thread(_walk, target, shown, int(raw_depth))
+        entries = await asyncio.to_thread(_walk, box, target, shown, int(raw_depth))
         return web.json_response(entries)
 
     # -- managing files ---------------------------------------------------
@@ -826,8 +819,8 @@ class Toolbox:
         box: Box = request[BOX]
         (path,) = self._query(request, "path")
         target = self._path(box, path)
-        await _os(path, target.stat)
-        return web.json_response(_file_info(target, box.local.absolute(path)))
+        st = await _os(path, target.stat)
+        return web.json_response(_file_info(st, box.local.absolute(path)))
 
     async def move_file(self, request: web.Request) -> web.Response:
         """A rename; the destination's directory must exist and the destination must not."""
@@ -1053,13 +1046,20 @@ def _place(staged: Path, target: Path) -> None:
     shutil.move(staged, target)
 
 
-def _walk(directory: Path, shown: str, depth: int) -> list[dict[str, Any]]:
+def _walk(box: Box, directory: Path, shown: str, depth: int) -> list[dict[str, Any]]:
+    """The entries under ``directory``, ``depth`` levels deep; a symlink shows what it points
+    to (followed inside the sandbox), a dangling one is left out, as by the daemon."""
     entries = []
     for child in sorted(directory.iterdir(), key=lambda p: p.name):
         child_shown = f"{shown}/{child.name}" if shown != "/" else f"/{child.name}"
-        entries.append(_file_info(child, child_shown))
+        try:
+            real = box.local.host(child_shown) if child.is_symlink() else child
+            st = real.stat()
+        except (OSError, PathRefused):
+            continue
+        entries.append(_file_info(st, child_shown))
         if depth > 1 and child.is_dir() and not child.is_symlink():
-            entries.extend(_walk(child, child_shown, depth - 1))
+            entries.extend(_walk(box, child, child_shown, depth - 1))
     return entries
 
 

@@ -588,6 +588,9 @@ async def test_files_are_managed_like_the_daemon_does(client: AsyncDaytona) -> N
     await fs.upload_files([FileUpload(b"\x00old", "work/deep/b.bin")])
     info = await fs.get_file_info("work/a.txt")
     assert (info.name, info.size, info.is_dir) == ("a.txt", 19, False)
+    assert (info.owner, info.group) == (str(os.getuid()), str(os.getgid()))  # ids, as the daemon
+    await sandbox.process.exec("ln -s deep work/link")
+    assert (await fs.get_file_info("work/link")).is_dir  # a symlink shows what it points to
     assert (await fs.get_file_info("work/deep")).permissions == "0750"
     found = await fs.find_files("work", "old")
     assert [(m.file, m.line, m.content) for m in found] == [
