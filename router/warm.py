@@ -140,15 +140,13 @@ class WarmPools:
         assert claimed is not None
         started = self._ctx.clock()
         try:
-            if claimed.paused:
-                sandbox = await asyncio.wait_for(
-                    entry.provider.resume(claimed.sandbox_id, timeout=booking.budget),
-                    booking.budget + 1.0,
-                )
-            else:
-                sandbox = await asyncio.wait_for(
-                    entry.provider.connect(claimed.sandbox_id), booking.budget + 1.0
-                )
+            async with asyncio.timeout(booking.budget + 1.0):  # no task, unlike wait_for
+                if claimed.paused:
+                    sandbox = await entry.provider.resume(
+                        claimed.sandbox_id, timeout=booking.budget
+                    )
+                else:
+                    sandbox = await entry.provider.connect(claimed.sandbox_id)
         except BaseException as exc:
             await asyncio.shield(self._give_back(entry, booking))
             if not isinstance(exc, Exception):
