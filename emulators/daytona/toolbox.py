@@ -803,16 +803,14 @@ class Toolbox:
         """A file, or a directory with ``recursive=true``."""
         box: Box = request[BOX]
         (path,) = self._query(request, "path")
-        target = self._writable(box, path)
-        st = await _os(path, target.lstat)
-        if stat.S_ISDIR(st.st_mode):
-            if request.query.get("recursive") != "true":
-                raise DaemonError(
-                    400, "cannot delete directory without recursive flag", "BAD_REQUEST"
-                )
-            await _os(path, lambda: shutil.rmtree(target))
+        entry = self._entry(box, path)
+        st = await _os(path, self._writable(box, path).stat)
+        if stat.S_ISDIR(st.st_mode) and request.query.get("recursive") != "true":
+            raise DaemonError(400, "cannot delete directory without recursive flag", "BAD_REQUEST")
+        if entry.is_dir() and not entry.is_symlink():
+            await _os(path, lambda: shutil.rmtree(entry))
         else:
-            await _os(path, target.unlink)
+            await _os(path, entry.unlink)
         return web.Response(status=204)
 
     async def file_info(self, request: web.Request) -> web.Response:
@@ -826,8 +824,8 @@ class Toolbox:
         """A rename; the destination's directory must exist and the destination must not."""
         box: Box = request[BOX]
         source, destination = self._query(request, "source", "destination")
-        src = self._writable(box, source)
-        dst = self._writable(box, destination)
+        src = self._entry(box, source)
+        dst = self._entry(box, destination)
         await _os(source, src.lstat)
         await _os(destination, dst.parent.stat)
         if dst.exists() or dst.is_symlink():
@@ -905,6 +903,14 @@ class Toolbox:
             else:
                 results.append({"file": file, "success": True})
         return web.json_response(results)
+
+    def _entry(self, box: Box, path: str) -> Path:
+        """The host path of the entry ``path`` names itself: its directory's symlinks
+        followed, not a symlink it ends in (a delete or a move acts on the link)."""
+        absolute = box.local.absolute(path)
+        if absolute == "/":
+            raise DaemonError(400, "/: cannot delete or move the root", "BAD_REQUEST")
+        return self._writable(box, posixpath.dirname(absolute)) / posixpath.basename(absolute)
 
     def _writable(self, box: Box, path: str) -> Path:
         try:

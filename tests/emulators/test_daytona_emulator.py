@@ -589,8 +589,12 @@ async def test_files_are_managed_like_the_daemon_does(client: AsyncDaytona) -> N
     info = await fs.get_file_info("work/a.txt")
     assert (info.name, info.size, info.is_dir) == ("a.txt", 19, False)
     assert (info.owner, info.group) == (str(os.getuid()), str(os.getgid()))  # ids, as the daemon
-    await sandbox.process.exec("ln -s deep work/link")
+    await sandbox.process.exec("ln -s deep work/link && ln -s deep work/link2")
     assert (await fs.get_file_info("work/link")).is_dir  # a symlink shows what it points to
+    await fs.delete_file("work/link", recursive=True)  # the link goes, not what it points to
+    await fs.move_files("work/link2", "work/link3")
+    assert sorted(f.name for f in await fs.list_files("work")) == ["a.txt", "deep", "link3"]
+    assert [f.name for f in await fs.list_files("work/deep")] == ["b.bin"]
     assert (await fs.get_file_info("work/deep")).permissions == "0750"
     found = await fs.find_files("work", "old")
     assert [(m.file, m.line, m.content) for m in found] == [
