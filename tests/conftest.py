@@ -13,7 +13,7 @@ import os
 import pkgutil
 import secrets
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import providers
 import router
 from emulators.redis_server import RedisServer
 from router import Router
+from tests.redis_proxy import RedisProxy
 
 pytest_plugins = ["emulators.pytest_plugin"]
 
@@ -115,3 +116,11 @@ def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
     (tmp_path / "redis").mkdir()
     with RedisServer(tmp_path / "redis", persist=True) as server:
         yield server
+
+
+@pytest.fixture
+async def proxy(redis_url: str) -> AsyncIterator[RedisProxy]:
+    """A `RedisProxy` in front of the test Redis, to lose or hold its replies."""
+    host, port = redis_url.removeprefix("redis://").split("/")[0].rsplit(":", 1)
+    async with RedisProxy((host, int(port))) as p:
+        yield p

@@ -11,69 +11,14 @@ concurrency until the reservation expires.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 
 from router import Router
 from router.testing import ScriptedProvider
-
-
-class HeldReplies:
-    """TCP to Redis; while `hold` is set, Redis's replies wait in the proxy."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.hold = asyncio.Event()
-        self.requests = 0
-        self._open = asyncio.Event()
-        self._open.set()
-        self._pipes: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> HeldReplies:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.close()
-        for pipe in self._pipes:
-            pipe.cancel()
-
-    def stop_replies(self) -> None:
-        self._open.clear()
-
-    def let_replies_through(self) -> None:
-        self._open.set()
-
-    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection(*self.target)
-        for pipe in (self._pump(client_r, server_w, False), self._pump(server_r, client_w, True)):
-            task = asyncio.ensure_future(pipe)
-            self._pipes.add(task)
-            task.add_done_callback(self._pipes.discard)
-
-    async def _pump(
-        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool
-    ) -> None:
-        with contextlib.suppress(OSError):
-            while data := await src.read(65536):
-                if replies:
-                    await self._open.wait()
-                else:
-                    self.requests += 1
-                dst.write(data)
-                await dst.drain()
-        dst.close()
-
-
-@pytest.fixture
-async def proxy(redis_url: str) -> AsyncIterator[HeldReplies]:
-    host, port = redis_url.removeprefix("redis://").split("/")[0].rsplit(":", 1)
-    async with HeldReplies((host, int(port))) as p:
-        yield p
+from tests.redis_proxy import RedisProxy
 
 
 def _config(port: int, key_prefix: str, **entry: object) -> dict[str, object]:
@@ -107,7 +52,7 @@ async def _soon(condition: Callable[[], bool]) -> None:
 
 
 async def test_cancelled_while_the_store_reserves_gives_the_reservation_back(
-    proxy: HeldReplies, key_prefix: str
+    proxy: RedisProxy, key_prefix: str
 ) -> None:
     fake = ScriptedProvider("fake")
     router = Router.from_config(_config(proxy.port, key_prefix), providers={"fake": fake}, hooks=[])
@@ -129,7 +74,7 @@ async def test_cancelled_while_the_store_reserves_gives_the_reservation_back(
 
 
 async def test_cancelled_after_the_sandbox_exists_releases_the_lease(
-    proxy: HeldReplies, key_prefix: str
+    proxy: RedisProxy, key_prefix: str
 ) -> None:
     """Cancelled while binding a session (the lease and its sandbox exist): the lease is
     released as the caller's release would, so the sandbox stays the session's for its

@@ -8,10 +8,6 @@ makes that second run return the first answer instead of applying again.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-
 import pytest
 
 from policies.breaker import BreakerConfig, Outcome
@@ -20,62 +16,15 @@ from router.state import EntryRef
 from router.state.redis import RedisStore
 from router.state.scripts import RunnerName
 from router.state.warm import WarmRecord
+from tests.redis_proxy import RedisProxy
 
 NOW = 1_790_000_000.0
 CFG = BreakerConfig(failure_threshold=100)
 
 
-class LossyProxy:
-    """TCP to Redis; `lose_next_reply` drops the next chunk Redis sends back."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.lose_next_reply = False
-        self.lost = 0
-        self.port = 0
-        self._pipes: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> LossyProxy:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._server.close()
-        for pipe in self._pipes:
-            pipe.cancel()
-
-    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection(*self.target)
-        for pipe in (self._pump(client_r, server_w, False), self._pump(server_r, client_w, True)):
-            task = asyncio.ensure_future(pipe)
-            self._pipes.add(task)
-            task.add_done_callback(self._pipes.discard)
-
-    async def _pump(
-        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool
-    ) -> None:
-        with contextlib.suppress(OSError):
-            while data := await src.read(65536):
-                if replies and self.lose_next_reply:
-                    self.lose_next_reply = False
-                    self.lost += 1
-                    continue
-                dst.write(data)
-                await dst.drain()
-        dst.close()
-
-
-@pytest.fixture
-async def proxy(redis_url: str) -> AsyncIterator[LossyProxy]:
-    host, port = redis_url.removeprefix("redis://").split("/")[0].rsplit(":", 1)
-    async with LossyProxy((host, int(port))) as p:
-        yield p
-
-
 @pytest.mark.parametrize("runner", ["resp", "redis-py"])
 async def test_a_settle_retried_after_a_lost_reply_counts_once(
-    proxy: LossyProxy, key_prefix: str, runner: RunnerName
+    proxy: RedisProxy, key_prefix: str, runner: RunnerName
 ) -> None:
     store = RedisStore(f"redis://127.0.0.1:{proxy.port}/0?socket_timeout=0.2", key_prefix, runner)
     r = EntryRef("a", "p", Limits(), MonthlyWindow(), fingerprint="f")
@@ -95,7 +44,7 @@ async def test_a_settle_retried_after_a_lost_reply_counts_once(
 
 @pytest.mark.parametrize("runner", ["resp", "redis-py"])
 async def test_a_warm_take_retried_after_a_lost_reply_still_says_it_took_it(
-    proxy: LossyProxy, key_prefix: str, runner: RunnerName
+    proxy: RedisProxy, key_prefix: str, runner: RunnerName
 ) -> None:
     """Else the refill, told nothing was there, would not kill the sandbox it took."""
     store = RedisStore(f"redis://127.0.0.1:{proxy.port}/0?socket_timeout=0.2", key_prefix, runner)
@@ -116,7 +65,7 @@ async def test_a_warm_take_retried_after_a_lost_reply_still_says_it_took_it(
 
 @pytest.mark.parametrize("runner", ["resp", "redis-py"])
 async def test_a_paused_warm_put_retried_after_a_lost_reply_still_says_it_put_it(
-    proxy: LossyProxy, key_prefix: str, runner: RunnerName
+    proxy: RedisProxy, key_prefix: str, runner: RunnerName
 ) -> None:
     """A paused put releases the lease; run again, it found no lease and said no, and the
     refill killed a sandbox the pool still offered."""
