@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import fnmatch
 import grp
 import hashlib
@@ -622,7 +623,7 @@ class Toolbox:
         paths: dict[str, str] = {}
         named: dict[str, str] = {}
         staged: dict[str, tuple[Path, int]] = {}
-        staging = box.local.dir.parent / f".{box.local.id}.uploads"
+        staging = _staging(box)
         try:
             reader = await request.multipart()
             while (part := await reader.next()) is not None:
@@ -652,7 +653,7 @@ class Toolbox:
                     continue
                 written.append({"path": dest, "bytes": size})
         finally:
-            await asyncio.to_thread(shutil.rmtree, staging, True)
+            await asyncio.to_thread(_unstage, staging)
         if errors:
             return web.json_response({"errors": errors, "files": written}, status=400)
         return web.json_response({"files": written})
@@ -726,7 +727,7 @@ class Toolbox:
         box: Box = request[BOX]
         (path,) = self._query(request, "path")
         target = self._writable(box, path)
-        staging = box.local.dir.parent / f".{box.local.id}.uploads"
+        staging = _staging(box)
         try:
             if request.content_type.startswith("multipart/form-data"):
                 reader = await request.multipart()
@@ -741,7 +742,7 @@ class Toolbox:
                 staged = await _stage(request.content, staging)
             await _os(path, lambda: _place(staged[0], target))
         finally:
-            await asyncio.to_thread(shutil.rmtree, staging, True)
+            await asyncio.to_thread(_unstage, staging)
         return web.json_response({"name": target.name, "path": path, "type": "file"})
 
     async def _open_part(
@@ -1045,6 +1046,19 @@ async def _stage(part: BodyPartReader | StreamReader, staging: Path) -> tuple[Pa
             await asyncio.to_thread(out.write, chunk)
             size += len(chunk)
     return file, size
+
+
+def _staging(box: Box) -> Path:
+    """A directory of this request's own for the files it receives (beside the sandbox's,
+    so a move from it is a rename): uploads running at once never share one."""
+    return box.local.dir.parent / f".{box.local.id}.uploads" / secrets.token_hex(8)
+
+
+def _unstage(staging: Path) -> None:
+    """Remove a request's staging directory, and the sandbox's once no upload uses it."""
+    shutil.rmtree(staging, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        staging.parent.rmdir()
 
 
 def _place(staged: Path, target: Path) -> None:

@@ -934,3 +934,18 @@ async def test_network_settings_are_kept_and_updated(client: AsyncDaytona) -> No
     )
     with pytest.raises(DaytonaError, match="CIDR"):
         await client.create(CreateSandboxFromSnapshotParams(network_allow_list="nope"))
+
+
+async def test_concurrent_uploads_to_one_sandbox_all_land(client: AsyncDaytona) -> None:
+    """Each upload stages its files apart: one ending does not sweep another's away."""
+    sandbox = await client.create()
+    blobs = [bytes([i]) * (3 << 20) for i in range(6)]
+    await asyncio.gather(
+        *(sandbox.fs.upload_file(blob, f"up/{i}.bin") for i, blob in enumerate(blobs)),
+        *(sandbox.fs.upload_file(b"small", f"up/s{i}.txt") for i in range(6)),
+    )
+    listed = {f.name: f.size for f in await sandbox.fs.list_files("up")}
+    assert listed == {
+        **{f"{i}.bin": 3 << 20 for i in range(6)},
+        **{f"s{i}.txt": 5 for i in range(6)},
+    }
