@@ -119,6 +119,7 @@ CREATE_HOLD_MAX = 20.0
 EXEC_HOLD_MAX = 25.0
 MAX_KEEP_ALIVE = 172800
 DEFAULT_LAST_N = 100
+DEFAULT_PAGE = 20
 _DEVBOX_STATUSES = frozenset(
     {
         "scheduled",
@@ -207,14 +208,14 @@ def _execution_view(execution: Execution, last_n: int = DEFAULT_LAST_N) -> dict[
 
 def _page(query: Mapping[str, str], items: list[Any], field: str) -> dict[str, Any]:
     """One cursor page of ``items`` (each with an ``id`` and a ``view()``) under ``field``:
-    ``limit`` (20 by default, at most 5000) after the ``starting_after`` id, ``has_more`` and,
-    unless ``include_total_count`` is false, ``total_count``."""
+    ``limit`` (20 when unset or 0, at most 5000) after the ``starting_after`` id, ``has_more``
+    and, unless ``include_total_count`` is false, ``total_count``."""
     try:
-        limit = int(query.get("limit", "20"))
+        limit = int(query.get("limit", "0")) or DEFAULT_PAGE
     except ValueError:
         raise ApiError(400, "limit must be an integer") from None
     if not 0 < limit <= 5000:
-        raise ApiError(400, "limit must be between 1 and 5000")
+        raise ApiError(400, "limit must be between 0 and 5000")
     start = 0
     after = query.get("starting_after")
     if after:

@@ -134,6 +134,8 @@ async def test_list_pages_and_filters(emu: RunloopEmulator, client: AsyncRunloop
     assert [d.id for d in first.devboxes] == ids[::-1][:2]
     assert (first.has_more, first.total_count) == (True, 5)
     assert [d.id async for d in client.devboxes.list(limit=2)] == ids[::-1]
+    # The spec sets no minimum (the SDK's generated tests send 0): the default page.
+    assert len((await client.devboxes.list(limit=0)).devboxes) == 5
     await client.devboxes.shutdown(ids[0])
     shut = await client.devboxes.list(status="shutdown")
     assert ([d.id for d in shut.devboxes], shut.devboxes[0].metadata) == ([ids[0]], {"n": "0"})
