@@ -258,6 +258,10 @@ def _launch_parameters(raw: Any) -> tuple[dict[str, Any], int, int | None]:
         not isinstance(commands, list) or not all(isinstance(c, str) for c in commands)
     ):
         raise ApiError(400, "launch_commands must be a list of strings")
+    for custom in ("custom_cpu_cores", "custom_gb_memory", "custom_disk_size"):
+        value = params.get(custom)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ApiError(400, f"{custom} must be a number")
     size = params.get("resource_size_request")
     if size is not None and size not in _SIZES:
         raise ApiError(400, f"resource_size_request must be one of {sorted(_SIZES)}")

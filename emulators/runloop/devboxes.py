@@ -269,11 +269,16 @@ def _resources(params: dict[str, Any]) -> tuple[float, float, float]:
     size = params.get("resource_size_request") or "SMALL"
     if size != "CUSTOM_SIZE":
         return _SIZES[size]
-    small = _SIZES["SMALL"]
+
+    def pick(key: str, fallback: float) -> float:
+        value = params.get(key)
+        return float(value) if isinstance(value, int | float) and value > 0 else fallback
+
+    cpu, memory, disk = _SIZES["SMALL"]
     return (
-        float(params.get("custom_cpu_cores") or small[0]),
-        float(params.get("custom_gb_memory") or small[1]),
-        float(params.get("custom_disk_size") or small[2]),
+        pick("custom_cpu_cores", cpu),
+        pick("custom_gb_memory", memory),
+        pick("custom_disk_size", disk),
     )
 
 

@@ -604,6 +604,9 @@ async def test_resource_usage_bills_the_size_over_time(client: AsyncRunloop) -> 
     assert usage.total_elapsed_seconds >= active
     assert (usage.vcpu_seconds, usage.memory_gb_seconds) == (2 * active, 4 * active)
     assert usage.disk_gb_seconds == 8 * usage.total_elapsed_seconds
+    params = {"resource_size_request": "CUSTOM_SIZE", "custom_gb_memory": "lots"}
+    with pytest.raises(BadRequestError, match="custom_gb_memory"):
+        await client.devboxes.create(launch_parameters=params)
 
 
 async def test_ssh_key_is_authorized_in_the_devbox(client: AsyncRunloop) -> None:
