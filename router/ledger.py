@@ -432,12 +432,15 @@ class Ledger:
             local = await self.outage.store.snapshot([self.outage.share(r) for r in refs], now)
             return self.outage.usage(local), str(exc)
 
-    async def bind(self, held: Held, ttl: float, *, paused: bool = False) -> None:
-        """Bind the lease's sticky session to its sandbox for ``ttl`` seconds."""
+    async def bind(
+        self, held: Held, ttl: float, *, paused: bool = False, kept: bool = False
+    ) -> bool:
+        """Bind the lease's sticky session to its sandbox for ``ttl`` seconds; ``kept``:
+        only while the session still names that sandbox (False when it names another)."""
         assert held.session is not None
         now = self._ctx.clock()
-        await self.store.bind_session(
-            held.session, held.entry, held.sandbox.id, now + ttl, now, paused=paused
+        return await self.store.bind_session(
+            held.session, held.entry, held.sandbox.id, now + ttl, now, paused=paused, kept=kept
         )
 
     def report(self, operation: str, exc: Exception) -> None:

@@ -148,7 +148,7 @@ class Upkeep:
             return
         if held.session is not None:
             with contextlib.suppress(StateUnavailable):
-                await self._ledger.bind(held, ttl)
+                await self._ledger.bind(held, ttl, kept=True)
         with contextlib.suppress(ProviderError):
             await held.sandbox.keepalive(ttl * 2)
 
@@ -185,8 +185,10 @@ class Upkeep:
             # running sandbox is no error.
             pausing = self._ctx.config.session_pause and Capability.PAUSE in entry.capabilities
             try:
-                await self._ledger.bind(held, idle, paused=pausing)
+                kept = await self._ledger.bind(held, idle, paused=pausing, kept=True)
             except StateUnavailable:
+                kept = False
+            if not kept:  # the store is away, or the session names another lease's sandbox
                 await self.kill(entry, held.sandbox)
                 return
             if pausing:

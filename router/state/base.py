@@ -269,9 +269,12 @@ class SessionSupport(abc.ABC):
         now: float,
         *,
         paused: bool = False,
-    ) -> None:
+        kept: bool = False,
+    ) -> bool:
         """Bind (or re-bind) a sticky session to a sandbox until ``expires``; ``paused``:
-        its sandbox is paused (a resume wakes it rather than connects)."""
+        its sandbox is paused (a resume wakes it rather than connects). ``kept``: only
+        while its live binding names this sandbox (a lease keeping its session); False
+        when it did not bind."""
 
     @abc.abstractmethod
     async def session(self, session: str, now: float) -> SessionBinding | None:

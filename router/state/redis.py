@@ -236,16 +236,21 @@ class RedisStore(StateStore):
         now: float,
         *,
         paused: bool = False,
-    ) -> None:
+        kept: bool = False,
+    ) -> bool:
         index, bindings = self._keys.sessions()
         binding: dict[str, object] = {"entry": entry, "sandbox_id": sandbox_id}
         if paused:  # a running sandbox's binding keeps the shape it had before
             binding["paused"] = True
         value = json.dumps(binding)
+        if kept:
+            args = [session, sandbox_id, value, expires, now]
+            return bool(await self._script("session_keep", [index, bindings], args))
         await self._commands(
             lambda pipe: pipe.hset(bindings, session, value).zadd(index, {session: expires}),
             transaction=True,
         )
+        return True
 
     async def session(self, session: str, now: float) -> SessionBinding | None:
         index, bindings = self._keys.sessions()

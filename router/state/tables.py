@@ -280,10 +280,20 @@ class TableStore(StateStore):
         now: float,
         *,
         paused: bool = False,
-    ) -> None:
+        kept: bool = False,
+    ) -> bool:
         # A running sandbox's row keeps the shape it had before ``paused`` existed.
         value = json.dumps([entry, sandbox_id, True] if paused else [entry, sandbox_id])
-        await self._transact(lambda tx: tx.put("session", session, value, expires, now))
+
+        def bind(tx: Tables) -> bool:
+            if kept:
+                row = tx.get("session", session)
+                if row is None or row[1] <= now or json.loads(row[0])[1] != sandbox_id:
+                    return False
+            tx.put("session", session, value, expires, now)
+            return True
+
+        return await self._transact(bind)
 
     async def session(self, session: str, now: float) -> SessionBinding | None:
         row = await self._transact(lambda tx: tx.get("session", session))

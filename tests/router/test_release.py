@@ -121,3 +121,27 @@ def test_a_lease_dropped_unreleased_is_released_with_a_warning(make_router, scri
         warnings.simplefilter("error")
         del lease  # released already: no warning
         gc.collect()
+
+
+def test_concurrent_leases_on_one_session_keep_one_sandbox(make_router, scripted) -> None:
+    """Acquires racing on a new session each create and bind; the session keeps the one it
+    names when they release, and the others' sandboxes are killed, not left for the janitor."""
+    flaky = scripted()
+    chain = [{"name": "flaky", "provider": "local", "quota": {"sessions": 10}}]
+    router = make_router(providers={"flaky": flaky}, chain=chain)
+
+    async def main() -> list[str]:
+        async def one() -> str:
+            async with await router.aacquire(session="conv") as lease:
+                await lease.sandbox.run("true")
+                return lease.sandbox_id
+
+        return await asyncio.gather(*(one() for _ in range(3)))
+
+    handed = asyncio.run(main())
+    wait_until(lambda: len(flaky.alive()) == 1)
+    assert len(flaky.alive()) == 1
+    with router.acquire(session="conv") as lease:
+        assert lease.resumed
+        assert [lease.sandbox_id] == flaky.alive()
+        assert lease.sandbox_id in handed

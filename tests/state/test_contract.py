@@ -264,6 +264,19 @@ async def test_an_outage_spend_is_reconciled_once_per_journal(store: StateStore)
     assert snap.pools["p"].used == {"sessions": 3, "sandbox_seconds": 50, "concurrent": 0}
 
 
+async def test_a_session_kept_only_while_it_names_the_sandbox(store: StateStore) -> None:
+    """Two leases on one session (concurrent acquires) each bound it; only the one it names
+    now may keep it (a release, a heartbeat): the other's sandbox is nobody's to keep."""
+    await store.bind_session("conv", "a", "sb-1", NOW + 60, NOW)
+    await store.bind_session("conv", "a", "sb-2", NOW + 60, NOW)  # the later acquire
+    assert not await store.bind_session("conv", "a", "sb-1", NOW + 90, NOW, kept=True)
+    assert await store.session("conv", NOW) == SessionBinding("a", "sb-2", NOW + 60)
+    assert await store.bind_session("conv", "a", "sb-2", NOW + 90, NOW, paused=True, kept=True)
+    assert await store.session("conv", NOW) == SessionBinding("a", "sb-2", NOW + 90, True)
+    assert not await store.bind_session("gone", "a", "sb-3", NOW + 90, NOW, kept=True)
+    assert await store.session("gone", NOW) is None
+
+
 async def test_a_session_binding_says_whether_its_sandbox_is_paused(store: StateStore) -> None:
     await store.bind_session("running", "a", "sb-1", NOW + 60, NOW)
     await store.bind_session("parked", "a", "sb-2", NOW + 60, NOW, paused=True)
