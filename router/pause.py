@@ -19,6 +19,7 @@ refused reservation leaves the token and the paused sandbox as they were.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 
 from providers.capabilities import Capability
@@ -26,6 +27,7 @@ from providers.errors import (
     LeaseError,
     NoProviderAvailable,
     NotFound,
+    ProviderError,
     StateUnavailable,
     Unsupported,
 )
@@ -33,6 +35,7 @@ from router.context import Context
 from router.events import Paused, Resumed
 from router.lease import Held
 from router.ledger import RESERVE_GRACE, Denied, Ledger
+from router.state.base import SessionBinding
 from router.upkeep import Upkeep
 
 __all__ = ["PAUSE_KEY", "Pauses"]
@@ -101,11 +104,20 @@ class Pauses:
         if not await self._ledger.store.lock(key, claim, timeout + RESERVE_GRACE, now):
             raise LeaseError("this paused sandbox is being resumed by another call")
         try:
-            return await self._wake(key, entry.name, binding.sandbox_id, now + timeout)
-        finally:
+            held = await self._wake(key, binding, now + timeout)
+        except BaseException:
             await asyncio.shield(self._ledger.store.unlock(key, claim))
+            raise
+        # The token is spent: nobody waits on its lock, and an await here could lose the lease.
+        self._upkeep.spawn(self._unlock(key, claim))
+        return held
 
-    async def _wake(self, key: str, name: str, sandbox_id: str, deadline: float) -> Held:
+    async def _unlock(self, key: str, claim: str) -> None:
+        with contextlib.suppress(StateUnavailable):  # it expires by itself
+            await self._ledger.store.unlock(key, claim)
+
+    async def _wake(self, key: str, binding: SessionBinding, deadline: float) -> Held:
+        name, sandbox_id = binding.entry, binding.sandbox_id
         entry = self._ctx.entries[name]
         try:
             booking = await self._upkeep.book(entry, deadline, new_session=False)
@@ -121,11 +133,28 @@ class Pauses:
             if isinstance(exc, NotFound):
                 await self._ledger.store.unbind_session(key)
             raise
+        held = booking.held(entry.provider.kind, sandbox, self._ctx.clock(), 1, resumed=True)
+        self._upkeep.start(held, booking)
         try:
             await self._ledger.store.unbind_session(key)
         except StateUnavailable as exc:  # the sandbox runs: the lease is the caller's anyway
             self._ledger.report("session", exc)
-        held = booking.held(entry.provider.kind, sandbox, self._ctx.clock(), 1, resumed=True)
-        self._upkeep.start(held, booking)
+        except asyncio.CancelledError:
+            self._upkeep.spawn(self._repark(key, binding.expires, held))
+            raise
         self._ctx.emit(Resumed(name, held.lease_id, sandbox.id))
         return held
+
+    async def _repark(self, key: str, expires: float, held: Held) -> None:
+        """Pause again, under its token, a sandbox woken for a caller who was cancelled; a
+        sandbox that cannot be parked again is killed (its token dropped)."""
+        try:
+            now = self._ctx.clock()
+            await self._ledger.store.bind_session(key, held.entry, held.sandbox.id, expires, now)
+            await held.sandbox.pause()
+        except (ProviderError, StateUnavailable):
+            with contextlib.suppress(StateUnavailable):
+                await self._ledger.store.unbind_session(key)
+            await self._upkeep.release(held)
+            return
+        await self._upkeep.release(held, kill=False)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
+from providers.base import Sandbox
 from router import Router
 from router.testing import ScriptedProvider
 from tests.redis_proxy import RedisProxy
@@ -99,3 +100,44 @@ async def test_cancelled_after_the_sandbox_exists_releases_the_lease(
             assert again.sandbox_id == fake.created[1]
         assert await router.aclose_session("s1")
         await _soon(lambda: fake.alive() == [])
+
+
+class _GatedResume(ScriptedProvider):
+    """Its resume waits for ``gate``: a test stops the store's replies meanwhile."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.gate = asyncio.Event()
+        self.resuming = asyncio.Event()
+
+    async def resume(self, sandbox_id: str, *, timeout: float) -> Sandbox:
+        self.resuming.set()
+        await self.gate.wait()
+        return await super().resume(sandbox_id, timeout=timeout)
+
+
+async def test_a_resume_cancelled_after_the_wake_parks_the_sandbox_again(
+    proxy: RedisProxy, key_prefix: str
+) -> None:
+    """The sandbox woke but the caller is gone: it is paused again under the same token,
+    its slot freed, rather than left running under a lease nobody holds."""
+    fake = _GatedResume("fake")
+    router = Router.from_config(_config(proxy.port, key_prefix), providers={"fake": fake}, hooks=[])
+    async with router:
+        lease = await router.aacquire()
+        await lease.sandbox.write_file("kept.txt", b"state")
+        token = await lease.pause()
+        resuming = asyncio.ensure_future(router.aresume(token))
+        await asyncio.wait_for(fake.resuming.wait(), 5)
+        proxy.stop_replies()  # what follows the wake (the token's unbind) waits
+        sent = proxy.requests
+        fake.gate.set()
+        await _soon(lambda: proxy.requests > sent)
+        resuming.cancel()
+        proxy.let_replies_through()
+        with pytest.raises(asyncio.CancelledError):
+            await resuming
+        assert (await _settles(router, lambda pool: pool[1] == 0))[1] == 0
+        await _soon(lambda: fake.paused() == fake.created)
+        async with await router.aresume(token) as again:
+            assert await again.sandbox.read_file("kept.txt") == b"state"
