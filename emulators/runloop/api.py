@@ -7,14 +7,15 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   ``initializing`` while its ``launch_commands`` run in turn: one that fails
   ends the devbox in ``failure``); a create's ``entrypoint`` then runs as
   the devbox's main process, and its end shuts the devbox down
-  (``entrypoint_exit``);
+  (``entrypoint_exit``; a suspend stops it, a resume does not restart it);
   ``POST /v1/devboxes/create_and_await_running`` also holds until it boots,
   at most ``CREATE_HOLD_MAX`` seconds (the SDK's default read timeout, 30 s,
   must not pass first: it polls ``wait_for_status`` for the rest).
   A create repeated with the same ``x-request-id`` (an SDK retry) answers
   the devbox the first one made.
 * ``GET /v1/devboxes`` lists the key's devboxes, newest first, paged with
-  ``limit`` / ``starting_after`` (``has_more``, ``total_count``), filtered
+  ``limit`` (20 when unset or 0) / ``starting_after`` (``has_more``,
+  ``total_count``), filtered
   by ``status``; ``GET /v1/devboxes/{id}``; ``POST /v1/devboxes/{id}``
   updates its ``name`` and ``metadata``; ``POST .../wait_for_status``
   long-polls (at most 30 s) and answers 408 when the hold passes.
@@ -57,9 +58,8 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   devboxes are, by ``devbox_id`` or ``source_blueprint_id``),
   ``GET .../disk_snapshots/{id}/status`` tells the copy's progress,
   ``POST .../disk_snapshots/{id}`` updates its name, commit message and
-  metadata and
-  ``POST .../disk_snapshots/{id}/delete`` deletes one (its status says
-  ``deleted`` from then on; anything else on it is a 404). A create
+  metadata and ``POST .../disk_snapshots/{id}/delete`` deletes one (its
+  status says ``deleted`` from then on; anything else on it is a 404). A create
   with ``snapshot_id`` starts from that disk.
 
 A devbox belongs to the key that created it: other keys get 404. Commands
