@@ -21,6 +21,7 @@ from router.lease import Held
 from router.ledger import Denied, Ledger
 from router.state.base import SessionBinding
 from router.upkeep import Upkeep
+from router.waits import until_done
 
 __all__ = ["Sessions"]
 
@@ -67,22 +68,39 @@ class Sessions:
                 else entry.provider.connect(binding.sandbox_id)
             )
             sandbox = await asyncio.wait_for(wake, booking.budget)
+        except asyncio.CancelledError:
+            self._upkeep.spawn(self._ledger.refund(booking, "acquire_cancelled"))
+            raise
         except Exception as exc:
             await self._ledger.settle_failure(booking, exc, 1, started)
             self._lose(
                 session, binding, f"{classify(exc).reason}: {exc}", sandbox_id=binding.sandbox_id
             )
             return None
-        if not await self._ledger.commit(booking, sandbox.id, self._ctx.clock()):
-            return None
+        committing = self._ledger.commit(booking, sandbox.id, self._ctx.clock())
         held = booking.held(
             entry.provider.kind, sandbox, self._ctx.clock(), 1, session=session, resumed=True
         )
-        await self.bind(held, session)
+        try:
+            await until_done(committing)  # a cancel here leaves the commit running
+            if not committing.result():
+                return None
+            await self.bind(held, session)
+        except asyncio.CancelledError:
+            self._upkeep.spawn(self._let_go(committing, held))
+            raise
         self._upkeep.keep(held)
         if binding.paused:
             self._ctx.emit(Resumed(entry.name, held.lease_id, sandbox.id, session))
         return held
+
+    async def _let_go(self, committing: asyncio.Future[bool | None], held: Held) -> None:
+        """Release a reconnected lease whose caller was cancelled, once its commit lands:
+        the sandbox stays the session's, as after any release."""
+        await until_done(committing)
+        if committing.result():
+            self._upkeep.keep(held)
+            await self._upkeep.release(held)
 
     async def bind(self, held: Held, session: str) -> None:
         """Bind ``session`` to the lease's sandbox while the lease lives."""

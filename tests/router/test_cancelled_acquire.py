@@ -141,3 +141,47 @@ async def test_a_resume_cancelled_after_the_wake_parks_the_sandbox_again(
         await _soon(lambda: fake.paused() == fake.created)
         async with await router.aresume(token) as again:
             assert await again.sandbox.read_file("kept.txt") == b"state"
+
+
+class _GatedConnect(ScriptedProvider):
+    """Its connect waits for ``gate`` once ``hold`` is set."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.hold = False
+        self.gate = asyncio.Event()
+        self.connecting = asyncio.Event()
+
+    async def connect(self, sandbox_id: str) -> Sandbox:
+        if self.hold:
+            self.connecting.set()
+            await self.gate.wait()
+        return await super().connect(sandbox_id)
+
+
+@pytest.mark.parametrize("stage", ["connect", "commit"])
+async def test_a_session_reconnect_cancelled_frees_its_slot_and_keeps_the_session(
+    proxy: RedisProxy, key_prefix: str, stage: str
+) -> None:
+    fake = _GatedConnect("fake")
+    config = {**_config(proxy.port, key_prefix), "session_pause": False}
+    router = Router.from_config(config, providers={"fake": fake}, hooks=[])
+    async with router:
+        await (await router.aacquire(session="s1")).release()
+        fake.hold = True
+        acquiring = asyncio.ensure_future(router.aacquire(session="s1"))
+        await asyncio.wait_for(fake.connecting.wait(), 5)
+        if stage == "commit":  # the sandbox is reached; its commit's reply waits
+            proxy.stop_replies()
+            sent = proxy.requests
+            fake.gate.set()
+            await _soon(lambda: proxy.requests > sent)
+        acquiring.cancel()
+        proxy.let_replies_through()
+        with pytest.raises(asyncio.CancelledError):
+            await acquiring
+        assert (await _settles(router, lambda pool: pool[1] == 0))[1] == 0
+        fake.hold = False
+        async with await router.aacquire(session="s1", timeout=5) as again:
+            assert again.resumed
+            assert again.sandbox_id == fake.created[0]
