@@ -34,6 +34,7 @@ from typing import Any
 
 from providers.errors import SandboxError
 from providers.local import (
+    _PATH,
     LocalProcess,
     LocalProvider,
     LocalSandbox,
@@ -41,7 +42,7 @@ from providers.local import (
     bwrap_command,
 )
 
-__all__ = ["GuestSandbox", "PathRefused"]
+__all__ = ["GUEST_BIN", "GuestSandbox", "PathRefused"]
 
 _OWN_DIRS = ("root", "tmp", "var/tmp", "opt", "mnt", "srv", "proc", "dev")
 _SYMLINK_HOPS = 40
@@ -51,6 +52,11 @@ _HOLD_SECONDS = 0.05
 
 class PathRefused(Exception):
     """A path the sandbox cannot use that way (a write into a read-only system directory)."""
+
+
+GUEST_BIN = "/__emulator/bin"
+"""Last on a command's default PATH: a ``python`` (to ``python3``), which every vendor's
+image has and a host may not."""
 
 
 class GuestSandbox(LocalSandbox):
@@ -99,6 +105,11 @@ class GuestSandbox(LocalSandbox):
                 inside.mkdir(parents=True)
         for own in [*_OWN_DIRS, *(d.lstrip("/") for d in dirs)]:
             (self.root / own).mkdir(parents=True, exist_ok=True)
+        shim = self.root / GUEST_BIN.lstrip("/") / "python"
+        if not shim.exists():
+            shim.parent.mkdir(parents=True, exist_ok=True)
+            shim.write_text('#!/bin/sh\nexec python3 "$@"\n')
+            shim.chmod(0o755)
 
     # -- paths --------------------------------------------------------------
     def absolute(self, path: str, cwd: str | None = None) -> str:
@@ -201,7 +212,12 @@ class GuestSandbox(LocalSandbox):
         values = {
             k: self.rewrite(v) for k, v in {**self.meta.get("env", {}), **(env or {})}.items()
         }
-        values = {"HOME": self.inside(self.home), "TMPDIR": self.inside("/tmp"), **values}
+        values = {
+            "HOME": self.inside(self.home),
+            "TMPDIR": self.inside("/tmp"),
+            "PATH": f"{_PATH}:{self.inside(GUEST_BIN)}",  # the host's venv is not in here
+            **values,
+        }
         if self.isolate:
             return await super().spawn(self._bwrap(where) + argv, env=values)
         shell = 'cd -- "$0" && exec "$@"'

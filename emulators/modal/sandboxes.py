@@ -46,7 +46,7 @@ from pathlib import Path
 from grpclib import GRPCError, Status
 from modal_proto import api_pb2
 
-from emulators.filesystem import GuestSandbox, PathRefused
+from emulators.filesystem import GUEST_BIN, GuestSandbox, PathRefused
 from emulators.harness import EmulatorCore
 from providers.errors import ProviderError
 from providers.local import LocalProcess
@@ -54,7 +54,6 @@ from providers.local import LocalProcess
 __all__ = [
     "FS_TOOLS",
     "IMAGE_PATH",
-    "MODAL_BIN",
     "MODAL_HOME",
     "Container",
     "Exec",
@@ -66,7 +65,6 @@ __all__ = [
 ]
 
 MODAL_HOME = "/root"
-MODAL_BIN = "/__modal/bin"  # a ``python`` for systems that only have ``python3``
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FS_TOOLS = "/__modal/.bin/modal-sandbox-fs-tools"
 _BASE62 = string.digits + string.ascii_uppercase + string.ascii_lowercase
@@ -141,10 +139,6 @@ class Container(GuestSandbox):
         self.image_path = image_path or IMAGE_PATH
         self._init: int | None = None
         self._holding = asyncio.Lock()
-        shim = self.root / MODAL_BIN.lstrip("/") / "python"
-        shim.parent.mkdir(parents=True, exist_ok=True)
-        shim.write_text('#!/bin/sh\nexec python3 "$@"\n')
-        shim.chmod(0o755)
 
     async def spawn(
         self,
@@ -154,12 +148,12 @@ class Container(GuestSandbox):
         cwd: str | None = None,
     ) -> LocalProcess:
         """Start ``cmd``; unless the create or the exec sets a PATH, it is the image's
-        with `MODAL_BIN` last (its ``python``, which every Modal image has); Python's
+        with `GUEST_BIN` last (its ``python``, which every Modal image has); Python's
         output is buffered unless they set ``PYTHONUNBUFFERED``."""
         if self.isolate:
             await self._hold()
         defaults = {
-            "PATH": f"{self.image_path}:{self.inside(MODAL_BIN)}",
+            "PATH": f"{self.image_path}:{self.inside(GUEST_BIN)}",
             "PYTHONUNBUFFERED": "",  # the local provider's "1": a container's Python buffers
         }
         own = {**self.meta.get("env", {}), **(env or {})}

@@ -48,6 +48,13 @@ async def test_commands_see_the_vendor_paths(guest: GuestSandbox) -> None:
     assert await run(guest, "echo $WHERE") == "/tmp/w\n"
 
 
+async def test_python_is_on_the_path_as_in_every_vendor_image(guest: GuestSandbox) -> None:
+    """Vendor images have ``python``; a host may have only ``python3``, and the host's venv
+    (on the local provider's PATH) is not inside the sandbox."""
+    assert await run(guest, "python -c 'print(6 * 7)'") == "42\n"
+    assert await run(guest, "python3 -c 'print(6 * 7)'") == "42\n"
+
+
 async def test_files_written_by_commands_are_the_file_apis(guest: GuestSandbox) -> None:
     await run(guest, "echo hi > /tmp/x && mkdir -p /root/d && echo there > /root/d/y && echo h > z")
     assert guest.host("/tmp/x").read_text() == "hi\n"
