@@ -102,18 +102,36 @@ async def test_cancelled_after_the_sandbox_exists_releases_the_lease(
         await _soon(lambda: fake.alive() == [])
 
 
-class _GatedResume(ScriptedProvider):
-    """Its resume waits for ``gate``: a test stops the store's replies meanwhile."""
+class _Gated(ScriptedProvider):
+    """Its connect and resume wait for ``gate`` while ``hold`` is set."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
+        self.hold = False
         self.gate = asyncio.Event()
-        self.resuming = asyncio.Event()
+        self.reached = asyncio.Event()
+
+    async def _held(self) -> None:
+        if self.hold:
+            self.reached.set()
+            await self.gate.wait()
+
+    async def connect(self, sandbox_id: str) -> Sandbox:
+        await self._held()
+        return await super().connect(sandbox_id)
 
     async def resume(self, sandbox_id: str, *, timeout: float) -> Sandbox:
-        self.resuming.set()
-        await self.gate.wait()
+        await self._held()
         return await super().resume(sandbox_id, timeout=timeout)
+
+
+async def _lands_with_replies_held(proxy: RedisProxy, fake: _Gated) -> None:
+    """Let the held call land while the store's replies wait: what follows is on the wire."""
+    await asyncio.wait_for(fake.reached.wait(), 5)
+    proxy.stop_replies()
+    sent = proxy.requests
+    fake.gate.set()
+    await _soon(lambda: proxy.requests > sent)
 
 
 async def test_a_resume_cancelled_after_the_wake_parks_the_sandbox_again(
@@ -121,61 +139,41 @@ async def test_a_resume_cancelled_after_the_wake_parks_the_sandbox_again(
 ) -> None:
     """The sandbox woke but the caller is gone: it is paused again under the same token,
     its slot freed, rather than left running under a lease nobody holds."""
-    fake = _GatedResume("fake")
+    fake = _Gated("fake")
     router = Router.from_config(_config(proxy.port, key_prefix), providers={"fake": fake}, hooks=[])
     async with router:
         lease = await router.aacquire()
         await lease.sandbox.write_file("kept.txt", b"state")
         token = await lease.pause()
+        fake.hold = True
         resuming = asyncio.ensure_future(router.aresume(token))
-        await asyncio.wait_for(fake.resuming.wait(), 5)
-        proxy.stop_replies()  # what follows the wake (the token's unbind) waits
-        sent = proxy.requests
-        fake.gate.set()
-        await _soon(lambda: proxy.requests > sent)
+        await _lands_with_replies_held(proxy, fake)  # the token's unbind waits
         resuming.cancel()
         proxy.let_replies_through()
         with pytest.raises(asyncio.CancelledError):
             await resuming
         assert (await _settles(router, lambda pool: pool[1] == 0))[1] == 0
         await _soon(lambda: fake.paused() == fake.created)
+        fake.hold = False
         async with await router.aresume(token) as again:
             assert await again.sandbox.read_file("kept.txt") == b"state"
-
-
-class _GatedConnect(ScriptedProvider):
-    """Its connect waits for ``gate`` once ``hold`` is set."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.hold = False
-        self.gate = asyncio.Event()
-        self.connecting = asyncio.Event()
-
-    async def connect(self, sandbox_id: str) -> Sandbox:
-        if self.hold:
-            self.connecting.set()
-            await self.gate.wait()
-        return await super().connect(sandbox_id)
 
 
 @pytest.mark.parametrize("stage", ["connect", "commit"])
 async def test_a_session_reconnect_cancelled_frees_its_slot_and_keeps_the_session(
     proxy: RedisProxy, key_prefix: str, stage: str
 ) -> None:
-    fake = _GatedConnect("fake")
+    fake = _Gated("fake")
     config = {**_config(proxy.port, key_prefix), "session_pause": False}
     router = Router.from_config(config, providers={"fake": fake}, hooks=[])
     async with router:
         await (await router.aacquire(session="s1")).release()
         fake.hold = True
         acquiring = asyncio.ensure_future(router.aacquire(session="s1"))
-        await asyncio.wait_for(fake.connecting.wait(), 5)
         if stage == "commit":  # the sandbox is reached; its commit's reply waits
-            proxy.stop_replies()
-            sent = proxy.requests
-            fake.gate.set()
-            await _soon(lambda: proxy.requests > sent)
+            await _lands_with_replies_held(proxy, fake)
+        else:
+            await asyncio.wait_for(fake.reached.wait(), 5)
         acquiring.cancel()
         proxy.let_replies_through()
         with pytest.raises(asyncio.CancelledError):
