@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
@@ -609,6 +610,9 @@ async def test_resource_usage_bills_the_size_over_time(client: AsyncRunloop) -> 
         await client.devboxes.create(launch_parameters=params)
 
 
+@pytest.mark.skipif(
+    shutil.which("ssh-keygen") is None, reason="ssh-keygen (openssh-client) not installed"
+)
 async def test_ssh_key_is_authorized_in_the_devbox(client: AsyncRunloop) -> None:
     """``create_ssh_key`` (the SDK's ``net.create_ssh_key``) hands out a key the devbox trusts."""
     box = await client.devboxes.create_and_await_running()
