@@ -78,11 +78,16 @@ class GuestSandbox(LocalSandbox):
         super().__init__(provider, local.id, local.meta)
         self.home = posixpath.normpath(home)
         self.isolate = isolate
+        self.dirs = tuple(dirs)
         self.root = self.dir.resolve()
         self._system = _system_dirs()
         self.system_dirs = [d for d in self._system if not os.path.islink(d)]
         self._layout([self.home, *dirs])
-        own = sorted({*(d.split("/")[0] for d in _OWN_DIRS), "home", self.home.split("/")[1]})
+        system = {d.strip("/").split("/")[0] for d in self._system}
+        tops = {d.strip("/").split("/")[0] for d in dirs if d.strip("/")} - system
+        own = sorted(
+            {*(d.split("/")[0] for d in _OWN_DIRS), "home", self.home.split("/")[1], *tops}
+        )
         # The host directory itself first, so a path `inside` made is left as it is.
         self._own = re.compile(
             re.escape(str(self.root))

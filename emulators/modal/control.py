@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import posixpath
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -290,7 +291,7 @@ class ControlPlane(api_grpc.ModalClientBase):
                 workspace,
                 SandboxSpec(template=template, env={**image_env, **env}, labels=tags),
                 home=MODAL_HOME,
-                dirs=(workdir,) if workdir else (),
+                dirs=((workdir,) if workdir else ()) + tuple(_parents(files)),
                 lifetime=definition.timeout_secs or 300,
                 sandbox_id=sandbox_id,
             )
@@ -601,3 +602,8 @@ def _ports(specs: Iterable[api_pb2.PortSpec]) -> tuple[list[int], list[int]]:
         if spec.unencrypted:
             unencrypted.append(spec.port)
     return ports, unencrypted
+
+
+def _parents(files: list[tuple[str, bytes, int]]) -> set[str]:
+    """The directories an image's files go in: the sandbox has them, whatever its isolation."""
+    return {posixpath.dirname(path) for path, _, _ in files}

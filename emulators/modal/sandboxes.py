@@ -135,7 +135,7 @@ class Container(GuestSandbox):
     """
 
     def __init__(self, guest: GuestSandbox, image_path: str | None = None) -> None:
-        super().__init__(guest, guest.home, isolate=guest.isolate)
+        super().__init__(guest, guest.home, isolate=guest.isolate, dirs=guest.dirs)
         self.image_path = image_path or IMAGE_PATH
         self._init: int | None = None
         self._holding = asyncio.Lock()
