@@ -153,16 +153,22 @@ def check_env(env: Mapping[str, str], argument: str) -> None:
 
 
 def check_positive(
-    value: object, call: str, name: str, *, optional: bool = False, whole: bool = False
+    value: object,
+    call: str,
+    name: str,
+    *,
+    optional: bool = False,
+    whole: bool = False,
+    zero: bool = False,
 ) -> None:
     """Refuse anything but a positive finite number (a whole one if ``whole``; None
-    if ``optional``), naming the argument as ``call(name=value)``."""
+    if ``optional``; 0 too if ``zero``), naming the argument as ``call(name=value)``."""
     if value is None and optional:
         return
-    kind = "a positive whole number" if whole else "a positive number"
+    kind = ("a whole number" if whole else "a number") + (" >= 0" if zero else " > 0")
     if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
         raise ArgumentTypeError(f"{call}({name}={value!r}): expected {kind}")
-    if not 0 < value < math.inf:
+    if not (value >= 0 if zero else value > 0) or value == math.inf:
         raise InvalidArgument(f"{call}({name}={value!r}): expected {kind}")
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from providers.base import Provider, SandboxSpec, Snapshot, check_positive, check_text
-from providers.errors import ArgumentTypeError, InvalidArgument
+from providers.errors import InvalidArgument
 from router import config as config_mod
 from router.acquire import Acquirer, check_acquire
 from router.config import RouterConfig
@@ -264,10 +263,7 @@ class Router:
             raise InvalidArgument(f"set_usage(pool={pool!r}): no such pool here ({known})")
         if unit not in SETTABLE_UNITS:
             raise InvalidArgument(f"set_usage(unit={unit!r}): expected one of {SETTABLE_UNITS}")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ArgumentTypeError(f"set_usage(value={value!r}): expected a number >= 0")
-        if not 0 <= value < math.inf:
-            raise InvalidArgument(f"set_usage(value={value!r}): expected a number >= 0")
+        check_positive(value, "set_usage", "value", zero=True)
         self._engine.run(self._set_usage(pool, unit, value))
 
     def close(self) -> None:

@@ -44,6 +44,7 @@ from router.processes import (
     AsyncTerminal,
     SyncProcess,
     SyncTerminal,
+    check_data,
     check_size,
 )
 
@@ -194,9 +195,7 @@ class AsyncSandboxHandle(AsyncFiles):
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` to ``path`` (relative to the sandbox's home), making parent dirs."""
         _check_path_type(path, "write_file(path)")
-        if not isinstance(data, bytes | bytearray | memoryview | str):
-            raise ArgumentTypeError(f"write_file(data): bytes or str, not {type(data).__name__}")
-        await self._run(self._sandbox.write_file(path, data))
+        await self._run(self._sandbox.write_file(path, check_data(data, "write_file(data)")))
 
     async def read_file(self, path: str) -> bytes:
         return await self._run(self._sandbox.read_file(_check_path_type(path, "read_file(path)")))

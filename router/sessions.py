@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 
 from policies.outcome import classify
-from providers.errors import ProviderError, StateUnavailable
+from providers.errors import StateUnavailable
 from router.context import Context
-from router.events import KillFailed, Resumed, SessionClosed, SessionLost
+from router.events import Resumed, SessionClosed, SessionLost
 from router.lease import Held
 from router.ledger import Denied, Ledger
 from router.state.base import SessionBinding
@@ -120,18 +120,8 @@ class Sessions:
         Best effort: when its provider is down the janitor reaps it later.
         """
         entry = self._ctx.entries.get(binding.entry)
-        if entry is None:
-            return
-
-        async def kill() -> None:
-            try:
-                await entry.provider.kill(binding.sandbox_id)
-            except Exception as exc:  # any failure: the janitor reaps it
-                self._ctx.emit(
-                    KillFailed(entry=entry.name, sandbox_id=binding.sandbox_id, error=str(exc))
-                )
-
-        self._upkeep.spawn(kill())
+        if entry is not None:
+            self._upkeep.spawn(self._upkeep.kill_id(entry, binding.sandbox_id))
 
     async def close(self, session: str) -> bool:
         """Kill the session's sandbox and forget it; False when it had none."""
@@ -140,12 +130,7 @@ class Sessions:
             return False
         entry = self._ctx.entries.get(binding.entry)
         if entry is not None:
-            try:
-                await entry.provider.kill(binding.sandbox_id)
-            except ProviderError as exc:
-                self._ctx.emit(
-                    KillFailed(entry=entry.name, sandbox_id=binding.sandbox_id, error=str(exc))
-                )
+            await self._upkeep.kill_id(entry, binding.sandbox_id)
         await self._ledger.store.unbind_session(session)
         self._ctx.emit(
             SessionClosed(session=session, entry=binding.entry, sandbox_id=binding.sandbox_id)

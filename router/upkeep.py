@@ -269,22 +269,20 @@ class Upkeep:
     def _unbook(self, entry: Entry, booking: Booking) -> None:
         """Give back a booking nobody took: a claimed warm sandbox is killed and its lease
         freed; a reservation is refunded (no create ran)."""
-        claimed = booking.claimed
-        if claimed is None:
+        if booking.claimed is None:
             self.spawn(self._ledger.refund(booking, "acquire_cancelled"))
-            return
+        else:
+            self.spawn(self.give_back(entry, booking))
 
-        async def unclaim() -> None:
-            try:
-                await entry.provider.kill(claimed.sandbox_id)
-            except Exception as exc:  # the janitor reaps it: unrecorded, unleased
-                self._ctx.emit(KillFailed(entry.name, claimed.sandbox_id, str(exc)))
-            try:
-                await self._ledger.release(booking)
-            except StateUnavailable as exc:
-                self._ledger.report("release", exc)  # the reservation expires by itself
-
-        self.spawn(unclaim())
+    async def give_back(self, entry: Entry, booking: Booking) -> None:
+        """Free a warm claim nobody will use (its slot first: an acquire may need it), and
+        kill its sandbox in the background (the session it was stays spent)."""
+        assert booking.claimed is not None
+        self.spawn(self.kill_id(entry, booking.claimed.sandbox_id))
+        try:
+            await self._ledger.release(booking)
+        except StateUnavailable as exc:
+            self._ledger.report("release", exc)  # the reservation expires by itself
 
     def abandon(self, create: asyncio.Future[Sandbox], booking: Booking, entry: Entry) -> None:
         """Follow a create the acquire stopped waiting for: the provider may still make
@@ -330,6 +328,13 @@ class Upkeep:
             await sandbox.kill()
         except Exception as exc:
             self._ctx.emit(KillFailed(entry=entry.name, sandbox_id=sandbox.id, error=str(exc)))
+
+    async def kill_id(self, entry: Entry, sandbox_id: str) -> None:
+        """`kill` by id through the provider (a sandbox no handle was made for)."""
+        try:
+            await entry.provider.kill(sandbox_id)
+        except Exception as exc:  # the janitor reaps it: unrecorded, unleased
+            self._ctx.emit(KillFailed(entry=entry.name, sandbox_id=sandbox_id, error=str(exc)))
 
     async def close(self) -> None:
         """Stop the heartbeats, wait (10 s at most) for the tasks still running, then try

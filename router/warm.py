@@ -58,7 +58,6 @@ from router.context import Context
 from router.entries import Entry
 from router.events import (
     Created,
-    KillFailed,
     TaskFailed,
     WarmClaimed,
     WarmCreated,
@@ -148,7 +147,7 @@ class WarmPools:
                 else:
                     sandbox = await entry.provider.connect(claimed.sandbox_id)
         except BaseException as exc:
-            await asyncio.shield(self._give_back(entry, booking))
+            await asyncio.shield(self._upkeep.give_back(entry, booking))
             if not isinstance(exc, Exception):
                 raise
             self._ctx.emit(
@@ -169,17 +168,6 @@ class WarmPools:
         self._upkeep.start(held, booking)
         self.kick()
         return held
-
-    async def _give_back(self, entry: Entry, booking: Booking) -> None:
-        """Free a failed claim's slot before the acquire goes on (it may need it), and
-        kill the sandbox in the background (the session it was stays spent)."""
-        assert booking.claimed is not None
-        sandbox_id = booking.claimed.sandbox_id
-        self._upkeep.spawn(self._kill(entry, sandbox_id))
-        try:
-            await self._ledger.release(booking)
-        except StateUnavailable as exc:
-            self._ledger.report("release", exc)  # the reservation expires by itself
 
     def missed(self, entry: Entry) -> None:
         """An acquire this pool could have served found it empty."""
@@ -347,20 +335,20 @@ class WarmPools:
         self._ctx.emit(Created(entry=entry.name, latency=self._ctx.clock() - started))
         ttl = warm.max_idle + self._ctx.config.lease_ttl
         if not await self._ledger.commit(booking, sandbox.id, self._ctx.clock(), ttl=ttl):
-            await self._kill(entry, sandbox.id)
+            await self._upkeep.kill_id(entry, sandbox.id)
             return False
         try:
             if warm.pause:
                 await sandbox.pause()
         except Exception as exc:
             self._ctx.emit(TaskFailed("warm pause", f"{type(exc).__name__}: {exc}"))
-            await self._kill(entry, sandbox.id)
+            await self._upkeep.kill_id(entry, sandbox.id)
             await self._ledger.release(booking)
             return False
         now = self._ctx.clock()
         record = WarmRecord(sandbox.id, now, now + warm.max_idle, now + ttl, paused=warm.pause)
         if not await self._ledger.store.warm_put(entry.ref, booking.lease_id, record, now):
-            await self._kill(entry, sandbox.id)  # its lease was lost: nothing holds it
+            await self._upkeep.kill_id(entry, sandbox.id)  # its lease was lost: nothing holds it
             return False
         self._ctx.emit(WarmCreated(entry.name, sandbox.id, warm.pause, now - started))
         return True
@@ -371,18 +359,12 @@ class WarmPools:
         metered = await self._ledger.store.warm_take(entry.ref, lease_id, now)
         if metered is None:
             return
-        await self._kill(entry, record.sandbox_id)
+        await self._upkeep.kill_id(entry, record.sandbox_id)
         self._ctx.emit(
             WarmKilled(
                 entry.name, record.sandbox_id, reason, record.paused, now - record.since, metered
             )
         )
-
-    async def _kill(self, entry: Entry, sandbox_id: str) -> None:
-        try:
-            await entry.provider.kill(sandbox_id)
-        except Exception as exc:  # the janitor reaps it: unrecorded, unleased
-            self._ctx.emit(KillFailed(entry=entry.name, sandbox_id=sandbox_id, error=str(exc)))
 
     async def ready(self) -> dict[str, int]:
         """How many claimable warm sandboxes each pool holds now (one read per pool)."""
