@@ -244,6 +244,7 @@ def test_the_background_refill_replaces_a_claimed_sandbox(make_router, scripted)
     with router.acquire() as lease:
         assert lease.sandbox.id == maker.created[0]
         wait_until(lambda: maker.creates == 2)  # the claim woke the refill at once
+    wait_until(lambda: router.warm_ready() == {"flaky": 1})  # its create has to land first
     assert router.warm_ready() == {"flaky": 1}
 
 
