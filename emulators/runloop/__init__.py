@@ -1,9 +1,11 @@
 """A Runloop emulator: the unmodified ``runloop-api-client`` SDK runs against it.
 
-One loopback HTTP server plays Runloop's devbox API (`emulators.runloop.api`):
-the low-level ``Runloop`` / ``AsyncRunloop`` clients and the object SDKs
-(``RunloopSDK`` / ``AsyncRunloopSDK``) create devboxes, long-poll their
-status, run commands, move files and shut them down. Devboxes are real
+One loopback HTTP server plays Runloop's devbox API (`emulators.runloop.api`,
+with the routes of `emulators.runloop.executions`, `emulators.runloop.files`
+and `emulators.runloop.disk_snapshots`): the low-level ``Runloop`` /
+``AsyncRunloop`` clients and the object SDKs (``RunloopSDK`` /
+``AsyncRunloopSDK``) create devboxes, long-poll their status, run commands,
+move files and shut them down. Devboxes are real
 local sandboxes (`emulators.runloop.devboxes`) that boot in
 ``boot_seconds`` and end after their keep-alive or idle time, as on Runloop.
 `sdk_env` gives the SDK's variables for it.
@@ -50,6 +52,9 @@ from emulators.harness import (
 from emulators.ingress import forward
 from emulators.runloop.api import DevboxApi, api_error
 from emulators.runloop.devboxes import RunloopCore
+from emulators.runloop.disk_snapshots import DiskSnapshots
+from emulators.runloop.executions import Executions
+from emulators.runloop.files import Files
 
 __all__ = ["TEST_API_KEY", "RunloopEmulator"]
 
@@ -178,7 +183,13 @@ class RunloopEmulator(Emulator):
             ],
             client_max_size=256 * 1024 * 1024,
         )
-        app.add_routes(DevboxApi(self).routes())
+        api = DevboxApi(self)
+        app.add_routes(  # the disk snapshots first: /v1/devboxes/{devbox_id} matches theirs
+            DiskSnapshots(api).routes()
+            + api.routes()
+            + Executions(api).routes()
+            + Files(api).routes()
+        )
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, self.host, self.port).start()

@@ -1,7 +1,11 @@
-"""Runloop's REST API for devboxes: the handlers the SDK talks to.
+"""Runloop's REST API for devboxes: what every route shares, and the devboxes' own routes.
 
 Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
-``{"status", "message"}``), all under ``/v1/devboxes``:
+``{"status", "message"}``), all under ``/v1/devboxes``; the commands run in
+a devbox are `emulators.runloop.executions`, its files `emulators.runloop.files`
+and its disk snapshots `emulators.runloop.disk_snapshots`, each over `DevboxApi`
+(which holds the key check, the devbox lookups, body parsing and the error
+middleware). Here:
 
 * ``POST /v1/devboxes`` creates a devbox (``provisioning`` at first, then
   ``initializing`` while its ``launch_commands`` run in turn: one that fails
@@ -12,29 +16,14 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
   at most ``CREATE_HOLD_MAX`` seconds (the SDK's default read timeout, 30 s,
   must not pass first: it polls ``wait_for_status`` for the rest).
   A create repeated with the same ``x-request-id`` (an SDK retry) answers
-  the devbox the first one made.
+  the devbox the first one made. A create with ``snapshot_id`` starts from
+  that disk.
 * ``GET /v1/devboxes`` lists the key's devboxes, newest first, paged with
   ``limit`` (20 when unset or 0) / ``starting_after`` (``has_more``,
   ``total_count``), filtered
   by ``status``; ``GET /v1/devboxes/{id}``; ``POST /v1/devboxes/{id}``
   updates its ``name`` and ``metadata``; ``POST .../wait_for_status``
   long-polls (at most 30 s) and answers 408 when the hold passes.
-* ``POST .../execute_sync`` (deprecated) holds until the command ends and
-  answers all of its output.
-* ``POST .../execute`` (waits ``optimistic_timeout`` seconds, at most 25,
-  for the command; a repeated ``command_id`` answers the same execution) and
-  ``.../execute_async`` (with ``attach_stdin`` the command's stdin stays
-  open); ``GET|POST .../executions/{eid}`` (retrieve, ``wait_for_status``
-  up to 25 s then 408, ``kill``, ``send_std_in``: nonempty ``text`` or the
-  ``signal`` EOF / INTERRUPT) and the SSE streams ``stream_stdout_updates``
-  / ``stream_stderr_updates`` from a byte ``offset``. Output in a view is
-  the last ``last_n`` lines (100 by default) with ``*_truncated`` set when
-  lines were dropped; the streams give all of it.
-* ``POST .../write_file_contents``, ``read_file_contents`` (plain text),
-  ``upload_file`` (multipart ``path`` + ``file``; without a file part, an
-  empty file), ``download_file`` (bytes).
-  Uploads stream to disk part by part and downloads go out in chunks: a
-  file is never held whole.
 * ``GET .../logs`` gives the executions' log lines (``source`` exec: the
   command, each output line, stdout ``info`` and stderr ``error``, and the
   exit code), optionally of one ``execution_id``; the launch commands'
@@ -52,15 +41,6 @@ Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
 * ``POST .../create_ssh_key`` makes an ed25519 key (with the host's
   ``ssh-keygen``) and appends its public half to the devbox's
   ``~/.ssh/authorized_keys``; no SSH server answers on the ``url`` it gives.
-* ``POST .../snapshot_disk`` (answers once the copy is done) and
-  ``.../snapshot_disk_async`` (answers at once) keep the devbox's disk as
-  ``snp_...``; ``GET /v1/devboxes/disk_snapshots`` lists them (paged as
-  devboxes are, by ``devbox_id`` or ``source_blueprint_id``),
-  ``GET .../disk_snapshots/{id}/status`` tells the copy's progress,
-  ``POST .../disk_snapshots/{id}`` updates its name, commit message and
-  metadata and ``POST .../disk_snapshots/{id}/delete`` deletes one (its
-  status says ``deleted`` from then on; anything else on it is a 404). A create
-  with ``snapshot_id`` starts from that disk.
 
 A devbox belongs to the key that created it: other keys get 404. Commands
 and files on a devbox that is shut down answer 404, on one still booting
@@ -71,23 +51,17 @@ a spent quota of created devboxes 403, both with a message naming the limit.
 from __future__ import annotations
 
 import asyncio
-import codecs
-import functools
-import json
-import os
 import secrets
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from signal import SIGINT
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import BodyPartReader, web
+from aiohttp import web
 
 from emulators.filesystem import PathRefused
 from emulators.harness import QuotaViolation, apply_delay_or_hang
 from emulators.runloop.devboxes import (
-    ASLEEP,
     DEFAULT_KEEP_ALIVE,
     RUNLOOP_HOME,
     TERMINAL,
@@ -104,7 +78,17 @@ from providers.errors import SandboxError
 if TYPE_CHECKING:
     from emulators.runloop import RunloopEmulator
 
-__all__ = ["CONCURRENCY_MESSAGE", "QUOTA_MESSAGE", "DevboxApi", "api_error"]
+__all__ = [
+    "CONCURRENCY_MESSAGE",
+    "QUOTA_MESSAGE",
+    "ApiError",
+    "DevboxApi",
+    "api_error",
+    "number",
+    "optional_text",
+    "page",
+    "string_map",
+]
 
 CONCURRENCY_MESSAGE = (
     "Too many concurrent devboxes: this account may run at most {limit} devboxes at once. "
@@ -116,9 +100,7 @@ QUOTA_MESSAGE = (
 )
 STATUS_HOLD_MAX = 30.0
 CREATE_HOLD_MAX = 20.0
-EXEC_HOLD_MAX = 25.0
 MAX_KEEP_ALIVE = 172800
-DEFAULT_LAST_N = 100
 DEFAULT_PAGE = 20
 _DEVBOX_STATUSES = frozenset(
     {
@@ -134,8 +116,6 @@ _DEVBOX_STATUSES = frozenset(
         "shutdown",
     }
 )
-_EXEC_STATUSES = frozenset({"queued", "running", "completed"})
-_CHUNK = 1 << 20
 _SIZES = frozenset({"X_SMALL", "SMALL", "MEDIUM", "LARGE", "X_LARGE", "XX_LARGE", "CUSTOM_SIZE"})
 
 
@@ -153,7 +133,7 @@ class ApiError(Exception):
         self.message = message
 
 
-def _string_map(value: Any, name: str) -> dict[str, str]:
+def string_map(value: Any, name: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(
@@ -163,13 +143,13 @@ def _string_map(value: Any, name: str) -> dict[str, str]:
     return dict(value)
 
 
-def _optional_text(value: Any, name: str) -> str | None:
+def optional_text(value: Any, name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ApiError(400, f"{name} must be a string")
     return value
 
 
-def _number(value: Any, name: str, default: float, maximum: float) -> float:
+def number(value: Any, name: str, default: float, maximum: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -177,36 +157,7 @@ def _number(value: Any, name: str, default: float, maximum: float) -> float:
     return min(float(value), maximum)
 
 
-def _tail(data: bytes, last_n: int) -> tuple[str, bool]:
-    lines = data.decode("utf-8", "replace").splitlines(keepends=True)
-    if len(lines) <= last_n:
-        return "".join(lines), False
-    return "".join(lines[-last_n:]) if last_n else "", True
-
-
-def _last_n(request: web.Request) -> int:
-    raw = request.query.get("last_n")
-    if raw is None:
-        return DEFAULT_LAST_N
-    if not raw.isdigit():
-        raise ApiError(400, "last_n must be a non-negative integer")
-    return int(raw)
-
-
-def _execution_view(execution: Execution, last_n: int = DEFAULT_LAST_N) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "devbox_id": execution.devbox_id,
-        "execution_id": execution.id,
-        "status": execution.status,
-        "exit_status": execution.exit_status,
-    }
-    if execution.exit_status is not None:
-        view["stdout"], view["stdout_truncated"] = _tail(bytes(execution.stdout), last_n)
-        view["stderr"], view["stderr_truncated"] = _tail(bytes(execution.stderr), last_n)
-    return view
-
-
-def _page(query: Mapping[str, str], items: list[Any], field: str) -> dict[str, Any]:
+def page(query: Mapping[str, str], items: list[Any], field: str) -> dict[str, Any]:
     """One cursor page of ``items`` (each with an ``id`` and a ``view()``) under ``field``:
     ``limit`` (20 when unset or 0, at most 5000) after the ``starting_after`` id, ``has_more``
     and, unless ``include_total_count`` is false, ``total_count``."""
@@ -285,7 +236,7 @@ def _tunnel(config: Any) -> Tunnel:
 
 
 class DevboxApi:
-    """The handlers, over the emulator's core."""
+    """The devbox handlers, over the emulator's core, and what the other handlers use of them."""
 
     def __init__(self, emulator: RunloopEmulator) -> None:
         self.emulator = emulator
@@ -293,13 +244,7 @@ class DevboxApi:
 
     def routes(self) -> list[web.RouteDef]:
         base = "/v1/devboxes/{devbox_id}"
-        execution = base + "/executions/{execution_id}"
-        snapshot = "/v1/devboxes/disk_snapshots/{snapshot_id}"
         return [
-            web.get("/v1/devboxes/disk_snapshots", self.list_snapshots),
-            web.get(snapshot + "/status", self.snapshot_status),
-            web.post(snapshot + "/delete", self.delete_snapshot),
-            web.post(snapshot, self.update_snapshot),
             web.post("/v1/devboxes", self.create),
             web.post("/v1/devboxes/create_and_await_running", self.create_and_await_running),
             web.get("/v1/devboxes", self.list),
@@ -315,21 +260,6 @@ class DevboxApi:
             web.post(base + "/enable_tunnel", self.enable_tunnel),
             web.post(base + "/remove_tunnel", self.remove_tunnel),
             web.post(base + "/create_ssh_key", self.create_ssh_key),
-            web.post(base + "/snapshot_disk", self.snapshot_disk),
-            web.post(base + "/snapshot_disk_async", self.snapshot_disk_async),
-            web.post(base + "/execute", self.execute),
-            web.post(base + "/execute_async", self.execute_async),
-            web.post(base + "/execute_sync", self.execute_sync),
-            web.get(execution, self.execution),
-            web.post(execution + "/wait_for_status", self.wait_for_execution),
-            web.post(execution + "/kill", self.kill_execution),
-            web.post(execution + "/send_std_in", self.send_std_in),
-            web.get(execution + "/stream_stdout_updates", self.stream_stdout),
-            web.get(execution + "/stream_stderr_updates", self.stream_stderr),
-            web.post(base + "/write_file_contents", self.write_file_contents),
-            web.post(base + "/read_file_contents", self.read_file_contents),
-            web.post(base + "/upload_file", self.upload_file),
-            web.post(base + "/download_file", self.download_file),
         ]
 
     @staticmethod
@@ -365,14 +295,6 @@ class DevboxApi:
             raise ApiError(400, f"Devbox {devbox.id} is not running yet (status {devbox.status})")
         self.core.touch(devbox)
         return devbox
-
-    def execution_of(self, request: web.Request) -> tuple[Devbox, Execution]:
-        devbox = self.devbox(request)
-        execution_id = request.match_info["execution_id"]
-        execution = devbox.executions.get(execution_id)
-        if execution is None:
-            raise ApiError(404, f"Execution {execution_id} not found on devbox {devbox.id}")
-        return devbox, execution
 
     @staticmethod
     async def body(request: web.Request) -> dict[str, Any]:
@@ -427,10 +349,10 @@ class DevboxApi:
                 raise ApiError(404, f"Blueprint {body[source]} not found")
         params, keep_alive, idle = _launch_parameters(body.get("launch_parameters"))
         tunnel = _tunnel(body["tunnel"]) if body.get("tunnel") is not None else None
-        metadata = _string_map(body.get("metadata"), "metadata")
-        env = _string_map(body.get("environment_variables"), "environment_variables")
+        metadata = string_map(body.get("metadata"), "metadata")
+        env = string_map(body.get("environment_variables"), "environment_variables")
         name = body.get("name")
-        entrypoint = _optional_text(body.get("entrypoint"), "entrypoint")
+        entrypoint = optional_text(body.get("entrypoint"), "entrypoint")
         devbox_id = new_id("dbx")
         try:
             local = await self.core.create(
@@ -544,7 +466,7 @@ class DevboxApi:
             ),
             key=lambda d: (-d.created_ms, d.id),
         )
-        return web.json_response(_page(request.query, matching, "devboxes"))
+        return web.json_response(page(request.query, matching, "devboxes"))
 
     async def retrieve(self, request: web.Request) -> web.Response:
         return web.json_response(self.devbox(request).view())
@@ -554,9 +476,9 @@ class DevboxApi:
         devbox = self.devbox(request)
         body = await self.body(request)
         if body.get("name") is not None:
-            devbox.name = _optional_text(body["name"], "name") or None
+            devbox.name = optional_text(body["name"], "name") or None
         if body.get("metadata") is not None:
-            devbox.metadata = _string_map(body["metadata"], "metadata")
+            devbox.metadata = string_map(body["metadata"], "metadata")
         return web.json_response(devbox.view())
 
     async def usage(self, request: web.Request) -> web.Response:
@@ -578,7 +500,7 @@ class DevboxApi:
         devbox = self.devbox(request)
         body = await self.body(request)
         wanted = self.statuses(body, _DEVBOX_STATUSES)
-        hold = _number(
+        hold = number(
             body.get("timeout_seconds"), "timeout_seconds", STATUS_HOLD_MAX, STATUS_HOLD_MAX
         )
         if not await devbox.changes.wait_for(lambda: devbox.status in wanted, hold):
@@ -594,7 +516,7 @@ class DevboxApi:
         self.running(request)
         return web.json_response({})
 
-    def _alive(self, request: web.Request) -> Devbox:
+    def alive(self, request: web.Request) -> Devbox:
         devbox = self.devbox(request)
         if devbox.status in TERMINAL:
             raise ApiError(404, f"Devbox {devbox.id} is {devbox.status} and no longer available")
@@ -602,7 +524,7 @@ class DevboxApi:
 
     async def suspend(self, request: web.Request) -> web.Response:
         """Suspend a running devbox: its executions end, its disk stays."""
-        devbox = self._alive(request)
+        devbox = self.alive(request)
         if devbox.status != "running":
             raise ApiError(400, f"Devbox {devbox.id} cannot be suspended from {devbox.status}")
         await self.core.suspend(devbox)
@@ -610,7 +532,7 @@ class DevboxApi:
 
     async def resume(self, request: web.Request) -> web.Response:
         """Wake a suspended devbox; it is ``resuming`` until it runs again."""
-        devbox = self._alive(request)
+        devbox = self.alive(request)
         if devbox.status != "suspended":
             raise ApiError(400, f"Devbox {devbox.id} cannot be resumed from {devbox.status}")
         limit = self.core.wake_refused(devbox)
@@ -629,14 +551,14 @@ class DevboxApi:
 
     # -- tunnels -------------------------------------------------------------
     async def enable_tunnel(self, request: web.Request) -> web.Response:
-        devbox = self._alive(request)
+        devbox = self.alive(request)
         body = await self.body(request)
         if devbox.tunnel is None:
             devbox.tunnel = _tunnel(body)
         return web.json_response(devbox.tunnel.view())
 
     async def remove_tunnel(self, request: web.Request) -> web.Response:
-        devbox = self._alive(request)
+        devbox = self.alive(request)
         devbox.tunnel = None
         return web.json_response({})
 
@@ -675,346 +597,3 @@ class DevboxApi:
                 "url": f"{devbox.id}.ssh.{self.emulator.domain}",
             }
         )
-
-    # -- disk snapshots ----------------------------------------------------------
-    async def _snapshot(self, request: web.Request) -> DiskSnapshot:
-        devbox = self._alive(request)
-        if devbox.status not in ("running", *ASLEEP):
-            raise ApiError(400, f"Devbox {devbox.id} cannot be snapshotted while {devbox.status}")
-        body = await self.body(request)
-        name, message = body.get("name"), body.get("commit_message")
-        snapshot_id = new_id("snp")
-        snap = DiskSnapshot(
-            id=snapshot_id,
-            api_key=devbox.api_key,
-            source_devbox_id=devbox.id,
-            path=self.core.snapshot_root / snapshot_id,
-            name=name if isinstance(name, str) else None,
-            metadata=_string_map(body.get("metadata"), "metadata"),
-            commit_message=message if isinstance(message, str) else None,
-            source_blueprint_id=devbox.source.get("blueprint_id"),
-        )
-        self.core.snapshots[snap.id] = snap
-        snap.copy = asyncio.create_task(self.core.snapshot(snap, devbox))
-        return snap
-
-    async def snapshot_disk(self, request: web.Request) -> web.Response:
-        snap = await self._snapshot(request)
-        await snap.done.wait()
-        if snap.status != "complete":
-            raise ApiError(500, snap.error_message or "snapshot failed")
-        return web.json_response(snap.view())
-
-    async def snapshot_disk_async(self, request: web.Request) -> web.Response:
-        return web.json_response((await self._snapshot(request)).view())
-
-    def snapshot_of(self, request: web.Request, *, deleted: bool = False) -> DiskSnapshot:
-        """The request's snapshot; a deleted one only with ``deleted`` (its status tells it)."""
-        snapshot_id = request.match_info["snapshot_id"]
-        snap = self.core.snapshots.get(snapshot_id)
-        if (
-            snap is None
-            or snap.api_key != self.key(request)
-            or (snap.status == "deleted" and not deleted)
-        ):
-            raise ApiError(404, f"Snapshot {snapshot_id} not found")
-        return snap
-
-    async def snapshot_status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.snapshot_of(request, deleted=True).status_view())
-
-    async def update_snapshot(self, request: web.Request) -> web.Response:
-        """``name``, ``commit_message`` and ``metadata`` (whole) replace what it had."""
-        snap = self.snapshot_of(request)
-        body = await self.body(request)
-        if body.get("name") is not None:
-            snap.name = _optional_text(body["name"], "name")
-        if body.get("commit_message") is not None:
-            snap.commit_message = _optional_text(body["commit_message"], "commit_message")
-        if body.get("metadata") is not None:
-            snap.metadata = _string_map(body["metadata"], "metadata")
-        return web.json_response(snap.view())
-
-    async def delete_snapshot(self, request: web.Request) -> web.Response:
-        snap = self.snapshot_of(request)
-        await snap.done.wait()
-        if snap.status == "deleted":
-            raise ApiError(404, f"Snapshot {snap.id} not found")
-        await self.core.delete_snapshot(snap)
-        return web.json_response({})
-
-    async def list_snapshots(self, request: web.Request) -> web.Response:
-        """The key's complete snapshots, newest first, paged; by ``devbox_id`` or
-        ``source_blueprint_id`` (the metadata filters are not modelled)."""
-        key = self.key(request)
-        query = request.query
-        devbox_id, blueprint_id = query.get("devbox_id"), query.get("source_blueprint_id")
-        matching = [
-            s
-            for s in reversed(self.core.snapshots.values())
-            if s.api_key == key
-            and s.status == "complete"
-            and (devbox_id is None or s.source_devbox_id == devbox_id)
-            and (blueprint_id is None or s.source_blueprint_id == blueprint_id)
-        ]
-        return web.json_response(_page(query, matching, "snapshots"))
-
-    # -- executions ----------------------------------------------------------
-    async def _start(self, devbox: Devbox, body: dict[str, Any]) -> Execution:
-        command = body.get("command")
-        if not isinstance(command, str) or not command:
-            raise ApiError(400, "command is required")
-        command_id = body.get("command_id")
-        if isinstance(command_id, str) and command_id in devbox.by_command_id:
-            return devbox.executions[devbox.by_command_id[command_id]]
-        attach_stdin = body.get("attach_stdin")
-        if attach_stdin is not None and not isinstance(attach_stdin, bool):
-            raise ApiError(400, "attach_stdin must be a boolean")
-        try:
-            process = await devbox.local.spawn(command)
-        except SandboxError as exc:
-            raise ApiError(400, exc.message) from None
-        if process.proc.stdin is not None and not attach_stdin:
-            process.proc.stdin.close()
-        execution = Execution(
-            id=new_id("exn"),
-            devbox_id=devbox.id,
-            command_id=command_id if isinstance(command_id, str) else None,
-            process=process,
-            stdin_attached=bool(attach_stdin),
-            command=command,
-        )
-        devbox.executions[execution.id] = execution
-        if execution.command_id:
-            devbox.by_command_id[execution.command_id] = execution.id
-        execution.task = asyncio.create_task(execution.collect(lambda: self.core.touch(devbox)))
-        return execution
-
-    async def execute(self, request: web.Request) -> web.Response:
-        devbox = self.running(request)
-        last_n = _last_n(request)
-        body = await self.body(request)
-        hold = _number(
-            body.get("optimistic_timeout"), "optimistic_timeout", EXEC_HOLD_MAX, EXEC_HOLD_MAX
-        )
-        if body.get("attach_stdin"):
-            raise ApiError(400, "attach_stdin is only valid for execute_async")
-        execution = await self._start(devbox, body)
-        await execution.changes.wait_for(lambda: execution.exit_status is not None, hold)
-        return web.json_response(_execution_view(execution, last_n))
-
-    async def execute_async(self, request: web.Request) -> web.Response:
-        devbox = self.running(request)
-        body = await self.body(request)
-        return web.json_response(_execution_view(await self._start(devbox, body)))
-
-    async def execute_sync(self, request: web.Request) -> web.Response:
-        """Deprecated on Runloop, still served: held to the command's end, all of its output."""
-        devbox = self.running(request)
-        body = await self.body(request)
-        if body.get("attach_stdin"):
-            raise ApiError(400, "attach_stdin is not supported by execute_sync")
-        execution = await self._start(devbox, body)
-        if execution.task is not None:
-            await asyncio.shield(execution.task)
-        return web.json_response(
-            {
-                "devbox_id": devbox.id,
-                "exit_status": execution.exit_status,
-                "stdout": execution.stdout.decode("utf-8", "replace"),
-                "stderr": execution.stderr.decode("utf-8", "replace"),
-            }
-        )
-
-    async def execution(self, request: web.Request) -> web.Response:
-        _, execution = self.execution_of(request)
-        return web.json_response(_execution_view(execution, _last_n(request)))
-
-    async def wait_for_execution(self, request: web.Request) -> web.Response:
-        _, execution = self.execution_of(request)
-        last_n = _last_n(request)
-        body = await self.body(request)
-        wanted = self.statuses(body, _EXEC_STATUSES)
-        hold = _number(body.get("timeout_seconds"), "timeout_seconds", EXEC_HOLD_MAX, EXEC_HOLD_MAX)
-        if not await execution.changes.wait_for(lambda: execution.status in wanted, hold):
-            raise ApiError(408, f"Execution {execution.id} did not reach {sorted(wanted)}")
-        return web.json_response(_execution_view(execution, last_n))
-
-    async def kill_execution(self, request: web.Request) -> web.Response:
-        devbox, execution = self.execution_of(request)
-        await self.body(request)
-        await execution.kill()
-        self.core.touch(devbox)
-        return web.json_response(_execution_view(execution))
-
-    async def send_std_in(self, request: web.Request) -> web.Response:
-        """Nonempty ``text`` or a ``signal`` (EOF closes stdin, INTERRUPT is a Ctrl-C)."""
-        devbox, execution = self.execution_of(request)
-        body = await self.body(request)
-        text, signal = body.get("text"), body.get("signal")
-        if (text is None) == (signal is None):
-            raise ApiError(400, "supply exactly one of text and signal")
-        if text is not None and (not isinstance(text, str) or not text):
-            raise ApiError(400, "text must be a nonempty string")
-        if signal is not None and signal not in ("EOF", "INTERRUPT"):
-            raise ApiError(400, "signal must be one of ['EOF', 'INTERRUPT']")
-        if not execution.stdin_attached:
-            raise ApiError(400, f"Execution {execution.id} was not started with attach_stdin")
-        if execution.exit_status is not None:
-            raise ApiError(400, f"Execution {execution.id} is not running")
-        if signal == "INTERRUPT":
-            execution.process.kill(SIGINT)
-            sent = True
-        else:
-            sent = await execution.send_stdin(text.encode() if text is not None else None)
-        self.core.touch(devbox)
-        return web.json_response(
-            {"devbox_id": devbox.id, "execution_id": execution.id, "success": sent}
-        )
-
-    async def stream_stdout(self, request: web.Request) -> web.StreamResponse:
-        return await self._stream(request, "stdout")
-
-    async def stream_stderr(self, request: web.Request) -> web.StreamResponse:
-        return await self._stream(request, "stderr")
-
-    async def _stream(self, request: web.Request, which: str) -> web.StreamResponse:
-        """Server-sent events, one ``{"output", "offset"}`` chunk per piece of output.
-
-        A chunk's ``offset`` is the byte offset after it: the SDK's reconnecting
-        stream asks for the last chunk's offset again, so it resumes without a repeat.
-        """
-        _, execution = self.execution_of(request)
-        raw_offset = request.query.get("offset", "0")
-        if not raw_offset.isdigit():
-            raise ApiError(400, "offset must be a non-negative integer")
-        offset = int(raw_offset)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        while True:
-            buf: bytearray = getattr(execution, which)
-            done = execution.exit_status is not None
-            if len(buf) > offset:
-                chunk = bytes(buf[offset:])
-                offset += len(chunk)
-                event = {"output": decoder.decode(chunk, final=done), "offset": offset}
-                await response.write(f"data: {json.dumps(event)}\n\n".encode())
-            elif done:
-                break
-            else:
-                await execution.changes.wait_for(
-                    functools.partial(execution.progressed, which, offset), EXEC_HOLD_MAX
-                )
-        await response.write_eof()
-        return response
-
-    # -- files -----------------------------------------------------------------
-    async def write_file_contents(self, request: web.Request) -> web.Response:
-        devbox = self.running(request)
-        body = await self.body(request)
-        target = self.path(devbox, body.get("file_path"), "file_path", write=True)
-        contents = body.get("contents")
-        if not isinstance(contents, str):
-            raise ApiError(400, "contents must be a string")
-        await self._write(target, contents.encode())
-        return web.json_response(
-            {"devbox_id": devbox.id, "exit_status": 0, "stdout": "", "stderr": ""}
-        )
-
-    async def read_file_contents(self, request: web.Request) -> web.Response:
-        devbox = self.running(request)
-        body = await self.body(request)
-        target = self.path(devbox, body.get("file_path"), "file_path")
-        data = await self._read(target, body["file_path"])
-        return web.Response(text=data.decode("utf-8", "replace"), content_type="text/plain")
-
-    async def upload_file(self, request: web.Request) -> web.Response:
-        """Multipart ``path`` and ``file``, the file streamed to disk part by part."""
-        devbox = self.running(request)
-        if not request.content_type.startswith("multipart/"):
-            raise ApiError(400, "upload_file takes multipart/form-data with path and file")
-        reader = await request.multipart()
-        spool = self.core.local.root / ".uploads"
-        await asyncio.to_thread(spool.mkdir, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=spool)
-        os.close(fd)
-        staged = Path(name)
-        try:
-            path: str | None = None
-            while (part := await reader.next()) is not None:
-                if not isinstance(part, BodyPartReader):
-                    raise ApiError(400, "nested multipart is not accepted")
-                if part.name == "path":
-                    path = await part.text()
-                elif part.name == "file":
-                    await self._spool(part, staged)
-            target = self.path(devbox, path, "path", write=True)
-            await self._place(staged, target)
-        finally:
-            await asyncio.to_thread(staged.unlink, True)
-        return web.json_response({})
-
-    @staticmethod
-    async def _spool(part: BodyPartReader, staged: Path) -> None:
-        handle = await asyncio.to_thread(staged.open, "wb")
-        try:
-            while chunk := await part.read_chunk(_CHUNK):
-                await asyncio.to_thread(handle.write, chunk)
-        finally:
-            await asyncio.to_thread(handle.close)
-
-    @staticmethod
-    async def _place(staged: Path, target: Path) -> None:
-        def place() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staged, target)
-
-        try:
-            await asyncio.to_thread(place)
-        except OSError as exc:
-            raise ApiError(400, f"cannot write {target.name}: {exc.strerror}") from None
-
-    async def download_file(self, request: web.Request) -> web.StreamResponse:
-        """The file's bytes, sent a chunk at a time."""
-        devbox = self.running(request)
-        body = await self.body(request)
-        target = self.path(devbox, body.get("path"), "path")
-        try:
-            handle = await asyncio.to_thread(target.open, "rb")
-        except FileNotFoundError:
-            raise ApiError(400, f"No such file or directory: {body['path']}") from None
-        except OSError as exc:
-            raise ApiError(400, f"cannot read {body['path']}: {exc.strerror}") from None
-        try:
-            size = os.fstat(handle.fileno()).st_size
-            response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-            response.content_length = size
-            await response.prepare(request)
-            while chunk := await asyncio.to_thread(handle.read, _CHUNK):
-                await response.write(chunk)
-            await response.write_eof()
-        finally:
-            handle.close()
-        return response
-
-    @staticmethod
-    async def _write(target: Any, data: bytes) -> None:
-        def write() -> None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-
-        try:
-            await asyncio.to_thread(write)
-        except OSError as exc:
-            raise ApiError(400, f"cannot write {target.name}: {exc.strerror}") from None
-
-    @staticmethod
-    async def _read(target: Any, path: str) -> bytes:
-        try:
-            data: bytes = await asyncio.to_thread(target.read_bytes)
-        except FileNotFoundError:
-            raise ApiError(400, f"No such file or directory: {path}") from None
-        except OSError as exc:
-            raise ApiError(400, f"cannot read {path}: {exc.strerror}") from None
-        return data
