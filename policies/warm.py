@@ -22,6 +22,12 @@ which keeps what a live lease's label names, never sees it unheld), and
 needs only the units a claim spends: ``sandbox_seconds``, plus
 ``concurrent`` for a paused one.
 
+Each replica also connects ahead to the running warm sandboxes it may claim
+(`reach`), so its claim finds a handle and skips the vendor's connect. A
+handle counts only while it is recent (``REACH_FRESH``): the connect is
+what proves the sandbox still answers, so one older than that is connected
+again (past half of it, in the background) rather than trusted.
+
 The Redis store runs the same rules in Lua (``router/state/lua/warm.lua``);
 ``tests/state/test_lua_matches_policies.py`` holds the two to the same answers.
 """
@@ -35,7 +41,20 @@ from policies import quota
 from policies.breaker import EXHAUSTED, MISCONFIGURED, BreakerState, Circuit
 from policies.quota import LeaseSlot, Limits, PoolState
 
-__all__ = ["Claim", "WarmRecord", "claim", "failing", "put", "take", "vendor_pool"]
+__all__ = [
+    "REACH_FRESH",
+    "Claim",
+    "WarmRecord",
+    "claim",
+    "failing",
+    "fresh",
+    "put",
+    "reach",
+    "take",
+    "vendor_pool",
+]
+
+REACH_FRESH = 60.0  # seconds a handle connected ahead of a claim is trusted
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +200,36 @@ def vendor_pool(
     if why is None and limits.sessions is not None and used.get("sessions", 0.0) >= limits.sessions:
         why = "sessions"
     return (0, why) if why is not None else (size, None)
+
+
+def reach(
+    records: Mapping[str, WarmRecord], reached: Mapping[str, float], now: float
+) -> tuple[list[str], list[str]]:
+    """Which warm sandboxes a replica connects to ahead of a claim, and which of
+    its handles it lets go.
+
+    ``reached`` maps the sandbox ids it holds handles for to when each was
+    connected. It reaches the claimable running ones it has no handle for,
+    or one past half of ``REACH_FRESH``; it lets go of handles whose sandbox
+    is no longer claimable (claimed, killed, past its deadline, or paused:
+    a connect would resume a paused one, which the vendor then bills).
+    """
+    claimable = {
+        record.sandbox_id
+        for record in records.values()
+        if not record.paused and record.deadline > now
+    }
+    due = [
+        sandbox_id
+        for sandbox_id in sorted(claimable)
+        if now - reached.get(sandbox_id, -REACH_FRESH) > REACH_FRESH / 2
+    ]
+    return due, sorted(set(reached) - claimable)
+
+
+def fresh(reached_at: float, now: float) -> bool:
+    """Whether a handle connected at ``reached_at`` may stand in for a connect now."""
+    return now - reached_at <= REACH_FRESH
 
 
 def _used_up(pool: PoolState, limits: Limits, unit: str) -> bool:

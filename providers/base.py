@@ -504,6 +504,12 @@ class Sandbox(abc.ABC):
         need not override it.
         """
 
+    async def detach(self) -> None:  # noqa: B027 - optional hook
+        """Let go of this handle, leaving the sandbox as it is (running, for whoever
+        holds another handle on it). Providers whose handles hold a connection of
+        their own close it here.
+        """
+
     @property
     @abc.abstractmethod
     def native(self) -> Any:

@@ -737,6 +737,9 @@ class ModalSandbox(ShellFiles, Sandbox):
                 )
         return Snapshot(image.object_id, self.provider, name)
 
+    async def detach(self) -> None:
+        await _detach(self._native)
+
     async def kill(self) -> None:
         """Terminate the sandbox, then release this handle's connection to it."""
         if self._killed:

@@ -289,6 +289,9 @@ class RouterConfig(_Strict):
         warm_refill_every: how often a replica tries to refill the warm pools
             (entries' ``warm``) and kill their idle sandboxes; 0: only when
             `Router.fill_warm` is called.
+        warm_reach_every: how often a replica connects ahead to the running
+            warm sandboxes it may claim, so a claim skips the vendor's connect
+            (`router.warm_handles`); 0: never, each claim connects.
     """
 
     version: Int = 1
@@ -310,6 +313,7 @@ class RouterConfig(_Strict):
     session_pause: Bool = True
     pause_ttl: Annotated[Float, Field(gt=0, le=90 * 24 * 3600)] = 7 * 24 * 3600.0
     warm_refill_every: Annotated[Float, Field(ge=0, le=3600)] = 2.0
+    warm_reach_every: Annotated[Float, Field(ge=0, le=3600)] = 1.0
     retry: RetrySettings = RetrySettings()
     breaker: BreakerSettings = BreakerSettings()
     pools: dict[Annotated[str, Field(pattern=_NAME)], QuotaConfig] = Field(default_factory=dict)

@@ -244,7 +244,8 @@ class Router:
 
     def fill_warm(self) -> dict[str, int]:
         """Refill the warm pools now and wait: kill idle and drained ones, create up to
-        each ``size`` within the pool's limits. Returns each pool's ready count (a pool
+        each ``size`` within the pool's limits, and connect ahead to the running
+        ones this replica may claim (``warm_reach_every``). Returns each pool's ready count (a pool
         another replica is refilling is left out). Starts the background refill."""
         return self._engine.run(self._fill_warm())
 
@@ -324,7 +325,9 @@ class Router:
 
     async def _fill_warm(self) -> dict[str, int]:
         self._warm.start()
-        return await self._warm.fill()
+        ready = await self._warm.fill()
+        await self._warm.reach()
+        return ready
 
     async def _aclose(self) -> None:
         await self._warm.close()

@@ -341,7 +341,8 @@ class QuotaChanged(Event):
 class WarmClaimed(Event):
     """An acquire was served by a warm sandbox (a hit): it waited ``idle`` seconds,
     ``metered`` of them charged to the pool (0 when it waited paused); ``latency``
-    is its connect (or resume)."""
+    is its connect (or resume); ``reached``: this replica had connected to it
+    ahead of the claim (`router.warm_handles`), so the claim connected nothing."""
 
     name: ClassVar[str] = "warm_claimed"
     entry: str
@@ -351,6 +352,7 @@ class WarmClaimed(Event):
     idle: float
     metered: float
     latency: float
+    reached: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,7 @@ class ScriptedProvider(Provider):
     Attributes:
         script: the steps not consumed yet; a test may replace it.
         creates: how many creates were asked for.
+        connects: how many connects were asked for.
         created: the ids of every sandbox it created.
     """
 
@@ -98,6 +99,7 @@ class ScriptedProvider(Provider):
         )
         self.local.capabilities = self.capabilities  # its sandboxes refuse what it lacks
         self.creates = 0
+        self.connects = 0
         self.created: list[str] = []
 
     def unconfigured_reason(self) -> str | None:
@@ -121,6 +123,7 @@ class ScriptedProvider(Provider):
         return self._gated(sandbox)
 
     async def connect(self, sandbox_id: str) -> Sandbox:
+        self.connects += 1
         return self._gated(await self.local.connect(sandbox_id))
 
     async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:

@@ -10,6 +10,9 @@ ready, fleet-wide, recorded in the state store (`router.state.warm`):
   given back, and the acquire goes on (the next warm one, else a create).
   Only an acquire a warm sandbox can serve claims one: the entry's own
   template, no spec fields, no labels of the caller's.
+  Each replica connects ahead to the running ones (`router.warm_handles`,
+  every ``warm_reach_every`` seconds), so a claim mostly finds a handle and
+  connects nothing.
 * **refill**: one replica at a time (a fleet-wide lock per entry) creates
   up to ``size`` through the ordinary reserve (so the pool's quota and
   concurrency limits bound it: a warm sandbox is a session when created,
@@ -49,6 +52,7 @@ from providers.base import (
     LABEL_ROUTER,
     LABEL_SESSION,
     LABEL_WARM,
+    Sandbox,
     SandboxSpec,
 )
 from providers.capabilities import Capability
@@ -69,6 +73,7 @@ from router.lease import Held
 from router.ledger import RESERVE_GRACE, Booking, Denied, Ledger
 from router.upkeep import Upkeep
 from router.waits import until_done
+from router.warm_handles import WarmHandles
 
 __all__ = ["WarmPools"]
 
@@ -93,6 +98,8 @@ class WarmPools:
         self._task: asyncio.Task[None] | None = None
         self._kick: asyncio.Event | None = None
         self._closing = False
+        self._handles = WarmHandles(ctx.clock)
+        self._reaching: asyncio.Task[None] | None = None
 
     def configure(self, name: str, warm: WarmConfig | None) -> None:
         """Set (or with None, drop) an entry's warm pool; the next refill applies it."""
@@ -138,14 +145,9 @@ class WarmPools:
         claimed = booking.claimed
         assert claimed is not None
         started = self._ctx.clock()
+        reached = None if claimed.paused else self._handles.take(entry.name, claimed.sandbox_id)
         try:
-            async with asyncio.timeout(booking.budget + 1.0):  # no task, unlike wait_for
-                if claimed.paused:
-                    sandbox = await entry.provider.resume(
-                        claimed.sandbox_id, timeout=booking.budget
-                    )
-                else:
-                    sandbox = await entry.provider.connect(claimed.sandbox_id)
+            sandbox = reached if reached is not None else await self._connect(entry, booking)
         except BaseException as exc:
             await asyncio.shield(self._upkeep.give_back(entry, booking))
             if not isinstance(exc, Exception):
@@ -161,13 +163,21 @@ class WarmPools:
         self._ctx.emit(
             WarmClaimed(
                 entry.name, booking.lease_id, sandbox.id, claimed.paused, claimed.idle,
-                claimed.metered, now - started,
+                claimed.metered, now - started, reached is not None,
             )
         )  # fmt: skip
         held = booking.held(entry.provider.kind, sandbox, now, attempt)
         self._upkeep.start(held, booking)
         self.kick()
         return held
+
+    async def _connect(self, entry: Entry, booking: Booking) -> Sandbox:
+        claimed = booking.claimed
+        assert claimed is not None
+        async with asyncio.timeout(booking.budget + 1.0):  # no task, unlike wait_for
+            if claimed.paused:
+                return await entry.provider.resume(claimed.sandbox_id, timeout=booking.budget)
+            return await entry.provider.connect(claimed.sandbox_id)
 
     def missed(self, entry: Entry) -> None:
         """An acquire this pool could have served found it empty."""
@@ -176,11 +186,17 @@ class WarmPools:
 
     # -- the refill (in the background) ---------------------------------------------
     def start(self) -> None:
-        """Run the refill loop on this loop, once (a router with no warm pool runs none)."""
+        """Run the refill and reach loops on this loop, once each (a router with no
+        warm pool runs neither)."""
+        if not self.settings or self._closing:
+            return
         every = self._ctx.config.warm_refill_every
-        if self._task is None and self.settings and every > 0 and not self._closing:
+        if self._task is None and every > 0:
             self._kick = asyncio.Event()
             self._task = asyncio.create_task(self._run(every))
+        reach_every = self._ctx.config.warm_reach_every
+        if self._reaching is None and reach_every > 0:
+            self._reaching = asyncio.create_task(self._reach_loop(reach_every))
 
     def kick(self) -> None:
         """Refill now rather than at the next tick."""
@@ -197,6 +213,33 @@ class WarmPools:
                 self._ctx.emit(TaskFailed("warm refill", f"{type(exc).__name__}: {exc}"))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), every)
+
+    async def _reach_loop(self, every: float) -> None:
+        while not self._closing:
+            await asyncio.sleep(every)  # the claim that started the loop connects itself
+            try:
+                await self.reach()
+            except Exception as exc:
+                self._ctx.emit(TaskFailed("warm reach", f"{type(exc).__name__}: {exc}"))
+
+    async def reach(self) -> None:
+        """Connect ahead to the running warm sandboxes this replica may claim
+        (`router.warm_handles`), one store read per pool; nothing when
+        ``warm_reach_every`` is 0."""
+        if self._ctx.config.warm_reach_every <= 0:
+            return
+        reachable = [
+            self._ctx.entries[name]
+            for name, warm in self.settings.items()
+            if name not in self.server and not warm.pause
+        ]
+        self._handles.retain(entry.name for entry in reachable)
+        for entry in reachable:
+            try:
+                records = await self._ledger.store.warm_list(entry.ref, self._ctx.clock())
+            except StateUnavailable:
+                return  # the refill reports the store's outage; claims connect meanwhile
+            await self._handles.reach(entry, records)
 
     async def fill(self) -> dict[str, int]:
         """One pass over every warm pool: kill the idle and the drained, refill the rest,
@@ -350,6 +393,8 @@ class WarmPools:
         if not await self._ledger.store.warm_put(entry.ref, booking.lease_id, record, now):
             await self._upkeep.kill_id(entry, sandbox.id)  # its lease was lost: nothing holds it
             return False
+        if not warm.pause:
+            self._handles.keep(entry.name, sandbox)
         self._ctx.emit(WarmCreated(entry.name, sandbox.id, warm.pause, now - started))
         return True
 
@@ -359,6 +404,7 @@ class WarmPools:
         metered = await self._ledger.store.warm_take(entry.ref, lease_id, now)
         if metered is None:
             return
+        self._handles.drop(entry.name, record.sandbox_id)
         await self._upkeep.kill_id(entry, record.sandbox_id)
         self._ctx.emit(
             WarmKilled(
@@ -380,16 +426,21 @@ class WarmPools:
         return counts
 
     async def close(self) -> None:
-        """Stop the refill loop, letting a pass in flight end (10 s at most)."""
+        """Stop the refill loop, letting a pass in flight end (10 s at most), stop
+        reaching, and let go of the handles held for claims."""
         self._closing = True
-        if self._task is None:
-            return
-        self.kick()
-        done, _ = await asyncio.wait({self._task}, timeout=_CLOSE_WAIT)
-        if not done:
-            self._task.cancel()
+        if self._reaching is not None:
+            self._reaching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await self._reaching
+        if self._task is not None:
+            self.kick()
+            done, _ = await asyncio.wait({self._task}, timeout=_CLOSE_WAIT)
+            if not done:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        await self._handles.close()
 
 
 def _held_by_vendor(name: str, warm: WarmConfig, entry: Entry) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from policies.warm import REACH_FRESH
 from providers.base import (
     LABEL_ENTRY,
     LABEL_LEASE,
@@ -39,13 +40,15 @@ def warm_chain(**warm: Any) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def pool(make_router, scripted):
-    """Two replicas on one Redis, each with its own adapter on the same sandboxes."""
+    """Two replicas on one Redis, each with its own adapter on the same sandboxes;
+    neither connects ahead unless ``reach_every`` says how often."""
 
-    def make(script=(), provider=None, **warm: Any):
+    def make(script=(), provider=None, reach_every=0.0, **warm: Any):
         first, second = provider or scripted(), provider or scripted(script=list(script))
         chain = warm_chain(**warm)
-        one = make_router(chain=chain, providers={"flaky": first}, warm_refill_every=0)
-        two = make_router(chain=chain, providers={"flaky": second}, warm_refill_every=0)
+        settings = {"warm_refill_every": 0, "warm_reach_every": reach_every}
+        one = make_router(chain=chain, providers={"flaky": first}, **settings)
+        two = make_router(chain=chain, providers={"flaky": second}, **settings)
         return one, two, first, second
 
     return make
@@ -276,3 +279,67 @@ def test_a_sticky_session_is_bound_to_the_warm_sandbox_it_claimed(pool) -> None:
         assert again.resumed
         assert again.sandbox.id == first.sandbox.id
     assert claimer.creates == 0
+
+
+def test_a_replica_connects_ahead_so_its_claim_connects_nothing(pool, events) -> None:
+    one, two, _, claimer = pool(size=2, max_idle=300, quota={"sessions": 10}, reach_every=3600)
+    assert one.fill_warm() == {"flaky": 2}
+    assert two.fill_warm() == {"flaky": 2}  # the pool is full: it makes none, reaches both
+    assert (claimer.creates, claimer.connects) == (0, 2)
+    with two.acquire() as lease:
+        assert lease.sandbox.run("echo hi").stdout == "hi\n"
+    assert claimer.connects == 2
+    [hit] = fired(events, "warm_claimed")
+    assert (hit["sandbox_id"], hit["reached"]) == (lease.sandbox.id, True)
+    two.fill_warm()
+    assert claimer.connects == 2  # its other handle is still fresh
+
+
+def test_the_replica_that_made_a_warm_sandbox_claims_it_through_its_own_handle(
+    pool, events
+) -> None:
+    one, _, maker, _ = pool(size=1, max_idle=300, reach_every=3600)
+    one.fill_warm()
+    with one.acquire() as lease:
+        assert lease.sandbox.run("true").exit_code == 0
+    assert maker.connects == 0
+    assert [hit["reached"] for hit in fired(events, "warm_claimed")] == [True]
+
+
+def test_a_handle_connected_too_long_ago_is_not_trusted_and_the_claim_connects(
+    pool, events, clock: Clock
+) -> None:
+    one, two, _, claimer = pool(size=1, max_idle=300, reach_every=3600)
+    one.fill_warm()
+    two.fill_warm()
+    clock.advance(REACH_FRESH + 1)
+    with two.acquire() as lease:
+        assert lease.sandbox.run("true").exit_code == 0
+    assert claimer.connects == 2
+    assert [hit["reached"] for hit in fired(events, "warm_claimed")] == [False]
+
+
+def test_a_paused_warm_sandbox_is_never_connected_ahead(pool, events) -> None:
+    one, two, maker, claimer = pool(size=1, max_idle=300, pause=True, reach_every=3600)
+    one.fill_warm()
+    two.fill_warm()
+    assert claimer.connects == 0
+    assert maker.paused()  # a connect would have woken it
+    with two.acquire() as lease:
+        assert lease.sandbox.run("true").exit_code == 0
+    assert [(hit["paused"], hit["reached"]) for hit in fired(events, "warm_claimed")] == [
+        (True, False)
+    ]
+
+
+def test_a_replica_connects_ahead_in_the_background(pool, events) -> None:
+    one, two, _, claimer = pool(size=1, max_idle=300, reach_every=0.05)
+    one.fill_warm()
+    with two.acquire():  # starts its loops; its first pass is a tick later, so this claim connects
+        pass
+    one.fill_warm()
+    wait_until(lambda: claimer.connects >= 2)
+    assert claimer.connects == 2
+    with two.acquire():
+        pass
+    assert [hit["reached"] for hit in fired(events, "warm_claimed")][-1] is True
