@@ -145,6 +145,17 @@ async def test_connect_by_id(backend: Backend) -> None:
     await again.kill()
 
 
+async def test_detach_lets_go_of_a_handle_and_leaves_the_sandbox_running(
+    backend: Backend,
+) -> None:
+    sbx = await backend.create()
+    other = await backend.provider.connect(sbx.id)  # what a replica connects ahead of a claim
+    await other.detach()
+    assert (await sbx.run("echo still")).stdout == "still\n"
+    assert [info.id for info in await backend.provider.list()] == [sbx.id]
+    await sbx.kill()
+
+
 async def test_kill_by_handle_and_by_id(backend: Backend) -> None:
     provider = backend.provider
     first, second = await backend.create(), await backend.create()
