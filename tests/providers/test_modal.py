@@ -274,6 +274,7 @@ async def test_create_faults_map_to_router_errors(
     error: type[ProviderError],
     status: int | None,
 ) -> None:
+    await provider.list()  # the client's handshake, outside the create's 1 s
     emu.inject("create", times=None, **fault)
     started = time.monotonic()
     with pytest.raises(error) as raised:
