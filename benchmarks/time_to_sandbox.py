@@ -7,7 +7,10 @@ lease holds a sandbox ready for commands:
 
 * ``cold``: no warm pool, every acquire creates.
 * ``warm``: a warm pool sized for the load; the sandboxes are made by one
-  replica and claimed by another, as a fleet runs. ``warm_paused``: the
+  replica and claimed by another, as a fleet runs; the claimer connects
+  ahead to them (``warm_reach_every``, the default). ``warm_connecting``:
+  the same with every claim connecting (``warm_reach_every: 0``), what
+  reaching ahead saves. ``warm_paused``: the
   same with the pool parked paused (``warm: {pause: true}``) and the
   emulator playing back E2B's published resume time
   (`emulators.latency.RESUME`): what resuming adds to a claim.
@@ -91,14 +94,17 @@ def _maker(config: dict[str, Any], filled: Connection, stop: Connection) -> None
     asyncio.run(run())
 
 
-def warm(redis_url: str, n: int, size: int = 8, *, pause: bool = False) -> dict[str, Any]:
+def warm(
+    redis_url: str, n: int, size: int = 8, *, pause: bool = False, reach: bool = True
+) -> dict[str, Any]:
     """Acquires served from a warm pool that another replica fills, as a fleet runs.
 
     Replica A, a process of its own, refills every 0.1 s (the lock lets one
     replica refill at a time); replica B never refills (``warm_refill_every:
-    0``), so every sandbox B gets was made by A and claimed through the
-    vendor's connect. B acquires at a pace the pool was sized for (one every
-    0.3 s against 8 ready).
+    0``), so every sandbox B gets was made by A. B connects ahead to them
+    every second unless ``reach`` is off (then each claim connects through
+    the vendor's connect). B acquires at a pace the pool was sized for (one
+    every 0.3 s against 8 ready).
     """
     resume = RESUME[VENDOR] if pause else None
     with (
@@ -110,7 +116,8 @@ def warm(redis_url: str, n: int, size: int = 8, *, pause: bool = False) -> dict[
 
         def config(refill: float) -> dict[str, Any]:
             return {"state_url": redis_url, "key_prefix": prefix, "chain": chain,
-                    "warm_refill_every": refill}  # fmt: skip
+                    "warm_refill_every": refill,
+                    "warm_reach_every": 1.0 if reach else 0}  # fmt: skip
 
         async def run() -> tuple[list[float], int]:
             async with Router.from_config(config(0), hooks=[]) as claimer:
@@ -218,6 +225,9 @@ def time_to_sandbox(redis_url: str, root: Path, quick: bool) -> dict[str, Any]:
     result["warm_p50_ms"] = warm_run["p50_ms"]
     result["warm_p99_ms"] = warm_run["p99_ms"]
     result["warm_over_cold_p50"] = round(cold_run["p50_ms"] / warm_run["p50_ms"], 1)
+    connecting = warm(redis_url, n, reach=False)
+    result["warm_connecting"] = connecting
+    result["reach_saves_p50_ms"] = round(connecting["p50_ms"] - warm_run["p50_ms"], 1)
     paused = warm(redis_url, 10 if quick else 40, pause=True)
     result["warm_paused"] = paused
     result["resume_adds_p50_ms"] = round(paused["p50_ms"] - warm_run["p50_ms"], 1)
