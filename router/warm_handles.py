@@ -76,8 +76,12 @@ class WarmHandles:
             async with gate:
                 with contextlib.suppress(ProviderError):
                     sandbox = await entry.provider.connect(sandbox_id)
-                    old = held.get(sandbox_id)
-                    held[sandbox_id] = (sandbox, self._clock())
+                    current = self._held.get(entry.name)
+                    if current is None:  # the entry's handles were let go meanwhile
+                        self._let_go([sandbox])
+                        return
+                    old = current.get(sandbox_id)
+                    current[sandbox_id] = (sandbox, self._clock())
                     if old is not None:
                         self._let_go([old[0]])
 
