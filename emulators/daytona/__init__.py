@@ -16,9 +16,12 @@ One loopback HTTP server plays three Daytona services on one port:
   ``sandbox.state.updated`` (``{sandbox, oldState, newState}``), which is
   how the SDK learns that a sandbox has started;
 * the toolbox proxy under ``/toolbox`` (`emulators.daytona.toolbox`), the
-  ``toolboxProxyUrl`` of every sandbox: commands, sessions, terminals, code
-  and interpreter contexts, files. Git, LSP and computer use are not
-  emulated (their routes answer the daemon's 404).
+  ``toolboxProxyUrl`` of every sandbox: commands, sessions and code
+  (`emulators.daytona.processes`), terminals (`emulators.daytona.terminals`),
+  interpreter contexts (`emulators.daytona.interpreter`), files
+  (`emulators.daytona.files`, and `emulators.daytona.transfers` for uploads
+  and downloads). Git, LSP and computer use are not emulated (their routes
+  answer the daemon's 404).
 
 Sandboxes are real local sandboxes (`emulators.daytona.sandboxes`) that boot
 in ``boot_seconds`` and stop or go away on Daytona's lifecycle intervals,
@@ -50,9 +53,14 @@ from typing import Any
 from aiohttp import web
 
 from emulators.daytona.api import CONCURRENCY_MESSAGE, SandboxApi, api_error, bearer
+from emulators.daytona.files import Files
+from emulators.daytona.interpreter import Interpreters
+from emulators.daytona.processes import Processes
 from emulators.daytona.sandboxes import Box, DaytonaCore
 from emulators.daytona.snapshots import Captured
+from emulators.daytona.terminals import Terminals
 from emulators.daytona.toolbox import PROXY, Toolbox, daemon_error
+from emulators.daytona.transfers import Transfers
 from emulators.daytona.warm_pools import WarmPools
 from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
 
@@ -230,7 +238,16 @@ class DaytonaEmulator(Emulator):
             ],
             client_max_size=256 * 1024 * 1024,
         )
-        app.add_routes(api.routes() + self.warm_pools.routes() + toolbox.routes())
+        app.add_routes(
+            api.routes()
+            + self.warm_pools.routes()
+            + Terminals().routes()
+            + Interpreters().routes()
+            + Processes().routes()
+            + Transfers().routes()
+            + Files().routes()
+            + toolbox.routes()
+        )
         self._sio = self._gateway(app)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()

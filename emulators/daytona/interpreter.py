@@ -10,7 +10,9 @@ answers JSON lines tagged with the command's id: ``stdout``/``stderr``
 ``{"interrupt": true}`` made it SIGINT itself: a signal from outside would
 reach bubblewrap, not the worker).
 
-The websocket ``/process/interpreter/execute`` takes ``{code, contextId,
+The routes are `Interpreters`, under ``{toolboxProxyUrl}/{sandboxId}`` (the
+proxy is `emulators.daytona.toolbox`). The websocket
+``/process/interpreter/execute`` takes ``{code, contextId,
 envs, timeout}`` and streams those chunks as text frames, then closes 1000.
 Past ``timeout`` seconds (0: none) the worker is interrupted and has 2 s to stop,
 else it is killed (its state lost; the next call starts a fresh one); either
@@ -33,10 +35,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from emulators.filesystem import GuestSandbox
+from aiohttp import web
+
+from emulators.daytona.sandboxes import DAYTONA_HOME, Box
+from emulators.daytona.toolbox import BOX, DaemonError, json_body
+from emulators.filesystem import GuestSandbox, PathRefused
 from providers.local import LocalProcess
 
-__all__ = ["DEFAULT_TIMEOUT", "TIMEOUT_CLOSE", "WORKER", "Interpreter"]
+__all__ = ["DEFAULT_TIMEOUT", "TIMEOUT_CLOSE", "WORKER", "Interpreter", "Interpreters"]
 
 TIMEOUT_CLOSE = 4008
 _GRACE_SECONDS = 2.0
@@ -165,3 +171,84 @@ class Interpreter:
         if self._worker is not None and self._worker.proc.returncode is None:
             self._worker.kill()
             await self._worker.proc.wait()
+
+
+class Interpreters:
+    """The interpreter handlers (the sandbox is the proxy's `BOX`)."""
+
+    def routes(self) -> list[web.RouteDef]:
+        base = "/toolbox/{sandbox}/process/interpreter"
+        return [
+            web.get(base + "/execute", self.interpret),
+            web.post(base + "/context", self.create_context),
+            web.get(base + "/context", self.list_contexts),
+            web.delete(base + "/context/{context}", self.delete_context),
+        ]
+
+    async def interpret(self, request: web.Request) -> web.StreamResponse:
+        box: Box = request[BOX]
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        try:
+            body = json.loads(await ws.receive_str())
+        except (TypeError, ValueError):
+            await ws.close(code=1003, message=b"invalid request")
+            return ws
+        code, context = body.get("code"), body.get("contextId")
+        if not isinstance(code, str) or not code:
+            await ws.close(code=1008, message=b"code is required")
+            return ws
+        if context in (None, "default"):
+            if box.interpreter is None:
+                box.interpreter = Interpreter(box.local, DAYTONA_HOME)
+            interpreter = box.interpreter
+        elif isinstance(context, str) and context in box.contexts:
+            interpreter = box.contexts[context]
+        else:
+            await ws.close(code=1008, message=f"context not found: {context}".encode())
+            return ws
+        timeout = body.get("timeout")
+
+        async def send(chunk: dict[str, Any]) -> None:
+            await ws.send_str(json.dumps(chunk))
+
+        close = await interpreter.execute(
+            code,
+            body.get("envs") or {},
+            DEFAULT_TIMEOUT if timeout is None else float(timeout),
+            send,
+        )
+        await ws.close(code=close)
+        return ws
+
+    async def create_context(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        body = await json_body(request)
+        language, cwd = body.get("language") or "python", body.get("cwd") or DAYTONA_HOME
+        if language != "python":
+            message = f"unsupported language: {language} (only 'python' is supported currently)"
+            raise DaemonError(400, message, "BAD_REQUEST")
+        if not isinstance(cwd, str):
+            raise DaemonError(400, "cwd must be a string", "INVALID_REQUEST_BODY")
+        try:
+            cwd = box.local.absolute(cwd)
+        except PathRefused as exc:
+            raise DaemonError(400, str(exc), "INVALID_FILE_PATH") from None
+        interpreter = Interpreter(box.local, cwd, str(uuid.uuid4()))
+        box.contexts[interpreter.id] = interpreter
+        return web.json_response(interpreter.info())
+
+    async def list_contexts(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        return web.json_response({"contexts": [c.info() for c in box.contexts.values()]})
+
+    async def delete_context(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        context_id = request.match_info["context"]
+        if context_id == "default":
+            raise DaemonError(400, "cannot delete default context", "BAD_REQUEST")
+        interpreter = box.contexts.pop(context_id, None)
+        if interpreter is None:
+            raise DaemonError(404, f"context {context_id} not found", "NOT_FOUND")
+        await interpreter.close()
+        return web.json_response({"message": "Context deleted successfully"})

@@ -40,13 +40,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from emulators.daytona.interpreter import Interpreter
-from emulators.daytona.terminals import Terminal
 from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
 from providers.local import LocalProcess
+
+if TYPE_CHECKING:  # they hold their routes, which import this module
+    from emulators.daytona.interpreter import Interpreter
+    from emulators.daytona.terminals import Terminal
 
 __all__ = [
     "DAYTONA_HOME",

@@ -15,11 +15,19 @@ Every attached websocket client gets the output from its attach on (binary
 frames) and, on exit, the control message ``{"type": "control", "status":
 "exited", "exitCode": N}`` (with the exit-control subprotocol) and a close
 frame whose reason is ``{"exitCode": N}`` (1000 for 0, else 1011).
+
+The routes (`Terminals`, under ``{toolboxProxyUrl}/{sandboxId}``; the
+proxy is `emulators.daytona.toolbox`): the websocket
+``/process/pty/create-connect?id=&cols=&rows=&cwd=`` (env in the
+``X-Daytona-Pty-Envs~<base64url JSON>`` subprotocol), ``.../{id}/connect``,
+``GET /process/pty[/{id}]``, ``POST .../{id}/resize``, ``DELETE .../{id}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import signal
@@ -29,12 +37,16 @@ from typing import Any
 
 from aiohttp import web
 
+from emulators.daytona.sandboxes import DAYTONA_HOME, Box, iso
+from emulators.daytona.toolbox import BOX, DaemonError, json_body
 from emulators.filesystem import GuestSandbox
+from providers.errors import SandboxError
 from providers.local import LocalProcess
 
-__all__ = ["BRIDGE", "EXIT_CONTROL", "Terminal", "open_terminal"]
+__all__ = ["BRIDGE", "EXIT_CONTROL", "Terminal", "Terminals", "open_terminal"]
 
 EXIT_CONTROL = "X-Daytona-Pty-Exit-Control"
+_ENVS_PROTOCOL = "X-Daytona-Pty-Envs~"
 _KILLED = 137
 
 # No absolute paths in here: without bubblewrap the sandbox rewrites them in argv.
@@ -187,3 +199,106 @@ async def open_terminal(
     env = {"TERM": "xterm-256color", **envs}
     process = await sandbox.spawn(argv, env=env, cwd=cwd)
     return Terminal(session_id, process, rows=rows, cols=cols, cwd=cwd, envs=envs)
+
+
+class Terminals:
+    """The daemon's PTY handlers (the sandbox is the proxy's `BOX`)."""
+
+    def routes(self) -> list[web.RouteDef]:
+        pty = "/toolbox/{sandbox}/process/pty"
+        return [
+            web.get(pty, self.list_terminals),
+            web.get(pty + "/create-connect", self.create_terminal),
+            web.get(pty + "/{pty}", self.get_terminal),
+            web.delete(pty + "/{pty}", self.kill_terminal),
+            web.post(pty + "/{pty}/resize", self.resize_terminal),
+            web.get(pty + "/{pty}/connect", self.connect_terminal),
+        ]
+
+    def _terminal(self, request: web.Request) -> Terminal:
+        box: Box = request[BOX]
+        terminal = box.terminals.get(request.match_info["pty"])
+        if terminal is None or terminal.exit_code is not None:
+            raise DaemonError(404, "PTY session not found", "NOT_FOUND")
+        return terminal
+
+    @staticmethod
+    def _size(raw: Any, name: str) -> int:
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise DaemonError(400, f"{name} must be a number", "BAD_REQUEST") from None
+        if not 1 <= value <= 1000:
+            raise DaemonError(400, f"{name} must be between 1 and 1000", "BAD_REQUEST")
+        return value
+
+    @staticmethod
+    def _envs(request: web.Request) -> dict[str, str]:
+        for raw in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+            token = raw.strip()
+            if token.startswith(_ENVS_PROTOCOL):
+                encoded = token[len(_ENVS_PROTOCOL) :]
+                try:
+                    envs = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+                except (ValueError, binascii.Error):
+                    raise DaemonError(400, "malformed PTY envs", "BAD_REQUEST") from None
+                if not isinstance(envs, dict):
+                    raise DaemonError(400, "malformed PTY envs", "BAD_REQUEST")
+                return {str(k): str(v) for k, v in envs.items()}
+        return {}
+
+    def _info(self, terminal: Terminal) -> dict[str, Any]:
+        return terminal.info(iso(terminal.created))
+
+    async def create_terminal(self, request: web.Request) -> web.StreamResponse:
+        box: Box = request[BOX]
+        query = request.query
+        session_id = query.get("id", "")
+        if not session_id:
+            raise DaemonError(400, "id is required", "BAD_REQUEST")
+        live = box.terminals.get(session_id)
+        if live is not None and live.exit_code is None:
+            raise DaemonError(409, f"PTY session {session_id} already exists", "CONFLICT")
+        rows = self._size(query.get("rows", "24"), "rows")
+        cols = self._size(query.get("cols", "80"), "cols")
+        cwd = box.local.absolute(query.get("cwd") or DAYTONA_HOME)
+        envs = self._envs(request)
+        try:
+            terminal = await open_terminal(
+                box.local, session_id, rows=rows, cols=cols, cwd=cwd, envs=envs
+            )
+        except SandboxError as exc:
+            raise DaemonError(400, exc.message, "BAD_REQUEST") from None
+        box.terminals[session_id] = terminal
+        return await self._attach(request, terminal)
+
+    async def connect_terminal(self, request: web.Request) -> web.StreamResponse:
+        return await self._attach(request, self._terminal(request))
+
+    @staticmethod
+    async def _attach(request: web.Request, terminal: Terminal) -> web.StreamResponse:
+        ws = web.WebSocketResponse(protocols=(EXIT_CONTROL,))
+        await ws.prepare(request)
+        await terminal.attach(ws)
+        return ws
+
+    async def list_terminals(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        live = [t for t in box.terminals.values() if t.exit_code is None]
+        return web.json_response({"sessions": [self._info(t) for t in live]})
+
+    async def get_terminal(self, request: web.Request) -> web.Response:
+        return web.json_response(self._info(self._terminal(request)))
+
+    async def resize_terminal(self, request: web.Request) -> web.Response:
+        terminal = self._terminal(request)
+        body = await json_body(request)
+        terminal.resize(self._size(body.get("rows"), "rows"), self._size(body.get("cols"), "cols"))
+        return web.json_response(self._info(terminal))
+
+    async def kill_terminal(self, request: web.Request) -> web.Response:
+        box: Box = request[BOX]
+        terminal = self._terminal(request)
+        await terminal.kill()
+        box.terminals.pop(terminal.id, None)
+        return web.json_response({"message": f"PTY session {terminal.id} terminated"})

@@ -883,9 +883,9 @@ async def test_exec_without_a_timeout_runs_to_the_end(
     client: AsyncDaytona, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The daemon puts no limit on an exec that names no timeout (it had a default of 10 s)."""
-    from emulators.daytona import toolbox
+    from emulators.daytona import processes
 
-    monkeypatch.setattr(toolbox, "EXECUTE_DEFAULT_TIMEOUT", 0.2, raising=False)
+    monkeypatch.setattr(processes, "EXECUTE_DEFAULT_TIMEOUT", 0.2, raising=False)
     sandbox = await client.create()
     ran = await sandbox.process.exec("sleep 0.5; echo done")
     assert (ran.exit_code, ran.result) == (0, "done\n")
