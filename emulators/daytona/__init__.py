@@ -3,13 +3,15 @@
 One loopback HTTP server plays three Daytona services on one port:
 
 * the control-plane API under ``/api`` (`emulators.daytona.api`): create,
-  get, list, delete, start, stop, archive, resize, last-activity, settings
-  (labels, lifecycle intervals, public), metrics, preview links (signed or
-  not, and the preview proxy itself), the signing key of pre-signed file
-  URLs, and snapshots (`emulators.daytona.snapshots`: of sandboxes, of
-  images, and the general ones); warm pools, which make sandboxes of a
-  snapshot ahead of the creates they serve (`emulators.daytona.warm_pools`);
-  and the deployment's configuration (``/api/config``);
+  get, list, delete, start, stop, archive, last-activity, metrics and the
+  deployment's configuration (``/api/config``); a sandbox's settings
+  (`emulators.daytona.sandbox_settings`: labels, lifecycle intervals,
+  public, network, resize, the signing key of pre-signed file URLs);
+  preview links, signed or not, and the preview proxy itself
+  (`emulators.daytona.previews`); snapshots (`emulators.daytona.snapshot_api`
+  over `emulators.daytona.snapshots`: of sandboxes, of images, and the
+  general ones); warm pools, which make sandboxes of a snapshot ahead of the
+  creates they serve (`emulators.daytona.warm_pools`);
 * the notification gateway, Socket.IO at ``/api/socket.io/``: a client
   authenticates with ``auth={"token": <API key>}``, joins its
   organization's room and receives ``sandbox.created`` and
@@ -55,8 +57,11 @@ from aiohttp import web
 from emulators.daytona.api import CONCURRENCY_MESSAGE, SandboxApi, api_error, bearer
 from emulators.daytona.files import Files
 from emulators.daytona.interpreter import Interpreters
+from emulators.daytona.previews import Previews
 from emulators.daytona.processes import Processes
+from emulators.daytona.sandbox_settings import SandboxSettings
 from emulators.daytona.sandboxes import Box, DaytonaCore
+from emulators.daytona.snapshot_api import SnapshotApi
 from emulators.daytona.snapshots import Captured
 from emulators.daytona.terminals import Terminals
 from emulators.daytona.toolbox import PROXY, Toolbox, daemon_error
@@ -240,6 +245,9 @@ class DaytonaEmulator(Emulator):
         )
         app.add_routes(
             api.routes()
+            + SandboxSettings(api).routes()
+            + SnapshotApi(api).routes()
+            + Previews(api).routes()
             + self.warm_pools.routes()
             + Terminals().routes()
             + Interpreters().routes()

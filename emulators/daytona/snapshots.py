@@ -1,7 +1,8 @@
 """The snapshots the emulated Daytona made of sandboxes, as its API shows them.
 
-A snapshot of a sandbox (``POST /api/sandbox/{id}/snapshot``, `SandboxApi.snapshot`)
-is a copy of the sandbox's directory in the local provider's snapshot store
+Their routes are `emulators.daytona.snapshot_api`. A snapshot of a sandbox
+(``POST /api/sandbox/{id}/snapshot``, `SnapshotApi.snapshot`) is a copy of
+the sandbox's directory in the local provider's snapshot store
 (`providers.local.LocalSandbox.snapshot`), recorded as a `Captured` under
 Daytona's id and its name, unique in its organization while the record lasts.
 As on Daytona, the record is written ``active`` once the copy is made, before
