@@ -1,20 +1,25 @@
-"""The ``daytona`` provider: sandboxes on Daytona through the ``daytona`` SDK's AsyncDaytona.
+"""The ``daytona`` provider: sandboxes on Daytona through its generated API clients.
 
 Each chain entry is one Daytona organization (one API key: ``api_key``,
 else ``DAYTONA_API_KEY``; the API URL from ``api_url``, else
-``DAYTONA_API_URL``). Its ``AsyncDaytona`` client is created on first use
-and reused; ``daytona`` itself is imported only then (it is slow to import).
-The client keeps a Socket.IO connection on its event loop (how it learns that
-a sandbox started), so `DaytonaProvider.aclose` must run on that loop: a loop
-closed under a live client waits for the socket's tasks (~25 s). The SDK has
-no retry switch (it retries nothing but a refused or dropped connection,
-twice, and GETs dropped mid-way), so the router's retry policy is the one.
+``DAYTONA_API_URL``, else Daytona's cloud). The adapter speaks to Daytona
+through ``daytona_api_client_async`` (the control plane) and
+``daytona_toolbox_api_client_async`` (the toolbox in each sandbox), the
+generated clients the ``daytona`` SDK is built on, without the SDK: its
+import alone takes a fresh interpreter to ~100 MB (OpenTelemetry, Socket.IO,
+the sync clients). The clients are imported and opened on first use, one
+`providers.daytona.client.DaytonaClient` per event loop (their connection
+pool belongs to it); a sandbox's ``native``, the SDK's ``AsyncSandbox``,
+imports the SDK for its callers only. Requests are retried only when a
+connection was refused or (for an idempotent one) dropped, as the SDK
+retries them, so the router's retry policy is the one.
 
-Modules: ``options`` (the entry's options), ``provider`` (create, connect,
-list, kill, the clean-up of failed creates and Daytona's server-side warm
-pools, ``keep_warm``), ``sandbox`` (commands, files,
-code), ``states`` (what Daytona's sandbox states mean here) and ``errors``
-(the one mapping of SDK exceptions).
+Modules: ``options`` (the entry's options), ``client`` (the generated
+clients, their shared pool and headers), ``provider`` (create, connect, list,
+kill, the clean-up of failed creates and Daytona's server-side warm pools,
+``keep_warm``), ``sandbox`` (commands, files, code), ``processes``
+(background processes and terminals), ``states`` (what Daytona's sandbox
+states mean here) and ``errors`` (the one mapping of Daytona's errors).
 """
 
 from providers.daytona.options import API_KEY_ENV, API_URL_ENV, DaytonaOptions

@@ -13,11 +13,16 @@ deletes it. `keep_warm` sizes Daytona's own warm pool of the snapshot a
 create starts from: Daytona then serves a matching create (no env) from a
 sandbox it made before, and makes another.
 
+A create answers at once with the sandbox ``creating`` (or ``started``,
+when a warm pool served it); it is then polled (every 20 ms, 50 ms after the
+first second) until ``started``: Daytona's Socket.IO notifications, which the
+SDK waits on, would cost a socket client per organization.
+
 When a create fails after Daytona accepted it, the sandbox is deleted
-before the error is raised: the SDK names it on a timeout and in an
-``error``-state message (its error reason is then added to ours); otherwise
-(a connection lost while waiting, or a cancelled create) the sandboxes
-carrying the create's router lease label are found and deleted.
+before the error is raised: a timeout and an ``error`` state name it (its
+error reason is then added to ours); otherwise (a connection lost before
+the answer, or a cancelled create) the sandboxes carrying the create's
+router lease label are found and deleted.
 """
 
 from __future__ import annotations
@@ -25,34 +30,57 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import json
 import math
+import os
+import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from providers.account import KeyedProvider
 from providers.base import LABEL_LEASE, ProviderOptions, SandboxInfo, SandboxSpec
 from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
 from providers.daytona.errors import sdk_errors
-from providers.daytona.options import API_KEY_ENV, DaytonaOptions
-from providers.daytona.sandbox import DaytonaSandbox
-from providers.daytona.states import DELETED, SNAPSHOT_REMOVING, STARTABLE, UNUSABLE, state
-from providers.errors import NotFound, ProviderError, Unavailable
+from providers.daytona.options import API_KEY_ENV, API_URL_ENV, DaytonaOptions
+from providers.daytona.sandbox import LANGUAGE_LABEL, DaytonaSandbox
+from providers.daytona.states import (
+    DELETED,
+    FAILED,
+    SNAPSHOT_REMOVING,
+    STARTABLE,
+    UNUSABLE,
+    state,
+)
+from providers.errors import CapacityExceeded, NotFound, ProviderError, Unavailable
 from providers.logs import Log
 
 if TYPE_CHECKING:
-    from daytona import AsyncDaytona, AsyncSandbox
-    from daytona.common.warm_pool import WarmPool
+    from daytona_api_client_async.models.create_sandbox import CreateSandbox
+    from daytona_api_client_async.models.sandbox import Sandbox as SandboxDto
+    from daytona_api_client_async.models.warm_pool import WarmPool
+
+    from providers.daytona.client import DaytonaClient
 
 __all__ = ["DaytonaProvider"]
 
 log = Log("sandbox_router.daytona")
 
 CODE_LANGUAGES = frozenset({"python", "javascript", "typescript"})
+TARGET_ENV = "DAYTONA_TARGET"
 _KILL_TIMEOUT = 10.0
+_POLL = 0.02  # between the GETs of a sandbox being started, for its first second
+_POLL_LATER = 0.05
+_POLL_FAST_FOR = 1.0
+# A snapshot's id (a UUID, as Daytona makes them) names a snapshot whatever the entry says.
+_SNAPSHOT_ID = re.compile(
+    r"^(?:[0-9a-f]{8}-[0-9a-f]{4}-[1-5][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+    r"|00000000-0000-0000-0000-000000000000)$",
+    re.IGNORECASE,
+)
 
 
-class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
+class DaytonaProvider(KeyedProvider["DaytonaClient"]):
     """One Daytona organization.
 
     Args:
@@ -85,58 +113,70 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         assert isinstance(self.options, DaytonaOptions)
         return self.options
 
-    def _open_client(self, api_key: str) -> AsyncDaytona:
-        from daytona import AsyncDaytona, DaytonaConfig
+    @property
+    def _target(self) -> str | None:
+        return self.opts.target or os.environ.get(TARGET_ENV) or None
 
-        return AsyncDaytona(
-            DaytonaConfig(api_key=api_key, api_url=self.opts.api_url, target=self.opts.target)
-        )
+    def _open_client(self, api_key: str) -> DaytonaClient:
+        from providers.daytona.client import DEFAULT_API_URL, DaytonaClient
 
-    async def _close_client(self, client: AsyncDaytona) -> None:
-        await client.close()  # type: ignore[no-untyped-call]  # unannotated in the SDK
+        url = self.opts.api_url or os.environ.get(API_URL_ENV) or DEFAULT_API_URL
+        return DaytonaClient(api_key, url)
 
-    def _params(self, spec: SandboxSpec) -> Any:
-        from daytona import CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Resources
-        from daytona.common.snapshot import is_snapshot_id
+    async def _close_client(self, client: DaytonaClient) -> None:
+        await client.close()
+
+    def _request(self, spec: SandboxSpec) -> CreateSandbox:
+        """The create's body: what the SDK's ``create`` sends for the same parameters."""
+        from daytona_api_client_async.models.create_build_info import CreateBuildInfo
+        from daytona_api_client_async.models.create_sandbox import CreateSandbox
 
         opts = self.opts
-        common: dict[str, Any] = {
-            "labels": dict(spec.labels),
-            "env_vars": dict(spec.env),
-            "auto_delete_interval": opts.auto_delete_interval,
-            "auto_archive_interval": opts.auto_archive_interval,
-        }
-        if spec.language in CODE_LANGUAGES:
-            common["language"] = spec.language
+        language = spec.language if spec.language in CODE_LANGUAGES else "python"
         auto_stop = opts.auto_stop_interval
         if spec.idle_timeout:
             auto_stop = max(1, math.ceil(spec.idle_timeout / 60))
-        common["auto_stop_interval"] = auto_stop
-        if spec.lifetime:
-            common["ttl_minutes"] = max(1, math.ceil(spec.lifetime / 60))
+        request = CreateSandbox(
+            env=dict(spec.env),
+            labels={**spec.labels, LANGUAGE_LABEL: language},
+            target=self._target,
+            auto_stop_interval=auto_stop,
+            auto_archive_interval=opts.auto_archive_interval,
+            auto_delete_interval=opts.auto_delete_interval,
+            ttl_minutes=max(1, math.ceil(spec.lifetime / 60)) if spec.lifetime else None,
+            volumes=[],
+        )
         image = opts.image
         snapshot = opts.snapshot
         if spec.template is not None:
-            as_image = opts.template_source == "image" and not is_snapshot_id(spec.template)
+            as_image = opts.template_source == "image" and not _SNAPSHOT_ID.match(spec.template)
             image, snapshot = (spec.template, None) if as_image else (None, spec.template)
         if image is None:
-            return CreateSandboxFromSnapshotParams(snapshot=snapshot, **common)
-        resources = None
+            request.snapshot = snapshot
+            return request
+        request.build_info = CreateBuildInfo(dockerfile_content=f"FROM {image}\n")
         if spec.cpu or spec.memory_mb or spec.disk_gb:
-            resources = Resources(
-                cpu=math.ceil(spec.cpu) if spec.cpu else None,
-                memory=math.ceil(spec.memory_mb / 1024) if spec.memory_mb else None,
-                disk=spec.disk_gb,
-            )
-        return CreateSandboxFromImageParams(image=image, resources=resources, **common)
+            request.cpu = math.ceil(spec.cpu) if spec.cpu else None
+            request.memory = math.ceil(spec.memory_mb / 1024) if spec.memory_mb else None
+            request.disk = spec.disk_gb
+        return request
 
     async def create(self, spec: SandboxSpec, *, timeout: float) -> DaytonaSandbox:
-        daytona = self._api()
-        params = self._params(spec)
+        client = self._api()
+        request = self._request(spec)
+        made: list[str] = []
         try:
-            with sdk_errors(self.name):
-                async with asyncio.timeout(timeout + 0.5):
-                    native = await daytona.create(params, timeout=max(timeout, 0.001))
+            try:
+                async with asyncio.timeout(timeout):
+                    dto = await self._create(client, request, made)
+            except TimeoutError as exc:
+                raise Unavailable(
+                    f"Daytona did not start the sandbox within {timeout:g}s"
+                    if made
+                    else "Daytona did not answer in time",
+                    provider=self.name,
+                    sandbox_id=made[0] if made else None,
+                ) from exc
         except asyncio.CancelledError:
             if spec.labels.get(LABEL_LEASE):
                 self._in_background(self._sweep(spec))
@@ -146,14 +186,57 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
             if reason and reason not in err.message:
                 err.message = f"{err.message} ({reason})"
             raise
-        log.debug("sandbox_router.daytona.created", entry=self.name, sandbox_id=native.id)
-        return self._sandbox(native, workdir=spec.workdir)
+        log.debug("sandbox_router.daytona.created", entry=self.name, sandbox_id=dto.id)
+        return self._sandbox(client, dto, workdir=spec.workdir)
 
-    def _sandbox(self, native: AsyncSandbox, *, workdir: str | None = None) -> DaytonaSandbox:
+    async def _create(
+        self, client: DaytonaClient, request: CreateSandbox, made: list[str]
+    ) -> SandboxDto:
+        """Create the sandbox (its id in ``made`` once Daytona has it) and wait until it runs."""
+        with sdk_errors(self.name):
+            dto = await client.sandboxes.create_sandbox(request)
+        made.append(dto.id)
+        return await self._until_started(client, dto)
+
+    async def _until_started(self, client: DaytonaClient, dto: SandboxDto) -> SandboxDto:
+        """``dto``'s sandbox once ``started``, polled; `Unavailable` when it fails
+        (``error``, ``build_failed``) or is destroyed first, `CapacityExceeded` when
+        Daytona destroyed it after its runner queue timed out."""
+        loop = asyncio.get_running_loop()
+        since = loop.time()
+        while True:
+            now = state(dto.state)
+            if now == "started":
+                return dto
+            if now in FAILED:
+                raise Unavailable(
+                    f"Sandbox {dto.id} entered error state: {now}, "
+                    f"error reason: {dto.error_reason}",
+                    provider=self.name,
+                    sandbox_id=dto.id,
+                )
+            if now in DELETED:
+                cls = CapacityExceeded if dto.queue_timed_out_at else Unavailable
+                why = (
+                    f"after its runner queue timed out at {dto.queue_timed_out_at}"
+                    if dto.queue_timed_out_at
+                    else "before it started"
+                )
+                raise cls(
+                    f"Sandbox {dto.id} was destroyed {why}", provider=self.name, sandbox_id=dto.id
+                )
+            fast = loop.time() - since < _POLL_FAST_FOR
+            await asyncio.sleep(_POLL if fast else _POLL_LATER)
+            with sdk_errors(self.name, dto.id):
+                dto = await client.sandboxes.get_sandbox(dto.id)
+
+    def _sandbox(
+        self, client: DaytonaClient, dto: SandboxDto, *, workdir: str | None = None
+    ) -> DaytonaSandbox:
         return DaytonaSandbox(
-            native,
+            dto,
             self.name,
-            self._api().snapshot,
+            client,
             workdir=workdir,
             request_timeout=self.opts.request_timeout,
             transfer_timeout=self.opts.transfer_timeout,
@@ -164,8 +247,7 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         """Delete what a failed create left: the sandbox it names, or its lease's.
 
         Returns:
-            Why Daytona says the named sandbox failed, when it says (its event
-            carries only the new state, so the SDK's own error has no reason).
+            Why Daytona says the named sandbox failed, when it says.
         """
         if err.sandbox_id is not None:
             return await self._discard(err.sandbox_id)
@@ -175,15 +257,15 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
 
     async def _discard(self, sandbox_id: str) -> str | None:
         """Delete a sandbox whose create failed (a failure here is only logged); its error."""
-        daytona = self._api()
+        client = self._api()
         reason = None
         try:
             with sdk_errors(self.name, sandbox_id):
                 async with asyncio.timeout(_KILL_TIMEOUT):
-                    native = await daytona.get(sandbox_id)
-                    reason = native.error_reason
-                    if state(native.state) not in DELETED:
-                        await daytona.delete(native)
+                    dto = await client.sandboxes.get_sandbox(sandbox_id)
+                    reason = dto.error_reason
+                    if state(dto.state) not in DELETED:
+                        await client.sandboxes.delete_sandbox(dto.id)
         except NotFound:
             pass
         except ProviderError as err:
@@ -214,20 +296,21 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
             await self._discard(info.id)
 
     async def connect(self, sandbox_id: str) -> DaytonaSandbox:
-        daytona = self._api()
+        client = self._api()
         timeout = self.opts.request_timeout
         with sdk_errors(self.name, sandbox_id):
             async with asyncio.timeout(timeout):
-                native = await daytona.get(sandbox_id)
-            if state(native.state) in STARTABLE:
+                dto = await client.sandboxes.get_sandbox(sandbox_id)
+            if state(dto.state) in STARTABLE:
                 async with asyncio.timeout(timeout + 1):
-                    await native.start(timeout=timeout)
-        now = state(native.state)
+                    dto = await client.sandboxes.start_sandbox(dto.id)
+                    dto = await self._until_started(client, dto)
+        now = state(dto.state)
         if now in UNUSABLE:
             raise NotFound(
                 f"sandbox {sandbox_id} is {now}", provider=self.name, sandbox_id=sandbox_id
             )
-        return self._sandbox(native)
+        return self._sandbox(client, dto)
 
     async def resume(self, sandbox_id: str, *, timeout: float) -> DaytonaSandbox:
         """``connect`` starts a stopped (paused) sandbox, on the same id."""
@@ -238,14 +321,14 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         delete of one already removing is no error there: it is gone here (False)."""
         if not snapshot_id:
             return False
-        snapshots = self._api().snapshot
+        snapshots = self._api().snapshots
         try:
             with sdk_errors(self.name):
                 async with asyncio.timeout(self.opts.request_timeout):
-                    found = await snapshots.get(snapshot_id)
+                    found = await snapshots.get_snapshot(snapshot_id)
                     if state(found.state) == SNAPSHOT_REMOVING:
                         return False
-                    await snapshots.delete(found)
+                    await snapshots.remove_snapshot(found.id)
         except NotFound:
             return False
         log.debug("sandbox_router.daytona.snapshot_deleted", entry=self.name, snapshot=found.id)
@@ -266,7 +349,10 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         Returns:
             The sandboxes Daytona holds ready (``current_size``), as it answered.
         """
-        daytona = self._api()
+        from daytona_api_client_async.models.create_warm_pool import CreateWarmPool
+        from daytona_api_client_async.models.update_warm_pool import UpdateWarmPool
+
+        pools = self._api().warm_pools
         with sdk_errors(self.name):
             async with asyncio.timeout(self.opts.request_timeout):
                 snapshot = await self._pooled_snapshot(template)
@@ -277,15 +363,17 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
                     if pool is None:
                         try:
                             with sdk_errors(self.name):
-                                pool = await daytona.warm_pool.create(
-                                    snapshot, size, target=self.opts.target
+                                pool = await pools.create_warm_pool(
+                                    CreateWarmPool(
+                                        snapshot=snapshot, pool=size, target=self._target
+                                    )
                                 )
                         except ProviderError as err:
                             if err.status == 409:
                                 continue
                             raise
                     elif pool.pool != size:
-                        pool = await daytona.warm_pool.update(pool.id, size)
+                        pool = await pools.update_warm_pool(pool.id, UpdateWarmPool(pool=size))
                     log.debug(
                         "sandbox_router.daytona.warm_pool",
                         entry=self.name,
@@ -302,14 +390,12 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
 
     async def _pooled_snapshot(self, template: str | None) -> str:
         """The snapshot a create of ``template`` starts from: the template read as
-        `_params` reads it, else the entry's snapshot, else Daytona's default (its
+        `_request` reads it, else the entry's snapshot, else Daytona's default (its
         configuration's ``defaultSnapshot``, read once)."""
-        from daytona.common.snapshot import is_snapshot_id
-
         opts = self.opts
         image = opts.image
         if template is not None:
-            if opts.template_source == "snapshot" or is_snapshot_id(template):
+            if opts.template_source == "snapshot" or _SNAPSHOT_ID.match(template):
                 return template
             image = template
         if image is not None:
@@ -321,8 +407,7 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         if opts.snapshot is not None:
             return opts.snapshot
         if self._default_snapshot is None:
-            # The SDK reads /config only for itself (`_config_api`); it has no public call.
-            config = await self._api()._config_api.config_controller_get_config()
+            config = await self._api().config.config_controller_get_config()
             self._default_snapshot = config.default_snapshot
         return self._default_snapshot
 
@@ -332,10 +417,10 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         With no ``target`` set, Daytona's default region is the one pool of the
         snapshot there is; several pools (regions) then need the entry's target.
         """
-        target = self.opts.target
+        target = self._target
         found = [
             pool
-            for pool in await self._api().warm_pool.list()
+            for pool in await self._api().warm_pools.list_warm_pools()
             if pool.snapshot == snapshot and target in (None, pool.target)
         ]
         if len(found) > 1:
@@ -348,34 +433,40 @@ class DaytonaProvider(KeyedProvider["AsyncDaytona"]):
         return found[0] if found else None
 
     async def list(self, labels: Mapping[str, str] | None = None) -> builtins.list[SandboxInfo]:
-        from daytona import ListSandboxesQuery
-
-        query = ListSandboxesQuery(labels=dict(labels or {}) or None)
+        """The organization's sandboxes (with all of ``labels``), a page at a time."""
+        sandboxes = self._api().sandboxes
+        query = json.dumps(dict(labels)) if labels else None
         found = []
+        cursor: str | None = None
         with sdk_errors(self.name):
             async with asyncio.timeout(self.opts.request_timeout):
-                async for native in self._api().list(query):
-                    now = state(native.state)
-                    if now not in DELETED:
-                        found.append(
-                            SandboxInfo(
-                                id=native.id,
-                                labels=dict(native.labels or {}),
-                                state="paused" if now in STARTABLE else now,
-                                created_at=_timestamp(native.created_at),
+                while True:
+                    page = await sandboxes.list_sandboxes(labels=query, cursor=cursor)
+                    for item in page.items:
+                        now = state(item.state)
+                        if now not in DELETED:
+                            found.append(
+                                SandboxInfo(
+                                    id=item.id,
+                                    labels=dict(item.labels or {}),
+                                    state="paused" if now in STARTABLE else now,
+                                    created_at=_timestamp(item.created_at),
+                                )
                             )
-                        )
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
         return sorted(found, key=lambda i: i.created_at or 0.0)
 
     async def kill(self, sandbox_id: str) -> bool:
-        daytona = self._api()
+        sandboxes = self._api().sandboxes
         try:
             with sdk_errors(self.name, sandbox_id):
                 async with asyncio.timeout(self.opts.request_timeout):
-                    native = await daytona.get(sandbox_id)
-                    if state(native.state) in DELETED:
+                    dto = await sandboxes.get_sandbox(sandbox_id)
+                    if state(dto.state) in DELETED:
                         return False
-                    await daytona.delete(native)
+                    await sandboxes.delete_sandbox(dto.id)
         except NotFound:
             return False
         log.debug("sandbox_router.daytona.killed", entry=self.name, sandbox_id=sandbox_id)

@@ -11,17 +11,24 @@ code runner (stdout and stderr merged, as Daytona gives them) and bash in a
 session. Background processes and terminals are in
 `providers.daytona.processes`. `DaytonaSandbox.snapshot` keeps the sandbox's
 filesystem as a Daytona snapshot, a template for creates on the entry.
+
+Files go through the toolbox's bulk routes, as the SDK sends them: an upload
+is a multipart body streamed as its chunks come (chunked encoding), a
+download a multipart answer read a chunk at a time, so neither is ever whole
+in memory. The toolbox's URL is the sandbox's ``toolboxProxyUrl`` (asked of
+the API when the sandbox came without one) and its id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import posixpath
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from providers.base import (
@@ -33,33 +40,44 @@ from providers.base import (
     Snapshot,
     failure,
 )
-from providers.daytona.errors import DAEMON, EXECUTION_TIMEOUT, facts, sdk_errors
+from providers.daytona.errors import DAEMON, EXECUTION_TIMEOUT, StreamBroken, facts, sdk_errors
 from providers.daytona.processes import (
+    HEARTBEAT,
     SESSION_PREFIX,
     DaytonaProcess,
     DaytonaTerminal,
+    follow,
     process_id,
     toolbox_errors,
 )
-from providers.daytona.states import SNAPSHOT_MAKING, SNAPSHOT_READY, state
+from providers.daytona.states import FAILED, SNAPSHOT_MAKING, SNAPSHOT_READY, state
 from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
-from providers.files import Chunks, ShellFiles
+from providers.files import CHUNK, Chunks, ShellFiles
 from providers.logs import Log
 from providers.mapping import Where
 from providers.processes import ProcessInfo
 from providers.shell import piped, script
 
 if TYPE_CHECKING:
+    import aiohttp
     from daytona import AsyncSandbox
-    from daytona._async.snapshot import AsyncSnapshotService
-    from daytona.common.snapshot import Snapshot as DaytonaSnapshot
+    from daytona_api_client_async.models.sandbox import Sandbox as SandboxDto
+    from daytona_api_client_async.models.snapshot_dto import SnapshotDto
+    from daytona_toolbox_api_client_async.models.session_execute_response import (
+        SessionExecuteResponse,
+    )
 
-__all__ = ["DaytonaSandbox"]
+    from providers.daytona.client import DaytonaClient, Toolbox
+
+__all__ = ["LANGUAGE_LABEL", "SNAPSHOT_PREFIX", "DaytonaSandbox"]
 
 log = Log("sandbox_router.daytona")
 
 SNAPSHOT_PREFIX = "sandbox-router-"  # the names of the snapshots made without one
+LANGUAGE_LABEL = "code-toolbox-language"  # the language of Daytona's code runner in a sandbox
 _SNAPSHOT_POLL = 1.0
+_STATE_POLL = 0.05  # between the GETs of a sandbox stopping or snapshotting
+_INTERPRETER_TIMED_OUT = 4008  # the interpreter's close code when the code ran out of time
 
 # The line before the caller's command in a background process's script: what
 # `DaytonaSandbox.processes` shows of it (not the exports, whose values may be secret).
@@ -67,47 +85,76 @@ _COMMAND_MARK = "# sandbox-router: the command"
 
 
 class DaytonaSandbox(ShellFiles, Sandbox):
-    """A live Daytona sandbox; ``native`` is the SDK's ``AsyncSandbox``.
+    """A live Daytona sandbox, reached through the organization's `DaytonaClient`.
 
+    ``native`` is the SDK's ``AsyncSandbox`` over the same connection, built on
+    first use: the ``daytona`` package (~40 MB) is imported then, by its callers only.
     ``files.manage`` goes through the shell (`ShellFiles`), one exec each, so it
     needs no toolbox route beyond the ones every other call uses.
     """
 
     def __init__(
         self,
-        native: AsyncSandbox,
+        dto: SandboxDto,
         provider: str,
-        snapshots: AsyncSnapshotService,
+        client: DaytonaClient,
         *,
         workdir: str | None = None,
         request_timeout: float = 30.0,
         transfer_timeout: float = 300.0,
         snapshot_timeout: float = 600.0,
     ) -> None:
-        self._native = native
-        self.id = native.id
+        self._dto = dto
+        self.id = dto.id
         self.provider = provider
-        self._snapshots = snapshots
+        self._client = client
         self._workdir = workdir
         self._request_timeout = request_timeout
         self._transfer_timeout = transfer_timeout
         self._snapshot_timeout = snapshot_timeout
         self._idle_sessions: list[str] = []
         self._work_dir: str | None = None
+        self._toolbox_client: Toolbox | None = None
+        self._native: AsyncSandbox | None = None
 
     @property
     def native(self) -> AsyncSandbox:
+        """The SDK's ``AsyncSandbox`` of this sandbox, on the adapter's connection (its
+        state polled, not pushed: it has no Socket.IO client)."""
+        if self._native is None:
+            from daytona import AsyncSandbox
+            from daytona.internal.event_subscription_manager import (
+                AsyncEventSubscriptionManager,
+            )
+
+            self._native = AsyncSandbox(
+                self._dto,
+                self._client.toolbox,
+                self._client.sandboxes,
+                self.language,
+                AsyncEventSubscriptionManager(None),
+            )
         return self._native
 
     @property
     def language(self) -> str:
         """The language Daytona's code runner uses in this sandbox."""
-        from daytona.common.daytona import CODE_TOOLBOX_LANGUAGE_LABEL
-
-        return (self._native.labels or {}).get(CODE_TOOLBOX_LANGUAGE_LABEL) or "python"
+        return (self._dto.labels or {}).get(LANGUAGE_LABEL) or "python"
 
     def _errors(self) -> contextlib.AbstractContextManager[None]:
         return sdk_errors(self.provider, self.id, in_sandbox=True)
+
+    async def _tools(self) -> Toolbox:
+        """The sandbox's toolbox client; its URL asked of the API once when the
+        sandbox came without one."""
+        if self._toolbox_client is None:
+            url = self._dto.toolbox_proxy_url
+            if not url:
+                async with asyncio.timeout(self._request_timeout):
+                    found = await self._client.sandboxes.get_toolbox_proxy_url(self.id)
+                url = self._dto.toolbox_proxy_url = found.url
+            self._toolbox_client = self._client.toolbox_of(self._dto, url)
+        return self._toolbox_client
 
     @contextlib.asynccontextmanager
     async def _toolbox(self) -> AsyncIterator[None]:
@@ -136,12 +183,12 @@ class DaytonaSandbox(ShellFiles, Sandbox):
         try:
             with self._errors():
                 async with asyncio.timeout(self._request_timeout):
-                    await self._native.refresh_data()
+                    self._dto = await self._client.sandboxes.get_sandbox(self.id)
         except NotFound:
             return True
         except ProviderError:
             return False
-        return state(self._native.state) != "started"
+        return state(self._dto.state) != "started"
 
     async def run(
         self,
@@ -170,20 +217,28 @@ class DaytonaSandbox(ShellFiles, Sandbox):
             response.stdout or "", response.stderr or "", exit_code, time.monotonic() - started
         )
 
-    async def _execute(self, session: str, command: str, timeout: float | None) -> Any:
+    async def _execute(
+        self, session: str, command: str, timeout: float | None
+    ) -> SessionExecuteResponse | None:
         """One command in the session; None when ``timeout`` passes first."""
-        from daytona import DaytonaGoneError, DaytonaNotFoundError, SessionExecuteRequest
+        from daytona_toolbox_api_client_async.exceptions import ApiException
+        from daytona_toolbox_api_client_async.models.session_execute_request import (
+            SessionExecuteRequest,
+        )
 
-        request = SessionExecuteRequest(command=command)
+        process = (await self._tools()).process
         try:
             async with asyncio.timeout(timeout):
-                return await self._native.process.execute_session_command(
-                    session, request, timeout=math.ceil(timeout) if timeout else None
+                return await process.session_execute_command(
+                    session, SessionExecuteRequest(command=command)
                 )
         except TimeoutError:
             return None
-        except (DaytonaGoneError, DaytonaNotFoundError) as exc:
-            if isinstance(exc, DaytonaNotFoundError) and "session" not in exc.message.lower():
+        except ApiException as exc:
+            gone = exc.status == 410 or (
+                exc.status == 404 and "session" in facts(exc).message.lower()
+            )
+            if not gone:
                 raise
             raise _SessionGone from exc
 
@@ -193,12 +248,17 @@ class DaytonaSandbox(ShellFiles, Sandbox):
         A session runs one command at a time, so each command in flight has
         its own; a session goes back to the pool when its command finished.
         """
+        from daytona_toolbox_api_client_async.models.create_session_request import (
+            CreateSessionRequest,
+        )
+
         if self._idle_sessions and not fresh:
             return self._idle_sessions.pop()
         session = "sandbox-router-" + secrets.token_hex(6)
         try:
             async with asyncio.timeout(self._request_timeout):
-                await self._native.process.create_session(session)
+                process = (await self._tools()).process
+                await process.create_session(CreateSessionRequest(session_id=session))
         except TimeoutError as exc:
             raise Unavailable(
                 "Daytona did not start a shell session in time",
@@ -213,10 +273,10 @@ class DaytonaSandbox(ShellFiles, Sandbox):
         Unavailable when the command never reached the sandbox: then the
         toolbox, not the command, is what did not answer in time.
         """
-        process = self._native.process
         try:
             with self._errors():
                 async with asyncio.timeout(self._request_timeout):
+                    process = (await self._tools()).process
                     commands = (await process.get_session(session)).commands
                     logs = (
                         await process.get_session_command_logs(session, commands[-1].id)
@@ -247,19 +307,25 @@ class DaytonaSandbox(ShellFiles, Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> DaytonaProcess:
-        from daytona import SessionExecuteRequest
+        from daytona_toolbox_api_client_async.models.create_session_request import (
+            CreateSessionRequest,
+        )
+        from daytona_toolbox_api_client_async.models.session_execute_request import (
+            SessionExecuteRequest,
+        )
 
         lines = script(cmd, env, cwd or self._workdir, Where(self.provider, self.id))
         prelude, _, command = lines.rpartition("\n")
         text = f"(\n{prelude}\n{_COMMAND_MARK}\n{command}\n)" if prelude else f"(\n{command}\n)"
         session = SESSION_PREFIX + secrets.token_hex(6)
-        process = self._native.process
         async with self._toolbox():
+            toolbox = await self._tools()
+            process = toolbox.process
             async with asyncio.timeout(self._request_timeout):
-                await process.create_session(session)
+                await process.create_session(CreateSessionRequest(session_id=session))
             try:
                 async with asyncio.timeout(self._request_timeout):
-                    started = await process.execute_session_command(
+                    started = await process.session_execute_command(
                         session, SessionExecuteRequest(command=text, run_async=True)
                     )
             except BaseException:
@@ -273,13 +339,13 @@ class DaytonaSandbox(ShellFiles, Sandbox):
                 sandbox_id=self.id,
             )
         return DaytonaProcess(
-            self._native, self.provider, session, started.cmd_id, self._request_timeout
+            toolbox, self.provider, self.id, session, started.cmd_id, self._request_timeout
         )
 
     async def processes(self) -> list[ProcessInfo]:
         async with self._toolbox():
             async with asyncio.timeout(self._request_timeout):
-                sessions = await self._native.process.list_sessions()
+                sessions = await (await self._tools()).process.list_sessions()
         return [
             ProcessInfo(
                 process_id(session.session_id, command.id),
@@ -303,8 +369,11 @@ class DaytonaSandbox(ShellFiles, Sandbox):
         async with self._toolbox():
             with toolbox_errors(self.provider, self.id):
                 async with asyncio.timeout(self._request_timeout):
-                    await self._native.process.get_session_command(session, command)
-        return DaytonaProcess(self._native, self.provider, session, command, self._request_timeout)
+                    toolbox = await self._tools()
+                    await toolbox.process.get_session_command(session, command)
+        return DaytonaProcess(
+            toolbox, self.provider, self.id, session, command, self._request_timeout
+        )
 
     async def open_terminal(
         self,
@@ -316,30 +385,106 @@ class DaytonaSandbox(ShellFiles, Sandbox):
     ) -> DaytonaTerminal:
         async with self._toolbox():
             return await DaytonaTerminal.open(
-                self._native, self.provider, rows=rows, cols=cols, env=env, cwd=cwd or self._workdir
+                await self._tools(),
+                self.provider,
+                self.id,
+                rows=rows,
+                cols=cols,
+                env=env,
+                cwd=cwd or self._workdir,
             )
+
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        """A transfer's: no wall-clock cap (a large file takes what it takes), but
+        ``transfer_timeout`` without a byte from Daytona."""
+        import aiohttp
+
+        return aiohttp.ClientTimeout(
+            total=None, sock_connect=30.0, sock_read=self._transfer_timeout
+        )
+
+    async def _upload(self, path: str, chunks: Chunks) -> None:
+        """``chunks`` to ``path``: the bulk upload's multipart body, sent as they come."""
+        boundary = "sandbox-router-" + secrets.token_hex(12)
+        name = posixpath.basename(path).translate(_UNQUOTED) or "upload"
+        head = (
+            f"--{boundary}\r\n"
+            'Content-Disposition: form-data; name="files[0].path"\r\n\r\n'
+            f"{path}\r\n"
+            f"--{boundary}\r\n"
+            f'Content-Disposition: form-data; name="files[0].file"; filename="{name}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+
+        async def body() -> AsyncIterator[bytes]:
+            yield head
+            async for chunk in chunks:
+                if chunk:
+                    yield bytes(chunk)
+            yield f"\r\n--{boundary}--\r\n".encode()
+
+        toolbox = await self._tools()
+        headers = {
+            **toolbox.default_headers,
+            "Content-Type": f"multipart/form-data; boundary={boundary}",
+        }
+        async with toolbox.session.post(
+            toolbox.url("/files/bulk-upload"), data=body(), headers=headers, timeout=self._timeout()
+        ) as response:
+            await _raise_for_status(response)
+
+    async def _download(self, path: str) -> AsyncIterator[bytes]:
+        """``path``'s bytes as they come: the bulk download's ``file`` part, or its
+        ``error`` part (the daemon's error body) raised as the error answer it is."""
+        import aiohttp
+        from daytona_toolbox_api_client_async.exceptions import ApiException
+
+        toolbox = await self._tools()
+        headers = {**toolbox.default_headers, "Content-Type": "application/json"}
+        async with toolbox.session.post(
+            toolbox.url("/files/bulk-download"),
+            data=json.dumps({"paths": [path]}),
+            headers=headers,
+            timeout=self._timeout(),
+        ) as response:
+            await _raise_for_status(response)
+            reader = aiohttp.MultipartReader(response.headers, response.content)
+            while (part := await reader.next()) is not None:
+                if not isinstance(part, aiohttp.BodyPartReader):
+                    continue
+                if part.name == "error":
+                    error = await part.read()
+                    status = _json(error).get("statusCode")
+                    raise ApiException(
+                        status=status if isinstance(status, int) else 500,
+                        reason="file download failed",
+                        body=error.decode(errors="replace"),
+                    )
+                if part.name == "file":
+                    while chunk := await part.read_chunk(CHUNK):
+                        yield chunk
+                    return
+        raise StreamBroken(f"Daytona's download of {path} carried no file")
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else bytes(data)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield payload
+
         async with self._toolbox():
             async with asyncio.timeout(self._transfer_timeout):
-                await self._native.fs.upload_file(
-                    payload, path, timeout=math.ceil(self._transfer_timeout)
-                )
+                await self._upload(path, chunks())
 
     async def read_file(self, path: str) -> bytes:
         async with self._toolbox():
             async with asyncio.timeout(self._transfer_timeout):
-                data = await self._native.fs.download_file(path, math.ceil(self._transfer_timeout))
-        return data if isinstance(data, bytes) else bytes(data or b"")
+                return b"".join([chunk async for chunk in self._download(path)])
 
     async def read_stream(self, path: str) -> AsyncIterator[bytes]:
         async with self._toolbox():
-            chunks = await self._native.fs.download_file_stream(
-                path, timeout=math.ceil(self._transfer_timeout)
-            )
-            async for chunk in chunks:
-                yield bytes(chunk)
+            async for chunk in self._download(path):
+                yield chunk
 
     async def write_stream(self, path: str, chunks: Chunks) -> None:
         """The toolbox's bulk upload, its body sent as the chunks come (chunked encoding)."""
@@ -347,15 +492,13 @@ class DaytonaSandbox(ShellFiles, Sandbox):
             parent = posixpath.dirname(path)
             if parent:
                 await self.make_dir(parent)
-            await self._native.fs.upload_file_stream(
-                chunks, path, timeout=math.ceil(self._transfer_timeout)
-            )
+            await self._upload(path, chunks)
 
     async def expose(self, port: int) -> PortURL:
         """The port's preview link; a private sandbox's wants its token in a header."""
         with self._errors():
             async with asyncio.timeout(self._request_timeout):
-                link = await self._native.get_preview_link(port)
+                link = await self._client.sandboxes.get_port_preview_url(self.id, port)
         return PortURL(port, link.url, {"X-Daytona-Preview-Token": link.token})
 
     async def pause(self) -> None:
@@ -366,23 +509,52 @@ class DaytonaSandbox(ShellFiles, Sandbox):
         so a lost one costs nothing), so a pause first keeps it (-1: never deleted);
         the paused sandbox is then the router's to kill (the janitor, ``pause_ttl``).
         """
+        sandboxes = self._client.sandboxes
         with self._errors():
             async with asyncio.timeout(self._transfer_timeout):
-                await self._native.set_auto_delete_interval(-1)
-                await self._native.stop(timeout=math.ceil(self._request_timeout))
+                await sandboxes.set_auto_delete_interval(self.id, -1)
+                await sandboxes.stop_sandbox(self.id)
+                await self._until(lambda now: now in ("stopped", "destroyed"), gone_ok=True)
+
+    async def _until(self, reached: Callable[[str], bool], *, gone_ok: bool = False) -> None:
+        """Poll the sandbox until its state is ``reached``; `Unavailable` if it fails
+        (``error``, ``build_failed``) first. A sandbox the API no longer knows has
+        reached it when ``gone_ok``."""
+        while True:
+            try:
+                self._dto = await self._client.sandboxes.get_sandbox(self.id)
+            except Exception as exc:
+                if gone_ok and getattr(exc, "status", None) == 404:
+                    return
+                raise
+            now = state(self._dto.state)
+            if now in FAILED:
+                raise Unavailable(
+                    f"Sandbox {self.id} entered error state: {now}, "
+                    f"error reason: {self._dto.error_reason}",
+                    provider=self.provider,
+                    sandbox_id=self.id,
+                )
+            if reached(now):
+                return
+            await asyncio.sleep(_STATE_POLL)
 
     async def snapshot(self, name: str | None = None) -> Snapshot:
         """Daytona's snapshot of the sandbox: its filesystem (not its processes or memory)
         committed and pushed to the organization's registry; its id is the template.
 
-        The sandbox is ``snapshotting`` meanwhile and the SDK waits for it to leave
-        that state. Daytona writes the snapshot, ``active``, before
+        The sandbox is ``snapshotting`` meanwhile, and is waited for to leave that
+        state. Daytona writes the snapshot, ``active``, before
         the sandbox leaves it, and when the copy fails or the name is taken it writes
         none and says nothing. So a name of the caller's is checked first (an existing
         one would else pass for the new snapshot), and a snapshot missing afterwards is
         `Unavailable`. Without ``name`` a unique one is made (names are unique per
         organization) and returned as the snapshot's ``name``.
         """
+        from daytona_api_client_async.models.create_sandbox_snapshot import (
+            CreateSandboxSnapshot,
+        )
+
         if name is not None and not name.strip():
             raise SandboxError(
                 "snapshot: a Daytona snapshot's name must not be blank",
@@ -398,7 +570,12 @@ class DaytonaSandbox(ShellFiles, Sandbox):
                         provider=self.provider,
                         sandbox_id=self.id,
                     )
-                await self._native.create_snapshot(made, timeout=math.ceil(self._snapshot_timeout))
+                async with asyncio.timeout(self._snapshot_timeout):
+                    self._dto = await self._client.sandboxes.create_sandbox_snapshot(
+                        self.id, CreateSandboxSnapshot(name=made)
+                    )
+                    if state(self._dto.state) == "snapshotting":
+                        await self._until(lambda now: now != "snapshotting")
                 found = await self._find_snapshot(made)
                 while found is not None and state(found.state) in SNAPSHOT_MAKING:
                     await asyncio.sleep(_SNAPSHOT_POLL)
@@ -413,19 +590,19 @@ class DaytonaSandbox(ShellFiles, Sandbox):
             )
         return Snapshot(found.id, self.provider, made)
 
-    async def _find_snapshot(self, name: str) -> DaytonaSnapshot | None:
+    async def _find_snapshot(self, name: str) -> SnapshotDto | None:
         """The organization's snapshot of this name, None when it has none."""
         try:
             with self._errors():
                 async with asyncio.timeout(self._request_timeout):
-                    return await self._snapshots.get(name)
+                    return await self._client.snapshots.get_snapshot(name)
         except NotFound:
             return None
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         async with self._toolbox():
             async with asyncio.timeout(self._request_timeout):
-                entries = await self._native.fs.list_files(path)
+                entries = await (await self._tools()).files.list_files(path=path)
                 where = path if posixpath.isabs(path) else await self._absolute(path)
         return sorted(
             (
@@ -443,7 +620,8 @@ class DaytonaSandbox(ShellFiles, Sandbox):
     async def _absolute(self, path: str) -> str:
         """``path`` from the sandbox's working directory (asked once per handle)."""
         if self._work_dir is None:
-            self._work_dir = await self._native.get_work_dir()
+            found = await (await self._tools()).info.get_work_dir()
+            self._work_dir = found.dir or "/"
         return posixpath.normpath(posixpath.join(self._work_dir, path))
 
     async def run_code(
@@ -465,54 +643,81 @@ class DaytonaSandbox(ShellFiles, Sandbox):
         return CodeResult.of_command(res, timeout)
 
     async def _interpret(self, code: str, timeout: float | None) -> CodeResult:
-        """Python in Daytona's interpreter, whose default context keeps its variables."""
-        from daytona import DaytonaTimeoutError
+        """Python in Daytona's interpreter, whose default context keeps its variables.
 
+        A websocket: the code goes up as JSON, its output comes back a chunk per
+        message (``stdout``, ``stderr`` or ``error``), and the close ends the run
+        (with code 4008 when the code ran out of time).
+        """
         started = time.monotonic()
         out: list[str] = []
         err: list[str] = []
+        error: str | None = None
         async with self._toolbox():
-            try:
-                async with asyncio.timeout(timeout + self._request_timeout if timeout else None):
-                    ran = await self._native.code_interpreter.run_code(
-                        code,
-                        on_stdout=lambda message: out.append(message.output),
-                        on_stderr=lambda message: err.append(message.output),
-                        timeout=math.ceil(timeout) if timeout else 0,
+            toolbox = await self._tools()
+            async with (
+                asyncio.timeout(timeout + self._request_timeout if timeout else None),
+                toolbox.session.ws_connect(
+                    toolbox.ws_url("/process/interpreter/execute"),
+                    headers=toolbox.default_headers,
+                    heartbeat=HEARTBEAT,
+                ) as ws,
+            ):
+                await ws.send_str(
+                    json.dumps({"code": code, "timeout": math.ceil(timeout) if timeout else 0})
+                )
+                try:
+                    async for data in follow(ws):
+                        chunk = _json(data)
+                        kind, text = chunk.get("type"), str(chunk.get("text", ""))
+                        if kind == "stdout":
+                            out.append(text)
+                        elif kind == "stderr":
+                            err.append(text)
+                        elif kind == "error":
+                            error = f"{chunk.get('name', '')}: {chunk.get('value', '')}"
+                except StreamBroken:
+                    if ws.close_code != _INTERPRETER_TIMED_OUT:
+                        raise
+                    elapsed = time.monotonic() - started
+                    failed = f"timed out after {timeout}s"
+                    return CodeResult(
+                        "".join(out), "".join(err), -1, elapsed, True, (), failed, True
                     )
-            except DaytonaTimeoutError:
-                elapsed = time.monotonic() - started
-                error = f"timed out after {timeout}s"
-                return CodeResult("".join(out), "".join(err), -1, elapsed, True, (), error, True)
-        failed = f"{ran.error.name}: {ran.error.value}" if ran.error else None
         return CodeResult(
-            ran.stdout,
-            ran.stderr,
-            1 if ran.error else 0,
+            "".join(out),
+            "".join(err),
+            1 if error else 0,
             time.monotonic() - started,
             False,
             (),
-            failed,
+            error,
             True,
         )
 
     async def _code_run(self, code: str, timeout: float | None) -> CodeResult:
         """Daytona's code runner (stdout and stderr merged, as it gives them)."""
+        from daytona_toolbox_api_client_async.models.code_run_request import CodeRunRequest
+
         started = time.monotonic()
         slack = self._request_timeout
+        request = CodeRunRequest(
+            code=code, language=self.language, timeout=math.ceil(timeout) if timeout else None
+        )
         async with self._toolbox():
             try:
                 async with asyncio.timeout(timeout + slack if timeout else None):
-                    response = await self._native.process.code_run(
-                        code, timeout=math.ceil(timeout) if timeout else None
-                    )
+                    response = await (await self._tools()).process.code_run(request)
             except Exception as exc:
                 if facts(exc).code != EXECUTION_TIMEOUT:
                     raise
                 elapsed = time.monotonic() - started
                 return CodeResult("", "", -1, elapsed, True, (), f"timed out after {timeout}s")
         output = response.result or ""
-        exit_code = response.exit_code if response.exit_code is not None else -1
+        exit_code = response.exit_code
+        if exit_code is None:
+            exit_code = response.additional_properties.get("code")
+        exit_code = exit_code if isinstance(exit_code, int) else -1
         charts = tuple(
             chart.model_dump() for chart in (response.artifacts and response.artifacts.charts) or ()
         )
@@ -529,13 +734,38 @@ class DaytonaSandbox(ShellFiles, Sandbox):
     async def kill(self) -> None:
         with contextlib.suppress(NotFound), self._errors():
             async with asyncio.timeout(self._request_timeout):
-                await self._native.delete()
+                await self._client.sandboxes.delete_sandbox(self.id)
 
     async def keepalive(self, seconds: float) -> None:
         """Reset the sandbox's auto-stop timer (Daytona counts idle time from the last activity)."""
         with self._errors():
             async with asyncio.timeout(self._request_timeout):
-                await self._native.refresh_activity()
+                await self._client.sandboxes.update_last_activity(self.id)
+
+
+_UNQUOTED = str.maketrans({'"': "_", "\\": "_", "\r": "_", "\n": "_"})
+
+
+async def _raise_for_status(response: aiohttp.ClientResponse) -> None:
+    """An error answer to a transfer, raised as the generated client raises one."""
+    if response.status < 400:
+        return
+    from daytona_toolbox_api_client_async.exceptions import ApiException
+
+    error = ApiException(
+        status=response.status, reason=response.reason, body=await response.text(errors="replace")
+    )
+    error.headers = response.headers
+    raise error
+
+
+def _json(data: bytes | str) -> dict[str, Any]:
+    """A JSON object, or nothing when ``data`` is not one."""
+    with contextlib.suppress(ValueError):
+        parsed = json.loads(data)
+        if isinstance(parsed, dict):
+            return parsed
+    return {}
 
 
 def _shown(command: str) -> str:

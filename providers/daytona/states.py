@@ -6,6 +6,7 @@ from typing import Any
 
 __all__ = [
     "DELETED",
+    "FAILED",
     "SNAPSHOT_MAKING",
     "SNAPSHOT_READY",
     "SNAPSHOT_REMOVING",
@@ -15,7 +16,8 @@ __all__ = [
 ]
 
 DELETED = frozenset({"destroyed", "destroying"})
-UNUSABLE = DELETED | {"error", "build_failed"}
+FAILED = frozenset({"error", "build_failed"})
+UNUSABLE = DELETED | FAILED
 STARTABLE = frozenset({"stopped", "archived"})
 
 SNAPSHOT_READY = "active"
@@ -34,5 +36,5 @@ SNAPSHOT_MAKING = frozenset(
 
 
 def state(value: Any) -> str:
-    """The state's name, whether the SDK gave an enum or a string."""
+    """The state's name, whether the generated client gave an enum or a string."""
     return str(getattr(value, "value", value) or "unknown")

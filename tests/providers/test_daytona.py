@@ -542,6 +542,61 @@ def test_importing_the_adapter_imports_no_sdk() -> None:
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
+def test_a_create_run_and_files_cycle_imports_no_sdk(emu: DaytonaEmulator) -> None:
+    """The adapter speaks the generated API clients: ``daytona`` (its Socket.IO client,
+    OpenTelemetry, the sync clients) is imported only by a caller of ``.native``."""
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from providers.base import SandboxSpec
+        from providers.daytona import DaytonaOptions, DaytonaProvider
+
+        async def cycle():
+            opts = DaytonaOptions(api_key={TEST_API_KEY!r}, api_url={emu.api_url!r})
+            adapter = DaytonaProvider("d", opts)
+            sbx = await adapter.create(SandboxSpec(), timeout=5)
+            ran = await sbx.run("echo ran")
+            await sbx.write_file("dir/a.txt", b"written")
+            async def chunks():
+                yield b"stre"
+                yield b"amed"
+            await sbx.write_stream("dir/b.txt", chunks())
+            read = await sbx.read_file("dir/a.txt")
+            streamed = b"".join([c async for c in sbx.read_stream("dir/b.txt")])
+            listed = [f.name for f in await sbx.list_files("dir")]
+            await sbx.kill()
+            await adapter.aclose()
+            print(ran.stdout.strip(), read.decode(), streamed.decode(), listed)
+
+        asyncio.run(cycle())
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "daytona"))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["ran written streamed ['a.txt', 'b.txt']", "[]"], (
+        done.stdout
+    )
+
+
+async def test_native_is_the_sdks_sandbox_on_the_adapters_connection(
+    sandbox: DaytonaSandbox,
+) -> None:
+    from daytona import AsyncSandbox
+
+    native = sandbox.native
+    assert isinstance(native, AsyncSandbox)
+    assert sandbox.native is native, "built once"
+    ran = await native.process.exec("echo via the sdk; echo $GLOBAL")
+    assert (ran.exit_code, ran.result) == (0, "via the sdk\ng\n")
+    await native.fs.upload_file(b"from the sdk", "native.txt")
+    assert await sandbox.read_file("native.txt") == b"from the sdk"
+    await native.refresh_data()
+    assert (native.id, native.state) == (sandbox.id, "started")
+
+
 async def test_secrets_never_leak(
     emu: DaytonaEmulator, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
