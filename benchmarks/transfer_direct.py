@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 CHUNK = 1 << 20
 Timings = dict[str, float]
@@ -137,7 +138,7 @@ async def modal(big: Path, tree: Path, out: Path) -> Timings:
         await client.close.aio()
 
 
-DIRECT: dict[str, Callable[[Path, Path, Path], Awaitable[Timings]]] = {
+DIRECT: dict[str, Callable[[Path, Path, Path], Coroutine[Any, Any, Timings]]] = {
     "e2b": e2b,
     "daytona": daytona,
     "runloop": runloop,

@@ -149,7 +149,7 @@ class Modal(Direct):
             process.stdout.read.aio(), process.stderr.read.aio(), process.wait.aio()
         )
         await sandbox.terminate.aio()
-        await sandbox.detach.aio()  # frees its connection, as the SDK asks once done with it
+        await sandbox.detach.aio()  # type: ignore[no-untyped-call]  # frees its connection, as the SDK asks
 
     async def aclose(self) -> None:
         if self.client is not None:

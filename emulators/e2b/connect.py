@@ -117,8 +117,8 @@ async def serve_unary(request: web.Request, handler: UnaryHandler) -> web.Respon
     except RpcError as err:
         return web.json_response(err.to_dict(), status=CODE_STATUS[err.code])
     except TimeoutError:
-        err = RpcError("deadline_exceeded", "the call's deadline passed")
-        return web.json_response(err.to_dict(), status=CODE_STATUS[err.code])
+        late = RpcError("deadline_exceeded", "the call's deadline passed")
+        return web.json_response(late.to_dict(), status=CODE_STATUS[late.code])
     return web.json_response(reply)
 
 

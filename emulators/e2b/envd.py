@@ -257,7 +257,7 @@ class Envd:
         await self.sandbox(request)
         return web.Response(status=204)
 
-    async def download(self, request: web.Request) -> web.Response:
+    async def download(self, request: web.Request) -> web.StreamResponse:
         sandbox = await self.sandbox(request)
         path = request.query.get("path", "")
         host = self._host(sandbox, path)

@@ -305,7 +305,7 @@ class ProcessService:
 
     async def send_signal(self, sandbox: E2BSandbox, message: Message) -> Message:
         process = self._process(sandbox, message)
-        process.local.kill(_SIGNALS.get(message.get("signal"), signal.SIGKILL))
+        process.local.kill(_SIGNALS.get(str(message.get("signal")), signal.SIGKILL))
         return {}
 
     async def list_processes(self, sandbox: E2BSandbox, message: Message) -> Message:

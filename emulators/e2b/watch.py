@@ -132,7 +132,7 @@ class WatcherService:
         self.watchers: dict[str, DirWatcher] = {}  # the polled ones, by id
         self.active: set[DirWatcher] = set()  # every watcher, streamed ones too
 
-    def change(self, make: Callable[[], None], host: Path, kinds: Sequence[str]) -> None:
+    def change(self, make: Callable[[], object], host: Path, kinds: Sequence[str]) -> None:
         """Make a change to ``host`` (blocking; run it off the loop) and report it to every
         watcher as ``kinds`` of events, no look of theirs in between."""
         watchers = list(self.active)

@@ -148,7 +148,7 @@ class Tool:
                 else min(WATCH_INTERVAL, deadline - time.monotonic())
             )
             ready, _, _ = select.select([sys.stdin], [], [], max(wait, 0))
-            if ready and not sys.stdin.buffer.read1(65536):
+            if ready and not os.read(sys.stdin.fileno(), 65536):
                 return
             now = _tree(path, recursive)
             changes = [("Create", p) for p in now.keys() - seen.keys()]
