@@ -21,7 +21,7 @@ import asyncio
 import copy
 import random
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
@@ -41,6 +41,7 @@ from daytona_toolbox_api_client_async.api_client import ApiClient as ToolboxApiC
 from daytona_toolbox_api_client_async.configuration import (
     Configuration as ToolboxConfiguration,
 )
+from daytona_toolbox_api_client_async.exceptions import ApiException
 from daytona_toolbox_api_client_async.rest import RESTResponse as ToolboxResponse
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ SOURCE = "sandbox-router"  # X-Daytona-Source: who calls (the SDK sends sdk-pyth
 _RETRIES = 2
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 _CONNECT_TIMEOUT = 30.0
+_POOL_SIZE = 250  # connections open at once, as the SDK allows (a followed log holds one)
+_HEARTBEAT = 20.0  # seconds between a websocket's pings
 
 T = TypeVar("T")
 
@@ -137,9 +140,25 @@ class Toolbox(ToolboxApiClient):
         tail = "?" + urlencode(query) if query else ""
         return f"{self.configuration.host}{path}{tail}"
 
-    def ws_url(self, path: str, **query: str) -> str:
-        """`url` for a websocket (``ws://``, ``wss://``)."""
-        return re.sub(r"^http", "ws", self.url(path, **query))
+    async def websocket(
+        self, path: str, *, protocols: Sequence[str] = (), **query: str
+    ) -> aiohttp.ClientWebSocketResponse:
+        """A websocket to the toolbox's ``path``, pinged as the SDK pings it.
+
+        A refused upgrade is raised as the generated client raises an error answer:
+        aiohttp's own error holds the request, whose headers carry the API key.
+        """
+        try:
+            return await self.session.ws_connect(
+                re.sub(r"^http", "ws", self.url(path, **query)),
+                headers=self.default_headers,
+                protocols=protocols,
+                heartbeat=_HEARTBEAT,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            refused = ApiException(status=exc.status, reason=exc.message)
+            refused.headers = exc.headers
+            raise refused from None
 
 
 class DaytonaClient:
@@ -166,7 +185,7 @@ class DaytonaClient:
         # its own session on its first request; its SSL context (the CA bundle loaded) is kept.
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=self.api.rest_client.maxsize,
+                limit=_POOL_SIZE,
                 keepalive_timeout=30,
                 ssl=self.api.rest_client.ssl_context,
             ),
@@ -179,11 +198,6 @@ class DaytonaClient:
         self.snapshots = SnapshotsApi(self.api)
         self.warm_pools = WarmPoolsApi(self.api)
         self.config = ConfigApi(self.api)
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """What each request carries (the API key among them: never to be shown)."""
-        return dict(self.toolbox.default_headers)
 
     def toolbox_of(self, sandbox: SandboxDto, toolbox_url: str) -> Toolbox:
         """The toolbox client of ``sandbox``: a copy of the provider's whose host is

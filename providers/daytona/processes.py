@@ -50,7 +50,6 @@ __all__ = [
 
 SESSION_PREFIX = "sandbox-router-proc-"
 KILLED = 137  # ended by its session's deletion (SIGKILL at the latest)
-HEARTBEAT = 20.0  # seconds between websocket pings, as the SDK sends them
 _POLL_SECONDS = 0.2
 _PTY_PREFIX = "sandbox-router-pty-"
 _EXIT_CONTROL = "X-Daytona-Pty-Exit-Control"
@@ -81,7 +80,7 @@ def toolbox_errors(provider: str, sandbox_id: str) -> Iterator[None]:
         ) from err.__cause__
 
 
-async def follow(ws: aiohttp.ClientWebSocketResponse) -> AsyncIterator[Any]:
+async def follow(ws: aiohttp.ClientWebSocketResponse) -> AsyncIterator[str | bytes]:
     """The messages of a toolbox websocket until it closes; `StreamBroken` when it
     closes with an error (a clean end is code 1000, or none)."""
     import aiohttp
@@ -180,11 +179,7 @@ class DaytonaProcess(ProcessBase):
         """The command's log from its start, split into stdout and stderr, until it ends."""
         path = f"/process/session/{quote(self._session)}/command/{quote(self._command)}/logs"
         demux = _Demux(self._feed)
-        async with self._toolbox.session.ws_connect(
-            self._toolbox.ws_url(path, follow="true"),
-            headers=self._toolbox.default_headers,
-            heartbeat=HEARTBEAT,
-        ) as ws:
+        async with await self._toolbox.websocket(path, follow="true") as ws:
             try:
                 async for data in follow(ws):
                     demux.write(data)
@@ -246,11 +241,8 @@ class DaytonaTerminal(TerminalBase):
             encoded = base64.urlsafe_b64encode(json.dumps(dict(env)).encode()).rstrip(b"=")
             protocols.append(_ENVS_PROTOCOL + encoded.decode())
         with terminal._errors():
-            ws = await toolbox.session.ws_connect(
-                toolbox.ws_url("/process/pty/create-connect", **query),
-                headers=toolbox.default_headers,
-                protocols=protocols,
-                heartbeat=HEARTBEAT,
+            ws = await toolbox.websocket(
+                "/process/pty/create-connect", protocols=protocols, **query
             )
             terminal._ws = ws
             terminal._reader = asyncio.ensure_future(terminal._read(ws))

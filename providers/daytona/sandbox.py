@@ -42,7 +42,6 @@ from providers.base import (
 )
 from providers.daytona.errors import DAEMON, EXECUTION_TIMEOUT, StreamBroken, facts, sdk_errors
 from providers.daytona.processes import (
-    HEARTBEAT,
     SESSION_PREFIX,
     DaytonaProcess,
     DaytonaTerminal,
@@ -76,7 +75,8 @@ log = Log("sandbox_router.daytona")
 SNAPSHOT_PREFIX = "sandbox-router-"  # the names of the snapshots made without one
 LANGUAGE_LABEL = "code-toolbox-language"  # the language of Daytona's code runner in a sandbox
 _SNAPSHOT_POLL = 1.0
-_STATE_POLL = 0.05  # between the GETs of a sandbox stopping or snapshotting
+_STATE_POLL = 0.05  # between the GETs of a sandbox stopping or snapshotting, at first
+_STATE_POLL_MOST = 1.0
 _INTERPRETER_TIMED_OUT = 4008  # the interpreter's close code when the code ran out of time
 
 # The line before the caller's command in a background process's script: what
@@ -513,13 +513,16 @@ class DaytonaSandbox(ShellFiles, Sandbox):
         with self._errors():
             async with asyncio.timeout(self._transfer_timeout):
                 await sandboxes.set_auto_delete_interval(self.id, -1)
-                await sandboxes.stop_sandbox(self.id)
-                await self._until(lambda now: now in ("stopped", "destroyed"), gone_ok=True)
+                async with asyncio.timeout(math.ceil(self._request_timeout)):
+                    await sandboxes.stop_sandbox(self.id)
+                    await self._until(lambda now: now in ("stopped", "destroyed"), gone_ok=True)
 
     async def _until(self, reached: Callable[[str], bool], *, gone_ok: bool = False) -> None:
         """Poll the sandbox until its state is ``reached``; `Unavailable` if it fails
         (``error``, ``build_failed``) first. A sandbox the API no longer knows has
-        reached it when ``gone_ok``."""
+        reached it when ``gone_ok``. A stop takes seconds, a snapshot minutes: the
+        polls thin out from 50 ms to one a second."""
+        every = _STATE_POLL
         while True:
             try:
                 self._dto = await self._client.sandboxes.get_sandbox(self.id)
@@ -537,7 +540,8 @@ class DaytonaSandbox(ShellFiles, Sandbox):
                 )
             if reached(now):
                 return
-            await asyncio.sleep(_STATE_POLL)
+            await asyncio.sleep(every)
+            every = min(every * 1.5, _STATE_POLL_MOST)
 
     async def snapshot(self, name: str | None = None) -> Snapshot:
         """Daytona's snapshot of the sandbox: its filesystem (not its processes or memory)
@@ -657,11 +661,7 @@ class DaytonaSandbox(ShellFiles, Sandbox):
             toolbox = await self._tools()
             async with (
                 asyncio.timeout(timeout + self._request_timeout if timeout else None),
-                toolbox.session.ws_connect(
-                    toolbox.ws_url("/process/interpreter/execute"),
-                    headers=toolbox.default_headers,
-                    heartbeat=HEARTBEAT,
-                ) as ws,
+                await toolbox.websocket("/process/interpreter/execute") as ws,
             ):
                 await ws.send_str(
                     json.dumps({"code": code, "timeout": math.ceil(timeout) if timeout else 0})
