@@ -158,7 +158,7 @@ class Toolbox(ToolboxApiClient):
         except aiohttp.WSServerHandshakeError as exc:
             refused = ApiException(status=exc.status, reason=exc.message)
             refused.headers = exc.headers
-            raise refused from None
+        raise refused  # out of the handler: aiohttp's error is not even its context
 
 
 class DaytonaClient:

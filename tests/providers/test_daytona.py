@@ -627,6 +627,42 @@ async def test_secrets_never_leak(
     assert [text for text in seen if secret in text] == []
 
 
+async def test_a_refused_websocket_is_an_error_answer_that_names_no_key(
+    emu: DaytonaEmulator, sandbox: DaytonaSandbox
+) -> None:
+    """aiohttp's handshake error holds the request, its headers (the key) in its repr."""
+    emu.inject("exec", status=503, times=None)
+    try:
+        with pytest.raises(Unavailable) as refused:
+            await sandbox.open_terminal()
+        with pytest.raises(Unavailable):
+            await sandbox.run_code("1")  # the interpreter's websocket
+    finally:
+        emu.clear_faults()
+    assert refused.value.status == 503
+    chain: list[BaseException] = []
+    link: BaseException | None = refused.value
+    while link is not None:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    assert len(chain) > 1
+    assert [e for e in chain if TEST_API_KEY in f"{e!s} {e!r}"] == []
+
+
+def test_log_marks_split_across_messages() -> None:
+    from providers.daytona.processes import _Demux
+
+    seen: list[tuple[str, str]] = []
+    demux = _Demux(lambda stream, text: seen.append((stream, text)))
+    for piece in (b"\x01\x01", b"\x01out\xc3", b"\xa9\x02", b"\x02\x02err\x01", b"\x01\x01o"):
+        demux.write(piece)
+    demux.close()
+    joined: dict[str, str] = {}
+    for stream, text in seen:
+        joined[stream] = joined.get(stream, "") + text
+    assert joined == {"stdout": "out\u00e9o", "stderr": "err"}
+
+
 def test_a_released_sandbox_frees_the_cpu_limit_for_the_next_acquire(
     emu: DaytonaEmulator, redis_url: str, key_prefix: str, tmp_path: Path, new_router: Any
 ) -> None:
