@@ -581,6 +581,15 @@ def test_a_create_run_and_files_cycle_imports_no_sdk(emu: DaytonaEmulator) -> No
     )
 
 
+async def test_an_empty_file_streams_as_nothing(sandbox: DaytonaSandbox) -> None:
+    """The bulk download's file part is empty (the SDK's stream took that for no file)."""
+    await sandbox.write_file("empty.txt", b"")
+    assert [chunk async for chunk in sandbox.read_stream("empty.txt")] == []
+    assert await sandbox.read_file("empty.txt") == b""
+    with pytest.raises(SandboxError, match="no-such"):
+        await anext(aiter(sandbox.read_stream("no-such")))
+
+
 async def test_native_is_the_sdks_sandbox_on_the_adapters_connection(
     sandbox: DaytonaSandbox,
 ) -> None:
