@@ -1,14 +1,17 @@
 """A Runloop emulator: the unmodified ``runloop-api-client`` SDK runs against it.
 
 One loopback HTTP server plays Runloop's devbox API (`emulators.runloop.api`,
-with the routes of `emulators.runloop.executions`, `emulators.runloop.files`
-and `emulators.runloop.disk_snapshots`): the low-level ``Runloop`` /
-``AsyncRunloop`` clients and the object SDKs (``RunloopSDK`` /
-``AsyncRunloopSDK``) create devboxes, long-poll their status, run commands,
-move files and shut them down. Devboxes are real
-local sandboxes (`emulators.runloop.devboxes`) that boot in
-``boot_seconds`` and end after their keep-alive or idle time, as on Runloop.
-`sdk_env` gives the SDK's variables for it.
+with the routes of `emulators.runloop.executions`, `emulators.runloop.files`,
+`emulators.runloop.disk_snapshots` and `emulators.runloop.blueprints`): the
+low-level ``Runloop`` / ``AsyncRunloop`` clients and the object SDKs
+(``RunloopSDK`` / ``AsyncRunloopSDK``) create devboxes, long-poll their
+status, run commands, move files and shut them down, and build blueprints
+to start devboxes from. Devboxes are real local sandboxes
+(`emulators.runloop.devboxes`) that boot in ``boot_seconds`` and end after
+their keep-alive or idle time, as on Runloop; a blueprint builds in
+``build_seconds`` plus its setup commands' time (its Dockerfile read by
+`emulators.runloop.dockerfiles`, not run). `sdk_env` gives the SDK's
+variables for it.
 
 Tunnels are served by a second loopback server, the ingress: it routes on
 the ``Host`` header, ``{port}-{tunnel_key}.tunnel.{domain}`` as the SDK's
@@ -24,7 +27,8 @@ routes), ``list``, ``get``, ``wait`` (the devbox status long-poll),
 ``kill`` (shutdown), ``keepalive``, ``exec`` (execute, execute_async, execute_sync and
 everything under ``executions/``), ``files``, ``pause`` (suspend),
 ``resume``, ``port`` (enable_tunnel) and ``snapshot`` (snapshot_disk,
-snapshot_disk_async and ``disk_snapshots/``); plus ``boot``, taken when a
+snapshot_disk_async and ``disk_snapshots/``) and ``blueprint`` (everything
+under ``/v1/blueprints``); plus ``boot``, taken when a
 devbox starts booting: a status fault makes it end in ``failure``, a delay
 slows the boot, a hang keeps it ``provisioning``. A status fault answers
 Runloop's error body ``{"status", "message"}``, with ``Retry-After`` when
@@ -51,6 +55,7 @@ from emulators.harness import (
 )
 from emulators.ingress import forward
 from emulators.runloop.api import DevboxApi, api_error
+from emulators.runloop.blueprints import Blueprints
 from emulators.runloop.devboxes import RunloopCore
 from emulators.runloop.disk_snapshots import DiskSnapshots
 from emulators.runloop.executions import Executions
@@ -96,6 +101,8 @@ _TUNNEL_HOST = re.compile(r"(?P<port>\d{1,5})-(?P<key>[A-Za-z0-9]+)\.tunnel\.(?P
 
 def _op_for(request: web.Request) -> str | None:
     parts = request.path.strip("/").split("/")
+    if parts[:2] == ["v1", "blueprints"]:
+        return "blueprint"
     if parts[:2] != ["v1", "devboxes"]:
         return None
     rest = parts[2:]
@@ -127,11 +134,13 @@ class RunloopEmulator(Emulator):
     """Runloop's devbox API on one loopback port.
 
     Args:
-        blueprints: blueprint names and ids a create may use; None accepts any
-            (an unknown one answers 404 when a set is given).
+        blueprints: blueprint names and ids a create may use besides the blueprints built
+            here, as blueprints made elsewhere; None accepts any (an unknown one answers 404
+            when a set is given).
         snapshots: snapshot ids a create may use besides the disk snapshots the
             emulator made, likewise.
         boot_seconds: how long a devbox takes from ``provisioning`` to ``running``.
+        build_seconds: how long a blueprint build takes besides its setup commands.
         **kwargs: `emulators.harness.Emulator` arguments (``port``, ``root``...).
     """
 
@@ -143,6 +152,7 @@ class RunloopEmulator(Emulator):
         blueprints: Iterable[str] | None = None,
         snapshots: Iterable[str] | None = None,
         boot_seconds: float = 0.1,
+        build_seconds: float = 0.1,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -152,6 +162,7 @@ class RunloopEmulator(Emulator):
         self.blueprints = set(blueprints) if blueprints is not None else None
         self.snapshots = set(snapshots) if snapshots is not None else None
         self.boot_seconds = boot_seconds
+        self.build_seconds = build_seconds
         self.ingress_port = free_port()
 
     @property
@@ -189,6 +200,7 @@ class RunloopEmulator(Emulator):
             + api.routes()
             + Executions(api).routes()
             + Files(api).routes()
+            + Blueprints(api).routes()
         )
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()

@@ -2,8 +2,9 @@
 
 Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
 ``{"status", "message"}``), all under ``/v1/devboxes``; the commands run in
-a devbox are `emulators.runloop.executions`, its files `emulators.runloop.files`
-and its disk snapshots `emulators.runloop.disk_snapshots`, each over `DevboxApi`
+a devbox are `emulators.runloop.executions`, its files `emulators.runloop.files`,
+its disk snapshots `emulators.runloop.disk_snapshots` and the blueprints it
+starts from `emulators.runloop.blueprints`, each over `DevboxApi`
 (which holds the key check, the devbox lookups, body parsing and the error
 middleware). Here:
 
@@ -17,7 +18,12 @@ middleware). Here:
   must not pass first: it polls ``wait_for_status`` for the rest).
   A create repeated with the same ``x-request-id`` (an SDK retry) answers
   the devbox the first one made. A create with ``snapshot_id`` starts from
-  that disk.
+  that disk; one with ``blueprint_id`` or ``blueprint_name`` (the newest
+  built blueprint of that name) from the blueprint's disk, environment,
+  working directory and launch parameters, its ``blueprint_id`` in its view.
+  A blueprint not built answers 400, a deleted or unknown one 404 (a name
+  or id the emulator's ``blueprints`` lists, or any when it is None, is
+  played as a blueprint made elsewhere: an empty image).
 * ``GET /v1/devboxes`` lists the key's devboxes, newest first, paged with
   ``limit`` (20 when unset or 0) / ``starting_after`` (``has_more``,
   ``total_count``), filtered
@@ -77,6 +83,7 @@ from providers.errors import SandboxError
 
 if TYPE_CHECKING:
     from emulators.runloop import RunloopEmulator
+    from emulators.runloop.blueprints import Blueprint
 
 __all__ = [
     "CONCURRENCY_MESSAGE",
@@ -84,6 +91,7 @@ __all__ = [
     "ApiError",
     "DevboxApi",
     "api_error",
+    "launch_parameters",
     "number",
     "optional_text",
     "page",
@@ -181,7 +189,7 @@ def page(query: Mapping[str, str], items: list[Any], field: str) -> dict[str, An
     return answer
 
 
-def _launch_parameters(raw: Any) -> tuple[dict[str, Any], int, int | None]:
+def launch_parameters(raw: Any) -> tuple[dict[str, Any], int, int | None]:
     """Validated launch parameters, the keep-alive and the idle shutdown time."""
     params = dict(raw) if isinstance(raw, dict) else {}
     if raw is not None and not isinstance(raw, dict):
@@ -334,6 +342,7 @@ class DevboxApi:
         if len(sources) > 1:
             raise ApiError(400, "only one of blueprint_id, blueprint_name and snapshot_id")
         disk: DiskSnapshot | None = None
+        blueprint: Blueprint | None = None
         for source in sources:
             if source == "snapshot_id":
                 disk = self.core.snapshots.get(body[source])
@@ -342,28 +351,35 @@ class DevboxApi:
                 known = self.emulator.snapshots
                 if disk is None and known is not None and body[source] not in known:
                     raise ApiError(404, f"Snapshot {body[source]} not found")
-            elif (
-                self.emulator.blueprints is not None
-                and body[source] not in self.emulator.blueprints
-            ):
-                raise ApiError(404, f"Blueprint {body[source]} not found")
-        params, keep_alive, idle = _launch_parameters(body.get("launch_parameters"))
+            else:
+                blueprint = self._blueprint(key, source, body[source])
+        raw = body.get("launch_parameters")
+        if blueprint is not None and isinstance(raw, dict | None):
+            raw = blueprint.launch_parameters | (raw or {})
+        params, keep_alive, idle = launch_parameters(raw)
         tunnel = _tunnel(body["tunnel"]) if body.get("tunnel") is not None else None
         metadata = string_map(body.get("metadata"), "metadata")
         env = string_map(body.get("environment_variables"), "environment_variables")
+        if blueprint is not None:
+            env = {**blueprint.image.env, **env}
         name = body.get("name")
         entrypoint = optional_text(body.get("entrypoint"), "entrypoint")
         devbox_id = new_id("dbx")
         try:
             local = await self.core.create(
-                key, SandboxSpec(env=env, labels=metadata), home=RUNLOOP_HOME, sandbox_id=devbox_id
+                key,
+                SandboxSpec(env=env, labels=metadata),
+                home=RUNLOOP_HOME,
+                sandbox_id=devbox_id,
+                dirs=blueprint.dirs if blueprint is not None else (),
             )
         except QuotaViolation as violation:
             if violation.kind == "concurrent":
                 raise ApiError(429, CONCURRENCY_MESSAGE.format(limit=violation.limit)) from None
             raise ApiError(403, QUOTA_MESSAGE.format(limit=violation.limit)) from None
-        if disk is not None:
-            await asyncio.to_thread(copy_disk, disk.path, local.root)
+        image = disk.path if disk else blueprint.path if blueprint else None
+        if image is not None:
+            await asyncio.to_thread(copy_disk, image, local.root)
         devbox = Devbox(
             id=devbox_id,
             api_key=key,
@@ -373,6 +389,8 @@ class DevboxApi:
             keep_alive=keep_alive,
             idle_seconds=idle,
             source={s: body[s] for s in sources},
+            blueprint_id=blueprint.id if blueprint is not None else body.get("blueprint_id"),
+            workdir=blueprint.image.workdir if blueprint is not None else None,
             name=name if isinstance(name, str) else None,
             tunnel=tunnel,
             entrypoint=entrypoint or None,
@@ -382,6 +400,22 @@ class DevboxApi:
             self.core.created_by_request[key, request_id] = devbox_id
         devbox.boot = asyncio.create_task(self._boot(devbox))
         return devbox
+
+    def _blueprint(self, key: str, source: str, wanted: Any) -> Blueprint | None:
+        """The built blueprint a create names; None for a name or id the emulator plays as a
+        blueprint made elsewhere (any, or those of the ``blueprints`` it was given)."""
+        if not isinstance(wanted, str):
+            raise ApiError(400, f"{source} must be a string")
+        by_id = source == "blueprint_id"
+        found = self.core.blueprint_for(key, wanted if by_id else None, None if by_id else wanted)
+        known = self.emulator.blueprints
+        if (found is None and known is not None and wanted not in known) or (
+            found is not None and found.state == "deleted"
+        ):
+            raise ApiError(404, f"Blueprint {wanted} not found")
+        if found is not None and found.status != "build_complete":
+            raise ApiError(400, f"Blueprint {found.id} is not built (status {found.status})")
+        return found
 
     async def _boot(self, devbox: Devbox) -> None:
         """Provision and initialize; a ``boot`` fault delays, hangs or fails it."""
@@ -413,7 +447,7 @@ class DevboxApi:
     async def _setup_process(self, devbox: Devbox, command: str, source: str) -> Execution | None:
         """Run ``command`` to its end as a process of the devbox itself; None if it cannot start."""
         try:
-            process = await devbox.local.spawn(command)
+            process = await devbox.local.spawn(command, cwd=devbox.workdir)
         except SandboxError:
             return None
         if process.proc.stdin is not None:

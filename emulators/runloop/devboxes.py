@@ -11,7 +11,8 @@ Suspending a devbox (``suspend``) ends every execution in it, as on Runloop
 toward the account's concurrency cap (waking it is refused at the cap). A
 disk snapshot (`DiskSnapshot`) is a copy of the devbox's directory, kept by
 the core until it is deleted; a devbox created from it starts with that copy
-as its filesystem.
+as its filesystem, as one created from a built blueprint starts with a copy
+of the blueprint's disk (`emulators.runloop.blueprints`).
 
 Lifetimes are Runloop's: ``keep_alive_time_seconds`` caps a devbox's life
 (one hour when unset) and ``after_idle`` shuts it down after that many
@@ -36,11 +37,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
 from providers.local import LocalProcess
+
+if TYPE_CHECKING:
+    from emulators.runloop.blueprints import Blueprint
 
 __all__ = [
     "DEFAULT_KEEP_ALIVE",
@@ -315,6 +319,8 @@ class Devbox:
     keep_alive: int
     idle_seconds: int | None
     source: dict[str, str] = field(default_factory=dict)
+    blueprint_id: str | None = None  # the source's, or the blueprint its name picked
+    workdir: str | None = None  # where its commands start (the blueprint's WORKDIR; else home)
     name: str | None = None
     entrypoint: str | None = None
     status: str = "provisioning"
@@ -395,7 +401,7 @@ class Devbox:
             "launch_parameters": self.launch_parameters,
             "metadata": self.metadata,
             "state_transitions": self.transitions,
-            "blueprint_id": self.source.get("blueprint_id"),
+            "blueprint_id": self.blueprint_id,
             "snapshot_id": self.source.get("snapshot_id"),
             "failure_reason": self.failure_reason,
             "shutdown_reason": self.shutdown_reason,
@@ -413,6 +419,25 @@ class RunloopCore(EmulatorCore):
         self.created_by_request: dict[tuple[str, str], str] = {}
         self.snapshots: dict[str, DiskSnapshot] = {}
         self.snapshot_root = root / ".disk-snapshots"
+        self.blueprints: dict[str, Blueprint] = {}
+        self.blueprints_by_request: dict[tuple[str, str], str] = {}
+        self.blueprint_root = root / ".blueprints"
+
+    def blueprint_for(
+        self, api_key: str, blueprint_id: str | None, name: str | None
+    ) -> Blueprint | None:
+        """The key's blueprint ``blueprint_id``, or the newest named ``name`` not deleted (the
+        newest built one if any is)."""
+        if blueprint_id is not None:
+            found = self.blueprints.get(blueprint_id)
+            return found if found is not None and found.api_key == api_key else None
+        named = [
+            bp
+            for bp in reversed(self.blueprints.values())
+            if bp.api_key == api_key and bp.name == name and bp.state == "created"
+        ]
+        built = [bp for bp in named if bp.status == "build_complete"]
+        return next(iter(built or named), None)
 
     def live_count(self, api_key: str | None) -> int:
         """Live devboxes but the suspended ones: Runloop's cap counts running devboxes."""

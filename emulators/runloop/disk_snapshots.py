@@ -68,7 +68,7 @@ class DiskSnapshots:
             name=name if isinstance(name, str) else None,
             metadata=string_map(body.get("metadata"), "metadata"),
             commit_message=message if isinstance(message, str) else None,
-            source_blueprint_id=devbox.source.get("blueprint_id"),
+            source_blueprint_id=devbox.blueprint_id,
         )
         self.core.snapshots[snap.id] = snap
         snap.copy = asyncio.create_task(self.core.snapshot(snap, devbox))

@@ -114,7 +114,7 @@ class Executions:
         if attach_stdin is not None and not isinstance(attach_stdin, bool):
             raise ApiError(400, "attach_stdin must be a boolean")
         try:
-            process = await devbox.local.spawn(command)
+            process = await devbox.local.spawn(command, cwd=devbox.workdir)
         except SandboxError as exc:
             raise ApiError(400, exc.message) from None
         if process.proc.stdin is not None and not attach_stdin:

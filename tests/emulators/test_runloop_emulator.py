@@ -401,8 +401,11 @@ async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
             assert ran.stdout == "/home/user\n/\nt/tmp\n"
             await client.devboxes.shutdown(view.id)
             with pytest.raises(NotFoundError) as missing:
-                await client.blueprints.list()
-            assert missing.value.body == {"status": 404, "message": "Cannot GET /v1/blueprints"}
+                await client.network_policies.list()
+            assert missing.value.body == {
+                "status": 404,
+                "message": "Cannot GET /v1/network-policies",
+            }
         finally:
             await client.close()
 
@@ -660,3 +663,200 @@ async def test_tunnel_reaches_a_server_with_its_token(
     opened = await client.devboxes.create(tunnel={"auth_mode": "open"})
     assert opened.tunnel is not None
     assert (opened.tunnel.auth_mode, opened.tunnel.auth_token) == ("open", None)
+
+
+QUICK = PollingConfig(interval_seconds=0.05, max_attempts=200)
+
+
+async def test_a_blueprint_builds_and_its_devboxes_start_from_it(isolation: str) -> None:
+    """The Dockerfile's ENV and WORKDIR, the file mounts and what the setup commands wrote
+    (at build time: the package installs only logged) are in every devbox made from it."""
+    with RunloopEmulator(isolation=isolation) as emu:
+        client = AsyncRunloop(**kwargs(emu))
+        try:
+            built = await client.blueprints.create_and_await_build_complete(
+                name="tools",
+                dockerfile=(
+                    "FROM ubuntu:22.04\nARG V=1\n"
+                    "ENV GREETING=hi-$V PATH=/opt/tools/bin:$PATH\n"
+                    "WORKDIR /app\nRUN apt-get update && apt-get install -y curl"
+                ),
+                file_mounts={"/app/config.txt": "k=v\n", "notes/n.txt": "n\n"},
+                system_setup_commands=[
+                    "sudo apt-get install -y wget",
+                    "basename $(pwd) > marker && echo $GREETING >> marker",
+                    "mkdir -p /opt/tools/bin",
+                    "printf '#!/bin/sh\\necho tool\\n' > /opt/tools/bin/t",
+                    "chmod +x /opt/tools/bin/t",
+                ],
+                launch_parameters={"launch_commands": ["echo launched > ~/launched"]},
+                metadata={"team": "a"},
+                polling_config=QUICK,
+            )
+            assert (built.status, built.state, built.failure_reason) == (
+                "build_complete",
+                "created",
+                None,
+            )
+            assert built.build_finish_time_ms is not None
+            assert built.metadata == {"team": "a"}
+            assert built.parameters.system_setup_commands is not None
+            messages = [line.message for line in (await client.blueprints.logs(built.id)).logs]
+            assert "RUN sudo apt-get install -y wget" in messages
+            assert any("apt-get install -y wget' skipped" in m for m in messages)
+            assert any(m.startswith("Step 5/5 : RUN apt-get update") for m in messages)
+            assert messages[-1] == "Build complete"
+
+            by_id = await client.devboxes.create_and_await_running(
+                blueprint_id=built.id, environment_variables={"GREETING": "own"}
+            )
+            by_name = await client.devboxes.create_and_await_running(blueprint_name="tools")
+            assert (by_id.blueprint_id, by_name.blueprint_id) == (built.id, built.id)
+            assert by_name.launch_parameters.launch_commands == ["echo launched > ~/launched"]
+            ran = await client.devboxes.execute_and_await_completion(
+                by_id.id, command="pwd; echo $GREETING; cat marker config.txt ~/notes/n.txt; t"
+            )
+            assert ran.stdout == "/app\nown\napp\nhi-1\nk=v\nn\ntool\n"
+            ran = await client.devboxes.execute_and_await_completion(
+                by_name.id, command="echo $GREETING; cat ~/launched; echo x > marker"
+            )
+            assert ran.stdout == "hi-1\nlaunched\n"
+            again = await client.devboxes.create_and_await_running(blueprint_id=built.id)
+            ran = await client.devboxes.execute_and_await_completion(again.id, command="cat marker")
+            assert ran.stdout == "app\nhi-1\n"  # a devbox's writes stay its own
+            for view in (by_id, by_name, again):
+                await client.devboxes.shutdown(view.id)
+        finally:
+            await client.close()
+
+
+def test_object_sdk_builds_on_a_base_blueprint(emu: RunloopEmulator) -> None:
+    """``sdk.blueprint.create`` awaits the build; a derived blueprint starts from its base's
+    disk and image."""
+    with RunloopSDK(**kwargs(emu)) as sdk:
+        base = sdk.blueprint.create(
+            name="base",
+            dockerfile="FROM ubuntu:22.04\nENV LAYER=base\nWORKDIR /srv/app",
+            system_setup_commands=["echo from-base > base.txt"],
+            polling_config=QUICK,
+        )
+        derived = sdk.blueprint.create(
+            name="derived",
+            base_blueprint_name="base",
+            system_setup_commands=["cat base.txt > derived.txt", "echo $LAYER >> derived.txt"],
+            polling_config=QUICK,
+        )
+        info = derived.get_info()
+        assert (info.status, info.base_blueprint_id) == ("build_complete", base.id)
+        box = derived.create_devbox()
+        try:
+            result = box.cmd.exec("pwd; cat derived.txt")
+            assert result.stdout() == "/srv/app\nfrom-base\nbase\n"
+        finally:
+            box.shutdown()
+        assert [b.id for b in sdk.blueprint.list(name="base")] == [base.id]
+        derived.delete()
+        base.delete()
+        assert sdk.api.blueprints.retrieve(base.id).state == "deleted"
+
+
+async def test_blueprints_list_page_and_delete(client: AsyncRunloop) -> None:
+    """Newest first, paged by cursor, filtered by name and status; a deleted one is still
+    retrievable (``state`` deleted) but gone from lists and devbox creates; one with a disk
+    snapshot of its devboxes cannot be deleted."""
+    made = [
+        await client.blueprints.create_and_await_build_complete(
+            name=name, dockerfile="FROM ubuntu:22.04", polling_config=QUICK
+        )
+        for name in ("a", "b", "a")
+    ]
+    first = await client.blueprints.list(limit=2)
+    assert ([b.id for b in first.blueprints], first.has_more, first.total_count) == (
+        [made[2].id, made[1].id],
+        True,
+        3,
+    )
+    assert [b.id async for b in client.blueprints.list(limit=2)] == [m.id for m in made[::-1]]
+    named = await client.blueprints.list(name="a", status="build_complete")
+    assert [b.id for b in named.blueprints] == [made[2].id, made[0].id]
+    assert (await client.blueprints.list_public()).blueprints == []
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        preview = await client.blueprints.preview(
+            name="p", dockerfile="FROM ubuntu:22.04\nENV A=1\n", system_setup_commands=["make"]
+        )
+    assert preview.dockerfile == "FROM ubuntu:22.04\nENV A=1\nRUN make\n"
+
+    devbox = await client.devboxes.create_and_await_running(blueprint_name="a")
+    assert devbox.blueprint_id == made[2].id
+    snap = await client.devboxes.snapshot_disk(devbox.id)
+    assert snap.source_blueprint_id == made[2].id
+    with pytest.raises(BadRequestError, match="dependent snapshots"):
+        await client.blueprints.delete(made[2].id)
+    await client.devboxes.disk_snapshots.delete(snap.id)
+    await client.devboxes.shutdown(devbox.id)
+
+    await client.blueprints.delete(made[2].id)
+    assert (await client.blueprints.retrieve(made[2].id)).state == "deleted"
+    assert [b.id async for b in client.blueprints.list()] == [made[1].id, made[0].id]
+    with pytest.raises(NotFoundError):
+        await client.blueprints.delete(made[2].id)
+    with pytest.raises(NotFoundError, match=f"Blueprint {made[2].id} not found"):
+        await client.devboxes.create(blueprint_id=made[2].id)
+    devbox = await client.devboxes.create_and_await_running(blueprint_name="a")
+    assert devbox.blueprint_id == made[0].id  # the newest built one of that name left
+    await client.devboxes.shutdown(devbox.id)
+
+
+async def test_a_failed_build_says_why(client: AsyncRunloop) -> None:
+    """A Dockerfile Docker would refuse, or a setup command that fails, fails the build
+    (``build_failed``, the logs saying why); a devbox cannot start from it."""
+    bad_dockerfile = await client.blueprints.create(
+        name="bad", dockerfile="FROM ubuntu:22.04\nFROBNICATE now"
+    )
+    with pytest.raises(RunloopError, match="non-built terminal state: failed"):
+        await client.blueprints.await_build_complete(bad_dockerfile.id, polling_config=QUICK)
+    view = await client.blueprints.retrieve(bad_dockerfile.id)
+    assert (view.status, view.failure_reason) == ("failed", "build_failed")
+    logs = (await client.blueprints.logs(bad_dockerfile.id)).logs
+    assert (logs[-1].level, logs[-1].message) == (
+        "error",
+        "Build failed: Step 2/2 : FROBNICATE now: unknown instruction: FROBNICATE",
+    )
+    with pytest.raises(RunloopError):
+        await client.blueprints.create_and_await_build_complete(
+            name="bad",
+            system_setup_commands=["echo starting", "no-such-tool --go"],
+            polling_config=QUICK,
+        )
+    failed = (await client.blueprints.list(name="bad", status="failed")).blueprints
+    assert len(failed) == 2
+    messages = [line.message for line in (await client.blueprints.logs(failed[0].id)).logs]
+    assert "starting" in messages
+    assert any("no-such-tool: command not found" in m for m in messages)
+    assert messages[-1] == (
+        "Build failed: system setup command 'no-such-tool --go' exited with code 127"
+    )
+    with pytest.raises(BadRequestError, match="is not built"):
+        await client.devboxes.create(blueprint_id=bad_dockerfile.id)
+    with pytest.raises(BadRequestError, match="is not built"):
+        await client.devboxes.create(blueprint_name="bad")
+
+
+async def test_a_devbox_from_a_missing_blueprint_is_not_found(
+    emu: RunloopEmulator, client: AsyncRunloop
+) -> None:
+    """With the emulator's own blueprints only (an empty ``blueprints``), an unknown id or
+    name is the SDK's NotFoundError, as on Runloop; a listed one is played as built elsewhere."""
+    emu.blueprints = {"elsewhere"}
+    with pytest.raises(NotFoundError) as missing:
+        await client.devboxes.create(blueprint_id="bpt_missing")
+    assert missing.value.body == {"status": 404, "message": "Blueprint bpt_missing not found"}
+    with pytest.raises(NotFoundError):
+        await client.devboxes.create_and_await_running(blueprint_name="nope")
+    with pytest.raises(NotFoundError):
+        await client.blueprints.create(name="d", base_blueprint_id="bpt_missing")
+    with pytest.raises(NotFoundError):
+        await client.blueprints.retrieve("bpt_missing")
+    view = await client.devboxes.create_and_await_running(blueprint_name="elsewhere")
+    assert (view.status, view.blueprint_id) == ("running", None)
+    await client.devboxes.shutdown(view.id)
