@@ -20,6 +20,12 @@ is written back as ``/`` in its output. So ``pwd`` prints ``/home/daytona``;
 what a program computes from a path at run time (or reads from a file) is not
 rewritten, and nothing is isolated. The file APIs map paths the same way with
 or without bubblewrap, and never write into the host's system directories.
+
+A sandbox may mount host directories (`GuestSandbox` ``mounts``: a Daytona
+volume), shared with other sandboxes and outliving it: bubblewrap binds each
+at its path; without it the path is a symlink to the host directory, so the
+rewritten paths of a command reach it. The file APIs map a mounted path
+straight onto its host directory either way.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import asyncio
 import os
 import posixpath
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +49,7 @@ from providers.local import (
     bwrap_command,
 )
 
-__all__ = ["GUEST_BIN", "GuestSandbox", "PathRefused"]
+__all__ = ["GUEST_BIN", "GuestSandbox", "PathRefused", "mountable"]
 
 _OWN_DIRS = ("root", "tmp", "var/tmp", "opt", "mnt", "srv", "proc", "dev")
 _SYMLINK_HOPS = 40
@@ -59,6 +66,16 @@ GUEST_BIN = "/__emulator/bin"
 image has and a host may not."""
 
 
+def mountable(path: str) -> bool:
+    """Whether a host directory may be mounted at sandbox path ``path``: an absolute path
+    neither in a system directory nor over one (they are the host's, read-only)."""
+    path = posixpath.normpath(path)
+    return path.startswith("/") and not any(
+        path == d or path.startswith(d + "/") or d.startswith(path.rstrip("/") + "/")
+        for d in _system_dirs()
+    )
+
+
 class GuestSandbox(LocalSandbox):
     """A local sandbox whose directory is the root of a vendor sandbox's filesystem.
 
@@ -69,10 +86,21 @@ class GuestSandbox(LocalSandbox):
         home: the vendor's home (``HOME``, where relative paths and commands start).
         isolate: run commands under bubblewrap.
         dirs: further directories the image has (a Modal workdir).
+        mounts: host directories mounted at sandbox paths (absolute, outside the
+            system directories), by path.
+
+    Raises:
+        PathRefused: a mount on, in or over a system directory (they are the host's).
     """
 
     def __init__(
-        self, local: LocalSandbox, home: str, *, isolate: bool, dirs: Sequence[str] = ()
+        self,
+        local: LocalSandbox,
+        home: str,
+        *,
+        isolate: bool,
+        dirs: Sequence[str] = (),
+        mounts: Mapping[str, Path] | None = None,
     ) -> None:
         provider: LocalProvider = local._provider
         super().__init__(provider, local.id, local.meta)
@@ -82,9 +110,13 @@ class GuestSandbox(LocalSandbox):
         self.root = self.dir.resolve()
         self._system = _system_dirs()
         self.system_dirs = [d for d in self._system if not os.path.islink(d)]
+        self.mounts = {posixpath.normpath(p): Path(h) for p, h in (mounts or {}).items()}
+        for path in self.mounts:
+            if not mountable(path):
+                raise PathRefused(f"{path}: cannot mount on a system directory")
         self._layout([self.home, *dirs])
         system = {d.strip("/").split("/")[0] for d in self._system}
-        tops = {d.strip("/").split("/")[0] for d in dirs if d.strip("/")} - system
+        tops = {d.strip("/").split("/")[0] for d in [*dirs, *self.mounts] if d.strip("/")} - system
         own = sorted(
             {*(d.split("/")[0] for d in _OWN_DIRS), "home", self.home.split("/")[1], *tops}
         )
@@ -115,6 +147,18 @@ class GuestSandbox(LocalSandbox):
             shim.parent.mkdir(parents=True, exist_ok=True)
             shim.write_text('#!/bin/sh\nexec python3 "$@"\n')
             shim.chmod(0o755)
+        for path in sorted(self.mounts, key=len):  # a mount inside another goes in after it
+            parent, name = posixpath.split(path)
+            point = self.host(parent, write=True) / name
+            point.parent.mkdir(parents=True, exist_ok=True)
+            if point.is_symlink() or point.is_file():
+                point.unlink()
+            elif point.is_dir() and not self.isolate:
+                shutil.rmtree(point)  # what a mount would hide
+            if self.isolate:
+                point.mkdir(exist_ok=True)  # bubblewrap binds over it
+            else:
+                point.symlink_to(self.mounts[path], target_is_directory=True)
 
     # -- paths --------------------------------------------------------------
     def absolute(self, path: str, cwd: str | None = None) -> str:
@@ -152,7 +196,7 @@ class GuestSandbox(LocalSandbox):
                 if write:
                     raise PathRefused(f"{path}: read-only file system")
                 return Path(rest)
-            inside = self.root.joinpath(*resolved, name)
+            inside = self._mapped([*resolved, name])
             if inside.is_symlink():
                 hops += 1
                 if hops > _SYMLINK_HOPS:
@@ -165,13 +209,26 @@ class GuestSandbox(LocalSandbox):
                 parts = target.split("/") + parts
                 continue
             resolved.append(name)
-        return self.root.joinpath(*resolved)
+        return self._mapped(resolved)
+
+    def _mapped(self, parts: list[str]) -> Path:
+        """The host path of the sandbox path of ``parts`` (symlinks resolved): in the host
+        directory mounted over it, if there is one."""
+        path = "/" + "/".join(parts)
+        for mount in sorted(self.mounts, key=len, reverse=True):
+            if path == mount or path.startswith(mount + "/"):
+                return self.mounts[mount].joinpath(path[len(mount) :].lstrip("/"))
+        return self.root.joinpath(*parts)
 
     def _system_dir(self, path: str) -> bool:
         return any(path == d or path.startswith(d + "/") for d in self.system_dirs)
 
     def vendor(self, host: Path) -> str:
         """The sandbox path of a host path `host` returned."""
+        for mount, source in sorted(self.mounts.items(), key=lambda m: len(m[0]), reverse=True):
+            if host.is_relative_to(source):
+                rest = host.relative_to(source)
+                return mount if rest == Path() else f"{mount}/{rest}"
         if host == self.root:
             return "/"
         if host.is_relative_to(self.root):
@@ -180,7 +237,14 @@ class GuestSandbox(LocalSandbox):
 
     def inside(self, path: str, cwd: str | None = None) -> str:
         """The path a command in the sandbox uses for sandbox path ``path``."""
-        return self.absolute(path, cwd) if self.isolate else str(self.host(path, cwd=cwd))
+        return self.absolute(path, cwd) if self.isolate else self._bare(self.host(path, cwd=cwd))
+
+    def _bare(self, host: Path) -> str:
+        """A host path as a command without bubblewrap uses it: a mounted one through the
+        mount's symlink (so its output shows the sandbox path)."""
+        if any(host.is_relative_to(source) for source in self.mounts.values()):
+            return str(self.root) + self.vendor(host)
+        return str(host)
 
     def rewrite(self, text: str) -> str:
         """``text`` (a command, code) with the sandbox's own paths as its commands see them."""
@@ -226,7 +290,7 @@ class GuestSandbox(LocalSandbox):
         if self.isolate:
             return await super().spawn(self._bwrap(where) + argv, env=values)
         shell = 'cd -- "$0" && exec "$@"'
-        argv = ["/bin/sh", "-c", shell, str(workdir), *map(self.rewrite, argv)]
+        argv = ["/bin/sh", "-c", shell, self._bare(workdir), *map(self.rewrite, argv)]
         process = await super().spawn(argv, env=values)
         proc = process.proc
         proc.stdout = self._unmapped(proc.stdout)
@@ -238,6 +302,8 @@ class GuestSandbox(LocalSandbox):
         cmd += ["--bind", str(self.root), "/"]
         for system in self.system_dirs:
             cmd += ["--ro-bind", system, system]
+        for mount in sorted(self.mounts, key=len):
+            cmd += ["--bind", str(self.mounts[mount]), mount]
         cmd += ["--proc", "/proc", "--dev", "/dev", "--chdir", cwd, "--hostname", "sandbox"]
         return [*cmd, "--"]
 

@@ -29,14 +29,14 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from emulators.filesystem import GuestSandbox
+from emulators.filesystem import GuestSandbox, PathRefused
 from emulators.latency import LatencyProfile
 from providers.base import SandboxSpec
 from providers.local import LocalOptions, LocalProvider
@@ -262,9 +262,10 @@ class EmulatorCore:
         lifetime: float | None = None,
         sandbox_id: str | None = None,
         dirs: tuple[str, ...] = (),
+        mounts: Mapping[str, Path] | None = None,
     ) -> GuestSandbox:
         """Admit (quota), create a real local sandbox with the vendor's filesystem
-        (``home`` and ``dirs`` in it), record it."""
+        (``home`` and ``dirs`` in it, ``mounts`` mounted), record it."""
         with self._lock:
             quota = self._quota_for(api_key)
             if quota is not None:
@@ -279,8 +280,8 @@ class EmulatorCore:
             await asyncio.sleep(self.latency.sample(self._rng))
         local = await self.local.create(spec, sandbox_id=sandbox_id)
         try:
-            sandbox = GuestSandbox(local, home, isolate=self.isolate, dirs=dirs)
-        except OSError:
+            sandbox = GuestSandbox(local, home, isolate=self.isolate, dirs=dirs, mounts=mounts)
+        except (OSError, PathRefused):
             await local.kill()
             raise
         now = time.time()

@@ -11,7 +11,9 @@ One loopback HTTP server plays three Daytona services on one port:
   (`emulators.daytona.previews`); snapshots (`emulators.daytona.snapshot_api`
   over `emulators.daytona.snapshots`: of sandboxes, of images, and the
   general ones); warm pools, which make sandboxes of a snapshot ahead of the
-  creates they serve (`emulators.daytona.warm_pools`);
+  creates they serve (`emulators.daytona.warm_pools`); volumes, directories
+  that sandboxes mount and share and that outlive them
+  (`emulators.daytona.volumes`);
 * the notification gateway, Socket.IO at ``/api/socket.io/``: a client
   authenticates with ``auth={"token": <API key>}``, joins its
   organization's room and receives ``sandbox.created`` and
@@ -33,7 +35,7 @@ variables for it.
 Faults come from the shared harness, per operation: ``create``, ``list``,
 ``get``, ``kill`` (delete), ``start``, ``stop``, ``keepalive``
 (last-activity), ``snapshot`` (a sandbox's snapshot and ``/api/snapshots``),
-``warm_pool`` (``/api/warm-pools``),
+``warm_pool`` (``/api/warm-pools``), ``volume`` (``/api/volumes``),
 ``exec`` (everything under ``/process``) and ``files``;
 plus ``boot``, taken when a sandbox starts booting: a status fault makes it
 end in ``error`` (``build_failed`` for an image) with the fault's message,
@@ -66,6 +68,7 @@ from emulators.daytona.snapshots import Captured
 from emulators.daytona.terminals import Terminals
 from emulators.daytona.toolbox import PROXY, Toolbox, daemon_error
 from emulators.daytona.transfers import Transfers
+from emulators.daytona.volumes import Volumes
 from emulators.daytona.warm_pools import WarmPools
 from emulators.harness import Emulator, FaultSpec, http_fault_middleware, unknown_route_middleware
 
@@ -102,6 +105,8 @@ def _op_for(request: web.Request) -> str | None:
         return "snapshot"
     if parts[:2] == ["api", "warm-pools"]:
         return "warm_pool"
+    if parts[:2] == ["api", "volumes"]:
+        return "volume"
     if parts[:2] != ["api", "sandbox"]:
         return None
     rest = parts[2:]
@@ -169,6 +174,7 @@ class DaytonaEmulator(Emulator):
         self.captured: dict[str, Captured] = {}  # the snapshots made of sandboxes, by id
         self.boot_seconds = boot_seconds
         self.warm_pools: WarmPools | None = None  # made when serving: they run on its loop
+        self.volumes: Volumes | None = None  # made when serving, as the warm pools
         self._sio: Any = None
         self._emits: set[asyncio.Task[None]] = set()
 
@@ -230,6 +236,7 @@ class DaytonaEmulator(Emulator):
     async def serve(self) -> Callable[[], Awaitable[None]]:
         api = SandboxApi(self)
         api.warm = self.warm_pools = WarmPools(api)
+        api.volumes = self.volumes = Volumes(api)
         toolbox = Toolbox(self)
         app = web.Application(
             middlewares=[
@@ -249,6 +256,7 @@ class DaytonaEmulator(Emulator):
             + SnapshotApi(api).routes()
             + Previews(api).routes()
             + self.warm_pools.routes()
+            + self.volumes.routes()
             + Terminals().routes()
             + Interpreters().routes()
             + Processes().routes()

@@ -7,15 +7,15 @@ middleware, the sandbox lookup, body parsing, background tasks); the
 other routes are handlers over it, each in a module of its own: a
 sandbox's settings (`emulators.daytona.sandbox_settings`), snapshots
 (`emulators.daytona.snapshot_api`), preview links and their proxy
-(`emulators.daytona.previews`) and warm pools
-(`emulators.daytona.warm_pools`). Here:
+(`emulators.daytona.previews`), warm pools (`emulators.daytona.warm_pools`)
+and volumes (`emulators.daytona.volumes`). Here:
 
 * ``POST /api/sandbox`` creates a sandbox from a snapshot (``snapshot``) or
   an image (``buildInfo``); it answers at once in ``creating`` (or
   ``pending_build``) and the sandbox boots in the background, announcing
   each state over Socket.IO. With ``boot_seconds=0`` and no boot fault it
   answers ``started``. A create matching a warm pool is served by one of
-  its ready sandboxes.
+  its ready sandboxes; ``volumes`` are mounted (`Volumes.mounts`).
 * ``GET /api/sandbox`` lists the organization's sandboxes, newest first,
   filtered by ``labels`` (JSON), ``states``, ``id`` / ``name`` prefixes,
   paged by ``limit`` / ``cursor`` (``nextCursor`` is null on the last page).
@@ -44,6 +44,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiohttp import web
@@ -55,6 +56,7 @@ from providers.base import SandboxSpec
 
 if TYPE_CHECKING:
     from emulators.daytona import DaytonaEmulator
+    from emulators.daytona.volumes import Volumes
     from emulators.daytona.warm_pools import WarmPools
 
 __all__ = [
@@ -211,6 +213,7 @@ class SandboxApi:
         self.core = emulator.core
         self._boots: set[asyncio.Task[None]] = set()  # boots, snapshot copies and removals
         self.warm: WarmPools | None = None  # set by the emulator: creates claim from its pools
+        self.volumes: Volumes | None = None  # set by the emulator: creates mount them
 
     def routes(self) -> list[web.RouteDef]:
         one = "/api/sandbox/{sandbox}"
@@ -323,6 +326,10 @@ class SandboxApi:
             )
         intervals = Lifecycle.of(body)
         network = network_settings(body)
+        volumes: list[dict[str, str]] = []
+        mounts: dict[str, Path] = {}
+        if self.volumes is not None:
+            volumes, mounts = self.volumes.mounts(body.get("volumes"), key)
         if self.warm is not None and build_info is None and snapshot is not None:
             source = captured.id if captured is not None else snapshot
             claimed = self.warm.claim(
@@ -337,7 +344,9 @@ class SandboxApi:
             env=env, labels=labels, template=captured.local_id if captured is not None else None
         )
         try:
-            local = await self.core.create(key, spec, home=DAYTONA_HOME, sandbox_id=sandbox_id)
+            local = await self.core.create(
+                key, spec, home=DAYTONA_HOME, sandbox_id=sandbox_id, mounts=mounts
+            )
         except QuotaViolation as exc:
             message = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else CREATED_MESSAGE
             cpu_limit = exc.limit * sizes["cpu"] if exc.kind == "concurrent" else exc.limit
@@ -355,6 +364,7 @@ class SandboxApi:
             public=bool(body.get("public")),
             **network,
             build_info=build_info,
+            volumes=volumes,
             state="pending_build" if build_info else "creating",
             cpu=sizes["cpu"],
             gpu=sizes["gpu"],
@@ -362,6 +372,8 @@ class SandboxApi:
             disk=sizes["disk"],
         )
         self.core.add(box)
+        if self.volumes is not None:
+            self.volumes.mounted(volumes, box.created)
         self.emulator.announce("sandbox.created", box)
         fault = self.core.faults.take("boot", key)
         if fault is None and not self.emulator.boot_seconds and build_info is None:

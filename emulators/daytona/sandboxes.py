@@ -318,6 +318,7 @@ class Box:
     network_allow_list: str | None = None  # recorded, not enforced (the host's network)
     domain_allow_list: str | None = None
     build_info: dict[str, Any] | None = None
+    volumes: list[dict[str, str]] = field(default_factory=list)  # SandboxVolume, mounted
     state: str = "creating"
     desired_state: str = "started"
     error: str | None = None
@@ -388,7 +389,7 @@ class Box:
         }
         if listed:
             return view
-        view.update(env=self.env, kvm=False, volumes=[], buildInfo=None)
+        view.update(env=self.env, kvm=False, volumes=self.volumes, buildInfo=None)
         if self.build_info is not None:
             view["buildInfo"] = {
                 **self.build_info,

@@ -24,7 +24,9 @@ from daytona import (
     CreateSandboxFromSnapshotParams,
     Daytona,
     DaytonaAuthenticationError,
+    DaytonaBadRequestError,
     DaytonaConfig,
+    DaytonaConflictError,
     DaytonaError,
     DaytonaForbiddenError,
     DaytonaNotFoundError,
@@ -35,6 +37,7 @@ from daytona import (
     ListSandboxesQuery,
     Resources,
     SessionExecuteRequest,
+    VolumeMount,
 )
 
 from emulators.daytona import TEST_API_KEY, DaytonaEmulator
@@ -366,10 +369,12 @@ async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
                 "s", SessionExecuteRequest(command="pwd")
             )
             assert here.stdout == "/tmp\n"
-            await sandbox.delete()
-            with pytest.raises(DaytonaNotFoundError, match="Cannot GET /api/volumes") as missing:
-                await daytona.volume.list()
+            with pytest.raises(
+                DaytonaNotFoundError, match="Cannot DELETE /api/sandbox/"
+            ) as missing:
+                await sandbox.revoke_ssh_access("token")
             assert missing.value.status_code == 404
+            await sandbox.delete()
         finally:
             await daytona.close()
 
@@ -949,3 +954,82 @@ async def test_concurrent_uploads_to_one_sandbox_all_land(client: AsyncDaytona) 
         **{f"{i}.bin": 3 << 20 for i in range(6)},
         **{f"s{i}.txt": 5 for i in range(6)},
     }
+
+
+async def test_volumes_are_made_found_and_deleted_as_on_daytona(
+    emu: DaytonaEmulator, client: AsyncDaytona
+) -> None:
+    """The volume service's flows: pending_create then ready, by name or id, get-or-create,
+    no delete while a sandbox mounts it, and a deleted volume's name free again."""
+    made = await client.volume.create("data")
+    assert (made.name, made.state) == ("data", "pending_create")
+    found = await client.volume.get("data", create=True)
+    assert (found.id, found.state, found.last_used_at) == (made.id, "ready", None)
+    with pytest.raises(DaytonaBadRequestError, match="Volume with name data already exists"):
+        await client.volume.create("data")
+    assert (await api(emu, "GET", f"/volumes/{made.id}"))[1]["name"] == "data"
+    assert (await api(emu, "GET", f"/volumes/{made.id}", key="dtn_other"))[0] == 404
+    with pytest.raises(DaytonaNotFoundError, match="Volume with name nope not found"):
+        await client.volume.get("nope")
+    sandbox = await client.create(
+        CreateSandboxFromSnapshotParams(volumes=[VolumeMount(volume_id="data", mount_path="/v")])
+    )
+    assert [(v.volume_id, v.mount_path) for v in sandbox.volumes] == [(made.id, "/v")]
+    assert (await client.volume.get("data")).last_used_at is not None
+    with pytest.raises(DaytonaConflictError, match=f"in use by .* sandboxes .e.g. {sandbox.name}"):
+        await client.volume.delete(found)
+    for bad, message in [
+        (VolumeMount(volume_id="nope", mount_path="/v"), "Volume 'nope' not found"),
+        (VolumeMount(volume_id=made.id, mount_path="v"), "Invalid mount path v .must be absolute"),
+        (VolumeMount(volume_id=made.id, mount_path="/etc/x"), "cannot mount to system directory"),
+        (VolumeMount(volume_id=made.id, mount_path="/v", subpath="../x"), "cannot contain .."),
+    ]:
+        with pytest.raises(DaytonaError, match=message):
+            await client.create(CreateSandboxFromSnapshotParams(volumes=[bad]))
+    await sandbox.delete()
+    await client.volume.delete(found)
+    await until(lambda: emu.volumes is not None and emu.volumes.volumes[made.id].state == "deleted")
+    assert [v.name for v in await client.volume.list()] == []
+    status, listed = await api(emu, "GET", "/volumes?includeDeleted=true")
+    assert status == 200
+    assert [(v["name"], v["state"]) for v in listed] == [("data-deleted", "deleted")]
+    again = await client.volume.get("data", create=True)
+    assert again.id != made.id
+
+
+async def test_a_volume_is_shared_by_sandboxes_and_outlives_them(isolation: str) -> None:
+    """Files written under a mount path, by a command or the file API, are the volume's:
+    another sandbox sees them at its own mount path (or a subpath's), after the first is gone."""
+    with DaytonaEmulator(isolation=isolation) as emu:
+        daytona = AsyncDaytona(DaytonaConfig(**emu.sdk_config()))
+        try:
+            volume = await daytona.volume.get("shared", create=True)
+            writer = await daytona.create(
+                CreateSandboxFromSnapshotParams(
+                    volumes=[VolumeMount(volume_id=volume.id, mount_path="/home/daytona/vol")]
+                )
+            )
+            ran = await writer.process.exec("echo by-command > vol/a.txt && cd vol && pwd")
+            assert (ran.exit_code, ran.result) == (0, "/home/daytona/vol\n")
+            await writer.fs.upload_file(b"by-upload", "/home/daytona/vol/users/bob/b.txt")
+            here = await writer.process.exec("pwd; ls users/bob", cwd="/home/daytona/vol")
+            assert here.result == "/home/daytona/vol\nb.txt\n"
+            await writer.delete()
+            reader = await daytona.create(
+                CreateSandboxFromSnapshotParams(
+                    volumes=[
+                        VolumeMount(volume_id=volume.id, mount_path="/data"),
+                        VolumeMount(volume_id="shared", mount_path="/bob", subpath="users/bob"),
+                    ]
+                )
+            )
+            assert sorted(f.name for f in await reader.fs.list_files("/data")) == ["a.txt", "users"]
+            assert await reader.fs.download_file("/bob/b.txt") == b"by-upload"
+            seen = await reader.process.exec("cat /data/a.txt /bob/b.txt")
+            assert seen.result == "by-command\nby-upload"
+            await reader.fs.upload_file(b"new", "/bob/c.txt")
+            assert await reader.fs.download_file("/data/users/bob/c.txt") == b"new"
+            await reader.delete()
+            assert (emu.core.local.root / ".volumes" / volume.id / "users/bob/c.txt").exists()
+        finally:
+            await daytona.close()

@@ -109,3 +109,25 @@ async def test_a_missing_working_directory_is_an_error(guest: GuestSandbox) -> N
 async def test_many_commands_at_once(guest: GuestSandbox) -> None:
     outs = await asyncio.gather(*(run(guest, f"cd /tmp && echo {i} $PWD") for i in range(8)))
     assert outs == [f"{i} /tmp\n" for i in range(8)]
+
+
+async def test_a_mount_is_its_host_directory(guest: GuestSandbox, tmp_path: Path) -> None:
+    """A mount (a Daytona volume) is the host directory at its path, for commands and the
+    file APIs alike, and it outlives the sandbox; none goes on the host's system ones."""
+    shared = tmp_path / "volume"
+    shared.mkdir()
+    local = await guest._provider.create(SandboxSpec())
+    other = GuestSandbox(local, HOME, isolate=guest.isolate, mounts={"/data/": shared})
+    try:
+        await run(other, "echo hi > /data/x && mkdir /data/d && cd /data/d && pwd")
+        assert (shared / "x").read_text() == "hi\n"
+        assert other.host("/data/x") == shared / "x"
+        assert other.vendor(shared / "d") == "/data/d"
+        assert await run(other, "pwd", cwd="/data/d") == "/data/d\n"
+        other.host("/data/d/y", write=True).write_text("api")
+        assert await run(other, "cat d/y", cwd="/data") == "api"
+    finally:
+        await other.kill()
+    assert (shared / "d" / "y").read_text() == "api"
+    with pytest.raises(PathRefused, match="cannot mount on a system directory"):
+        GuestSandbox(guest, HOME, isolate=guest.isolate, mounts={"/usr/data": shared})
