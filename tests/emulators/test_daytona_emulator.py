@@ -961,6 +961,9 @@ async def test_volumes_are_made_found_and_deleted_as_on_daytona(
 ) -> None:
     """The volume service's flows: pending_create then ready, by name or id, get-or-create,
     no delete while a sandbox mounts it, and a deleted volume's name free again."""
+    emu.inject("volume", status=503)
+    with pytest.raises(DaytonaError, match="Service Unavailable"):
+        await client.volume.list()
     made = await client.volume.create("data")
     assert (made.name, made.state) == ("data", "pending_create")
     found = await client.volume.get("data", create=True)
