@@ -18,7 +18,8 @@ One loopback HTTP server plays three Daytona services on one port:
   authenticates with ``auth={"token": <API key>}``, joins its
   organization's room and receives ``sandbox.created`` and
   ``sandbox.state.updated`` (``{sandbox, oldState, newState}``), which is
-  how the SDK learns that a sandbox has started;
+  how the SDK learns that a sandbox has started, and the volumes' own
+  (``volume.created``, ``volume.state.updated``, ``volume.lastUsedAt.updated``);
 * the toolbox proxy under ``/toolbox`` (`emulators.daytona.toolbox`), the
   ``toolboxProxyUrl`` of every sandbox: commands, sessions and code
   (`emulators.daytona.processes`), terminals (`emulators.daytona.terminals`),
@@ -196,11 +197,15 @@ class DaytonaEmulator(Emulator):
     # -- notifications ------------------------------------------------------
     def announce(self, event: str, box: Box, payload: dict[str, Any] | None = None) -> None:
         """Emit ``event`` to the sandbox's organization (from the emulator's loop)."""
+        data = payload if payload is not None else box.dto(self.toolbox_url)
+        self.notify(event, box.organization_id, data)
+
+    def notify(self, event: str, organization_id: str, data: dict[str, Any]) -> None:
+        """Emit ``event`` with ``data`` to an organization's room (from the emulator's loop)."""
         if self._sio is None:
             return
-        data = payload if payload is not None else box.dto(self.toolbox_url)
         task = asyncio.get_running_loop().create_task(
-            self._sio.emit(event, data, to=box.organization_id)
+            self._sio.emit(event, data, to=organization_id)
         )
         self._emits.add(task)
         task.add_done_callback(self._emits.discard)

@@ -19,6 +19,10 @@ answered as Daytona's API does (its ``VolumeService``):
   ``pending_delete`` -> ``deleting`` -> ``deleted``, its files with it, and
   is renamed ``<name>-deleted``, so its name is free again.
 
+Each creation, state change and use is announced on the notification
+gateway (``volume.created``, ``volume.state.updated`` with ``{volume,
+oldState, newState}``, ``volume.lastUsedAt.updated``).
+
 A sandbox create's ``volumes`` (``[{volumeId, mountPath, subpath?}]``, each
 ``volumeId`` a volume's id or name) are resolved and checked by `Volumes.mounts`
 with Daytona's messages (an unknown volume 404, one not ready, a relative or
@@ -84,10 +88,6 @@ class Volume:
             "errorReason": self.error,
         }
 
-    def set_state(self, state: str) -> None:
-        self.state = state
-        self.updated = time.time()
-
 
 class Volumes:
     """The volume handlers, over the sandbox API, and the mounts of a sandbox create."""
@@ -134,8 +134,15 @@ class Volumes:
         volume.dir.mkdir(parents=True)
         self.volumes[volume_id] = volume
         view = volume.dto()
-        asyncio.get_running_loop().call_soon(volume.set_state, "ready")
+        self.api.emulator.notify("volume.created", org, view)
+        asyncio.get_running_loop().call_soon(self._set_state, volume, "ready")
         return web.json_response(view)
+
+    def _set_state(self, volume: Volume, state: str) -> None:
+        """Change a volume's state, announced as Daytona's gateway does."""
+        old, volume.state, volume.updated = volume.state, state, time.time()
+        data = {"volume": volume.dto(), "oldState": old, "newState": state}
+        self.api.emulator.notify("volume.state.updated", volume.organization_id, data)
 
     async def list_volumes(self, request: web.Request) -> web.Response:
         org = org_of(self.api.key(request))
@@ -181,19 +188,19 @@ class Volumes:
                 "Volume cannot be deleted because it is in use by one or more sandboxes "
                 f"(e.g. {user.name})",
             )
-        volume.set_state("pending_delete")
+        self._set_state(volume, "pending_delete")
         self.api.background(self._remove(volume))
         return web.Response()
 
     async def _remove(self, volume: Volume) -> None:
-        volume.set_state("deleting")
+        self._set_state(volume, "deleting")
         await asyncio.to_thread(shutil.rmtree, volume.dir, ignore_errors=True)
         renamed = f"{volume.name}-deleted"
         for old in [v for v in self.volumes.values() if v.state == "deleted"]:
             if old.organization_id == volume.organization_id and old.name == renamed:
                 del self.volumes[old.id]
         volume.name = renamed
-        volume.set_state("deleted")
+        self._set_state(volume, "deleted")
 
     # -- a sandbox create's mounts -------------------------------------------
     def mounts(self, raw: Any, api_key: str) -> tuple[list[dict[str, str]], dict[str, Path]]:
@@ -238,7 +245,11 @@ class Volumes:
     def mounted(self, views: list[dict[str, str]], when: float) -> None:
         """Record a sandbox made at ``when`` with these mounts as the volumes' last use."""
         for view in views:
-            self.volumes[view["volumeId"]].last_used = when
+            volume = self.volumes[view["volumeId"]]
+            volume.last_used = when
+            self.api.emulator.notify(
+                "volume.lastUsedAt.updated", volume.organization_id, volume.dto()
+            )
 
     def _resolve(self, ref: str, organization_id: str) -> Volume:
         """The volume a mount names, by id or by name (both naming different ones: 400)."""

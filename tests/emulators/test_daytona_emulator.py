@@ -960,7 +960,15 @@ async def test_volumes_are_made_found_and_deleted_as_on_daytona(
     emu: DaytonaEmulator, client: AsyncDaytona
 ) -> None:
     """The volume service's flows: pending_create then ready, by name or id, get-or-create,
-    no delete while a sandbox mounts it, and a deleted volume's name free again."""
+    no delete while a sandbox mounts it, and a deleted volume's name free again; the
+    gateway announces each step."""
+    events: list[tuple[str, str, str]] = []
+    listener = socketio.AsyncClient()
+    for event in ("volume.created", "volume.state.updated", "volume.lastUsedAt.updated"):
+        listener.on(event, lambda data, event=event: events.append((event, *_volume_of(data))))
+    await listener.connect(
+        emu.url, socketio_path="/api/socket.io/", auth={"token": TEST_API_KEY}, wait=True
+    )
     emu.inject("volume", status=503)
     with pytest.raises(DaytonaError, match="Service Unavailable"):
         await client.volume.list()
@@ -998,6 +1006,22 @@ async def test_volumes_are_made_found_and_deleted_as_on_daytona(
     assert [(v["name"], v["state"]) for v in listed] == [("data-deleted", "deleted")]
     again = await client.volume.get("data", create=True)
     assert again.id != made.id
+    await until(lambda: (again.id, "ready") in {(v, state) for _, v, state in events})
+    await listener.disconnect()
+    assert [(e, state) for e, volume_id, state in events if volume_id == made.id] == [
+        ("volume.created", "pending_create"),
+        ("volume.state.updated", "ready"),
+        ("volume.lastUsedAt.updated", "ready"),
+        ("volume.state.updated", "pending_delete"),
+        ("volume.state.updated", "deleting"),
+        ("volume.state.updated", "deleted"),
+    ]
+
+
+def _volume_of(data: dict[str, Any]) -> tuple[str, str]:
+    """The volume an event is about, and its state then."""
+    volume = data.get("volume", data)
+    return volume["id"], volume["state"]
 
 
 async def test_a_volume_is_shared_by_sandboxes_and_outlives_them(isolation: str) -> None:
