@@ -1,4 +1,5 @@
-"""The daytona adapter on the real SDK, against the Daytona emulator: lifecycle and errors."""
+"""The daytona adapter on Daytona's generated API clients (the SDK for ``.native``), against
+the Daytona emulator: lifecycle and errors."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ async def test_api_url_from_the_environment(
 
 
 def test_one_provider_on_two_event_loops(emu: DaytonaEmulator) -> None:
-    """Closed on each loop (the SDK's event socket lives on it), an entry serves the next."""
+    """Closed on each loop (its connection pool lives on it), an entry serves the next."""
     adapter = DaytonaProvider("daytona-loops", options(emu))
 
     async def round_trip() -> str:
@@ -523,7 +524,7 @@ async def test_dead_endpoint_is_unavailable() -> None:
     with pytest.raises(Unavailable) as refused:
         await dead.create(SandboxSpec(), timeout=5)
     assert "Cannot connect" in refused.value.message
-    assert time.monotonic() - started < 3, "the SDK retries a refused connection twice, no more"
+    assert time.monotonic() - started < 3, "refused: retried twice, no more"
     await dead.aclose()
 
 
