@@ -860,3 +860,15 @@ async def test_a_devbox_from_a_missing_blueprint_is_not_found(
     view = await client.devboxes.create_and_await_running(blueprint_name="elsewhere")
     assert (view.status, view.blueprint_id) == ("running", None)
     await client.devboxes.shutdown(view.id)
+
+
+async def test_a_blueprint_create_retried_after_a_fault_makes_one(emu: RunloopEmulator) -> None:
+    """The ``blueprint`` fault covers ``/v1/blueprints``; the SDK's retry carries the same
+    ``x-request-id``, which answers the blueprint the first create made."""
+    emu.inject("blueprint", status=503)
+    async with AsyncRunloop(**kwargs(emu, max_retries=1)) as api:
+        view = await api.blueprints.create(name="once", idempotency_key="bp-1")
+        again = await api.blueprints.create(name="once", idempotency_key="bp-1")
+        assert view.id == again.id
+        assert [b.id async for b in api.blueprints.list()] == [view.id]
+    assert emu.core.faults.hits["blueprint"] == 1
