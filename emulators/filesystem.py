@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from providers.base import Snapshot
 from providers.errors import SandboxError
 from providers.local import (
     _PATH,
@@ -252,6 +253,19 @@ class GuestSandbox(LocalSandbox):
             return text
         root = str(self.root)
         return self._own.sub(lambda m: m[0] if m[0] == root else root + m[0], text)
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """The sandbox's files, its mounts' left out as a container commit leaves them: an
+        empty directory at each mount path (without bubblewrap the copy has the symlink)."""
+        kept = await super().snapshot(name)
+        if not self.isolate:
+            copy = self._provider._snapshot_dir(kept.id)
+            for path, source in self.mounts.items():
+                link = copy / path.lstrip("/")
+                if link.is_symlink() and os.readlink(link) == str(source):
+                    link.unlink()
+                    link.mkdir()
+        return kept
 
     # -- commands -----------------------------------------------------------
     async def spawn(

@@ -1026,7 +1026,8 @@ def _volume_of(data: dict[str, Any]) -> tuple[str, str]:
 
 async def test_a_volume_is_shared_by_sandboxes_and_outlives_them(isolation: str) -> None:
     """Files written under a mount path, by a command or the file API, are the volume's:
-    another sandbox sees them at its own mount path (or a subpath's), after the first is gone."""
+    another sandbox sees them at its own mount path (or a subpath's), after the first is gone;
+    a snapshot of a sandbox keeps none of its volumes' files."""
     with DaytonaEmulator(isolation=isolation) as emu:
         daytona = AsyncDaytona(DaytonaConfig(**emu.sdk_config()))
         try:
@@ -1056,7 +1057,11 @@ async def test_a_volume_is_shared_by_sandboxes_and_outlives_them(isolation: str)
             assert seen.result == "by-command\nby-upload"
             await reader.fs.upload_file(b"new", "/bob/c.txt")
             assert await reader.fs.download_file("/data/users/bob/c.txt") == b"new"
+            await reader.create_snapshot("with-volumes", timeout=10)
             await reader.delete()
+            child = await daytona.create(CreateSandboxFromSnapshotParams(snapshot="with-volumes"))
+            assert await child.fs.list_files("/data") == await child.fs.list_files("/bob") == []
+            await child.delete()
             assert (emu.core.local.root / ".volumes" / volume.id / "users/bob/c.txt").exists()
         finally:
             await daytona.close()
