@@ -81,6 +81,12 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
+while [ $# -gt 0 ]; do
+  case "$1" in
+    *=*) export "$1"; shift ;;
+    *) break ;;
+  esac
+done
 exec "$@"
 """
 _PACKAGES = """#!/bin/sh

@@ -683,7 +683,7 @@ async def test_a_blueprint_builds_and_its_devboxes_start_from_it(isolation: str)
                 ),
                 file_mounts={"/app/config.txt": "k=v\n", "notes/n.txt": "n\n"},
                 system_setup_commands=[
-                    "sudo apt-get install -y wget",
+                    "sudo -E DEBIAN_FRONTEND=noninteractive apt-get install -y wget",
                     "basename $(pwd) > marker && echo $GREETING >> marker",
                     "mkdir -p /opt/tools/bin",
                     "printf '#!/bin/sh\\necho tool\\n' > /opt/tools/bin/t",
@@ -702,7 +702,7 @@ async def test_a_blueprint_builds_and_its_devboxes_start_from_it(isolation: str)
             assert built.metadata == {"team": "a"}
             assert built.parameters.system_setup_commands is not None
             messages = [line.message for line in (await client.blueprints.logs(built.id)).logs]
-            assert "RUN sudo apt-get install -y wget" in messages
+            assert "RUN sudo -E DEBIAN_FRONTEND=noninteractive apt-get install -y wget" in messages
             assert any("apt-get install -y wget' skipped" in m for m in messages)
             assert any(m.startswith("Step 5/5 : RUN apt-get update") for m in messages)
             assert messages[-1] == "Build complete"
