@@ -29,8 +29,9 @@ with Daytona's messages (an unknown volume 404, one not ready, a relative or
 system mount path, a subpath starting with ``/`` or holding ``..``: 400), and
 the sandbox (`emulators.filesystem.GuestSandbox` ``mounts``) has each volume's
 directory (or its ``subpath`` in it, made if missing) at its mount path: what
-one sandbox writes there another mounting the same volume reads. A sandbox
-with volumes is never a warm pool's. Besides Daytona's rules the emulator
+one sandbox writes there another mounting the same volume reads, and a
+snapshot of the sandbox holds none of it. A sandbox with volumes is never a
+warm pool's. Besides Daytona's rules the emulator
 refuses a mount path in or over the host's system directories the sandbox
 borrows (``/usr``...), and two mounts at one path.
 """
