@@ -2,11 +2,13 @@
 
 One loopback HTTP server plays Runloop's devbox API (`emulators.runloop.api`,
 with the routes of `emulators.runloop.executions`, `emulators.runloop.files`,
-`emulators.runloop.disk_snapshots` and `emulators.runloop.blueprints`): the
-low-level ``Runloop`` / ``AsyncRunloop`` clients and the object SDKs
-(``RunloopSDK`` / ``AsyncRunloopSDK``) create devboxes, long-poll their
-status, run commands, move files and shut them down, and build blueprints
-to start devboxes from. Devboxes are real local sandboxes
+`emulators.runloop.disk_snapshots`, `emulators.runloop.blueprints` and
+`emulators.runloop.objects`): the low-level ``Runloop`` / ``AsyncRunloop``
+clients and the object SDKs (``RunloopSDK`` / ``AsyncRunloopSDK``) create
+devboxes, long-poll their status, run commands, move files and shut them
+down, build blueprints to start devboxes from and keep objects in object
+storage (uploaded and downloaded through presigned URLs the same server
+answers) to mount in devboxes and build blueprints from. Devboxes are real local sandboxes
 (`emulators.runloop.devboxes`) that boot in ``boot_seconds`` and end after
 their keep-alive or idle time, as on Runloop; a blueprint builds in
 ``build_seconds`` plus its setup commands' time (its Dockerfile read by
@@ -27,8 +29,9 @@ routes), ``list``, ``get``, ``wait`` (the devbox status long-poll),
 ``kill`` (shutdown), ``keepalive``, ``exec`` (execute, execute_async, execute_sync and
 everything under ``executions/``), ``files``, ``pause`` (suspend),
 ``resume``, ``port`` (enable_tunnel) and ``snapshot`` (snapshot_disk,
-snapshot_disk_async and ``disk_snapshots/``) and ``blueprint`` (everything
-under ``/v1/blueprints``); plus ``boot``, taken when a
+snapshot_disk_async and ``disk_snapshots/``), ``blueprint`` (everything
+under ``/v1/blueprints``) and ``object`` (everything under ``/v1/objects``;
+not the presigned URLs, which are the storage's); plus ``boot``, taken when a
 devbox starts booting: a status fault makes it end in ``failure``, a delay
 slows the boot, a hang keeps it ``provisioning``. A status fault answers
 Runloop's error body ``{"status", "message"}``, with ``Retry-After`` when
@@ -60,6 +63,7 @@ from emulators.runloop.devboxes import RunloopCore
 from emulators.runloop.disk_snapshots import DiskSnapshots
 from emulators.runloop.executions import Executions
 from emulators.runloop.files import Files
+from emulators.runloop.objects import Objects
 
 __all__ = ["TEST_API_KEY", "RunloopEmulator"]
 
@@ -103,6 +107,8 @@ def _op_for(request: web.Request) -> str | None:
     parts = request.path.strip("/").split("/")
     if parts[:2] == ["v1", "blueprints"]:
         return "blueprint"
+    if parts[:2] == ["v1", "objects"]:
+        return "object"
     if parts[:2] != ["v1", "devboxes"]:
         return None
     rest = parts[2:]
@@ -201,6 +207,7 @@ class RunloopEmulator(Emulator):
             + Executions(api).routes()
             + Files(api).routes()
             + Blueprints(api).routes()
+            + Objects(api).routes()
         )
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()

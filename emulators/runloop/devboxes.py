@@ -45,6 +45,7 @@ from providers.local import LocalProcess
 
 if TYPE_CHECKING:
     from emulators.runloop.blueprints import Blueprint
+    from emulators.runloop.objects import StoredObject
 
 __all__ = [
     "DEFAULT_KEEP_ALIVE",
@@ -422,6 +423,17 @@ class RunloopCore(EmulatorCore):
         self.blueprints: dict[str, Blueprint] = {}
         self.blueprints_by_request: dict[tuple[str, str], str] = {}
         self.blueprint_root = root / ".blueprints"
+        self.objects: dict[str, StoredObject] = {}
+        self.objects_by_request: dict[tuple[str, str], str] = {}
+        self.object_root = root / ".objects"
+
+    def object_for(self, api_key: str, object_id: str) -> StoredObject | None:
+        """The key's storage object ``object_id`` (``DELETED`` once its lifetime passed)."""
+        found = self.objects.get(object_id)
+        if found is None or found.api_key != api_key:
+            return None
+        found.expire()
+        return found
 
     def blueprint_for(
         self, api_key: str, blueprint_id: str | None, name: str | None

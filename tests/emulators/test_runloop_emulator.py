@@ -12,6 +12,7 @@ import shutil
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -872,3 +873,121 @@ async def test_a_blueprint_create_retried_after_a_fault_makes_one(emu: RunloopEm
         assert view.id == again.id
         assert [b.id async for b in api.blueprints.list()] == [view.id]
     assert emu.core.faults.hits["blueprint"] == 1
+
+
+def test_storage_objects_up_and_down_through_presigned_urls(emu: RunloopEmulator) -> None:
+    """The object SDK's uploads PUT to the create's ``upload_url`` and its downloads GET the
+    ``download_url``, both served by the emulator; ``complete`` makes an object READ_ONLY."""
+    with RunloopSDK(**kwargs(emu)) as sdk:
+        text = sdk.storage_object.upload_from_text(
+            "héllo", name="greeting.txt", metadata={"k": "v"}
+        )
+        blob = sdk.storage_object.upload_from_bytes(
+            bytes(range(256)), name="blob.bin", content_type="binary"
+        )
+        empty = sdk.storage_object.upload_from_text("", name="empty.txt")
+        assert text.download_as_text() == "héllo"
+        assert blob.download_as_bytes(duration_seconds=60) == bytes(range(256))
+        assert empty.download_as_bytes() == b""
+        info = text.refresh()
+        assert (info.state, info.content_type, info.size_bytes, info.metadata) == (
+            "READ_ONLY",
+            "text",
+            len("héllo".encode()),
+            {"k": "v"},
+        )
+        assert info.upload_url is None
+        url = text.get_download_url().download_url
+        assert url.startswith(emu.url + "/storage/")
+        forged = url[: url.index("signature=") + 10] + "0" * 64
+        refused = httpx.get(forged)
+        assert refused.status_code == 403
+        assert "<Code>SignatureDoesNotMatch</Code>" in refused.text
+
+        draft = sdk.storage_object.create(name="draft", content_type="text")
+        assert draft.upload_url is not None
+        with pytest.raises(BadRequestError, match="has no content"):
+            draft.complete()
+        with pytest.raises(BadRequestError, match="UPLOADING"):
+            draft.get_download_url()
+        draft.upload_content("first")
+        draft.upload_content(iter([b"sec", b"ond"]))  # a second PUT replaces the first
+        put_url = draft.upload_url
+        assert draft.complete().state == "READ_ONLY"
+        assert draft.download_as_text() == "second"
+        assert httpx.put(put_url, content=b"late").status_code == 403  # READ_ONLY now
+
+        assert [o.id for o in sdk.storage_object.list()] == [draft.id, empty.id, blob.id, text.id]
+        assert [o.id for o in sdk.storage_object.list(content_type="binary")] == [blob.id]
+        assert [o.id for o in sdk.storage_object.list(search="greet")] == [text.id]
+        page = sdk.api.objects.list(limit=2, name=".")
+        assert ([o.id for o in page.objects], page.has_more, page.total_count) == (
+            [empty.id, blob.id],
+            True,
+            3,
+        )
+        assert [o.id for o in sdk.api.objects.list(limit=1, name=".")] == [
+            empty.id,
+            blob.id,
+            text.id,
+        ]
+        assert sdk.api.objects.list_public().objects == []
+
+        blob_url = blob.get_download_url().download_url
+        assert blob.delete().state == "DELETED"
+        assert sdk.api.objects.retrieve(blob.id).state == "DELETED"
+        assert httpx.get(blob_url).status_code == 404
+        with pytest.raises(NotFoundError):
+            blob.delete()
+        with pytest.raises(NotFoundError):
+            blob.get_download_url()
+        assert [o.id for o in sdk.storage_object.list(state="DELETED")] == [blob.id]
+        assert not (emu.core.object_root / blob.id).exists()
+
+
+async def test_a_storage_object_ends_with_its_ttl(emu: RunloopEmulator) -> None:
+    """``ttl`` sets ``delete_after_time_ms``; past it the object is DELETED, its bytes gone."""
+    async with AsyncRunloopSDK(**kwargs(emu)) as sdk:
+        obj = await sdk.storage_object.upload_from_text(
+            "short-lived", name="ttl.txt", ttl=timedelta(seconds=1)
+        )
+        info = await obj.refresh()
+        assert info.delete_after_time_ms == info.create_time_ms + 1000
+        url = (await obj.get_download_url(duration_seconds=3600)).download_url
+        assert await obj.download_as_text() == "short-lived"
+        emu.core.objects[obj.id].delete_after_ms = info.create_time_ms  # its lifetime is over
+        assert (await obj.refresh()).state == "DELETED"
+        async with httpx.AsyncClient() as web:
+            assert (await web.get(url)).status_code == 404
+        assert await sdk.storage_object.list() == []
+        assert not (emu.core.object_root / obj.id).exists()
+
+
+async def test_a_large_storage_object_streams_both_ways(
+    emu: RunloopEmulator, tmp_path: Path
+) -> None:
+    """An object far larger than the memory the transfer may use goes up and down whole."""
+    block = os.urandom(1 << 20)
+    async with AsyncRunloopSDK(**kwargs(emu)) as sdk:
+        obj = await sdk.storage_object.create(name="big.bin", content_type="binary")
+        tracemalloc.start()
+        try:
+
+            async def chunks() -> AsyncIterator[bytes]:
+                for _ in range(16):
+                    yield block
+
+            await obj.upload_content(chunks())
+            await obj.complete()
+            url = (await obj.get_download_url()).download_url
+            digest = hashlib.sha256()
+            async with httpx.AsyncClient() as web, web.stream("GET", url) as response:
+                async for chunk in response.aiter_bytes(1 << 16):
+                    digest.update(chunk)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert (await sdk.api.objects.retrieve(obj.id)).size_bytes == 16 << 20
+    assert digest.hexdigest() == hashlib.sha256(block * 16).hexdigest()
+    assert peak < 8 * (1 << 20), f"the transfer held {peak} bytes"
+    assert [p.name for p in emu.core.object_root.iterdir()] == [obj.id]
