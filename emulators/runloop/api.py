@@ -23,7 +23,14 @@ middleware). Here:
   working directory and launch parameters, its ``blueprint_id`` in its view.
   A blueprint not built answers 400, a deleted or unknown one 404 (a name
   or id the emulator's ``blueprints`` lists, or any when it is None, is
-  played as a blueprint made elsewhere: an empty image).
+  played as a blueprint made elsewhere: an empty image). A create's
+  ``mounts`` are written into the devbox before it boots: an
+  ``object_mount`` places a ``READ_ONLY`` object of the key's at its
+  ``object_path`` (an archive, ``tar`` or ``tgz``, unpacked into that
+  directory; `emulators.runloop.objects`), a ``file_mount`` its ``content``
+  at its ``target``, as the older ``file_mounts`` do; a copy, so deleting
+  the object later leaves the devbox's alone. ``code_mounts`` and
+  ``broker_mount`` are not modelled (no GitHub, no axon streams).
 * ``GET /v1/devboxes`` lists the key's devboxes, newest first, paged with
   ``limit`` (20 when unset or 0) / ``starting_after`` (``has_more``,
   ``total_count``), filtered
@@ -57,7 +64,9 @@ a spent quota of created devboxes 403, both with a message naming the limit.
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import secrets
+import tarfile
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from emulators.filesystem import PathRefused
+from emulators.filesystem import GuestSandbox, PathRefused, mountable
 from emulators.harness import QuotaViolation, apply_delay_or_hang
 from emulators.runloop.devboxes import (
     DEFAULT_KEEP_ALIVE,
@@ -84,6 +93,7 @@ from providers.errors import SandboxError
 if TYPE_CHECKING:
     from emulators.runloop import RunloopEmulator
     from emulators.runloop.blueprints import Blueprint
+    from emulators.runloop.objects import StoredObject
 
 __all__ = [
     "CONCURRENCY_MESSAGE",
@@ -227,6 +237,17 @@ def launch_parameters(raw: Any) -> tuple[dict[str, Any], int, int | None]:
     return params, keep_alive, idle
 
 
+def _place_mounts(local: GuestSandbox, mounts: list[tuple[str, StoredObject | str]]) -> None:
+    """Write each mount into the new devbox's disk, off the loop."""
+    for path, what in mounts:
+        target = local.host(path, write=True)
+        if isinstance(what, str):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(what)
+        else:
+            what.place(target)
+
+
 def _tunnel(config: Any) -> Tunnel:
     """A new tunnel from ``enable_tunnel``'s body or a create's ``tunnel`` (open by default)."""
     if not isinstance(config, dict):
@@ -364,6 +385,11 @@ class DevboxApi:
             env = {**blueprint.image.env, **env}
         name = body.get("name")
         entrypoint = optional_text(body.get("entrypoint"), "entrypoint")
+        mounts = self._mounts(key, body)
+        dirs = [
+            path if not isinstance(what, str) and what.archive else posixpath.dirname(path)
+            for path, what in mounts
+        ]
         devbox_id = new_id("dbx")
         try:
             local = await self.core.create(
@@ -371,15 +397,15 @@ class DevboxApi:
                 SandboxSpec(env=env, labels=metadata),
                 home=RUNLOOP_HOME,
                 sandbox_id=devbox_id,
-                dirs=blueprint.dirs if blueprint is not None else (),
+                dirs=(*(blueprint.dirs if blueprint is not None else ()), *dirs),
             )
         except QuotaViolation as violation:
             if violation.kind == "concurrent":
                 raise ApiError(429, CONCURRENCY_MESSAGE.format(limit=violation.limit)) from None
             raise ApiError(403, QUOTA_MESSAGE.format(limit=violation.limit)) from None
-        image = disk.path if disk else blueprint.path if blueprint else None
-        if image is not None:
-            await asyncio.to_thread(copy_disk, image, local.root)
+        await self._fill(
+            local, disk.path if disk else blueprint.path if blueprint else None, mounts
+        )
         devbox = Devbox(
             id=devbox_id,
             api_key=key,
@@ -400,6 +426,57 @@ class DevboxApi:
             self.core.created_by_request[key, request_id] = devbox_id
         devbox.boot = asyncio.create_task(self._boot(devbox))
         return devbox
+
+    async def _fill(
+        self, local: GuestSandbox, image: Path | None, mounts: list[tuple[str, StoredObject | str]]
+    ) -> None:
+        """A new devbox's disk: a copy of its image's, then its mounts written (one that cannot
+        be, a corrupt archive, ends the devbox: 400)."""
+        if image is not None:
+            await asyncio.to_thread(copy_disk, image, local.root)
+        try:
+            await asyncio.to_thread(_place_mounts, local, mounts)
+        except (OSError, PathRefused, tarfile.TarError) as exc:
+            await self.core.kill(local.id)
+            raise ApiError(400, f"mounts: {exc}") from None
+
+    def _mounts(self, key: str, body: dict[str, Any]) -> list[tuple[str, StoredObject | str]]:
+        """The create's object and file mounts (and ``file_mounts``): each absolute path and
+        the object or the text to write there."""
+        raw = body.get("mounts") or []
+        if not isinstance(raw, list) or not all(isinstance(m, dict) for m in raw):
+            raise ApiError(400, "mounts must be a list of objects")
+        wanted: list[tuple[Any, StoredObject | str]] = []
+        for mount in raw:
+            if mount.get("type") == "object_mount":
+                obj = self._mounted(key, mount.get("object_id"))
+                wanted.append((mount.get("object_path"), obj))
+            elif mount.get("type") == "file_mount":
+                content = mount.get("content")
+                if not isinstance(content, str):
+                    raise ApiError(400, "a file_mount's content must be a string")
+                wanted.append((mount.get("target"), content))
+        wanted += string_map(body.get("file_mounts"), "file_mounts").items()
+        mounts: list[tuple[str, StoredObject | str]] = []
+        for path, what in wanted:
+            if not isinstance(path, str) or not path:
+                raise ApiError(400, "a mount needs its path (object_path or target)")
+            absolute = posixpath.normpath(posixpath.join(RUNLOOP_HOME, path))
+            if not mountable(absolute):
+                raise ApiError(400, f"mount path {path}: read-only file system")
+            mounts.append((absolute, what))
+        return mounts
+
+    def _mounted(self, key: str, object_id: Any) -> StoredObject:
+        """The object an ``object_mount`` names, which must be uploaded."""
+        if not isinstance(object_id, str) or not object_id:
+            raise ApiError(400, "object_mount needs an object_id")
+        obj = self.core.object_for(key, object_id)
+        if obj is None or obj.state == "DELETED":
+            raise ApiError(404, f"Object {object_id} not found")
+        if obj.state != "READ_ONLY":
+            raise ApiError(400, f"Object {object_id} is {obj.state}: complete its upload first")
+        return obj
 
     def _blueprint(self, key: str, source: str, wanted: Any) -> Blueprint | None:
         """The built blueprint a create names; None for a name or id the emulator plays as a

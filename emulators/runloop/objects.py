@@ -101,6 +101,11 @@ class StoredObject:
             "size_bytes": self.size_bytes,
         }
 
+    @property
+    def archive(self) -> bool:
+        """A tar (``tar``, ``tgz``): a mount unpacks it into a directory."""
+        return self.content_type in ARCHIVES
+
     def expire(self) -> None:
         """Delete it if its lifetime has passed."""
         if self.delete_after_ms is not None and self.delete_after_ms <= now_ms():
@@ -119,7 +124,7 @@ class StoredObject:
             tarfile.TarError: the archive is corrupt or would write outside ``target``.
         """
         target.parent.mkdir(parents=True, exist_ok=True)
-        if self.content_type in ARCHIVES:
+        if self.archive:
             unpack(self.path, target)
         else:
             shutil.copyfile(self.path, target)

@@ -991,3 +991,45 @@ async def test_a_large_storage_object_streams_both_ways(
     assert digest.hexdigest() == hashlib.sha256(block * 16).hexdigest()
     assert peak < 8 * (1 << 20), f"the transfer held {peak} bytes"
     assert [p.name for p in emu.core.object_root.iterdir()] == [obj.id]
+
+
+def test_a_devbox_mounts_storage_objects(isolation: str, tmp_path: Path) -> None:
+    """An ``object_mount`` places the object at its path before the devbox boots, an archive
+    unpacked into that directory; a ``file_mount`` and ``file_mounts`` write their text."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("a\n")
+    (tmp_path / "sub" / "b.txt").write_text("b\n")
+    with RunloopEmulator(isolation=isolation) as emu, RunloopSDK(**kwargs(emu)) as sdk:
+        text = sdk.storage_object.upload_from_text("mounted\n", name="m.txt")
+        tree = sdk.storage_object.upload_from_dir(tmp_path, name="tree.tgz")
+        box = sdk.devbox.create(
+            mounts=[
+                {"type": "object_mount", "object_id": text.id, "object_path": "/home/user/m"},
+                {"type": "object_mount", "object_id": tree.id, "object_path": "/data/tree"},
+                {"type": "file_mount", "target": "notes/n.txt", "content": "n\n"},
+            ],
+            file_mounts={"/srv/legacy.txt": "l\n"},
+        )
+        try:
+            text.delete()  # the devbox holds a copy
+            assert box.file.read(file_path="/home/user/m") == "mounted\n"
+            result = box.cmd.exec(
+                "cat ~/m /data/tree/a.txt /data/tree/sub/b.txt notes/n.txt /srv/legacy.txt"
+            )
+            assert result.stdout() == "mounted\na\nb\nn\nl\n"
+        finally:
+            box.shutdown()
+        draft = sdk.storage_object.create(name="draft", content_type="text")
+        with pytest.raises(BadRequestError, match="UPLOADING"):
+            sdk.api.devboxes.create(
+                mounts=[{"type": "object_mount", "object_id": draft.id, "object_path": "/x"}]
+            )
+        with pytest.raises(NotFoundError, match=f"Object {text.id} not found"):
+            sdk.api.devboxes.create(
+                mounts=[{"type": "object_mount", "object_id": text.id, "object_path": "/x"}]
+            )
+        with pytest.raises(BadRequestError, match="read-only file system"):
+            sdk.api.devboxes.create(
+                mounts=[{"type": "object_mount", "object_id": tree.id, "object_path": "/usr/t"}]
+            )
+        assert [r.id for r in emu.records()] == [box.id]
