@@ -12,7 +12,8 @@ answers) to mount in devboxes and build blueprints from. Devboxes are real local
 (`emulators.runloop.devboxes`) that boot in ``boot_seconds`` and end after
 their keep-alive or idle time, as on Runloop; a blueprint builds in
 ``build_seconds`` plus its setup commands' time (its Dockerfile read by
-`emulators.runloop.dockerfiles`, not run). `sdk_env` gives the SDK's
+`emulators.runloop.dockerfiles`, not run; its ``COPY`` and ``ADD`` copy
+from a build context object, `emulators.runloop.build_context`). `sdk_env` gives the SDK's
 variables for it.
 
 Tunnels are served by a second loopback server, the ingress: it routes on

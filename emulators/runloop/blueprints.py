@@ -9,8 +9,10 @@ devbox: no quota, no record), in Runloop's order:
 * the base blueprint's disk and image (``base_blueprint_id``, or the newest
   built one named ``base_blueprint_name``), then the ``dockerfile`` read by
   `emulators.runloop.dockerfiles`: ``ENV`` and ``WORKDIR`` kept, ``RUN``
-  steps skipped (the system is the host's), a Dockerfile Docker would
-  refuse failing the build;
+  steps skipped (the system is the host's), ``COPY`` and ``ADD`` copying
+  from the ``build_context`` object into the image's disk
+  (`emulators.runloop.build_context`; without one they fail the build), a
+  Dockerfile Docker would refuse failing the build;
 * the ``file_mounts`` written (relative paths from ``/home/user``);
 * the ``system_setup_commands`` run in turn, as the devbox's user, from the
   ``WORKDIR`` with the image's environment: each one's output is logged and
@@ -30,8 +32,9 @@ blueprint's ``launch_parameters`` under its own. ``code_mounts``,
 ``secrets``, ``services``, ``build_args`` and ``network_policy_id`` are kept
 in the blueprint's parameters; no repository is cloned (the emulator
 reaches no GitHub), no secret resolved (it has no secret store), no service
-image pulled. A ``build_context`` (an object of Runloop's object storage,
-which the emulator lacks) is refused.
+image pulled. A ``build_context`` must name a ``READ_ONLY`` object of the
+key's (404 when it has none such, 400 while it is uploading); deleting the
+object before the build reads it fails the build.
 
 Routes, under ``/v1/blueprints``: ``POST`` creates (a create repeated with
 the same ``x-request-id`` answers the first one's blueprint); ``GET`` lists
@@ -49,6 +52,8 @@ from __future__ import annotations
 import asyncio
 import posixpath
 import shutil
+import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,8 +62,16 @@ from aiohttp import web
 
 from emulators.filesystem import GUEST_BIN, GuestSandbox, PathRefused
 from emulators.runloop.api import ApiError, launch_parameters, optional_text, page, string_map
+from emulators.runloop.build_context import ContextError, Placement, plan
 from emulators.runloop.devboxes import RUNLOOP_HOME, copy_disk, new_id, now_ms
-from emulators.runloop.dockerfiles import DEFAULT_PATH, DockerfileError, Image, read_dockerfile
+from emulators.runloop.dockerfiles import (
+    DEFAULT_PATH,
+    Copy,
+    DockerfileError,
+    Image,
+    read_dockerfile,
+)
+from emulators.runloop.objects import unpack
 from providers.base import SandboxSpec
 from providers.errors import SandboxError
 
@@ -192,9 +205,9 @@ class Blueprints:
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise ApiError(400, "name is required")
-        if body.get("build_context") is not None:
-            raise ApiError(400, "build_context: the emulator has no object storage to build from")
         params: dict[str, Any] = {"name": name}
+        if body.get("build_context") is not None:
+            params["build_context"] = self._context(key, body["build_context"])
         for text in ("dockerfile", "network_policy_id"):
             if body.get(text) is not None:
                 params[text] = optional_text(body[text], text)
@@ -227,6 +240,18 @@ class Blueprints:
                 raise ApiError(400, f"Base blueprint {base.id} is not built (status {base.status})")
             params["base_blueprint_id" if base_id else "base_blueprint_name"] = wanted
         return params, base
+
+    def _context(self, key: str, context: Any) -> dict[str, str]:
+        """A ``build_context``: an uploaded object of the key's."""
+        object_id = context.get("object_id") if isinstance(context, dict) else None
+        if not isinstance(object_id, str) or context.get("type") != "object":
+            raise ApiError(400, "build_context must be {'type': 'object', 'object_id': ...}")
+        obj = self.core.object_for(key, object_id)
+        if obj is None or obj.state == "DELETED":
+            raise ApiError(404, f"Object {object_id} not found")
+        if obj.state != "READ_ONLY":
+            raise ApiError(400, f"Object {object_id} is {obj.state}: complete its upload first")
+        return {"type": "object", "object_id": object_id}
 
     # -- routes ----------------------------------------------------------------
     async def create(self, request: web.Request) -> web.Response:
@@ -340,7 +365,7 @@ class Blueprints:
         base = bp.base.image if bp.base is not None else Image()
         bp.dirs = bp.base.dirs if bp.base is not None else ()
         try:
-            bp.image, steps = read_dockerfile(
+            bp.image, steps, copies = read_dockerfile(
                 bp.parameters.get("dockerfile") or "", bp.parameters.get("build_args", {}), base
             )
         except DockerfileError as exc:
@@ -350,8 +375,19 @@ class Blueprints:
         for mount in bp.parameters.get("code_mounts", []):
             repo = f"{mount['repo_owner']}/{mount['repo_name']}"
             bp.log("info", f"code mount {repo}: kept, not cloned (the emulator reaches no GitHub)")
+        context = bp.path.with_name(bp.id + ".context")
+        try:
+            await self._build_disk(bp, copies, context)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, context, True)
+
+    async def _build_disk(self, bp: Blueprint, copies: Sequence[Copy], context: Path) -> None:
+        """The base's disk, the copies from the build context (unpacked into ``context``),
+        the file mounts and the setup commands, in a scratch sandbox; then the blueprint's."""
+        placements = await self._placements(bp, copies, context)
         mounts = bp.parameters.get("file_mounts", {})
         made = [bp.image.workdir] if bp.image.workdir is not None else []
+        made += [p.directory for p in placements]
         made += [posixpath.dirname(posixpath.join(RUNLOOP_HOME, path)) for path in mounts]
         bp.dirs = tuple(dict.fromkeys([*bp.dirs, *made]))
         local = await self.core.local.create(SandboxSpec(env=bp.image.env), sandbox_id=bp.id)
@@ -364,8 +400,10 @@ class Blueprints:
             if bp.base is not None:
                 await asyncio.to_thread(copy_disk, bp.base.path, sandbox.root)
             try:
+                for placement in placements:
+                    await asyncio.to_thread(placement.apply, sandbox)
                 await asyncio.to_thread(_prepare, sandbox, bp.dirs, mounts)
-            except PathRefused as exc:
+            except (PathRefused, tarfile.TarError) as exc:
                 raise BuildFailed(str(exc)) from None
             for command in bp.parameters.get("system_setup_commands", []):
                 await self._setup(bp, sandbox, command)
@@ -373,6 +411,33 @@ class Blueprints:
             await asyncio.to_thread(copy_disk, sandbox.root, bp.path)
         finally:
             await sandbox.kill()
+
+    async def _placements(
+        self, bp: Blueprint, copies: Sequence[Copy], context: Path
+    ) -> Sequence[Placement]:
+        """Where the Dockerfile's copies go, the build context unpacked into ``context``."""
+        if not copies:
+            return []
+        first = copies[0]
+        source = bp.parameters.get("build_context")
+        if source is None:
+            raise BuildFailed(
+                f"{first.step}: {first.instruction} failed: no build context to copy from "
+                "(give the blueprint a build_context object)"
+            )
+        obj = self.core.object_for(bp.api_key, source["object_id"])
+        if obj is None or obj.state != "READ_ONLY":
+            state = obj.state if obj is not None else "gone"
+            raise BuildFailed(f"build context: object {source['object_id']} is {state}")
+        try:
+            await asyncio.to_thread(unpack, obj.path, context)
+            return await asyncio.to_thread(plan, copies, context)
+        except tarfile.TarError as exc:
+            raise BuildFailed(
+                f"build context: object {obj.id} is not a tar archive ({exc})"
+            ) from None
+        except ContextError as exc:
+            raise BuildFailed(str(exc)) from None
 
     async def _setup(self, bp: Blueprint, sandbox: GuestSandbox, command: str) -> None:
         """Run one setup command to its end, its output logged; BuildFailed when it fails."""

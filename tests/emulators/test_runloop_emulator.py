@@ -1033,3 +1033,95 @@ def test_a_devbox_mounts_storage_objects(isolation: str, tmp_path: Path) -> None
                 mounts=[{"type": "object_mount", "object_id": tree.id, "object_path": "/usr/t"}]
             )
         assert [r.id for r in emu.records()] == [box.id]
+
+
+def test_a_blueprint_copies_from_its_build_context(isolation: str, tmp_path: Path) -> None:
+    """``COPY`` and ``ADD`` take their files from the ``build_context`` object (a tgz of a
+    directory, as ``upload_from_dir`` makes it) into the image, as Docker places them."""
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "inner.txt").write_text("inner\n")
+    ctx = tmp_path / "ctx"
+    (ctx / "sub").mkdir(parents=True)
+    (ctx / "app.py").write_text('print("app")\n')
+    (ctx / "config.txt").write_text("k=v\n")
+    (ctx / ".hidden.txt").write_text("hidden\n")
+    (ctx / "sub" / "x.txt").write_text("x\n")
+    shutil.make_archive(str(ctx / "data"), "gztar", inner)
+    dockerfile = (
+        "FROM ubuntu:22.04\nWORKDIR /app\nCOPY . .\n"
+        "COPY sub /srv/from-sub\n"
+        "COPY config.txt app.py /etc2/\n"
+        "COPY *.txt /opt/txt/\n"
+        "COPY --chown=user:user --chmod=600 config.txt /opt/secret.txt\n"
+        "ADD data.tar.gz /opt/data\n"
+        'ENV NAME=renamed\nCOPY ["config.txt", "/opt/$NAME.txt"]\n'
+    )
+    with RunloopEmulator(isolation=isolation) as emu, RunloopSDK(**kwargs(emu)) as sdk:
+        context = sdk.storage_object.upload_from_dir(ctx, ttl=timedelta(hours=1))
+        built = sdk.blueprint.create(
+            name="ctx",
+            dockerfile=dockerfile,
+            build_context=context.as_build_context(),
+            system_setup_commands=["cat sub/x.txt > from-setup.txt"],
+            polling_config=QUICK,
+        )
+        params = built.get_info().parameters
+        assert params.build_context is not None
+        assert params.build_context.object_id == context.id
+        context.delete()  # the image keeps its copies
+        box = built.create_devbox()
+        try:
+            listing = box.cmd.exec("ls -A; ls -A /srv/from-sub /etc2 /opt/txt /opt/data")
+            assert listing.stdout().split() == [
+                *[".hidden.txt", "app.py", "config.txt", "data.tar.gz", "from-setup.txt", "sub"],
+                *["/etc2:", "app.py", "config.txt"],
+                *["/opt/data:", "inner.txt"],
+                *["/opt/txt:", ".hidden.txt", "config.txt"],
+                *["/srv/from-sub:", "x.txt"],
+            ]
+            read = box.cmd.exec("cat from-setup.txt /opt/renamed.txt; stat -c %a /opt/secret.txt")
+            assert read.stdout() == "x\nk=v\n600\n"
+        finally:
+            box.shutdown()
+
+
+async def test_a_build_context_copy_that_cannot_be_made_fails_the_build(
+    emu: RunloopEmulator, client: AsyncRunloop, tmp_path: Path
+) -> None:
+    """A missing source, several sources to a file, ``ADD`` of a URL, ``COPY --from`` or a
+    ``COPY`` with no build context fail the build, the log saying why; a context that is not
+    an uploaded object is refused at the create."""
+    (tmp_path / "a.txt").write_text("a\n")
+    async with AsyncRunloopSDK(**kwargs(emu)) as sdk:
+        context = await sdk.storage_object.upload_from_dir(tmp_path)
+    build_context: Any = {"type": "object", "object_id": context.id}
+    failures = {
+        "COPY missing.txt /x": "COPY failed: file not found in build context: missing.txt",
+        "COPY a.txt a.txt /x": "the destination must be a directory and end with a /",
+        "ADD https://example.com/x.tgz /x": "is not modelled",
+        "COPY --from=builder /x /x": "COPY --from is not modelled",
+        "COPY a.txt /usr/local/a.txt": "read-only file system",
+    }
+    for line, reason in failures.items():
+        view = await client.blueprints.create(
+            name="bad", dockerfile=f"FROM ubuntu:22.04\n{line}", build_context=build_context
+        )
+        with pytest.raises(RunloopError, match="non-built terminal state: failed"):
+            await client.blueprints.await_build_complete(view.id, polling_config=QUICK)
+        logs = (await client.blueprints.logs(view.id)).logs
+        assert reason in logs[-1].message, (line, logs[-1].message)
+    view = await client.blueprints.create(name="bad", dockerfile="FROM ubuntu:22.04\nCOPY . .")
+    with pytest.raises(RunloopError, match="non-built terminal state: failed"):
+        await client.blueprints.await_build_complete(view.id, polling_config=QUICK)
+    logs = (await client.blueprints.logs(view.id)).logs
+    assert "no build context to copy from" in logs[-1].message
+    draft = await client.objects.create(name="draft", content_type="tgz")
+    with pytest.raises(BadRequestError, match="UPLOADING"):
+        await client.blueprints.create(
+            name="d", build_context={"type": "object", "object_id": draft.id}
+        )
+    with pytest.raises(NotFoundError):
+        await client.blueprints.create(
+            name="d", build_context={"type": "object", "object_id": "obj_missing"}
+        )
