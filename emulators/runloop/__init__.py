@@ -8,13 +8,13 @@ clients and the object SDKs (``RunloopSDK`` / ``AsyncRunloopSDK``) create
 devboxes, long-poll their status, run commands, move files and shut them
 down, build blueprints to start devboxes from and keep objects in object
 storage (uploaded and downloaded through presigned URLs the same server
-answers) to mount in devboxes and build blueprints from. Devboxes are real local sandboxes
-(`emulators.runloop.devboxes`) that boot in ``boot_seconds`` and end after
-their keep-alive or idle time, as on Runloop; a blueprint builds in
-``build_seconds`` plus its setup commands' time (its Dockerfile read by
-`emulators.runloop.dockerfiles`, not run; its ``COPY`` and ``ADD`` copy
-from a build context object, `emulators.runloop.build_context`). `sdk_env` gives the SDK's
-variables for it.
+answers) to mount in devboxes and build blueprints from. Devboxes are real
+local sandboxes (`emulators.runloop.devboxes`) that boot in ``boot_seconds``
+and end after their keep-alive or idle time, as on Runloop; a blueprint
+builds in ``build_seconds`` plus its setup commands' time (its Dockerfile
+read by `emulators.runloop.dockerfiles`, not run; its ``COPY`` and ``ADD``
+copying from a build context object, `emulators.runloop.build_context`).
+`sdk_env` gives the SDK's variables for it.
 
 Tunnels are served by a second loopback server, the ingress: it routes on
 the ``Host`` header, ``{port}-{tunnel_key}.tunnel.{domain}`` as the SDK's

@@ -3,10 +3,10 @@
 Routes (JSON in snake_case, key in ``Authorization: Bearer``, errors as
 ``{"status", "message"}``), all under ``/v1/devboxes``; the commands run in
 a devbox are `emulators.runloop.executions`, its files `emulators.runloop.files`,
-its disk snapshots `emulators.runloop.disk_snapshots` and the blueprints it
-starts from `emulators.runloop.blueprints`, each over `DevboxApi`
-(which holds the key check, the devbox lookups, body parsing and the error
-middleware). Here:
+its disk snapshots `emulators.runloop.disk_snapshots`, the blueprints it
+starts from `emulators.runloop.blueprints` and the objects it mounts
+`emulators.runloop.objects`, each over `DevboxApi` (which holds the key
+check, the devbox lookups, body parsing and the error middleware). Here:
 
 * ``POST /v1/devboxes`` creates a devbox (``provisioning`` at first, then
   ``initializing`` while its ``launch_commands`` run in turn: one that fails
