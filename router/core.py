@@ -244,9 +244,9 @@ class Router:
 
     def fill_warm(self) -> dict[str, int]:
         """Refill the warm pools now and wait: kill idle and drained ones, create up to
-        each ``size`` within the pool's limits, and connect ahead to the running
-        ones this replica may claim (``warm_reach_every``). Returns each pool's ready count (a pool
-        another replica is refilling is left out). Starts the background refill."""
+        each ``size`` within the pool's limits, and connect ahead to the running ones
+        this replica may claim (``warm_reach_every``). Returns each pool's ready count
+        (a pool another replica is refilling is left out). Starts the background refill."""
         return self._engine.run(self._fill_warm())
 
     async def afill_warm(self) -> dict[str, int]:

@@ -393,8 +393,8 @@ class WarmPools:
         if not await self._ledger.store.warm_put(entry.ref, booking.lease_id, record, now):
             await self._upkeep.kill_id(entry, sandbox.id)  # its lease was lost: nothing holds it
             return False
-        if not warm.pause:
-            self._handles.keep(entry.name, sandbox)
+        if not warm.pause and self._ctx.config.warm_reach_every > 0:
+            self._handles.keep(entry.name, sandbox)  # the reach loop lets go of it once claimed
         self._ctx.emit(WarmCreated(entry.name, sandbox.id, warm.pause, now - started))
         return True
 

@@ -306,6 +306,15 @@ def test_the_replica_that_made_a_warm_sandbox_claims_it_through_its_own_handle(
     assert [hit["reached"] for hit in fired(events, "warm_claimed")] == [True]
 
 
+def test_without_reaching_a_replica_keeps_no_handle_even_of_what_it_made(pool, events) -> None:
+    one, _, maker, _ = pool(size=1, max_idle=300)  # warm_reach_every: 0, nothing lets go
+    one.fill_warm()
+    with one.acquire() as lease:
+        assert lease.sandbox.run("true").exit_code == 0
+    assert maker.connects == 1
+    assert [hit["reached"] for hit in fired(events, "warm_claimed")] == [False]
+
+
 def test_a_handle_connected_too_long_ago_is_not_trusted_and_the_claim_connects(
     pool, events, clock: Clock
 ) -> None:
