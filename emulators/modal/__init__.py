@@ -14,7 +14,10 @@ flows answer UNIMPLEMENTED and are logged and counted by name
 are served by an edge on a port of its own (`emulators.modal.tunnels`);
 `ModalEmulator.resolve` says where their host names point. A filesystem
 snapshot is an image a create can start from, until ``ImageDelete`` or its
-TTL.
+TTL. Volumes (`emulators.modal.volumes`) are host directories a create's
+``volumes`` mount in its sandbox and the SDK's volume file API reads and
+writes; large uploads go through blob storage, an HTTP listener on a port
+of its own (`emulators.modal.volumes.BlobStore`, its URLs presigned).
 
 Faults come from the shared harness, per operation: ``hello``, ``lookup``
 (AppGetOrCreate), ``environment``, ``image`` (image build and its wait),
@@ -22,7 +25,8 @@ Faults come from the shared harness, per operation: ``hello``, ``lookup``
 ``get`` (wait / poll / task id / tags), ``list``, ``kill`` (terminate),
 ``connect`` (command router access), ``exec`` and ``files`` (execs of
 fs-tools), ``port`` (tunnels), ``snapshot`` (filesystem snapshots and
-``ImageDelete``); ``image`` covers ``ImageFromId`` too. A status fault
+``ImageDelete``), ``volume`` (volume RPCs and blob storage); ``image``
+covers ``ImageFromId`` too. A status fault
 answers the gRPC status Modal would (`emulators.modal.rpc.fault_error`: 429
 is RESOURCE_EXHAUSTED, with an ``RPCRetryPolicy`` detail when the fault has
 a ``retry_after``).
@@ -50,6 +54,7 @@ from emulators.modal.images import Images, Mounts
 from emulators.modal.rpc import DetailsCodec
 from emulators.modal.sandboxes import ModalCore, new_id
 from emulators.modal.tunnels import DOMAIN, TunnelEdge
+from emulators.modal.volumes import BlobStore, Volumes
 
 __all__ = ["TEST_TOKEN_ID", "TEST_TOKEN_SECRET", "ModalEmulator"]
 
@@ -94,6 +99,10 @@ class ModalEmulator(Emulator):
             self.core.named_secrets[name] = secret_id
         self.images = Images(set(images) if images is not None else None, image_build_seconds)
         self.mounts = Mounts()
+        root = self.core.local.root
+        self.volumes = Volumes(root / ".modal-volumes")  # dot names: never a sandbox's
+        self.blobs = BlobStore(root / ".modal-blobs", self.core.tokens)
+        self.blob_port = free_port()
         self.list_page_size = list_page_size
         self.unimplemented: Counter[str] = Counter()
         self.tunnel_port = free_port()
@@ -121,8 +130,13 @@ class ModalEmulator(Emulator):
         )
         await edge.setup()
         await web.TCPSite(edge, self.host, self.tunnel_port).start()
+        blobs = web.AppRunner(self.blobs.app(), access_log=None)
+        await blobs.setup()
+        await web.TCPSite(blobs, self.host, self.blob_port).start()
+        self.blobs.base = f"http://{self.host}:{self.blob_port}"
 
         async def stop() -> None:
+            await blobs.cleanup()
             await edge.cleanup()
             server.close()
             await server.wait_closed()

@@ -18,6 +18,8 @@ on stdout. ``TaskSnapshotFilesystem`` (``Sandbox.snapshot_filesystem``)
 copies the sandbox's files into an image kept for the request's TTL
 (``-1``: until deleted); ``TaskSnapshotDirectory`` one directory of them,
 which ``TaskMountDirectory`` / ``TaskUnmountDirectory`` mount in a sandbox.
+``TaskReloadVolumes`` (``Sandbox.reload_volumes``) succeeds: the sandbox's
+volumes are always current (`emulators.modal.volumes`).
 A task whose sandbox has ended is NOT_FOUND.
 Faults: op ``exec``, ``files`` for fs-tools execs, ``snapshot``.
 """
@@ -235,6 +237,13 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
         sandbox = await self._container(stream, request.task_id, request.container_id)
         await sandbox.unmount(request.path.decode(errors="surrogateescape"))
         await stream.send_message(empty_pb2.Empty())
+
+    async def TaskReloadVolumes(self, stream: _Req) -> None:
+        """Nothing to reload: a volume's mounts share its one directory
+        (`emulators.modal.volumes`)."""
+        request = await self._request(stream)
+        await self._container(stream, request.task_id, request.container_id)
+        await stream.send_message(sr.TaskReloadVolumesResponse())
 
     async def _container(self, stream: _Req, task_id: str, container_id: str) -> ModalSandbox:
         """The task's sandbox for a snapshot or mount (op ``snapshot``); sidecars are absent."""

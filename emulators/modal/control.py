@@ -5,7 +5,7 @@ The RPCs the SDK calls for ``Client.hello``, ``App.lookup``, images and their lo
 for GPU sandboxes), ``from_id``, ``list``, ``get_tags`` / ``set_tags``, ``poll`` / ``wait``,
 ``tunnels``, ``terminate``, a V1 sandbox's entrypoint stdio (``SandboxGetLogs``,
 ``SandboxStdinWrite``; a V2 one's is the command router's), ``Image.from_id`` and
-``modal.experimental.image_delete``
+``modal.experimental.image_delete``, volumes and blobs (`emulators.modal.volumes`)
 (and ``SandboxSnapshotFs``, the V1 snapshot the SDK takes with
 ``MODAL_USE_LEGACY_FILESYSTEM_SNAPSHOT=1``; otherwise it snapshots through the
 command router); every other RPC answers UNIMPLEMENTED.
@@ -19,7 +19,8 @@ sandboxes (ALREADY_EXISTS) and ``Sandbox.from_name`` finds it. A create
 whose image is a filesystem snapshot
 (`emulators.modal.sandboxes.KeptImage`) starts from a copy of its files;
 ``ImageDelete`` deletes a snapshot or a built registry image, NOT_FOUND for
-an id the workspace does not have.
+an id the workspace does not have. A create's ``volume_mounts`` mount its
+volumes' directories in the sandbox.
 
 Every request carries ``x-modal-token-id`` / ``x-modal-token-secret``: an
 unknown pair is UNAUTHENTICATED. A token stands for a workspace: it sees
@@ -50,6 +51,7 @@ from emulators.modal.images import Copy
 from emulators.modal.rpc import apply_fault, fill_unimplemented, metadata_value
 from emulators.modal.sandboxes import MODAL_HOME, Container, ModalSandbox, new_id
 from emulators.modal.tunnels import tunnel_host
+from emulators.modal.volumes import VolumeRpcs
 from providers.base import SandboxSpec
 
 if TYPE_CHECKING:
@@ -75,7 +77,7 @@ _Req = Stream[Any, Any]
 
 
 @fill_unimplemented
-class ControlPlane(api_grpc.ModalClientBase):
+class ControlPlane(VolumeRpcs, api_grpc.ModalClientBase):
     """The control-plane RPCs, over the emulator's core."""
 
     def __init__(self, emulator: ModalEmulator) -> None:
@@ -176,11 +178,17 @@ class ControlPlane(api_grpc.ModalClientBase):
         )
 
     async def MountPutFile(self, stream: _Req) -> None:
+        """Contents by SHA-256: inline, from a blob, or (neither) whether they are known."""
         _, request = await self._enter(stream, "image")
-        if request.data_blob_id:
-            raise GRPCError(Status.UNIMPLEMENTED, "blob uploads are not implemented")
-        self.emu.mounts.put(request.sha256_hex, request.data)
-        await stream.send_message(api_pb2.MountPutFileResponse(exists=True))
+        if request.HasField("data_blob_id"):
+            blob = self.emu.blobs.blob(request.data_blob_id)
+            if not blob.exists():
+                raise GRPCError(Status.NOT_FOUND, f"Blob '{request.data_blob_id}' not found")
+            self.emu.mounts.put(request.sha256_hex, await asyncio.to_thread(blob.read_bytes))
+        elif request.HasField("data"):
+            self.emu.mounts.put(request.sha256_hex, request.data)
+        exists = not self.emu.mounts.missing([request.sha256_hex])
+        await stream.send_message(api_pb2.MountPutFileResponse(exists=exists))
 
     async def MountGetOrCreate(self, stream: _Req) -> None:
         _, request = await self._enter(stream, "image")
@@ -275,6 +283,7 @@ class ControlPlane(api_grpc.ModalClientBase):
         if definition.workdir and not definition.workdir.startswith("/"):
             raise GRPCError(Status.INVALID_ARGUMENT, "workdir must be an absolute path")
         ports, unencrypted = _ports(definition.open_ports.ports)
+        mounts = self.emu.volumes.mounts(workspace, definition.volume_mounts)
         named = self._named(workspace, request.app_id, definition.name)
         if definition.name and any(s.running for s in named):
             raise GRPCError(
@@ -294,6 +303,7 @@ class ControlPlane(api_grpc.ModalClientBase):
                 dirs=((workdir,) if workdir else ()) + tuple(_parents(files)),
                 lifetime=definition.timeout_secs or 300,
                 sandbox_id=sandbox_id,
+                mounts=mounts,
             )
         except QuotaViolation as exc:
             template = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else QUOTA_MESSAGE

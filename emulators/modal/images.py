@@ -14,8 +14,9 @@ Local files reach Modal as mounts: the SDK asks which contents Modal lacks
 (``MountBatchedCheckExistence``), uploads them (``MountPutFile``) and
 names the files (``MountGetOrCreate``). A sandbox gets the files of its
 image's copied mounts and of the create's ``mount_ids``
-(``add_local_*`` without ``copy``). Contents of more than 4 MiB go through
-blob storage, which the emulator lacks (``BlobCreate`` is UNIMPLEMENTED).
+(``add_local_*`` without ``copy``). Contents of 4 MiB or more go through
+blob storage (`emulators.modal.volumes.BlobStore`). A volume's V1 uploads
+put their contents here too.
 """
 
 from __future__ import annotations
@@ -223,6 +224,14 @@ class Mounts:
         if hashlib.sha256(data).hexdigest() != sha256_hex:
             raise GRPCError(Status.INVALID_ARGUMENT, "the data does not match its sha256_hex")
         self._contents[sha256_hex] = data
+
+    def content(self, sha256_hex: str) -> bytes:
+        try:
+            return self._contents[sha256_hex]
+        except KeyError:
+            raise GRPCError(
+                Status.FAILED_PRECONDITION, f"file contents {sha256_hex} were not uploaded"
+            ) from None
 
     def create(self, files: Iterable[api_pb2.MountFile]) -> str:
         """A mount of ``files`` (their contents uploaded before); its id."""

@@ -21,7 +21,8 @@ the task ids of V2 sandboxes end in ``V``.
 
 Paths are Modal's: the home is ``/root`` and commands start in the
 sandbox's working directory (its ``workdir``, else ``/root``); the rest of
-the sandbox's filesystem is `emulators.filesystem.GuestSandbox`'s.
+the sandbox's filesystem is `emulators.filesystem.GuestSandbox`'s, its
+volumes (`emulators.modal.volumes`) mounted there.
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ class Container(GuestSandbox):
     """
 
     def __init__(self, guest: GuestSandbox, image_path: str | None = None) -> None:
-        super().__init__(guest, guest.home, isolate=guest.isolate, dirs=guest.dirs)
+        super().__init__(
+            guest, guest.home, isolate=guest.isolate, dirs=guest.dirs, mounts=guest.mounts
+        )
         self.image_path = image_path or IMAGE_PATH
         self._init: int | None = None
         self._holding = asyncio.Lock()

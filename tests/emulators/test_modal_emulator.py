@@ -6,6 +6,7 @@ If Modal's gRPC protocol moves under a new SDK version, these fail first.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import socket
 import threading
@@ -21,7 +22,7 @@ import pytest
 import structlog
 from grpclib.exceptions import StreamTerminatedError
 from modal import exception as mx
-from modal.types import FileWatchEventType
+from modal.types import FileEntryType, FileWatchEventType
 from modal_proto import api_pb2
 
 from emulators.harness import Emulator, free_port
@@ -361,9 +362,9 @@ def test_images_secrets_and_slow_builds(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_unimplemented_rpcs_are_logged_by_name(emu: ModalEmulator, client: Any) -> None:
     with structlog.testing.capture_logs() as events, pytest.raises(mx.UnimplementedError):
-        modal.Volume.from_name("data", create_if_missing=True, client=client).hydrate()
-    assert emu.unimplemented == {"VolumeGetOrCreate": 1}
-    assert [e["rpc"] for e in events if "unimplemented" in e["event"]] == ["VolumeGetOrCreate"]
+        modal.Dict.from_name("data", create_if_missing=True, client=client).hydrate()
+    assert emu.unimplemented == {"DictGetOrCreate": 1}
+    assert [e["rpc"] for e in events if "unimplemented" in e["event"]] == ["DictGetOrCreate"]
 
 
 @pytest.mark.parametrize("gpu", [None, "T4"])
@@ -780,3 +781,92 @@ def test_a_connect_token_reaches_the_port_it_names(emu: ModalEmulator, client: A
     finally:
         sb.terminate()
         stranger.terminate()
+
+
+@pytest.mark.parametrize("version", [None, 2])
+def test_a_volumes_file_api(client: Any, version: int | None) -> None:
+    """``batch_upload`` (V1: mount contents, a blob from 4 MiB; V2: 8 MiB blocks, those
+    missing PUT to their URLs), ``listdir``, ``read_file`` and ``read_file_into_fileobj``
+    (a block URL each), ``copy_files``, ``remove_file``, ``commit`` and ``reload``."""
+    vol = modal.Volume.from_name("files", create_if_missing=True, version=version, client=client)
+    big = os.urandom(1024) + b"\0" * (9 * 1024 * 1024) + b"end"  # blocks past the zeros
+    with vol.batch_upload() as batch:
+        batch.put_file(io.BytesIO(b"hello"), "/a/hello.txt")
+        batch.put_file(io.BytesIO(big), "/big.bin")
+    with pytest.raises(FileExistsError), vol.batch_upload() as batch:
+        batch.put_file(io.BytesIO(b"again"), "/a/hello.txt")
+    listed = [(e.path, e.type, e.size) for e in vol.listdir("/", recursive=True)]
+    file = FileEntryType.FILE
+    assert listed[1:] == [("a/hello.txt", file, 5), ("big.bin", file, len(big))]
+    assert [e.path for e in vol.listdir("/a")] == ["a/hello.txt"]
+    assert b"".join(vol.read_file("a/hello.txt")) == b"hello"
+    into = io.BytesIO()
+    assert vol.read_file_into_fileobj("big.bin", into) == len(big)
+    assert into.getvalue() == big
+    vol.copy_files(["a/hello.txt"], "b/copy.txt")
+    vol.remove_file("big.bin")
+    with pytest.raises(FileNotFoundError):
+        b"".join(vol.read_file("big.bin"))
+    with pytest.raises(mx.InvalidError):
+        vol.remove_file("a")
+    vol.remove_file("a", recursive=True)
+    vol.commit()
+    vol.reload()
+    assert [e.path for e in vol.listdir("/", recursive=True)] == ["b", "b/copy.txt"]
+
+
+def test_volumes_by_name(client: Any) -> None:
+    """Named volumes: looked up (NOT_FOUND unless created), created once, listed newest
+    first, renamed and deleted; an ephemeral volume has no name and is not listed."""
+    with pytest.raises(mx.NotFoundError):
+        modal.Volume.from_name("absent", client=client).hydrate()
+    modal.Volume.objects.create("one", client=client)
+    with pytest.raises(mx.AlreadyExistsError):
+        modal.Volume.objects.create("one", client=client)
+    modal.Volume.objects.create("one", allow_existing=True, client=client)
+    two = modal.Volume.from_name("two", create_if_missing=True, client=client).hydrate()
+    assert modal.Volume.from_id(two.object_id, client=client).hydrate().name == "two"
+    with modal.Volume.ephemeral(client=client) as scratch:
+        assert scratch.listdir("/") == []
+        assert [v.name for v in modal.Volume.objects.list(client=client)] == ["two", "one"]
+    modal.Volume.rename("two", "three", client=client)
+    modal.Volume.objects.delete("one", client=client)
+    assert [v.name for v in modal.Volume.objects.list(client=client)] == ["three"]
+    with pytest.raises(mx.NotFoundError):
+        modal.Volume.objects.delete("one", client=client)
+
+
+def test_a_volume_is_shared_by_the_sandboxes_mounting_it(client: Any, tmp_path: Path) -> None:
+    """``Sandbox.create(volumes=...)`` mounts the volume's files for real: one sandbox's
+    writes are read by another (a ``sub_path`` mount shows that directory), by its file API
+    and by the volume's; a snapshot leaves them out. A 5 MiB image file goes as a blob."""
+    vol = modal.Volume.from_name("shared", create_if_missing=True, client=client)
+    with vol.batch_upload() as batch:
+        batch.put_file(io.BytesIO(b"seed"), "/users/u1/seed.txt")
+    (tmp_path / "big.bin").write_bytes(b"b" * (5 * 1024 * 1024))
+    image = modal.Image.from_registry(IMAGE).add_local_file(tmp_path / "big.bin", "/opt/big.bin")
+    writer = create(client, image=image, volumes={"/mnt/data": vol})
+    reader = create(client, volumes={"/home/u": vol.with_mount_options(sub_path="/users/u1")})
+    try:
+        assert writer.exec("stat", "-c", "%s", "/opt/big.bin").stdout.read() == "5242880\n"
+        script = "cat /mnt/data/users/u1/seed.txt && echo hi > /mnt/data/users/u1/new.txt"
+        assert writer.exec("bash", "-c", script).stdout.read() == "seed"
+        writer.reload_volumes()
+        assert reader.exec("cat", "/home/u/new.txt").stdout.read() == "hi\n"
+        reader.filesystem.write_text("back", "/home/u/back.txt")
+        assert writer.exec("cat", "/mnt/data/users/u1/back.txt").stdout.read() == "back"
+        assert b"".join(vol.read_file("users/u1/back.txt")) == b"back"
+        snap = writer.snapshot_filesystem()
+    finally:
+        writer.terminate()
+        reader.terminate()
+    later = create(client, image=snap)
+    try:
+        assert later.exec("ls", "-A", "/mnt/data").stdout.read() == ""
+    finally:
+        later.terminate()
+    assert [e.path for e in vol.listdir("users/u1")] == [
+        "users/u1/back.txt",
+        "users/u1/new.txt",
+        "users/u1/seed.txt",
+    ]
