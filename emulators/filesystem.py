@@ -25,7 +25,9 @@ A sandbox may mount host directories (`GuestSandbox` ``mounts``: a Daytona
 volume), shared with other sandboxes and outliving it: bubblewrap binds each
 at its path; without it the path is a symlink to the host directory, so the
 rewritten paths of a command reach it. The file APIs map a mounted path
-straight onto its host directory either way.
+straight onto its host directory either way. A ``read_only`` mount is bound
+read-only and the file APIs refuse to write in it; without bubblewrap its
+commands can still write there (a symlink cannot be read-only).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import os
 import posixpath
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,10 @@ def mountable(path: str) -> bool:
     )
 
 
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
 class GuestSandbox(LocalSandbox):
     """A local sandbox whose directory is the root of a vendor sandbox's filesystem.
 
@@ -89,6 +95,7 @@ class GuestSandbox(LocalSandbox):
         dirs: further directories the image has (a Modal workdir).
         mounts: host directories mounted at sandbox paths (absolute, outside the
             system directories), by path.
+        read_only: the paths of ``mounts`` mounted read-only.
 
     Raises:
         PathRefused: a mount on, in or over a system directory (they are the host's).
@@ -102,6 +109,7 @@ class GuestSandbox(LocalSandbox):
         isolate: bool,
         dirs: Sequence[str] = (),
         mounts: Mapping[str, Path] | None = None,
+        read_only: Collection[str] = (),
     ) -> None:
         provider: LocalProvider = local._provider
         super().__init__(provider, local.id, local.meta)
@@ -115,7 +123,9 @@ class GuestSandbox(LocalSandbox):
         for path in self.mounts:
             if not mountable(path):
                 raise PathRefused(f"{path}: cannot mount on a system directory")
+        self.read_only: frozenset[str] = frozenset()  # the layout makes their mount points
         self._layout([self.home, *dirs])
+        self.read_only = frozenset(posixpath.normpath(p) for p in read_only)
         system = {d.strip("/").split("/")[0] for d in self._system}
         tops = {d.strip("/").split("/")[0] for d in [*dirs, *self.mounts] if d.strip("/")} - system
         own = sorted(
@@ -210,6 +220,8 @@ class GuestSandbox(LocalSandbox):
                 parts = target.split("/") + parts
                 continue
             resolved.append(name)
+        if write and self._read_only("/" + "/".join(resolved)):
+            raise PathRefused(f"{path}: read-only file system")
         return self._mapped(resolved)
 
     def _mapped(self, parts: list[str]) -> Path:
@@ -220,6 +232,13 @@ class GuestSandbox(LocalSandbox):
             if path == mount or path.startswith(mount + "/"):
                 return self.mounts[mount].joinpath(path[len(mount) :].lstrip("/"))
         return self.root.joinpath(*parts)
+
+    def _read_only(self, path: str) -> bool:
+        """Whether ``path`` is in a read-only mount (and no writable one inside it)."""
+        mount = next(
+            (m for m in sorted(self.mounts, key=len, reverse=True) if _within(path, m)), None
+        )
+        return mount in self.read_only
 
     def _system_dir(self, path: str) -> bool:
         return any(path == d or path.startswith(d + "/") for d in self.system_dirs)
@@ -317,7 +336,8 @@ class GuestSandbox(LocalSandbox):
         for system in self.system_dirs:
             cmd += ["--ro-bind", system, system]
         for mount in sorted(self.mounts, key=len):
-            cmd += ["--bind", str(self.mounts[mount]), mount]
+            bind = "--ro-bind" if mount in self.read_only else "--bind"
+            cmd += [bind, str(self.mounts[mount]), mount]
         cmd += ["--proc", "/proc", "--dev", "/dev", "--chdir", cwd, "--hostname", "sandbox"]
         return [*cmd, "--"]
 

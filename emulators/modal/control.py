@@ -283,7 +283,7 @@ class ControlPlane(VolumeRpcs, api_grpc.ModalClientBase):
         if definition.workdir and not definition.workdir.startswith("/"):
             raise GRPCError(Status.INVALID_ARGUMENT, "workdir must be an absolute path")
         ports, unencrypted = _ports(definition.open_ports.ports)
-        mounts = self.emu.volumes.mounts(workspace, definition.volume_mounts)
+        mounts, read_only = self.emu.volumes.mounts(workspace, definition.volume_mounts)
         named = self._named(workspace, request.app_id, definition.name)
         if definition.name and any(s.running for s in named):
             raise GRPCError(
@@ -308,7 +308,7 @@ class ControlPlane(VolumeRpcs, api_grpc.ModalClientBase):
         except QuotaViolation as exc:
             template = CONCURRENCY_MESSAGE if exc.kind == "concurrent" else QUOTA_MESSAGE
             raise GRPCError(Status.RESOURCE_EXHAUSTED, template.format(limit=exc.limit)) from None
-        container = self.core.sandboxes[sandbox_id] = Container(local, image_path)
+        container = self.core.sandboxes[sandbox_id] = Container(local, image_path, read_only)
         try:
             _write_files(container, files)
         except (PathRefused, OSError) as exc:

@@ -10,8 +10,9 @@ contract; the emulator runs it with the sandbox's Python, from the
 working directory, as ``python3 -c <this file> <json command> <json read-only
 dirs>``. The paths in the command are as the sandbox's processes see them
 (`emulators.filesystem.GuestSandbox.inside`); a write under one of the
-read-only directories (the system's, bound read-only under bubblewrap) fails
-as the read-only mount makes it fail, also where no mount enforces it.
+read-only directories (the system's and read-only volumes', bound read-only
+under bubblewrap) fails as the read-only mount makes it fail, also where no
+mount enforces it.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _oserror(exc: OSError) -> ToolError:
 
 class Tool:
     def __init__(self, readonly: list[str]) -> None:
-        self.readonly = readonly
+        self.readonly = [os.path.realpath(d) for d in readonly]  # a mount's symlink resolved
 
     def writable(self, path: str) -> str:
         real = os.path.realpath(path)

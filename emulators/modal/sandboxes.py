@@ -40,7 +40,7 @@ import shutil
 import signal
 import string
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,7 +123,7 @@ def _b64(data: bytes) -> str:
 class Container(GuestSandbox):
     """A guest sandbox whose commands share one PID namespace, as a Modal container's do,
     and find ``python`` on their PATH (``image_path``, the image's, else a usual one), as in
-    every Modal image.
+    every Modal image; its volumes are the guest's mounts, those of ``read_only`` read-only.
 
     Under bubblewrap each command would get a PID namespace of its own, so one
     exec could not signal another (the router's kill of a background process
@@ -135,9 +135,16 @@ class Container(GuestSandbox):
     commands share the host's namespace anyway.
     """
 
-    def __init__(self, guest: GuestSandbox, image_path: str | None = None) -> None:
+    def __init__(
+        self, guest: GuestSandbox, image_path: str | None = None, read_only: Collection[str] = ()
+    ) -> None:
         super().__init__(
-            guest, guest.home, isolate=guest.isolate, dirs=guest.dirs, mounts=guest.mounts
+            guest,
+            guest.home,
+            isolate=guest.isolate,
+            dirs=guest.dirs,
+            mounts=guest.mounts,
+            read_only=read_only,
         )
         self.image_path = image_path or IMAGE_PATH
         self._init: int | None = None
@@ -406,13 +413,14 @@ class ModalSandbox:
 
         The fs-tools command is `emulators.modal.fs_tools`, run by the
         sandbox's Python; it reads its JSON request, with its path as the
-        sandbox's processes see it, and the read-only directories from argv.
+        sandbox's processes see it, and the read-only directories (the system's
+        and the read-only volumes') from argv.
         With ``pty`` the command runs on a terminal of that size
         (`emulators.modal.pty_relay`).
         """
         if command and command[0] == FS_TOOLS:
             request = self._fs_request(command[1] if len(command) > 1 else "", workdir)
-            readonly = json.dumps(self.local.system_dirs)
+            readonly = json.dumps([*self.local.system_dirs, *sorted(self.local.read_only)])
             command = [python, "-c", _FS_TOOLS_SOURCE, request, readonly]
         elif pty is not None:
             size = [str(pty.winsz_rows), str(pty.winsz_cols)]

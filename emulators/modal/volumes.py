@@ -14,8 +14,9 @@ background). Here every mount and the file API share one directory, so
 changes are seen at once; ``VolumeCommit``, ``VolumeReload`` and the
 command router's ``TaskReloadVolumes`` succeed and change nothing. That is a
 strictly stronger guarantee: code that commits and reloads as Modal asks
-works, code that forgets to is not caught. ``read_only`` mounts are mounted
-writable (the emulator's sandboxes have no read-only mounts).
+works, code that forgets to is not caught. A ``read_only`` mount is
+read-only under bubblewrap; without it only the file APIs refuse writes
+there (`emulators.filesystem.GuestSandbox` ``read_only``).
 
 Both file APIs are served whatever a volume's version (a new volume is V1,
 Modal's default, unless the request asks for V2; the SDK picks its RPCs by
@@ -245,10 +246,11 @@ class Volumes:
         del self.volumes[volume.id]
         shutil.rmtree(volume.dir, ignore_errors=True)
 
-    def mounts(self, workspace: str, specs: Any) -> dict[str, Path]:
+    def mounts(self, workspace: str, specs: Any) -> tuple[dict[str, Path], set[str]]:
         """A create's ``volume_mounts`` as host directories by mount path (a ``sub_path``
-        made if missing)."""
+        made if missing), and the paths mounted ``read_only``."""
         found: dict[str, Path] = {}
+        read_only: set[str] = set()
         for spec in specs:
             volume = self.get(workspace, spec.volume_id)
             path = posixpath.normpath(spec.mount_path)
@@ -259,7 +261,9 @@ class Volumes:
             directory = volume.host(spec.sub_path) if spec.HasField("sub_path") else volume.dir
             directory.mkdir(parents=True, exist_ok=True)
             found[path] = directory
-        return found
+            if spec.read_only:
+                read_only.add(path)
+        return found, read_only
 
 
 class BlobStore:

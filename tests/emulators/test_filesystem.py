@@ -131,3 +131,24 @@ async def test_a_mount_is_its_host_directory(guest: GuestSandbox, tmp_path: Path
     assert (shared / "d" / "y").read_text() == "api"
     with pytest.raises(PathRefused, match="cannot mount on a system directory"):
         GuestSandbox(guest, HOME, isolate=guest.isolate, mounts={"/usr/data": shared})
+
+
+async def test_a_read_only_mount(guest: GuestSandbox, tmp_path: Path) -> None:
+    """A ``read_only`` mount: read through it, the file APIs refuse to write in it (and
+    under bubblewrap its commands too), a writable mount inside it stays writable."""
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "x").write_text("x")
+    (tmp_path / "rw").mkdir()
+    mounts = {"/data": tmp_path / "ro", "/data/rw": tmp_path / "rw"}
+    local = await guest._provider.create(SandboxSpec())
+    other = GuestSandbox(local, HOME, isolate=guest.isolate, mounts=mounts, read_only=["/data"])
+    try:
+        assert await run(other, "cat /data/x") == "x"
+        with pytest.raises(PathRefused, match="read-only file system"):
+            other.host("/data/y", write=True)
+        other.host("/data/rw/y", write=True).write_text("y")
+        if other.isolate:
+            assert (await other.run("touch /data/z")).exit_code != 0
+    finally:
+        await other.kill()
+    assert sorted(p.name for p in (tmp_path / "ro").iterdir()) == ["rw", "x"]  # a mount point

@@ -836,26 +836,34 @@ def test_volumes_by_name(client: Any) -> None:
         modal.Volume.objects.delete("one", client=client)
 
 
-def test_a_volume_is_shared_by_the_sandboxes_mounting_it(client: Any, tmp_path: Path) -> None:
+def test_a_volume_is_shared_by_the_sandboxes_mounting_it(
+    emu: ModalEmulator, client: Any, tmp_path: Path
+) -> None:
     """``Sandbox.create(volumes=...)`` mounts the volume's files for real: one sandbox's
-    writes are read by another (a ``sub_path`` mount shows that directory), by its file API
-    and by the volume's; a snapshot leaves them out. A 5 MiB image file goes as a blob."""
+    writes are read by another (a ``sub_path`` mount shows that directory, ``read_only``
+    refuses writes), by its file API and by the volume's; a snapshot leaves them out. A
+    5 MiB image file goes as a blob."""
     vol = modal.Volume.from_name("shared", create_if_missing=True, client=client)
     with vol.batch_upload() as batch:
         batch.put_file(io.BytesIO(b"seed"), "/users/u1/seed.txt")
     (tmp_path / "big.bin").write_bytes(b"b" * (5 * 1024 * 1024))
     image = modal.Image.from_registry(IMAGE).add_local_file(tmp_path / "big.bin", "/opt/big.bin")
     writer = create(client, image=image, volumes={"/mnt/data": vol})
-    reader = create(client, volumes={"/home/u": vol.with_mount_options(sub_path="/users/u1")})
+    mine = vol.with_mount_options(sub_path="/users/u1", read_only=True)
+    reader = create(client, volumes={"/home/u": mine})
     try:
         assert writer.exec("stat", "-c", "%s", "/opt/big.bin").stdout.read() == "5242880\n"
         script = "cat /mnt/data/users/u1/seed.txt && echo hi > /mnt/data/users/u1/new.txt"
         assert writer.exec("bash", "-c", script).stdout.read() == "seed"
         writer.reload_volumes()
         assert reader.exec("cat", "/home/u/new.txt").stdout.read() == "hi\n"
-        reader.filesystem.write_text("back", "/home/u/back.txt")
-        assert writer.exec("cat", "/mnt/data/users/u1/back.txt").stdout.read() == "back"
+        writer.filesystem.write_text("back", "/mnt/data/users/u1/back.txt")
+        assert reader.exec("cat", "/home/u/back.txt").stdout.read() == "back"
         assert b"".join(vol.read_file("users/u1/back.txt")) == b"back"
+        with pytest.raises(mx.SandboxFilesystemPermissionError):
+            reader.filesystem.write_text("no", "/home/u/back.txt")
+        if emu.core.isolate:  # without bubblewrap only the file API is kept out
+            assert reader.exec("touch", "/home/u/no").wait() == 1
         snap = writer.snapshot_filesystem()
     finally:
         writer.terminate()
