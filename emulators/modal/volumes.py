@@ -6,7 +6,8 @@ emulator stops; Modal drops one some minutes after its heartbeats stop). A
 sandbox create's ``volume_mounts`` mount that directory for real
 (`emulators.filesystem.GuestSandbox` ``mounts``; a ``sub_path`` is a
 directory in it, made if missing), so what one sandbox writes there another
-mounting the volume reads, and the SDK's file API reads it too.
+mounting the volume reads, and the SDK's file API reads it too. Deleting
+a volume deletes its files, under the sandboxes mounting it too.
 
 Modal's volumes are eventually consistent: a container sees others' changes
 after its ``reload`` and publishes its own at ``commit`` (or in the
