@@ -553,7 +553,6 @@ class Emulator(abc.ABC):
             self._error = exc
             self._started.set()
         finally:
-            _unwind(loop)
             loop.close()
 
     async def _main(self) -> None:
@@ -656,15 +655,3 @@ class Emulator(abc.ABC):
         app.router.add_post("/reset", reset)
         app.router.add_get("/health", health)
         return app
-
-
-def _unwind(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel what the emulator left running (a command's pump, a sandbox's exit watch)
-    and let it finish, as ``asyncio.run`` does: a task a closed loop still holds is
-    destroyed pending, its ``finally`` never run. A few seconds at most: ``stop``
-    waits for this thread."""
-    pending = asyncio.all_tasks(loop)
-    for task in pending:
-        task.cancel()
-    if pending:
-        loop.run_until_complete(asyncio.wait(pending, timeout=5.0))
