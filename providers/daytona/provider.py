@@ -51,6 +51,7 @@ from providers.daytona.states import (
     SNAPSHOT_REMOVING,
     STARTABLE,
     UNUSABLE,
+    failed,
     state,
 )
 from providers.errors import CapacityExceeded, NotFound, ProviderError, Unavailable
@@ -212,12 +213,7 @@ class DaytonaProvider(KeyedProvider["DaytonaClient"]):
             if now == "started":
                 return dto
             if now in FAILED:
-                raise Unavailable(
-                    f"Sandbox {dto.id} entered error state: {now}, "
-                    f"error reason: {dto.error_reason}",
-                    provider=self.name,
-                    sandbox_id=dto.id,
-                )
+                raise failed(dto, self.name)
             if now in DELETED:
                 cls = CapacityExceeded if dto.queue_timed_out_at else Unavailable
                 why = (

@@ -49,7 +49,7 @@ from providers.daytona.processes import (
     process_id,
     toolbox_errors,
 )
-from providers.daytona.states import FAILED, SNAPSHOT_MAKING, SNAPSHOT_READY, state
+from providers.daytona.states import FAILED, SNAPSHOT_MAKING, SNAPSHOT_READY, failed, state
 from providers.errors import NotFound, ProviderError, SandboxError, Unavailable
 from providers.files import CHUNK, Chunks, ShellFiles
 from providers.logs import Log
@@ -532,12 +532,7 @@ class DaytonaSandbox(ShellFiles, Sandbox):
                 raise
             now = state(self._dto.state)
             if now in FAILED:
-                raise Unavailable(
-                    f"Sandbox {self.id} entered error state: {now}, "
-                    f"error reason: {self._dto.error_reason}",
-                    provider=self.provider,
-                    sandbox_id=self.id,
-                )
+                raise failed(self._dto, self.provider)
             if reached(now):
                 return
             await asyncio.sleep(every)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from providers.errors import Unavailable
+
 __all__ = [
     "DELETED",
     "FAILED",
@@ -12,6 +14,7 @@ __all__ = [
     "SNAPSHOT_REMOVING",
     "STARTABLE",
     "UNUSABLE",
+    "failed",
     "state",
 ]
 
@@ -38,3 +41,13 @@ SNAPSHOT_MAKING = frozenset(
 def state(value: Any) -> str:
     """The state's name, whether the generated client gave an enum or a string."""
     return str(getattr(value, "value", value) or "unknown")
+
+
+def failed(dto: Any, provider: str) -> Unavailable:
+    """The error of a sandbox found in a `FAILED` state, with Daytona's reason."""
+    return Unavailable(
+        f"Sandbox {dto.id} entered error state: {state(dto.state)}, "
+        f"error reason: {dto.error_reason}",
+        provider=provider,
+        sandbox_id=dto.id,
+    )
