@@ -449,7 +449,10 @@ class DevboxApi:
         wanted: list[tuple[Any, StoredObject | str]] = []
         for mount in raw:
             if mount.get("type") == "object_mount":
-                obj = self._mounted(key, mount.get("object_id"))
+                object_id = mount.get("object_id")
+                if not isinstance(object_id, str) or not object_id:
+                    raise ApiError(400, "object_mount needs an object_id")
+                obj = self.uploaded(key, object_id)
                 wanted.append((mount.get("object_path"), obj))
             elif mount.get("type") == "file_mount":
                 content = mount.get("content")
@@ -467,10 +470,9 @@ class DevboxApi:
             mounts.append((absolute, what))
         return mounts
 
-    def _mounted(self, key: str, object_id: Any) -> StoredObject:
-        """The object an ``object_mount`` names, which must be uploaded."""
-        if not isinstance(object_id, str) or not object_id:
-            raise ApiError(400, "object_mount needs an object_id")
+    def uploaded(self, key: str, object_id: str) -> StoredObject:
+        """The key's object ``object_id``, which must be uploaded (a mount or a build
+        context names it)."""
         obj = self.core.object_for(key, object_id)
         if obj is None or obj.state == "DELETED":
             raise ApiError(404, f"Object {object_id} not found")

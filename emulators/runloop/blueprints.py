@@ -246,11 +246,7 @@ class Blueprints:
         object_id = context.get("object_id") if isinstance(context, dict) else None
         if not isinstance(object_id, str) or context.get("type") != "object":
             raise ApiError(400, "build_context must be {'type': 'object', 'object_id': ...}")
-        obj = self.core.object_for(key, object_id)
-        if obj is None or obj.state == "DELETED":
-            raise ApiError(404, f"Object {object_id} not found")
-        if obj.state != "READ_ONLY":
-            raise ApiError(400, f"Object {object_id} is {obj.state}: complete its upload first")
+        self.api.uploaded(key, object_id)
         return {"type": "object", "object_id": object_id}
 
     # -- routes ----------------------------------------------------------------
