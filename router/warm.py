@@ -100,6 +100,7 @@ class WarmPools:
         self._closing = False
         self._handles = WarmHandles(ctx.clock)
         self._reaching: asyncio.Task[None] | None = None
+        self._passing = asyncio.Lock()  # one pass at a time here: `fill_warm` waits the loop's
 
     def configure(self, name: str, warm: WarmConfig | None) -> None:
         """Set (or with None, drop) an entry's warm pool; the next refill applies it."""
@@ -246,8 +247,13 @@ class WarmPools:
         and size the pools vendors hold (those dropped from the config to 0).
 
         Returns how many each pool holds ready after the pass; a pool whose
-        lock another replica held (it refills it) is left out.
+        lock another replica held (it refills it) is left out. A pass of this
+        replica's own in flight (the background one) is waited for first.
         """
+        async with self._passing:
+            return await self._pass()
+
+    async def _pass(self) -> dict[str, int]:
         if await self._ledger.outage.active(self._ledger.store):
             return {}  # the pools live in the shared store; the outage ledger has none
         passes = {

@@ -8,8 +8,10 @@ shell on it and relays bytes between the PTY and the bridge's stdin/stdout.
 The emulator speaks to the bridge in frames (one kind byte, a 4-byte length,
 the payload): ``d`` is input for the terminal, ``r`` a new size
 (``"rows cols"``), which the bridge sets on the PTY (the kernel tells the
-shell with SIGWINCH). SIGTERM makes the bridge SIGKILL the shell's process
-group, so a killed terminal ends with 137, as on Daytona.
+shell with SIGWINCH), ``k`` the kill: the bridge SIGKILLs the shell's
+process group, so a killed terminal ends with 137, as on Daytona. A frame,
+not a signal: it waits in the pipe for a bridge still starting, where a
+signal could reach bubblewrap before its sandbox is made and be lost.
 
 Every attached websocket client gets the output from its attach on (binary
 frames) and, on exit, the control message ``{"type": "control", "status":
@@ -30,7 +32,6 @@ import base64
 import binascii
 import contextlib
 import json
-import signal
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -61,7 +62,6 @@ pid, master = pty.fork()
 if pid == 0:
     size(0, rows, cols)
     os.execvp(sys.argv[3], sys.argv[3:])
-signal.signal(signal.SIGTERM, lambda *_: os.killpg(pid, signal.SIGKILL))
 pending, reading = b"", True
 while True:
     try:
@@ -89,6 +89,8 @@ while True:
                     body = body[os.write(master, body):]
             elif kind == b"r":
                 size(master, *map(int, body.split()))
+            elif kind == b"k":
+                os.killpg(pid, signal.SIGKILL)
 status = os.waitpid(pid, 0)[1]
 code = os.waitstatus_to_exitcode(status)
 sys.exit(code if code >= 0 else 128 - code)
@@ -176,11 +178,13 @@ class Terminal:
         """End the shell (its process group SIGKILLed) and close the clients with 137."""
         if self.exit_code is None:
             self._killed = True
-            self.process.kill(signal.SIGTERM)
+            self._send(b"k", b"")
             try:
                 await asyncio.wait_for(asyncio.shield(self._pump), 2.0)
             except TimeoutError:
-                self.process.kill()
+                # The pipe is still open, so a member of the group holds it and the
+                # group's number is still taken, even when its leader was reaped.
+                self.process.end_group()
         with contextlib.suppress(asyncio.CancelledError):
             await self._pump
 

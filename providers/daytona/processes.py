@@ -179,7 +179,9 @@ class DaytonaProcess(ProcessBase):
         """The command's log from its start, split into stdout and stderr, until it ends."""
         path = f"/process/session/{quote(self._session)}/command/{quote(self._command)}/logs"
         demux = _Demux(self._feed)
-        async with await self._toolbox.websocket(path, follow="true") as ws:
+        async with asyncio.timeout(self._timeout):
+            ws = await self._toolbox.websocket(path, follow="true")
+        async with ws:
             try:
                 async for data in follow(ws):
                     demux.write(data)
@@ -206,10 +208,13 @@ class DaytonaProcess(ProcessBase):
 class DaytonaTerminal(TerminalBase):
     """A Daytona PTY session, its websocket read by a task of its own."""
 
-    def __init__(self, terminal_id: str, provider: str, sandbox_id: str, toolbox: Toolbox) -> None:
+    def __init__(
+        self, terminal_id: str, provider: str, sandbox_id: str, toolbox: Toolbox, timeout: float
+    ) -> None:
         super().__init__(terminal_id, provider)
         self._sandbox_id = sandbox_id
         self._toolbox = toolbox
+        self._timeout = timeout
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._connected = asyncio.Event()
         self._error: str | None = None
@@ -226,13 +231,15 @@ class DaytonaTerminal(TerminalBase):
         cols: int,
         env: Mapping[str, str] | None,
         cwd: str | None,
+        timeout: float,
     ) -> DaytonaTerminal:
-        """A new PTY session running the sandbox's login shell.
+        """A new PTY session running the sandbox's login shell; ``timeout`` bounds each
+        of its requests.
 
         Its env travels as a subprotocol token (base64url JSON), as the SDK sends it:
         kept out of the URL and the logs of whatever is in between.
         """
-        terminal = cls(_PTY_PREFIX + secrets.token_hex(6), provider, sandbox_id, toolbox)
+        terminal = cls(_PTY_PREFIX + secrets.token_hex(6), provider, sandbox_id, toolbox, timeout)
         query = {"id": terminal.id, "cols": str(cols), "rows": str(rows)}
         if cwd:
             query["cwd"] = cwd
@@ -241,9 +248,10 @@ class DaytonaTerminal(TerminalBase):
             encoded = base64.urlsafe_b64encode(json.dumps(dict(env)).encode()).rstrip(b"=")
             protocols.append(_ENVS_PROTOCOL + encoded.decode())
         with terminal._errors():
-            ws = await toolbox.websocket(
-                "/process/pty/create-connect", protocols=protocols, **query
-            )
+            async with asyncio.timeout(timeout):
+                ws = await toolbox.websocket(
+                    "/process/pty/create-connect", protocols=protocols, **query
+                )
             terminal._ws = ws
             terminal._reader = asyncio.ensure_future(terminal._read(ws))
             try:
@@ -307,16 +315,18 @@ class DaytonaTerminal(TerminalBase):
         from daytona_toolbox_api_client_async.models.pty_resize_request import PtyResizeRequest
 
         with self._errors():
-            await self._toolbox.process.resize_pty_session(
-                self.id, PtyResizeRequest(rows=rows, cols=cols)
-            )
+            async with asyncio.timeout(self._timeout):
+                await self._toolbox.process.resize_pty_session(
+                    self.id, PtyResizeRequest(rows=rows, cols=cols)
+                )
 
     async def kill(self) -> bool:
         if self._exit.done():
             return False
         try:
             with self._errors():
-                await self._toolbox.process.delete_pty_session(self.id)
+                async with asyncio.timeout(self._timeout):
+                    await self._toolbox.process.delete_pty_session(self.id)
         except NotFound:
             return False
         with contextlib.suppress(TimeoutError):

@@ -392,6 +392,7 @@ class DaytonaSandbox(ShellFiles, Sandbox):
                 cols=cols,
                 env=env,
                 cwd=cwd or self._workdir,
+                timeout=self._request_timeout,
             )
 
     def _timeout(self) -> aiohttp.ClientTimeout:

@@ -13,6 +13,8 @@ import re
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import aiohttp
@@ -41,8 +43,10 @@ from daytona import (
 )
 
 from emulators.daytona import TEST_API_KEY, DaytonaEmulator
+from emulators.daytona.terminals import Terminal
 from emulators.harness import Emulator
 from emulators.latency import LatencyProfile
+from providers.local import LocalProcess
 from tests.polling import until
 
 
@@ -445,6 +449,23 @@ async def test_pty_create_resize_input_and_kill(client: AsyncDaytona) -> None:
     await again.disconnect()
     with pytest.raises(DaytonaNotFoundError):
         await sandbox.process.get_pty_session_info("tty2")
+
+
+async def test_a_terminal_whose_leader_died_is_killed_with_the_rest_of_its_group(
+    tmp_path: Path,
+) -> None:
+    """A terminal whose bridge does not end it is SIGKILLed with its whole group, even
+    once the group's leader is reaped (as a bwrap a signal ended while it set up, its
+    sandbox's init left behind holding the relay's pipe): the kill never waits forever."""
+    ready = tmp_path / "ready"
+    script = f"sh -c 'trap \"\" TERM; touch {ready}; exec sleep 60' & head -c 1 >/dev/null"
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-c", script, stdin=PIPE, stdout=PIPE, start_new_session=True
+    )
+    terminal = Terminal("pty", LocalProcess(proc, 1024), rows=10, cols=40, cwd="/", envs={})
+    await until(ready.exists, 10)
+    await asyncio.wait_for(terminal.kill(), 10)
+    assert terminal.exit_code == 137
 
 
 async def test_interpreter_keeps_state_and_times_out(client: AsyncDaytona) -> None:

@@ -223,6 +223,20 @@ async def test_terminal_kill_ends_it_with_sigkill(sandbox: DaytonaSandbox) -> No
     assert await tty.kill() is False
 
 
+async def test_a_terminal_call_daytona_never_answers_is_unavailable(
+    emu: DaytonaEmulator, sandbox: DaytonaSandbox
+) -> None:
+    tty = await sandbox.open_terminal(rows=10, cols=40)
+    emu.inject("exec", hang=True, times=None)
+    for call in (lambda: tty.resize(20, 80), tty.kill):
+        with pytest.raises(Unavailable, match="did not answer in time"):
+            await asyncio.wait_for(call(), 10)  # request_timeout is 2 s
+    with pytest.raises(Unavailable, match="did not answer in time"):
+        await asyncio.wait_for(sandbox.open_terminal(), 10)
+    emu.clear_faults()
+    assert await tty.kill()
+
+
 async def test_unknown_snapshot_is_not_found(emu: DaytonaEmulator) -> None:
     emu.snapshots = {"base"}
     adapter = DaytonaProvider("daytona-s", options(emu, snapshot="nope"))

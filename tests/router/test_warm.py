@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,22 @@ def test_the_background_refill_replaces_a_claimed_sandbox(make_router, scripted)
         wait_until(lambda: maker.creates == 2)  # the claim woke the refill at once
     wait_until(lambda: router.warm_ready() == {"flaky": 1})  # its create has to land first
     assert router.warm_ready() == {"flaky": 1}
+
+
+def test_fill_warm_waits_for_the_background_pass_in_flight(make_router, scripted) -> None:
+    gate = threading.Event()
+    maker = scripted(script=[gate], capabilities=["files"])
+    local = {"name": "local", "provider": "local"}
+    router = make_router(
+        chain=[*warm_chain(size=1, max_idle=300), local], providers={"flaky": maker}
+    )
+    with router.acquire(requires=["pty"]):  # served by `local`; it starts the refill loop
+        wait_until(lambda: maker.creates == 1)  # whose pass now holds the pool's lock
+    with ThreadPoolExecutor(1) as pool:
+        filled = pool.submit(router.fill_warm)
+        gate.set()
+        assert filled.result(timeout=10) == {"flaky": 1}
+    assert maker.creates == 1
 
 
 def test_warm_hits_misses_idle_seconds_and_the_ready_gauge_are_exported(pool, clock: Clock) -> None:
