@@ -35,9 +35,10 @@ variables for it.
 
 Faults come from the shared harness, per operation: ``create``, ``list``,
 ``get``, ``kill`` (delete), ``start``, ``stop``, ``keepalive``
-(last-activity), ``snapshot`` (a sandbox's snapshot and ``/api/snapshots``),
-``warm_pool`` (``/api/warm-pools``), ``volume`` (``/api/volumes``),
-``exec`` (everything under ``/process``) and ``files``;
+(last-activity), ``toolbox_url`` (toolbox-proxy-url), ``snapshot`` (a
+sandbox's snapshot and ``/api/snapshots``), ``warm_pool``
+(``/api/warm-pools``), ``volume`` (``/api/volumes``), ``exec``
+(everything under ``/process``) and ``files``;
 plus ``boot``, taken when a sandbox starts booting: a status fault makes it
 end in ``error`` (``build_failed`` for an image) with the fault's message,
 a delay slows the boot, a hang keeps it ``creating``. A status fault on the
@@ -95,6 +96,7 @@ _SANDBOX_OPS = {
     ("POST", "stop"): "stop",
     ("POST", "last-activity"): "keepalive",
     ("POST", "snapshot"): "snapshot",
+    ("GET", "toolbox-proxy-url"): "toolbox_url",
 }
 
 
@@ -174,6 +176,9 @@ class DaytonaEmulator(Emulator):
         self.snapshots = set(snapshots) if snapshots is not None else None
         self.captured: dict[str, Captured] = {}  # the snapshots made of sandboxes, by id
         self.boot_seconds = boot_seconds
+        # False: sandbox views carry an empty toolboxProxyUrl, as Daytona's may, and
+        # clients ask ``/sandbox/{id}/toolbox-proxy-url`` for it
+        self.toolbox_in_views = True
         self.warm_pools: WarmPools | None = None  # made when serving: they run on its loop
         self.volumes: Volumes | None = None  # made when serving, as the warm pools
         self._sio: Any = None
@@ -187,6 +192,11 @@ class DaytonaEmulator(Emulator):
     def toolbox_url(self) -> str:
         return f"{self.url}/toolbox"
 
+    @property
+    def viewed_toolbox_url(self) -> str:
+        """The toolboxProxyUrl a sandbox's view carries (`toolbox_in_views`)."""
+        return self.toolbox_url if self.toolbox_in_views else ""
+
     def sdk_env(self) -> dict[str, str]:
         return {"DAYTONA_API_URL": self.api_url, "DAYTONA_API_KEY": TEST_API_KEY}
 
@@ -197,7 +207,7 @@ class DaytonaEmulator(Emulator):
     # -- notifications ------------------------------------------------------
     def announce(self, event: str, box: Box, payload: dict[str, Any] | None = None) -> None:
         """Emit ``event`` to the sandbox's organization (from the emulator's loop)."""
-        data = payload if payload is not None else box.dto(self.toolbox_url)
+        data = payload if payload is not None else box.dto(self.viewed_toolbox_url)
         self.notify(event, box.organization_id, data)
 
     def notify(self, event: str, organization_id: str, data: dict[str, Any]) -> None:
@@ -214,7 +224,7 @@ class DaytonaEmulator(Emulator):
         self.announce(
             "sandbox.state.updated",
             box,
-            {"sandbox": box.dto(self.toolbox_url), "oldState": old, "newState": new},
+            {"sandbox": box.dto(self.viewed_toolbox_url), "oldState": old, "newState": new},
         )
 
     def _gateway(self, app: web.Application) -> Any:

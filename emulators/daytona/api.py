@@ -269,7 +269,7 @@ class SandboxApi:
         return box
 
     def dto(self, box: Box, *, listed: bool = False) -> dict[str, Any]:
-        return box.dto(self.emulator.toolbox_url, listed=listed)
+        return box.dto(self.emulator.viewed_toolbox_url, listed=listed)
 
     async def json_body(self, request: web.Request) -> dict[str, Any]:
         try:

@@ -237,6 +237,27 @@ async def test_a_terminal_call_daytona_never_answers_is_unavailable(
     assert await tty.kill()
 
 
+async def test_a_sandbox_whose_view_has_no_toolbox_url_asks_the_api_once(
+    emu: DaytonaEmulator, provider: DaytonaProvider
+) -> None:
+    emu.toolbox_in_views = False
+    try:
+        made = await provider.create(SandboxSpec(), timeout=5)
+        again = await provider.connect(made.id)
+        for sbx in (made, again):
+            assert (await sbx.run("echo $((6 * 7))", timeout=5)).stdout == "42\n"
+            await sbx.write_file("f.txt", b"kept")
+            assert await sbx.read_file("f.txt") == b"kept"
+        emu.inject("toolbox_url", status=500, times=None)  # asked once per handle
+        assert (await made.run("true", timeout=5)).exit_code == 0
+        with pytest.raises(Unavailable):
+            await (await provider.connect(made.id)).run("true", timeout=5)
+    finally:
+        emu.clear_faults()
+        emu.toolbox_in_views = True
+    await made.kill()
+
+
 async def test_unknown_snapshot_is_not_found(emu: DaytonaEmulator) -> None:
     emu.snapshots = {"base"}
     adapter = DaytonaProvider("daytona-s", options(emu, snapshot="nope"))
