@@ -134,6 +134,8 @@ _log = logging.getLogger(__name__)
 HOME = "/home/sandbox"
 MARKER = "SANDBOX_ROUTER_SANDBOX"
 _REAP_SECONDS = 5.0  # a process stuck in the kernel (state D) may take this long to die
+_SETTLE_SECONDS = 2.0  # how long a softer signal's kill watches for the leader's death
+_SETTLE_POLL = 0.01
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -385,15 +387,35 @@ class LocalProcess:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group (bwrap and everything below it), while its
-        leader is not reaped.
+        leader is not reaped; a softer signal than SIGKILL that the leader dies of
+        is followed by SIGKILL to what is left of the group.
 
         Once reaped, the group's number is free when its last member goes, and
         with pid_max at 32768 a busy host hands it to a newcomer within
         minutes: a late kill (an emulator ending a sandbox whose commands ended
         long ago) would SIGKILL a stranger's command.
+
+        The follow-up is what bwrap's death does anyway (its sandbox dies with
+        it), but a signal that reaches bwrap while it sets up ends bwrap before
+        its sandbox's init is tied to it, and that init ignores the signal: the
+        command would run on unsignalled, holding the output pipes open. Without
+        bubblewrap it ends what the leader leaves (a background job ignores SIGINT).
         """
-        if self.proc.returncode is None:
-            self.end_group(sig)
+        if self.proc.returncode is not None:
+            return
+        self.end_group(sig)
+        if sig == signal.SIGKILL:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _SETTLE_SECONDS
+
+        def settle() -> None:
+            if self.proc.returncode is not None:
+                self.end_group()  # within a poll of the reap
+            elif loop.time() < deadline:
+                loop.call_later(_SETTLE_POLL, settle)
+
+        loop.call_later(_SETTLE_POLL, settle)
 
     def end_group(self, sig: int = signal.SIGKILL) -> None:
         """Signal what is left of the group; call it in the loop turn that saw the reap.

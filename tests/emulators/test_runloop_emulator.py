@@ -388,6 +388,29 @@ async def test_refused_key(emu: RunloopEmulator) -> None:
             await api.devboxes.list()
 
 
+async def test_an_interrupt_that_ends_the_shell_ends_what_it_left_behind() -> None:
+    """Under bubblewrap, bwrap dying of the Ctrl-C ends the whole sandbox, and so must the
+    kill without it: once the leader died of the signal, the rest of its group is
+    SIGKILLed. A signal that reached bwrap while it set up left its sandbox's init (which
+    ignores it) running the command, which held the execution open to its end."""
+    with RunloopEmulator(isolation="none") as emu:
+        async with AsyncRunloop(**kwargs(emu)) as client:
+            view = await client.devboxes.create_and_await_running()
+            executions = client.devboxes.executions
+            shell = await client.devboxes.execute_async(
+                view.id, command="sleep 60 & echo started; wait", attach_stdin=True
+            )  # a background job ignores SIGINT
+            output = await executions.stream_stdout_updates(shell.execution_id, devbox_id=view.id)
+            async for chunk in output:  # the job is running: the interrupt cannot beat it
+                assert chunk.output == "started\n"
+                break
+            await executions.send_std_in(shell.execution_id, devbox_id=view.id, signal="INTERRUPT")
+            done = await asyncio.wait_for(
+                executions.await_completed(shell.execution_id, devbox_id=view.id), 10
+            )
+            assert done.exit_status == 130
+
+
 async def test_the_whole_filesystem_and_unknown_routes(isolation: str) -> None:
     """/tmp and / work as on Runloop, and a route it lacks is the SDK's NotFoundError."""
     with RunloopEmulator(isolation=isolation) as emu:
