@@ -100,7 +100,7 @@ class WarmPools:
         self._closing = False
         self._handles = WarmHandles(ctx.clock)
         self._reaching: asyncio.Task[None] | None = None
-        self._passing = asyncio.Lock()  # one pass at a time here: `fill_warm` waits the loop's
+        self._passing = asyncio.Lock()  # one pass at a time here: `fill_warm` waits for the loop's
 
     def configure(self, name: str, warm: WarmConfig | None) -> None:
         """Set (or with None, drop) an entry's warm pool; the next refill applies it."""

@@ -103,6 +103,8 @@ class Toolbox(ToolboxApiClient):
     sandbox, with the sandbox's toolbox URL as host and the pool shared.
     """
 
+    handshake_timeout: float | None = None  # seconds a websocket's upgrade may take
+
     async def call_api(
         self,
         method: str,
@@ -146,15 +148,17 @@ class Toolbox(ToolboxApiClient):
         """A websocket to the toolbox's ``path``, pinged as the SDK pings it.
 
         A refused upgrade is raised as the generated client raises an error answer:
-        aiohttp's own error holds the request, whose headers carry the API key.
+        aiohttp's own error holds the request, whose headers carry the API key. An
+        upgrade unanswered past `handshake_timeout` raises TimeoutError.
         """
         try:
-            return await self.session.ws_connect(
-                re.sub(r"^http", "ws", self.url(path, **query)),
-                headers=self.default_headers,
-                protocols=protocols,
-                heartbeat=_HEARTBEAT,
-            )
+            async with asyncio.timeout(self.handshake_timeout):
+                return await self.session.ws_connect(
+                    re.sub(r"^http", "ws", self.url(path, **query)),
+                    headers=self.default_headers,
+                    protocols=protocols,
+                    heartbeat=_HEARTBEAT,
+                )
         except aiohttp.WSServerHandshakeError as exc:
             refused = ApiException(status=exc.status, reason=exc.message)
             refused.headers = exc.headers
@@ -167,12 +171,14 @@ class DaytonaClient:
     Args:
         api_key: the organization's API key.
         api_url: the API's URL.
+        request_timeout: seconds a toolbox websocket's upgrade may take.
     """
 
-    def __init__(self, api_key: str, api_url: str) -> None:
+    def __init__(self, api_key: str, api_url: str, request_timeout: float | None = None) -> None:
         config = Configuration(host=api_url.rstrip("/"))
         self.api = _Api(config)
         self.toolbox = Toolbox(ToolboxConfiguration(host=""))
+        self.toolbox.handshake_timeout = request_timeout
         headers = {
             "Authorization": f"Bearer {api_key}",
             "X-Daytona-Source": SOURCE,

@@ -179,9 +179,7 @@ class DaytonaProcess(ProcessBase):
         """The command's log from its start, split into stdout and stderr, until it ends."""
         path = f"/process/session/{quote(self._session)}/command/{quote(self._command)}/logs"
         demux = _Demux(self._feed)
-        async with asyncio.timeout(self._timeout):
-            ws = await self._toolbox.websocket(path, follow="true")
-        async with ws:
+        async with await self._toolbox.websocket(path, follow="true") as ws:
             try:
                 async for data in follow(ws):
                     demux.write(data)
@@ -248,10 +246,9 @@ class DaytonaTerminal(TerminalBase):
             encoded = base64.urlsafe_b64encode(json.dumps(dict(env)).encode()).rstrip(b"=")
             protocols.append(_ENVS_PROTOCOL + encoded.decode())
         with terminal._errors():
-            async with asyncio.timeout(timeout):
-                ws = await toolbox.websocket(
-                    "/process/pty/create-connect", protocols=protocols, **query
-                )
+            ws = await toolbox.websocket(
+                "/process/pty/create-connect", protocols=protocols, **query
+            )
             terminal._ws = ws
             terminal._reader = asyncio.ensure_future(terminal._read(ws))
             try:

@@ -125,7 +125,7 @@ class DaytonaProvider(KeyedProvider["DaytonaClient"]):
         from providers.daytona.client import DEFAULT_API_URL, DaytonaClient
 
         url = self.opts.api_url or os.environ.get(API_URL_ENV) or DEFAULT_API_URL
-        return DaytonaClient(api_key, url)
+        return DaytonaClient(api_key, url, self.opts.request_timeout)
 
     async def _close_client(self, client: DaytonaClient) -> None:
         await client.close()

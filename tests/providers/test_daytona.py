@@ -223,7 +223,7 @@ async def test_terminal_kill_ends_it_with_sigkill(sandbox: DaytonaSandbox) -> No
     assert await tty.kill() is False
 
 
-async def test_a_terminal_call_daytona_never_answers_is_unavailable(
+async def test_a_toolbox_call_daytona_never_answers_is_unavailable(
     emu: DaytonaEmulator, sandbox: DaytonaSandbox
 ) -> None:
     tty = await sandbox.open_terminal(rows=10, cols=40)
@@ -233,6 +233,8 @@ async def test_a_terminal_call_daytona_never_answers_is_unavailable(
             await asyncio.wait_for(call(), 10)  # request_timeout is 2 s
     with pytest.raises(Unavailable, match="did not answer in time"):
         await asyncio.wait_for(sandbox.open_terminal(), 10)
+    with pytest.raises(Unavailable, match="did not answer in time"):  # its websocket's upgrade
+        await asyncio.wait_for(sandbox.run_code("1", timeout=None), 10)
     emu.clear_faults()
     assert await tty.kill()
 
