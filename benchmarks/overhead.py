@@ -5,13 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import redis
 from prometheus_client import CollectorRegistry
 
-from benchmarks.common import command_calls, local_chain, paired, settled_calls
+from benchmarks.common import (
+    command_calls,
+    local_chain,
+    paired,
+    percentile,
+    settled_calls,
+    summary_ms,
+)
 from providers.base import SandboxSpec
 from providers.local import LocalOptions, LocalProvider
 from router import Router
@@ -86,6 +94,46 @@ def hooks_cost(state_url: str, root: Path, iterations: int) -> dict[str, Any]:
             return asyncio.run(pair())
     finally:
         configure_logging("json", "warning")
+
+
+def budget_cost(state_url: str, root: Path, iterations: int) -> dict[str, Any]:
+    """What a usd budget adds to acquire + release: CPU per cycle with and without.
+
+    Two routers on one store, one loop, in the same interleaved rounds: ``off``
+    has an unpriced entry and a sessions limit; ``on`` prices it and gives its
+    pool a usd budget (each lease's meter computed, its hold reserved, renewed
+    and settled in the scripts). The ratio is of their p50 CPU time per cycle
+    (this process, every thread): the target is at most 1.15.
+    """
+    off = local_chain(state_url, "bench-usd-off", root / "off")
+    on = local_chain(state_url, "bench-usd-on", root / "on")
+    on["chain"][0]["price"] = {"vcpu_hour": 0.05, "memory_gib_hour": 0.01, "per_sandbox": 1e-6}
+    on["chain"][0]["quota"] = {"sessions": 10_000_000, "usd": 1e9}
+
+    async def run() -> dict[str, Any]:
+        async with (
+            Router.from_config(off, hooks=[]) as bare,
+            Router.from_config(on, hooks=[]) as priced,
+        ):
+            routers = {"off": bare, "on": priced}
+            cpu: dict[str, list[float]] = {name: [] for name in routers}
+            for i in range(iterations + 10):
+                names = list(routers)[i % 2 :] + list(routers)[: i % 2]
+                for name in names:
+                    start = time.process_time()
+                    lease = await routers[name].aacquire()
+                    await lease.release()
+                    if i >= 10:  # warm-up: connections, scripts loaded
+                        cpu[name].append(time.process_time() - start)
+            off_p50, on_p50 = percentile(cpu["off"], 50), percentile(cpu["on"], 50)
+            return {
+                "off_cpu": summary_ms(cpu["off"]),
+                "on_cpu": summary_ms(cpu["on"]),
+                "cpu_ratio_p50": round(on_p50 / off_p50, 4),
+                "target": 1.15,
+            }
+
+    return asyncio.run(run())
 
 
 def round_trips(redis_url: str, root: Path, iterations: int) -> dict[str, Any]:

@@ -16,8 +16,13 @@ from router.testing import ScriptedProvider
 
 
 def chain_length(redis_url: str, root: Path, lengths: list[int], n: int) -> list[dict[str, Any]]:
-    """The serving entry is last; every entry before it is out of quota (one skip each)."""
-    curve = []
+    """The serving entry is last; every entry before it is out of quota (one skip each).
+
+    One router per length, all open at once and timed round by round in turn
+    (the order rotating), so each length runs under the same conditions: timed
+    one after the other, drift on a shared machine moved a ratio by 0.15.
+    """
+    routers = []
     for length in lengths:
         chain: list[dict[str, Any]] = [
             {"name": f"spent{i}", "provider": "local", "quota": {"sessions": 0},
@@ -28,12 +33,19 @@ def chain_length(redis_url: str, root: Path, lengths: list[int], n: int) -> list
                       "options": {"root": str(root), "isolation": "none"}})  # fmt: skip
         config = {"state_url": redis_url, "key_prefix": f"len-{secrets.token_hex(3)}",
                   "chain": chain}  # fmt: skip
-        with Router.from_config(config, hooks=[]) as router:
+        routers.append(Router.from_config(config, hooks=[]))
+    times: list[list[float]] = [[] for _ in lengths]
+    try:
+        for router in routers:
             for _ in range(10):
                 router.acquire().release()
-            times = [timed(lambda r=router: r.acquire().release()) for _ in range(n)]  # type: ignore[misc]
-        curve.append({"entries": length, **summary_ms(times)})
-    return curve
+        for i in range(n):
+            for k in [*range(i % len(routers), len(routers)), *range(i % len(routers))]:
+                times[k].append(timed(lambda r=routers[k]: r.acquire().release()))  # type: ignore[misc]
+    finally:
+        for router in routers:
+            router.close()
+    return [{"entries": length, **summary_ms(t)} for length, t in zip(lengths, times, strict=True)]
 
 
 def live_leases(redis_url: str, root: Path, counts: list[int], n: int) -> list[dict[str, Any]]:

@@ -20,13 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import (
+    agents,
+    code,
     failover,
+    frameworks,
     gate,
+    mcp_server,
     overhead,
     race,
     scaling,
     throughput,
     time_to_sandbox,
+    tracing,
     transfer,
     vendors,
 )
@@ -44,7 +49,8 @@ def machine() -> dict[str, Any]:
 
 
 def everything(q: bool, redis_url: str, root: Path) -> dict[str, Any]:
-    """The router's own costs: overhead, hooks, round trips, throughput, races, scaling."""
+    """The router's own costs: overhead, hooks, tracing, round trips, throughput, races,
+    scaling."""
     result: dict[str, Any] = {}
     sqlite_url = f"sqlite:///{root}/state.db"
     result["overhead"] = {
@@ -55,6 +61,11 @@ def everything(q: bool, redis_url: str, root: Path) -> dict[str, Any]:
         ),
     }
     result["hooks"] = overhead.hooks_cost(redis_url, root / "hk", 50 if q else 300)
+    result["tracing"] = tracing.tracing_cost(redis_url, root / "tr", 50 if q else 300)
+    result["usd_budget"] = {
+        "redis": overhead.budget_cost(redis_url, root / "usd1", 100 if q else 1000),
+        "sqlite": overhead.budget_cost(sqlite_url, root / "usd2", 100 if q else 500),
+    }
     result["vendor_overhead"] = vendors.overhead(redis_url, 20 if q else 100)
     result["failover"] = failover.failover_cost(redis_url, root / "fo", 20 if q else 100)
     result["round_trips"] = overhead.round_trips(redis_url, root / "rt", 20 if q else 200)
@@ -87,6 +98,10 @@ SUITES: dict[str, Callable[[bool, str, Path], dict[str, Any]]] = {
     "router": everything,
     "time_to_sandbox": lambda q, url, root: time_to_sandbox.time_to_sandbox(url, root, q),
     "transfer": lambda q, url, root: transfer.transfer(root, q),
+    "code": lambda q, url, root: code.code(q),
+    "mcp": lambda q, url, root: mcp_server.mcp_overhead(root, 30 if q else 500),
+    "frameworks": lambda q, url, root: frameworks.frameworks(url, q),
+    "agents": lambda q, url, root: agents.agents_overhead(url, 30 if q else 300),
 }
 
 

@@ -7,26 +7,29 @@ directory, the sandbox's root: its own directories (the home, ``/root``,
 ``/tmp``, ...) are real directories in it, and the system directories
 (``/usr``, ``/etc``, ...) are the host's, read-only.
 
-With bubblewrap each command runs with that directory as ``/`` (the system
-directories bound read-only over it), so paths are the vendor's exactly. It
-shares the host's network, as a vendor's sandbox has network: a server it
+Each command runs with that directory as ``/`` (the system directories bound
+read-only over it), so paths are the vendor's exactly: under bubblewrap, or
+without it in a mount namespace of the command's own (`emulators.confinement`).
+It shares the host's network, as a vendor's sandbox has network: a server it
 starts on a port is reachable on 127.0.0.1, where the emulator's port ingress
-forwards to. Without it commands run on the host, and the emulator makes them
-look the same as far as text allows: vendor paths of the sandbox's own
-directories in a command (and in its environment) are rewritten onto the
-sandbox's host directory, the command starts in the host directory of its
-working directory with ``HOME`` and ``TMPDIR`` there, and the host directory
-is written back as ``/`` in its output. So ``pwd`` prints ``/home/daytona``;
-what a program computes from a path at run time (or reads from a file) is not
-rewritten, and nothing is isolated. The file APIs map paths the same way with
-or without bubblewrap, and never write into the host's system directories.
+forwards to. Where no namespace can be made (``confinement="none"``: macOS)
+commands run on the host, and the emulator makes them look the same as far as
+text allows: vendor paths of the sandbox's own directories in a command (and
+in its environment) are rewritten onto the sandbox's host directory, the
+command starts in the host directory of its working directory with ``HOME``
+and ``TMPDIR`` there, and the host directory is written back as ``/`` in its
+output. So ``pwd`` prints ``/home/daytona``; what a program computes from a
+path at run time (or reads from a file) is not rewritten, and nothing is
+isolated. The file APIs map paths the same way whatever the confinement, and
+never write into the host's system directories, nor anywhere on the host
+outside the sandbox's directory and its mounts.
 
 A sandbox may mount host directories (`GuestSandbox` ``mounts``: a Daytona
-volume), shared with other sandboxes and outliving it: bubblewrap binds each
-at its path; without it the path is a symlink to the host directory, so the
+volume), shared with other sandboxes and outliving it: each is bound at its
+path; without a namespace the path is a symlink to the host directory, so the
 rewritten paths of a command reach it. The file APIs map a mounted path
 straight onto its host directory either way. A ``read_only`` mount is bound
-read-only and the file APIs refuse to write in it; without bubblewrap its
+read-only and the file APIs refuse to write in it; without a namespace its
 commands can still write there (a symlink cannot be read-only).
 """
 
@@ -41,16 +44,11 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from emulators.confinement import Confinement, MountNamespace
 from providers.base import Snapshot
 from providers.errors import SandboxError
-from providers.local import (
-    _PATH,
-    LocalProcess,
-    LocalProvider,
-    LocalSandbox,
-    _system_dirs,
-    bwrap_command,
-)
+from providers.local import LocalProcess, LocalProvider, LocalSandbox
+from providers.local.isolation import COMMAND_PATH, bwrap_command, system_dirs
 
 __all__ = ["GUEST_BIN", "GuestSandbox", "PathRefused", "mountable"]
 
@@ -75,7 +73,7 @@ def mountable(path: str) -> bool:
     path = posixpath.normpath(path)
     return path.startswith("/") and not any(
         path == d or path.startswith(d + "/") or d.startswith(path.rstrip("/") + "/")
-        for d in _system_dirs()
+        for d in system_dirs()
     )
 
 
@@ -91,7 +89,8 @@ class GuestSandbox(LocalSandbox):
             becomes the root; the provider runs commands without isolation of
             its own, `GuestSandbox` adds it).
         home: the vendor's home (``HOME``, where relative paths and commands start).
-        isolate: run commands under bubblewrap.
+        confinement: how commands are kept to the root (`emulators.confinement.choose`):
+            bubblewrap, a mount namespace, or ``none`` (their paths rewritten).
         dirs: further directories the image has (a Modal workdir).
         mounts: host directories mounted at sandbox paths (absolute, outside the
             system directories), by path.
@@ -106,7 +105,7 @@ class GuestSandbox(LocalSandbox):
         local: LocalSandbox,
         home: str,
         *,
-        isolate: bool,
+        confinement: Confinement,
         dirs: Sequence[str] = (),
         mounts: Mapping[str, Path] | None = None,
         read_only: Collection[str] = (),
@@ -114,10 +113,11 @@ class GuestSandbox(LocalSandbox):
         provider: LocalProvider = local._provider
         super().__init__(provider, local.id, local.meta)
         self.home = posixpath.normpath(home)
-        self.isolate = isolate
+        self.confinement: Confinement = confinement
+        self.bare = confinement == "none"  # commands on the host, their paths rewritten
         self.dirs = tuple(dirs)
         self.root = self.dir.resolve()
-        self._system = _system_dirs()
+        self._system = system_dirs()
         self.system_dirs = [d for d in self._system if not os.path.islink(d)]
         self.mounts = {posixpath.normpath(p): Path(h) for p, h in (mounts or {}).items()}
         for path in self.mounts:
@@ -126,6 +126,11 @@ class GuestSandbox(LocalSandbox):
         self.read_only: frozenset[str] = frozenset()  # the layout makes their mount points
         self._layout([self.home, *dirs])
         self.read_only = frozenset(posixpath.normpath(p) for p in read_only)
+        self._namespace = (
+            MountNamespace(self.root, self._system, self.mounts, self.read_only)
+            if confinement == "namespace"
+            else None
+        )
         system = {d.strip("/").split("/")[0] for d in self._system}
         tops = {d.strip("/").split("/")[0] for d in [*dirs, *self.mounts] if d.strip("/")} - system
         own = sorted(
@@ -164,12 +169,12 @@ class GuestSandbox(LocalSandbox):
             point.parent.mkdir(parents=True, exist_ok=True)
             if point.is_symlink() or point.is_file():
                 point.unlink()
-            elif point.is_dir() and not self.isolate:
+            elif point.is_dir() and self.bare:
                 shutil.rmtree(point)  # what a mount would hide
-            if self.isolate:
-                point.mkdir(exist_ok=True)  # bubblewrap binds over it
-            else:
+            if self.bare:
                 point.symlink_to(self.mounts[path], target_is_directory=True)
+            else:
+                point.mkdir(exist_ok=True)  # the mount goes over it
 
     # -- paths --------------------------------------------------------------
     def absolute(self, path: str, cwd: str | None = None) -> str:
@@ -257,27 +262,27 @@ class GuestSandbox(LocalSandbox):
 
     def inside(self, path: str, cwd: str | None = None) -> str:
         """The path a command in the sandbox uses for sandbox path ``path``."""
-        return self.absolute(path, cwd) if self.isolate else self._bare(self.host(path, cwd=cwd))
+        return self._bare(self.host(path, cwd=cwd)) if self.bare else self.absolute(path, cwd)
 
     def _bare(self, host: Path) -> str:
-        """A host path as a command without bubblewrap uses it: a mounted one through the
-        mount's symlink (so its output shows the sandbox path)."""
+        """A host path as a bare command uses it: a mounted one through the mount's
+        symlink (so its output shows the sandbox path)."""
         if any(host.is_relative_to(source) for source in self.mounts.values()):
             return str(self.root) + self.vendor(host)
         return str(host)
 
     def rewrite(self, text: str) -> str:
         """``text`` (a command, code) with the sandbox's own paths as its commands see them."""
-        if self.isolate:
+        if not self.bare:
             return text
         root = str(self.root)
         return self._own.sub(lambda m: m[0] if m[0] == root else root + m[0], text)
 
     async def snapshot(self, name: str | None = None) -> Snapshot:
         """The sandbox's files, its mounts' left out as a container commit leaves them: an
-        empty directory at each mount path (without bubblewrap the copy has the symlink)."""
+        empty directory at each mount path (a bare sandbox's copy has the symlink)."""
         kept = await super().snapshot(name)
-        if not self.isolate:
+        if self.bare:
             copy = self._provider._snapshot_dir(kept.id)
             for path, source in self.mounts.items():
                 link = copy / path.lstrip("/")
@@ -317,11 +322,13 @@ class GuestSandbox(LocalSandbox):
         values = {
             "HOME": self.inside(self.home),
             "TMPDIR": self.inside("/tmp"),
-            "PATH": f"{_PATH}:{self.inside(GUEST_BIN)}",  # the host's venv is not in here
+            "PATH": f"{COMMAND_PATH}:{self.inside(GUEST_BIN)}",  # the host's venv is not in here
             **values,
         }
-        if self.isolate:
+        if self.confinement == "bwrap":
             return await super().spawn(self._bwrap(where) + argv, env=values)
+        if self._namespace is not None:
+            return await self._enter(argv, values, where, self._namespace)
         shell = 'cd -- "$0" && exec "$@"'
         argv = ["/bin/sh", "-c", shell, self._bare(workdir), *map(self.rewrite, argv)]
         process = await super().spawn(argv, env=values)
@@ -329,6 +336,19 @@ class GuestSandbox(LocalSandbox):
         proc.stdout = self._unmapped(proc.stdout)
         proc.stderr = self._unmapped(proc.stderr)
         return process
+
+    async def _enter(
+        self, argv: list[str], env: dict[str, str], cwd: str, namespace: MountNamespace
+    ) -> LocalProcess:
+        """Start ``argv`` in a namespace of its own, in sandbox directory ``cwd``."""
+        self._check_running()
+        self._track()
+        pipe = asyncio.subprocess.PIPE
+        proc = await self._exec(
+            argv, str(self.root), env, argv[0], stdio=(pipe, pipe, pipe),
+            enter=namespace.entering(cwd),
+        )  # fmt: skip
+        return LocalProcess(proc, self._provider.opts.max_output_bytes)
 
     def _bwrap(self, cwd: str) -> list[str]:
         cmd = [bwrap_command(), "--unshare-all", "--share-net", "--die-with-parent"]

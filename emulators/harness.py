@@ -32,10 +32,11 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from aiohttp import web
 
+from emulators.confinement import choose
 from emulators.filesystem import GuestSandbox, PathRefused
 from emulators.latency import LatencyProfile
 from providers.base import SandboxSpec
@@ -98,12 +99,14 @@ class FaultSpec:
         retry_after: seconds for a Retry-After header / retry detail.
         delay: seconds to wait before answering (or before the fault).
         hang: never answer (until the client gives up or the server stops).
-        drop: close the connection without answering.
+        drop: close the connection without answering (with ``after``: once the
+            work is done, as a connection lost on the way back).
         times: how many requests it hits; None for every one.
         probability: chance that a matching request is hit.
         api_key: only requests with this key; None for all.
-        after: apply the delay or hang after doing the work (a create that
-            succeeds on the provider's side but answers late), not before.
+        after: apply the delay, hang or drop after doing the work (a create
+            that succeeds on the provider's side but answers late, or never
+            answers), not before.
     """
 
     op: str = "*"
@@ -219,11 +222,9 @@ class EmulatorCore:
         self._rng = random.Random()
         self._lock = threading.Lock()
         self.isolation = isolation
-        # The local provider decides whether bubblewrap is used (and says so when it is
-        # missing); `GuestSandbox` applies it with the sandbox's own root, so the provider
-        # that runs the commands runs them bare.
-        options = LocalOptions(root=root, isolation=isolation)  # type: ignore[arg-type]
-        self.isolate = LocalProvider(f"{name}-emulator", options).use_bwrap
+        # `GuestSandbox` confines the commands with the sandbox's own root (and says once
+        # when it cannot), so the provider that runs them runs them bare.
+        self.confinement = choose(isolation)
         # A vendor bounds a file by its sandbox's disk, not by the local 512 MiB rlimit.
         unbounded = LocalOptions(root=root, isolation="none", file_size_mb=_DISK_MB)
         self.local = LocalProvider(f"{name}-emulator", unbounded)
@@ -280,7 +281,9 @@ class EmulatorCore:
             await asyncio.sleep(self.latency.sample(self._rng))
         local = await self.local.create(spec, sandbox_id=sandbox_id)
         try:
-            sandbox = GuestSandbox(local, home, isolate=self.isolate, dirs=dirs, mounts=mounts)
+            sandbox = GuestSandbox(
+                local, home, confinement=self.confinement, dirs=dirs, mounts=mounts
+            )
         except (OSError, PathRefused):
             await local.kill()
             raise
@@ -399,20 +402,27 @@ def http_fault_middleware(
             return await handler(request)
         if fault.after:
             # The work completes even when the client gives up waiting, as on a real
-            # service; only the answer is late (or never comes).
+            # service; only the answer is late, dropped, or never comes.
             response = await asyncio.shield(handler(request))
             await apply_delay_or_hang(fault)
+            if fault.drop:
+                _drop(request)
             return response
         await apply_delay_or_hang(fault)
         if fault.drop:
-            if request.transport is not None:
-                request.transport.abort()
-            raise asyncio.CancelledError
+            _drop(request)
         if fault.status is not None:
             return error_response(fault)
         return await handler(request)
 
     return middleware
+
+
+def _drop(request: web.Request) -> NoReturn:
+    """Close the request's connection without an answer."""
+    if request.transport is not None:
+        request.transport.abort()
+    raise asyncio.CancelledError
 
 
 def unknown_route_middleware(
@@ -446,7 +456,11 @@ class Emulator(abc.ABC):
     """A provider emulator running on its own loop in a background thread.
 
     Use as a context manager (``with E2BEmulator() as emu: emu.url``) or call
-    `start` / `stop`. ``port=0`` picks a free loopback port.
+    `start` / `stop`. ``port=0`` picks a free loopback port. ``isolation``:
+    ``auto`` runs the sandboxes' commands under bubblewrap when it is on PATH,
+    ``bwrap`` requires it, ``none`` never uses it; without it each command gets
+    a mount namespace of its own, or where none can be made runs on the host
+    (`emulators.confinement.choose`).
     """
 
     name: str = "emulator"

@@ -63,8 +63,9 @@ def emulator_process(
 
     ``latency``: how long its creates take (`emulators.latency`), ``resume``
     how long a resume of a paused sandbox takes; None: as fast as it can.
-    ``isolation`` defaults to none: a command then takes ~2 ms instead of ~25
-    with bubblewrap.
+    ``isolation`` defaults to none, no bubblewrap (each command in a mount
+    namespace of its own where the host allows one: `emulators.confinement`),
+    which costs a command about what a bare one does, less than bubblewrap.
     """
     ctx = multiprocessing.get_context("spawn")
     here, there = ctx.Pipe()

@@ -8,7 +8,7 @@ from typing import Literal
 
 __all__ = ["Candidate", "Strategy", "order"]
 
-Strategy = Literal["ordered", "balanced"]
+Strategy = Literal["ordered", "balanced", "cheapest"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,12 +20,14 @@ class Candidate:
         unconfigured: why it has no credentials, or None when configured.
         capabilities: what its provider can do.
         remaining: the smallest remaining quota fraction of its pool (0..1).
+        price: the estimated USD of the lease asked for (`policies.pricing.estimate`).
     """
 
     name: str
     unconfigured: str | None
     capabilities: frozenset[str]
     remaining: float = 1.0
+    price: float = 0.0
 
 
 def order(
@@ -34,7 +36,11 @@ def order(
     """Entries to try in order, and a reason for each one skipped.
 
     ``ordered`` keeps the chain order; ``balanced`` prefers the entry with the
-    largest remaining quota fraction, the chain order breaking ties.
+    largest remaining quota fraction; ``cheapest`` the lowest estimated price.
+    The chain order breaks ties. Health and quota are not looked at here: an
+    entry whose breaker is open or whose pool is spent is denied by the
+    ledger's reservation and skipped, so the first one tried is the cheapest
+    that is healthy and has quota.
     """
     needed = frozenset(requires)
     usable: list[Candidate] = []
@@ -48,4 +54,6 @@ def order(
             usable.append(c)
     if strategy == "balanced":
         usable = sorted(usable, key=lambda c: -c.remaining)
+    elif strategy == "cheapest":
+        usable = sorted(usable, key=lambda c: c.price)
     return [c.name for c in usable], skipped

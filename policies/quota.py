@@ -1,17 +1,33 @@
 """Quota windows and the quota ledger of one pool, as pure functions.
 
 A pool is one provider account's allowance, shared by every chain entry that
-names it. Three units are counted:
+names it. Four units are counted:
 
 * ``sessions``: sandboxes created in the current window (reserved before the
   create, refunded when it fails);
 * ``sandbox_seconds``: lease time, metered when a lease is released (or,
   for a crashed app's lease, when it expires: up to its expiry);
-* ``concurrent``: live leases, including ones whose create is in flight.
+* ``concurrent``: live leases, including ones whose create is in flight;
+* ``usd``: dollars, exact under concurrency (below).
 
 A grant is all-or-nothing across the units. ``sandbox_seconds`` is known
 only on release, so it admits while the used seconds are below the limit;
 the overshoot is bounded by what the live leases run for.
+
+``usd`` is never overshot that way: a lease priced by a `Meter` HOLDS its
+worst case from its reservation on (its sandbox fee plus its rate times the
+seconds it is covered for: its lifetime, else the renewable window), and a
+reservation is admitted only when the window's spend plus every lease's
+hold plus its own fits the limit. The release settles the hold to the
+metered cost (the fee, and the rate times the seconds rounded up to the
+vendor's step: `policies.pricing.lease_cost`); a refund gives it back; a
+lease that expires (its app crashed) is charged until its expiry, which a
+lease's cover never passes. Whenever a lease's ledger expiry would pass its
+cover (a commit, a heartbeat), the cover grows by whole renewal windows if
+the budget holds them; if not, the lease is `Renewal.short`: with
+``kill`` its expiry stops at the cover's end (the router ends the sandbox
+then), else the cover grows anyway (an overdraft the pool's hold shows, so
+nothing new is admitted while it lasts).
 
 The Redis store runs the same rules as Lua scripts (``router/state/lua``);
 ``tests/policies`` checks the two against each other.
@@ -19,31 +35,39 @@ The Redis store runs the same rules as Lua scripts (``router/state/lua``);
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 __all__ = [
+    "COUNTED_UNITS",
     "UNITS",
     "Grant",
     "LeaseSlot",
     "Limits",
+    "Meter",
     "MonthlyWindow",
     "PoolState",
     "QuotaDenial",
+    "Renewal",
     "check",
     "commit",
+    "cover",
     "heartbeat",
+    "metered",
     "projected_exhaustion",
     "purge_expired",
     "refund",
     "release",
     "remaining_fraction",
     "reserve",
+    "settle_usd",
 ]
 
-UNITS = ("sessions", "sandbox_seconds", "concurrent")
+UNITS = ("sessions", "sandbox_seconds", "concurrent", "usd")
+COUNTED_UNITS = ("sessions", "sandbox_seconds", "concurrent")  # `check`'s: usd has its own
 RECONNECT_UNITS = ("sandbox_seconds", "concurrent")
 
 
@@ -54,6 +78,7 @@ class Limits:
     sessions: int | None = None
     sandbox_seconds: float | None = None
     concurrent: int | None = None
+    usd: float | None = None
 
     def get(self, unit: str) -> float | None:
         value: float | None = getattr(self, unit)
@@ -108,9 +133,55 @@ def _shift(year: int, month: int, delta: int) -> tuple[int, int]:
     return index // 12, index % 12 + 1
 
 
+@dataclass(frozen=True, slots=True)
+class Meter:
+    """What one lease costs in USD, as the ledger holds and settles it.
+
+    Attributes:
+        rate: USD per second of the running sandbox (`policies.pricing.rate`).
+        fee: USD per sandbox made (charged once the vendor made it).
+        step: the vendor's billing step in seconds, rounded up (0: exact).
+        first: the seconds the first hold covers (the lease's lifetime, else
+            ``renew``).
+        renew: the seconds each renewal adds to the cover (``budget_window``).
+        kill: the lease ends when the budget cannot renew its cover
+            (``on_budget_end: kill``); else it runs on, as an overdraft.
+    """
+
+    rate: float
+    fee: float = 0.0
+    step: float = 0.0
+    first: float = 3600.0
+    renew: float = 3600.0
+    kill: bool = False
+
+    def cost(self, seconds: float, fee: bool = True) -> float:
+        """USD ``seconds`` of running cost, rounded up to the step, plus the fee."""
+        return _cost(self.rate, self.fee if fee else 0.0, self.step, seconds)
+
+
+def metered(seconds: float, step: float) -> float:
+    """The seconds a vendor bills: whole steps, rounded up (`policies.pricing.metered`)."""
+    if seconds <= 0:
+        return 0.0
+    if step <= 0:
+        return seconds
+    # The tolerance keeps a float just over a whole step (60.000000001) in that step.
+    return math.ceil(seconds / step - 1e-9) * step
+
+
+def _cost(rate: float, fee: float, step: float, seconds: float) -> float:
+    return rate * metered(seconds, step) + fee
+
+
 @dataclass(slots=True)
 class LeaseSlot:
-    """A concurrency slot: reserved while creating, live once committed."""
+    """A concurrency slot: reserved while creating, live once committed.
+
+    A priced one (``rate`` or ``fee``, from its `Meter`) holds `hold` USD: its
+    cost for the ``covered`` seconds from ``started``; ``short`` once the
+    budget could not renew that cover.
+    """
 
     entry: str
     started: float
@@ -119,6 +190,25 @@ class LeaseSlot:
     live: bool = False
     counted: bool = True  # took a session unit (False: reconnect to a session's sandbox)
     sandbox_id: str = ""
+    rate: float = 0.0
+    fee: float = 0.0
+    step: float = 0.0
+    renew: float = 0.0
+    covered: float = 0.0
+    kill: bool = False
+    short: bool = False
+
+    @property
+    def priced(self) -> bool:
+        return self.rate > 0 or self.fee > 0
+
+    def hold(self) -> float:
+        """USD this lease holds against its pool's budget."""
+        return _cost(self.rate, self.fee, self.step, self.covered) if self.priced else 0.0
+
+    def charge(self, seconds: float) -> float:
+        """USD it costs when metered ``seconds`` (the fee: a sandbox was made)."""
+        return _cost(self.rate, self.fee, self.step, seconds) if self.priced else 0.0
 
 
 @dataclass(slots=True)
@@ -129,6 +219,8 @@ class PoolState:
     sessions: int = 0
     sandbox_seconds: float = 0.0
     leases: dict[str, LeaseSlot] = field(default_factory=dict)
+    usd: float = 0.0  # settled spend in the window
+    usd_held: float = 0.0  # every lease's hold (the pool's, whatever the window)
 
     def used(self, unit: str) -> float:
         if unit == "concurrent":
@@ -149,6 +241,49 @@ class Grant:
     lease_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """A heartbeat's answer: is the lease alive, and did its budget run short.
+
+    ``short_at`` (0: not short) is when the cover of a lease whose renewal the
+    budget refused ends; truthy as ``alive``.
+    """
+
+    alive: bool
+    short_at: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.alive
+
+
+def settle_usd(state: PoolState, slot: LeaseSlot, seconds: float, *, fee: bool = True) -> float:
+    """Drop ``slot``'s hold and charge it ``seconds`` (its fee when ``fee``); the USD."""
+    if not slot.priced:
+        return 0.0
+    state.usd_held = max(0.0, state.usd_held - slot.hold())
+    charged = _cost(slot.rate, slot.fee if fee else 0.0, slot.step, seconds)
+    state.usd += charged
+    return charged
+
+
+def cover(state: PoolState, slot: LeaseSlot, limits: Limits) -> bool:
+    """Grow ``slot``'s cover to its ledger expiry by whole renewals, if the budget holds
+    them; False (``short``) when it cannot (see the module's docstring)."""
+    need = slot.expires - slot.started
+    if not slot.priced or need <= slot.covered or slot.renew <= 0:
+        return True
+    grown = slot.covered + math.ceil((need - slot.covered) / slot.renew - 1e-9) * slot.renew
+    extra = slot.rate * (metered(grown, slot.step) - metered(slot.covered, slot.step))
+    fits = limits.usd is None or state.usd + state.usd_held + extra <= limits.usd
+    slot.short = not fits
+    if not fits and slot.kill:
+        slot.expires = slot.started + slot.covered
+        return False
+    state.usd_held += extra
+    slot.covered = grown
+    return fits
+
+
 def purge_expired(state: PoolState, now: float) -> list[str]:
     """Drop expired leases, charging each its seconds until it expired.
 
@@ -158,13 +293,17 @@ def purge_expired(state: PoolState, now: float) -> list[str]:
     expired = [lid for lid, slot in state.leases.items() if slot.expires <= now]
     for lid in expired:
         slot = state.leases.pop(lid)
-        if slot.live:
-            state.sandbox_seconds += max(0.0, slot.expires - slot.started)
+        seconds = max(0.0, slot.expires - slot.started) if slot.live else 0.0
+        state.sandbox_seconds += seconds
+        settle_usd(state, slot, seconds, fee=slot.counted)
     return expired
 
 
-def check(state: PoolState, limits: Limits, units: tuple[str, ...] = UNITS) -> QuotaDenial | None:
-    """The first of ``units`` with nothing left, or None when a grant fits."""
+def check(
+    state: PoolState, limits: Limits, units: tuple[str, ...] = COUNTED_UNITS
+) -> QuotaDenial | None:
+    """The first of ``units`` with nothing left, or None when a grant fits (``usd`` is
+    `reserve`'s: it admits by the hold)."""
     for unit in units:
         limit = limits.get(unit)
         if limit is not None and state.used(unit) >= limit:
@@ -180,30 +319,54 @@ def reserve(
     now: float,
     hold: float,
     new_session: bool = True,
+    meter: Meter | None = None,
 ) -> Grant | QuotaDenial:
     """Reserve one session and one slot for ``hold`` seconds, or say which unit is out.
 
     ``new_session=False`` (reconnecting to a sticky session's sandbox) takes a
-    slot but no session: nothing new is created.
+    slot but no session: nothing new is created, so ``meter``'s fee is not
+    held. A ``meter`` holds its first cover against ``limits.usd``.
     """
     purge_expired(state, now)
-    denial = check(state, limits, UNITS if new_session else RECONNECT_UNITS)
+    denial = check(state, limits, COUNTED_UNITS if new_session else RECONNECT_UNITS)
     if denial is not None:
         return denial
+    slot = LeaseSlot(entry, now, now + hold, hold, counted=new_session)
+    if meter is not None and (meter.rate > 0 or (meter.fee > 0 and new_session)):
+        slot.rate, slot.fee, slot.step = meter.rate, meter.fee if new_session else 0.0, meter.step
+        slot.renew, slot.covered, slot.kill = meter.renew, meter.first, meter.kill
+        held = state.usd + state.usd_held
+        if limits.usd is not None and held + slot.hold() > limits.usd:
+            return QuotaDenial("usd", held, limits.usd)
+        state.usd_held += slot.hold()
     if new_session:
         state.sessions += 1
-    state.leases[lease_id] = LeaseSlot(entry, now, now + hold, hold, counted=new_session)
+    state.leases[lease_id] = slot
     return Grant(lease_id)
 
 
-def commit(state: PoolState, lease_id: str, now: float, ttl: float, sandbox_id: str = "") -> bool:
-    """Turn a reservation into a live lease with ``ttl``; False if it was lost."""
+def commit(
+    state: PoolState,
+    lease_id: str,
+    now: float,
+    ttl: float,
+    sandbox_id: str = "",
+    limits: Limits = Limits(),
+) -> Renewal:
+    """Turn a reservation into a live lease with ``ttl`` (its cover metered from now on,
+    grown to ``ttl`` if short of it: `cover`); not alive if it was lost."""
     slot = state.leases.get(lease_id)
     if slot is None:
-        return False
+        return Renewal(False)
     slot.live, slot.started, slot.expires, slot.ttl = True, now, now + ttl, ttl
     slot.sandbox_id = sandbox_id
-    return True
+    return _renewal(state, slot, limits)
+
+
+def _renewal(state: PoolState, slot: LeaseSlot, limits: Limits) -> Renewal:
+    if cover(state, slot, limits):
+        return Renewal(True)
+    return Renewal(True, slot.started + slot.covered)
 
 
 def refund(state: PoolState, lease_id: str) -> bool:
@@ -215,25 +378,32 @@ def refund(state: PoolState, lease_id: str) -> bool:
         return False
     if slot.counted:
         state.sessions = max(0, state.sessions - 1)
+    state.usd_held = max(0.0, state.usd_held - slot.hold())
     return True
 
 
-def heartbeat(state: PoolState, lease_id: str, now: float, ttl: float) -> bool:
-    """Extend a live lease; False if it already expired (its slot is gone)."""
+def heartbeat(
+    state: PoolState, lease_id: str, now: float, ttl: float, limits: Limits = Limits()
+) -> Renewal:
+    """Extend a live lease (its cover with it: `cover`); not alive if it already expired
+    (its slot is gone)."""
     slot = state.leases.get(lease_id)
     if slot is None or slot.expires <= now:
-        return False
+        return Renewal(False)
     slot.expires, slot.ttl = now + ttl, ttl
-    return True
+    return _renewal(state, slot, limits)
 
 
 def release(state: PoolState, lease_id: str, now: float) -> float | None:
-    """Free the slot and meter its seconds; None if the lease was not held."""
+    """Free the slot, meter its seconds and settle its hold to their cost; None if the
+    lease was not held. A reservation never committed is charged its fee (a late
+    create's sandbox was made: its session stays spent too)."""
     slot = state.leases.pop(lease_id, None)
     if slot is None:
         return None
     seconds = max(0.0, min(now, slot.expires) - slot.started) if slot.live else 0.0
     state.sandbox_seconds += seconds
+    settle_usd(state, slot, seconds, fee=slot.counted)
     return seconds
 
 

@@ -45,7 +45,7 @@ class KeyedProvider(Provider, Generic[C]):
     def __init__(self, name: str, options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
         self._client: LoopBound[C] = LoopBound()
-        self._cleanups: set[asyncio.Task[None]] = set()
+        self._cleanups: set[asyncio.Task[object]] = set()
 
     def _api_key(self) -> str | None:
         assert isinstance(self.options, KeyedOptions)
@@ -71,9 +71,9 @@ class KeyedProvider(Provider, Generic[C]):
     async def _close_client(self, client: C) -> None:
         """Release a client's connections (clients that hold none need not)."""
 
-    def _in_background(self, cleanup: Coroutine[Any, Any, None]) -> None:
+    def _in_background(self, cleanup: Coroutine[Any, Any, object]) -> None:
         """Run ``cleanup`` as a task of its own, awaited by `aclose`."""
-        task = asyncio.get_running_loop().create_task(cleanup)
+        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(cleanup)
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from providers.capabilities import Capability
+from providers.code import CodeContext, CodeError, RichResult, error_of_output
 from providers.errors import (
     ArgumentTypeError,
     AuthError,
@@ -41,6 +42,7 @@ from providers.errors import (
     Unsupported,
 )
 from providers.files import Chunks, FileInfo, file_chunks, pack_dir, unpack_dir
+from providers.kernel.host import Interpreter
 from providers.processes import (
     OnOutput,
     OutputChunk,
@@ -58,6 +60,8 @@ __all__ = [
     "LABEL_WARM",
     "AuthError",
     "CapacityExceeded",
+    "CodeContext",
+    "CodeError",
     "CodeResult",
     "CommandResult",
     "FileInfo",
@@ -68,6 +72,7 @@ __all__ = [
     "ProviderOptions",
     "QuotaExceeded",
     "RateLimited",
+    "RichResult",
     "Sandbox",
     "SandboxError",
     "SandboxInfo",
@@ -206,15 +211,37 @@ class CommandResult:
 
 @dataclass(frozen=True, slots=True)
 class CodeResult(CommandResult):
-    """The outcome of `Sandbox.run_code`: output, rich results and the error."""
+    """The outcome of `Sandbox.run_code`: output, rich results and the error.
 
-    results: tuple[Any, ...] = ()
-    error: str | None = None
-    stateful: bool = False  # a kernel ran it and keeps its variables for the next call
+    A cell that raises is a result (``error`` names the exception, with its
+    value and traceback), not an exception; so is one past its timeout
+    (``timed_out``, its error a ``TimeoutError``).
+
+    Attributes:
+        results: what the cell displayed and the value of its last
+            expression (``is_main_result``), as `RichResult` (text, PNG...).
+        error: the cell's exception, or None.
+        stateful: a kernel ran it and keeps its variables for the next call.
+        restarted: the kernel was started anew before this cell: what the
+            earlier cells of its context defined is gone.
+    """
+
+    results: tuple[RichResult, ...] = ()
+    error: CodeError | None = None
+    stateful: bool = False
+    restarted: bool = False
+
+    @property
+    def text(self) -> str | None:
+        """The text of the last expression's value (``results``' main one), or None."""
+        for result in self.results:
+            if result.is_main_result:
+                return result.text
+        return None
 
     @classmethod
     def of_command(cls, res: CommandResult, timeout: float | None) -> CodeResult:
-        """The result of code run as a command: a failure's error is stderr's last line."""
+        """The result of code run as a command: a failure's error is read from stderr."""
         return cls(
             res.stdout,
             res.stderr,
@@ -222,18 +249,8 @@ class CodeResult(CommandResult):
             res.duration,
             res.timed_out,
             (),
-            failure(res.stderr, res.exit_code, res.timed_out, timeout),
+            error_of_output(res.stderr, res.exit_code, res.timed_out, timeout),
         )
-
-
-def failure(output: str, exit_code: int, timed_out: bool, timeout: float | None) -> str | None:
-    """What went wrong in a run of code, from its output: None when nothing did."""
-    if timed_out:
-        return f"timed out after {timeout}s"
-    if exit_code == 0:
-        return None
-    lines = [line for line in output.splitlines() if line.strip()]
-    return lines[-1] if lines else f"exit code {exit_code}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,8 +328,44 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def run_code(
-        self, code: str, language: str = "python", *, timeout: float | None = 60.0
-    ) -> CodeResult: ...
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = 60.0,
+        context: CodeContext | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> CodeResult:
+        """Run ``code`` (a cell) and return its output, rich results and error.
+
+        Python runs in a kernel that keeps its variables, imports and working
+        directory between calls (the vendor's, or the router's own where it
+        has none: `providers.kernel`); ``context`` picks one of its
+        independent namespaces (`code_context`). ``env`` is set for this call
+        only. Other languages run once per call.
+        """
+
+    async def code_context(self, *, cwd: str | None = None) -> CodeContext:
+        """A new namespace for ``run_code(context=...)``, independent of the others
+        (E2B's ``create_code_context``); its code starts in ``cwd``."""
+        return self._kernels().context(cwd)
+
+    async def remove_code_context(self, context: CodeContext) -> None:
+        """End a context made by `code_context` (its kernel and its state)."""
+        await self._kernels().remove(context)
+
+    _router_kernels: Interpreter | None = None
+
+    @property
+    def _kernel_python(self) -> str:
+        """The interpreter the router's kernel runs as in this sandbox."""
+        return "python3"
+
+    def _kernels(self) -> Interpreter:
+        """This handle's router kernels (`providers.kernel`), made on first use."""
+        if self._router_kernels is None:
+            self._router_kernels = Interpreter(self, self._kernel_python)
+        return self._router_kernels
 
     @abc.abstractmethod
     async def kill(self) -> None:
@@ -595,7 +648,16 @@ class Provider(abc.ABC):
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec, *, timeout: float) -> Sandbox:
-        """Create a sandbox and wait until it runs, within ``timeout`` seconds."""
+        """Create a sandbox and wait until it runs, for ``timeout`` seconds from the
+        vendor's answer.
+
+        The vendor's create request itself runs to the vendor's own request
+        timeout, not to ``timeout``: its answer is the only place the sandbox's
+        id appears, and the router follows a create it stopped waiting for
+        (counted and killed when it lands). A create that fails without an
+        answer after its request went out raises `Unavailable` with
+        ``unanswered``: the router then looks the sandbox up by its lease label.
+        """
 
     @abc.abstractmethod
     async def connect(self, sandbox_id: str) -> Sandbox:

@@ -2,7 +2,7 @@
 
 Each adapter declares its set in ``Provider.capabilities``; a call it does
 not declare raises `Unsupported`, naming the provider and the capability,
-never a silent no-op. The README's capability matrix lists them per vendor.
+never a silent no-op. docs/capabilities.md's matrix lists them per vendor.
 """
 
 from __future__ import annotations

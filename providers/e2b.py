@@ -17,16 +17,18 @@ from a delay stated in the message; raw
 ``httpx`` transport errors and ``connectrpc`` errors leak through the SDK on
 a slow or dead endpoint and are `Unavailable`. A command that exits non-zero
 (the SDK raises ``CommandExitException``) or runs out of its own timeout is a
-`CommandResult`, not an error.
+`CommandResult`, not an error; that timeout counts from envd's start event, so
+a start that is slow to come (a loaded machine) does not eat it.
 
 Background processes and terminals are envd's own (`E2BProcess`,
 `E2BTerminal`): started with ``timeout=0`` (the SDK's default of 60 s would
 kill a long-lived one), fed from the SDK handle's callbacks (the async handle
 has no iterator), listed, killed and reattached by pid from any replica.
 ``run_code`` runs in the template's Jupyter kernel, which keeps state, on
-the code interpreter templates (``code-interpreter-*``, the SDK's default);
-other templates have no kernel, so code runs there through the language's
-interpreter, statelessly.
+the code interpreter templates (``code-interpreter-*``, the SDK's default),
+its request sent over the adapter's own pool (`providers.e2b_execute`);
+other templates have no kernel, so Python runs there in the router's own
+(`providers.kernel`, an envd process), and bash once per call.
 """
 
 from __future__ import annotations
@@ -44,17 +46,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from providers.account import KeyedOptions, KeyedProvider
 from providers.base import (
+    CodeContext,
+    CodeError,
     CodeResult,
     CommandResult,
     FileInfo,
+    LoopBound,
     PortURL,
     ProviderOptions,
+    RichResult,
     Sandbox,
     SandboxInfo,
     SandboxSpec,
     Snapshot,
 )
 from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
+from providers.e2b_execute import execute, open_session
 from providers.errors import (
     AuthError,
     NotFound,
@@ -64,12 +71,14 @@ from providers.errors import (
     Unavailable,
 )
 from providers.files import Chunks
+from providers.kernel.host import refuse_context
 from providers.logs import Log
-from providers.mapping import ErrorMap, Where, from_status, retry_after
+from providers.mapping import ErrorMap, Where, causes, from_status, retry_after, went_out
 from providers.processes import ProcessBase, ProcessInfo, TerminalBase
 from providers.shell import piped
 
 if TYPE_CHECKING:
+    import aiohttp
     from e2b_code_interpreter import AsyncSandbox
 
 __all__ = ["API_KEY_ENV", "E2BOptions", "E2BProcess", "E2BProvider", "E2BSandbox", "E2BTerminal"]
@@ -117,8 +126,8 @@ class E2BOptions(KeyedOptions):
         domain: the E2B domain (default ``e2b.app``, or ``E2B_DOMAIN``).
         template: the default template (the SDK's ``code-interpreter-v1``
             when unset); a spec's ``template`` wins. A ``code-interpreter-*``
-            template keeps `run_code`'s state in a kernel (the entry declares
-            ``run_code.stateful``); on any other, code runs statelessly.
+            template keeps `run_code`'s state in E2B's kernel, any other in
+            the router's (`providers.kernel`).
         lifetime: the sandbox timeout in seconds when the spec names none;
             lease heartbeats extend it (`E2BSandbox.keepalive`).
         request_timeout: seconds for each API request.
@@ -152,18 +161,18 @@ class E2BProvider(KeyedProvider[Any]):
 
     def __init__(self, name: str = "e2b", options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
-        kernel = {Capability.STATEFUL_CODE} if _has_kernel(self.opts.template) else set()
         self.capabilities = frozenset(
             {
                 "run_code",
+                Capability.STATEFUL_CODE,
                 *FILE_WORK,
                 *AGENT_WORK,
                 Capability.PAUSE,
                 Capability.PORT,
                 Capability.SNAPSHOT,
-                *kernel,
             }
         )
+        self._sessions: LoopBound[aiohttp.ClientSession] = LoopBound()
 
     @property
     def opts(self) -> E2BOptions:
@@ -182,32 +191,45 @@ class E2BProvider(KeyedProvider[Any]):
                 params[option] = getattr(self.opts, option)
         return _sdk().E2B(**params)
 
+    def _session(self) -> aiohttp.ClientSession:
+        """The running loop's pool for the code interpreters' requests (`e2b_execute`)."""
+        return self._sessions.get(lambda: open_session(self.opts.request_timeout))
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        session = self._sessions.take()
+        if session is not None:
+            await session.close()
+
     def _sandboxes(self) -> type[AsyncSandbox]:
         """The SDK's AsyncSandbox class bound to this entry's account."""
         sandboxes: type[AsyncSandbox] = self._api().AsyncSandbox
         return sandboxes
 
     async def create(self, spec: SandboxSpec, *, timeout: float) -> E2BSandbox:
+        """One request, which answers once the sandbox runs: bounded by ``request_timeout``,
+        not by ``timeout`` (cut short, the answer naming the sandbox E2B made is lost)."""
         sandboxes = self._sandboxes()
         lifetime = spec.lifetime or self.opts.lifetime
         template = spec.template or self.opts.template or sandboxes.default_template
+        request_timeout = self.opts.request_timeout
         with sdk_errors(self.name):
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(request_timeout):  # the SDK's may take twice as long
                 native = await sandboxes.create(
                     template=template,
                     timeout=max(1, math.ceil(lifetime)),
                     metadata=dict(spec.labels),
                     envs=dict(spec.env),
-                    request_timeout=min(timeout, self.opts.request_timeout),
+                    request_timeout=request_timeout,
                 )
         log.debug("sandbox_router.e2b.created", entry=self.name, sandbox_id=native.sandbox_id)
-        return E2BSandbox(native, self.name, workdir=spec.workdir, template=template)
+        return E2BSandbox(native, self.name, self._session, workdir=spec.workdir, template=template)
 
     async def connect(self, sandbox_id: str) -> E2BSandbox:
         sandboxes = self._sandboxes()
         with sdk_errors(self.name, sandbox_id):
             native = await sandboxes.connect(sandbox_id)
-        return E2BSandbox(native, self.name)
+        return E2BSandbox(native, self.name, self._session)
 
     async def resume(self, sandbox_id: str, *, timeout: float) -> E2BSandbox:
         """``connect`` resumes a paused sandbox (and answers a running one as it is)."""
@@ -251,15 +273,18 @@ class E2BSandbox(Sandbox):
         self,
         native: AsyncSandbox,
         provider: str,
+        session: Callable[[], aiohttp.ClientSession],
         *,
         workdir: str | None = None,
         template: str | None = None,
     ) -> None:
         self._native = native
+        self._session = session  # the provider's pool on the running loop
         self.id = native.sandbox_id
         self.provider = provider
         self._workdir = workdir
         self._template = template  # None: not known yet (a connected sandbox)
+        self._counts: dict[str, int] = {}  # the kernel's last execution count per context
 
     @property
     def native(self) -> AsyncSandbox:
@@ -276,7 +301,7 @@ class E2BSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> CommandResult:
-        from e2b import CommandExitException, InvalidArgumentException, TimeoutException
+        from e2b import CommandExitException, InvalidArgumentException
 
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
         started = time.monotonic()
@@ -287,26 +312,32 @@ class E2BSandbox(Sandbox):
                     background=True,
                     envs=dict(env) if env else None,
                     cwd=cwd or self._workdir,
-                    timeout=timeout or 0,
+                    timeout=0,  # counted from the start event below, not from the request
                 )
             except InvalidArgumentException as exc:
                 if not (cwd or self._workdir):
                     raise
                 # envd cannot start in a missing directory: fail as a shell's `cd` would
                 return CommandResult("", f"{exc}\n", 1, time.monotonic() - started)
+            deadline = asyncio.timeout(timeout or None)
             try:
-                done = await handle.wait()
+                async with deadline:
+                    done = await handle.wait()
             except CommandExitException as exc:
                 elapsed = time.monotonic() - started
-                return CommandResult(exc.stdout, exc.stderr, exc.exit_code, elapsed)
-            except TimeoutException as exc:
-                elapsed = time.monotonic() - started
-                if type(exc) is not TimeoutException or not timeout or elapsed < timeout:
+                code = _exit_code(exc.exit_code, exc.error)
+                return CommandResult(exc.stdout, exc.stderr, code, elapsed)
+            except TimeoutError:
+                if not deadline.expired():
                     raise
                 with contextlib.suppress(Exception):  # best effort: envd kills it then too
                     await handle.kill()
                 return CommandResult(
-                    handle.stdout or "", handle.stderr or "", -1, elapsed, timed_out=True
+                    handle.stdout or "",
+                    handle.stderr or "",
+                    -1,
+                    time.monotonic() - started,
+                    timed_out=True,
                 )
         return CommandResult(done.stdout, done.stderr, done.exit_code, time.monotonic() - started)
 
@@ -384,10 +415,20 @@ class E2BSandbox(Sandbox):
             await self._native.files.write(path, chunks)
 
     async def run_code(
-        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = 60.0,
+        context: CodeContext | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> CodeResult:
+        """The template's Jupyter kernel where it has one; elsewhere Python in the router's
+        kernel (`providers.kernel`) and bash in a new shell each call."""
         if await self._has_kernel():
-            return await self._run_in_kernel(code, language, timeout)
+            return await self._run_in_kernel(code, language, timeout, context, env)
+        if language == "python":
+            return await self._kernels().run(code, context=context, timeout=timeout, env=env)
         if language not in _INTERPRETERS:
             raise SandboxError(
                 f"run_code: language {language!r} is not supported without the code "
@@ -396,8 +437,25 @@ class E2BSandbox(Sandbox):
                 provider=self.provider,
                 sandbox_id=self.id,
             )
-        ran = await self.run(piped(code, _INTERPRETERS[language]), timeout=timeout)
+        refuse_context(self, context, language)
+        ran = await self.run(piped(code, _INTERPRETERS[language]), timeout=timeout, env=env)
         return CodeResult.of_command(ran, timeout)
+
+    async def code_context(self, *, cwd: str | None = None) -> CodeContext:
+        """A context of the template's kernel (a Jupyter kernel of its own), else the router's."""
+        if not await self._has_kernel():
+            return await super().code_context(cwd=cwd)
+        with self._errors():
+            made = await self._native.create_code_context(cwd=cwd, language="python")
+        return CodeContext(made.id, made.language, made.cwd)
+
+    async def remove_code_context(self, context: CodeContext) -> None:
+        if not await self._has_kernel():
+            return await super().remove_code_context(context)
+        with self._errors():
+            await self._native.remove_code_context(context.id)
+        self._counts.pop(context.id, None)
+        return None
 
     async def _has_kernel(self) -> bool:
         """Whether the sandbox's template runs the code interpreter (asked once when connected)."""
@@ -407,31 +465,54 @@ class E2BSandbox(Sandbox):
             self._template = info.name or info.template_id
         return _has_kernel(self._template)
 
-    async def _run_in_kernel(self, code: str, language: str, timeout: float | None) -> CodeResult:
-        from e2b import TimeoutException
+    async def _run_in_kernel(
+        self,
+        code: str,
+        language: str,
+        timeout: float | None,
+        context: CodeContext | None,
+        env: Mapping[str, str] | None,
+    ) -> CodeResult:
+        """The code interpreter's ``run_code`` (`e2b_execute`); a kernel restart shows as its
+        execution count going back (a new kernel counts from 1), which the result says."""
+        from e2b import NotFoundException
 
         started = time.monotonic()
+        where = {"language": language} if context is None else {"context_id": context.id}
+        deadline = asyncio.timeout(timeout or None)
         with self._errors():
             try:
-                execution = await self._native.run_code(
-                    code, language=language, timeout=timeout or 0
-                )
-            except TimeoutException as exc:
-                elapsed = time.monotonic() - started
-                if type(exc) is not TimeoutException or not timeout or elapsed < timeout:
+                async with deadline:
+                    execution = await execute(
+                        self._session(), self._native, code, where, dict(env) if env else None
+                    )
+            except NotFoundException as exc:
+                if context is None or context.id not in str(exc):
                     raise
-                return CodeResult(
-                    "", "", -1, elapsed, True, (), f"execution timed out after {timeout}s", True
-                )
-        error = execution.error
+                raise SandboxError(
+                    f"no code context {context.id!r} in the sandbox's kernel (removed?): {exc}",
+                    provider=self.provider,
+                    sandbox_id=self.id,
+                ) from None
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                error = CodeError("TimeoutError", f"execution timed out after {timeout}s")
+                return CodeResult("", "", -1, time.monotonic() - started, True, (), error, True)
+        key = context.id if context is not None else language
+        count, last = execution.execution_count, self._counts.get(key)
+        if count is not None:
+            self._counts[key] = count
+        failed = execution.error
         return CodeResult(
             stdout="".join(execution.logs.stdout),
             stderr="".join(execution.logs.stderr),
-            exit_code=1 if error else 0,
+            exit_code=1 if failed else 0,
             duration=time.monotonic() - started,
             results=tuple(_result(r) for r in execution.results),
-            error=f"{error.name}: {error.value}" if error else None,
+            error=CodeError(failed.name, failed.value, failed.traceback) if failed else None,
             stateful=True,
+            restarted=count is not None and last is not None and count <= last,
         )
 
     async def start(
@@ -610,11 +691,41 @@ async def _exit_of(
             try:
                 done = await handle.wait()
             except CommandExitException as exc:
-                finish(exc.exit_code)
+                finish(_exit_code(exc.exit_code, exc.error))
                 return
         finish(done.exit_code)
     except ProviderError as exc:
         fail(exc)
+
+
+# Go's names of the Linux signals (syscall.Signal.String), numbered from 1.
+_GO_SIGNALS = (
+    "hangup", "interrupt", "quit", "illegal instruction", "trace/breakpoint trap",
+    "aborted", "bus error", "floating point exception", "killed", "user defined signal 1",
+    "segmentation fault", "user defined signal 2", "broken pipe", "alarm clock",
+    "terminated", "stack fault", "child exited", "continued", "stopped (signal)", "stopped",
+    "stopped (tty input)", "stopped (tty output)", "urgent I/O condition",
+    "CPU time limit exceeded", "file size limit exceeded", "virtual timer expired",
+    "profiling timer expired", "window changed", "I/O possible", "power failure",
+    "bad system call",
+)  # fmt: skip
+_SIGNALLED = re.compile(r"signal: (?:signal (\d+)|(.+?))(?: \(core dumped\))?")
+
+
+def _exit_code(code: int, error: str | None) -> int:
+    """A command's exit code as a shell reports it: 128 + the signal that ended it.
+
+    envd is Go: a command a signal ended has ``ProcessState.ExitCode()``, -1,
+    and ``cmd.Wait()``'s error names the signal (``signal: killed``). Every
+    other provider's shell says 137 there, so the router does too.
+    """
+    signalled = _SIGNALLED.fullmatch(error or "") if code < 0 else None
+    if signalled is None:
+        return code
+    number, name = signalled.groups()
+    if number is not None:
+        return 128 + int(number)
+    return 128 + 1 + _GO_SIGNALS.index(name) if name in _GO_SIGNALS else code
 
 
 def _command_of(cmd: str, args: Sequence[str]) -> str:
@@ -629,11 +740,14 @@ def _has_kernel(template: str | None) -> bool:
     return template is None or template.startswith(_KERNEL_TEMPLATES)
 
 
-def _result(result: Any) -> dict[str, Any]:
-    """A code interpreter result as plain data: its formats and whether it is the main one."""
-    data = {f: getattr(result, f) for f in _RESULT_FORMATS if getattr(result, f, None) is not None}
-    data["is_main_result"] = bool(getattr(result, "is_main_result", False))
-    return data
+def _result(result: Any) -> RichResult:
+    """A code interpreter result (its images base64 text) as a `RichResult`."""
+    formats = {f: getattr(result, f, None) for f in _RESULT_FORMATS}
+    chart = getattr(result, "chart", None)
+    if chart is not None:
+        formats["chart"] = chart.to_dict() if hasattr(chart, "to_dict") else chart
+    formats.update(getattr(result, "extra", None) or {})
+    return RichResult.of_formats(formats, is_main_result=bool(result.is_main_result))
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -661,6 +775,7 @@ def _answer_headers(exc: BaseException, status: int) -> Mapping[str, Any]:
 
 def _to_error(exc: Exception, where: Where) -> ProviderError:
     """The one mapping of E2B SDK (and leaked transport) exceptions to router errors."""
+    import aiohttp
     import httpx
     import pyqwest
     from connectrpc.errors import ConnectError
@@ -689,7 +804,9 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
     if isinstance(exc, e2b.SandboxNotFoundException | e2b.SandboxNotRunningException):
         return where.error(NotFound, message, status=status or 404)
     if isinstance(exc, e2b.TimeoutException):
-        return where.error(Unavailable, message, status=status)
+        return where.error(
+            Unavailable, message, status=status, unanswered=status is None and _went_out(exc)
+        )
     if isinstance(exc, e2b.NotFoundException):
         return where.error(SandboxError if where.in_sandbox else NotFound, message, status=404)
     in_sandbox_only = e2b.InvalidArgumentException | e2b.NotEnoughSpaceException
@@ -698,16 +815,18 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
     if isinstance(exc, ConnectError):
         return _connect_error(exc, message, where)
     if isinstance(exc, TimeoutError) and not str(exc):
-        return where.error(Unavailable, "E2B did not answer in time")
+        return where.error(Unavailable, "E2B did not answer in time", unanswered=_went_out(exc))
     if isinstance(
         exc,
-        httpx.TransportError
+        aiohttp.ClientError
+        | httpx.TransportError
         | pyqwest.ReadError
         | pyqwest.WriteError
         | pyqwest.RemoteProtocolError
         | OSError,
     ):
-        return where.error(Unavailable, f"{type(exc).__name__}: {message}")
+        message = f"{type(exc).__name__}: {message}"
+        return where.error(Unavailable, message, unanswered=_went_out(exc))
     if isinstance(exc, e2b.SandboxException) and status is not None:
         return from_status(
             status,
@@ -719,6 +838,24 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
     if isinstance(exc, e2b.SandboxException) and where.in_sandbox:
         return where.error(SandboxError, message)
     return where.error(ProviderError, f"{type(exc).__name__}: {message}", status=status)
+
+
+def _went_out(exc: BaseException) -> bool:
+    """The failed request may have reached E2B: its transport (pyqwest) raises the builtin
+    ``ConnectionError`` itself, no subclass, only before a request is written (the SDK's
+    connect retries rely on it), and httpx's and aiohttp's connect errors say the same."""
+    import aiohttp
+    import httpx
+
+    if any(type(link) is ConnectionError for link in causes(exc)):
+        return False
+    return went_out(
+        exc,
+        httpx.ConnectError,
+        httpx.ConnectTimeout,
+        aiohttp.ClientConnectorError,
+        aiohttp.ConnectionTimeoutError,
+    )
 
 
 def _connect_error(exc: Any, message: str, where: Where) -> ProviderError:

@@ -1,8 +1,13 @@
-"""The one exception tree of sandbox-router.
+"""The one exception tree of sandbox-router: the router's errors and the providers' alike.
 
-Every error the library raises derives from ``SandboxRouterError``. Adapters
-map each vendor SDK exception to the most specific class here, always with
-``raise ... from exc`` so the SDK's own exception stays on ``__cause__``::
+Every error the library raises derives from ``SandboxRouterError``, and
+every class of the tree is defined here, drawn below once. This is its home
+because everything imports it and it imports nothing: ``providers`` is the
+layer ``policies`` and ``router`` build on (and ``router`` exports each
+class), so the router's own errors live beside the providers' without an
+import running upwards. Adapters map each vendor SDK exception to the most
+specific class here, always with ``raise ... from exc`` so the SDK's own
+exception stays on ``__cause__``::
 
     SandboxRouterError
     ├── ConfigError                 bad config file, field or value (router.config)
@@ -12,6 +17,7 @@ map each vendor SDK exception to the most specific class here, always with
     ├── RouterClosed                a call on a router after its close (also a RuntimeError)
     ├── NoProviderAvailable         every chain entry was skipped or failed (router)
     ├── LeaseError                  a lease was used after release, or lost
+    │   └── SessionBusy             another live lease held the session past the timeout
     └── ProviderError               raised by a provider adapter
         ├── AuthError               permanent: credentials missing or refused
         ├── QuotaExceeded           the provider's own quota answer (reset_at)
@@ -20,7 +26,8 @@ map each vendor SDK exception to the most specific class here, always with
         ├── Unavailable             transient: 5xx, refused, timeouts
         ├── NotFound                no such sandbox or template
         └── SandboxError            the user's command or file op failed:
-            └── SandboxPathError    a path escapes the sandbox
+            ├── SandboxPathError    a path escapes the sandbox
+            └── Unsupported         the serving entry lacks a capability used
 
 How the router treats each class is decided in ``policies.outcome``: only
 ``Unavailable`` (and ``RateLimited`` inside its retry-after) is retried on the
@@ -48,8 +55,10 @@ __all__ = [
     "SandboxError",
     "SandboxPathError",
     "SandboxRouterError",
+    "SessionBusy",
     "StateUnavailable",
     "Unavailable",
+    "Unsupported",
 ]
 
 
@@ -101,6 +110,14 @@ class StateUnavailable(SandboxRouterError):
 
 class LeaseError(SandboxRouterError):
     """A lease was used after it was released, or its state was lost."""
+
+
+class SessionBusy(LeaseError):
+    """Another live lease held the sticky session for the whole of the acquire's timeout.
+
+    A session has one holder at a time: a second acquire of it waits for the
+    first's release. Nothing was reserved or created while it waited.
+    """
 
 
 class NoProviderAvailable(SandboxRouterError):
@@ -191,7 +208,28 @@ class CapacityExceeded(ProviderError):
 
 
 class Unavailable(ProviderError):
-    """Transient: 5xx, connection refused or reset, timeouts."""
+    """Transient: 5xx, connection refused or reset, timeouts.
+
+    Attributes:
+        unanswered: the request went out and no answer came back (the
+            connection was lost, the request timed out), so the vendor may
+            have done it all the same. A create that fails so may have made a
+            sandbox: the router looks it up by the create's lease label
+            (`router.late_creates.LateCreates.failed`). False for an answer, and for a
+            connection that could not be made (nothing was sent).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        unanswered: bool = False,
+        provider: str | None = None,
+        status: int | None = None,
+        sandbox_id: str | None = None,
+    ) -> None:
+        super().__init__(message, provider=provider, status=status, sandbox_id=sandbox_id)
+        self.unanswered = unanswered
 
 
 class NotFound(ProviderError):
@@ -214,9 +252,10 @@ class Unsupported(SandboxError):
     """
 
     def __init__(self, provider: str, capability: str) -> None:
+        # The hint is code to paste: the name, never the enum's repr.
         super().__init__(
             f"{provider} does not support {capability}: acquire with "
-            f"requires=({capability!r},) to route to an entry that does",
+            f'requires=("{capability}",) to route to an entry that does',
             provider=provider,
         )
         self.capability = capability

@@ -11,6 +11,7 @@ hand and none can forget the sandbox it concerns. The HTTP adapters
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,7 +29,7 @@ from providers.errors import (
     Unavailable,
 )
 
-__all__ = ["ErrorMap", "Where", "from_status", "retry_after"]
+__all__ = ["ErrorMap", "Where", "causes", "from_status", "retry_after", "went_out"]
 
 E = TypeVar("E", bound=ProviderError)
 
@@ -76,6 +77,25 @@ class ErrorMap:
             raise
         except Exception as exc:
             raise self.to_error(exc, Where(provider, sandbox_id, in_sandbox)) from exc
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what led to it, outermost first (``__cause__``, else ``__context__``)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
+
+
+def went_out(exc: BaseException, *connect: type[BaseException]) -> bool:
+    """Whether the request a transport failure ``exc`` ended may have reached the vendor:
+    nothing that led to it is a failure to connect (a refusal, a name that does not
+    resolve, or one of ``connect``, the client library's own), so it was sent and its
+    answer lost (`providers.errors.Unavailable.unanswered`)."""
+    unsent: tuple[type[BaseException], ...] = (ConnectionRefusedError, socket.gaierror, *connect)
+    return not any(isinstance(link, unsent) for link in causes(exc))
 
 
 def retry_after(headers: Mapping[str, Any]) -> float | None:

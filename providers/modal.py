@@ -27,9 +27,16 @@ spec whose ``template`` is such an id creates from ``Image.from_id`` (an
 `Snapshot`. `ModalProvider.delete_snapshot` is
 ``modal.experimental.image_delete`` (``ImageDelete``; NOT_FOUND is False).
 
-Every Modal call runs under the router's own deadline (``asyncio.timeout``):
+Every Modal call runs under a deadline of its own (``asyncio.timeout``):
 against a dead endpoint the SDK keeps reconnecting for about a minute, and a
-hung create never returns. The router owns retries: the SDK retries
+hung create never returns. A create's is the larger of the router's create
+timeout and ``request_timeout``: the router stops waiting at its own, but a
+``SandboxCreate`` cut short would lose the sandbox Modal made. A create that
+fails without an answer after its ``SandboxCreate`` went out (a stream lost,
+the deadline) is `Unavailable.unanswered`, and the router looks the sandbox
+up by its lease label; the channel's ``SendMessage`` events tell which
+creates went out (`_CreatesSent`), so one that failed before (an image
+build, a dead endpoint) is refunded at once. The router owns retries: the SDK retries
 UNAVAILABLE/INTERNAL answers and dropped streams three times and sleeps on
 throttling, with no switch per client (only the process-wide
 ``MODAL_MAX_THROTTLE_WAIT``, which would change the app's own Modal calls
@@ -79,6 +86,8 @@ from typing import Any, ClassVar
 from pydantic import PositiveInt, SecretStr
 
 from providers.base import (
+    LABEL_LEASE,
+    CodeContext,
     CodeResult,
     CommandResult,
     FileInfo,
@@ -103,8 +112,9 @@ from providers.errors import (
     Unavailable,
 )
 from providers.files import Chunks, ShellFiles, file_chunks, unpack_dir
+from providers.kernel.host import refuse_context
 from providers.logs import Log
-from providers.mapping import ErrorMap, Where
+from providers.mapping import ErrorMap, Where, went_out
 from providers.processes import ProcessBase, TerminalBase
 
 __all__ = ["TOKEN_ID_ENV", "TOKEN_SECRET_ENV", "ModalOptions", "ModalProvider", "ModalSandbox"]
@@ -188,8 +198,31 @@ class _SdkRetryStopped(Exception):
         self.details = details
 
 
-async def _stop_sdk_retries(client: Any, server_url: str) -> None:
-    """Make each SDK call on ``client``'s control-plane channel one request on the wire."""
+class _CreatesSent:
+    """The lease labels of the creates whose ``SandboxCreate`` went out on the channel
+    (read from its ``SendMessage`` events): only such a create, left unanswered, may
+    have made a sandbox."""
+
+    def __init__(self) -> None:
+        self.leases: set[str] = set()
+
+    async def sending(self, event: Any) -> None:
+        from modal_proto import api_pb2
+
+        if isinstance(event.message, api_pb2.SandboxCreateRequest | api_pb2.SandboxCreateV2Request):
+            for tag in event.message.tags:
+                if tag.tag_name == LABEL_LEASE:
+                    self.leases.add(tag.tag_value)
+
+    def listen(self, channel: Any) -> None:
+        import grpclib.events
+
+        grpclib.events.listen(channel, grpclib.events.SendMessage, self.sending)
+
+
+async def _stop_sdk_retries(client: Any, server_url: str) -> Any:
+    """Make each SDK call on ``client``'s control-plane channel one request on the wire;
+    the channel."""
     import grpclib.events
     from grpclib.const import Status
 
@@ -214,6 +247,7 @@ async def _stop_sdk_retries(client: Any, server_url: str) -> None:
     channel = await client._get_channel.aio(server_url)
     grpclib.events.listen(channel, grpclib.events.RecvTrailingMetadata, answered)
     grpclib.events.listen(channel, grpclib.events.SendRequest, sending)
+    return channel
 
 
 class ModalOptions(ProviderOptions):
@@ -232,7 +266,8 @@ class ModalOptions(ProviderOptions):
         secrets: names of Modal Secrets injected into every sandbox.
         lifetime: the sandbox ``timeout`` in seconds when the spec names no
             ``lifetime`` (Modal fixes it at create; at most 24 h).
-        request_timeout: seconds for each call that is not a create or a command.
+        request_timeout: seconds for each call that is not a command; a create
+            takes the router's create timeout when that is longer.
         snapshot_ttl: seconds Modal keeps a snapshot's Image (the SDK's
             default, 30 days, so a snapshot never deleted does not stay
             forever); None keeps it until `ModalProvider.delete_snapshot`.
@@ -263,6 +298,7 @@ class ModalProvider(Provider):
     capabilities = frozenset(
         {
             Capability.RUN_CODE,
+            Capability.STATEFUL_CODE,
             Capability.FILES,
             Capability.GPU,
             Capability.STREAM,
@@ -282,6 +318,7 @@ class ModalProvider(Provider):
         self._client: Any = None
         self._app: Any = None
         self._images: dict[str, Any] = {}
+        self._sent = _CreatesSent()
 
     @property
     def opts(self) -> ModalOptions:
@@ -322,13 +359,13 @@ class ModalProvider(Provider):
         modal = _sdk()
         if self.opts.server_url is None:
             client = await modal.Client.from_credentials.aio(*credentials)
-            await _stop_sdk_retries(client, modal.config.config["server_url"])
+            self._sent.listen(await _stop_sdk_retries(client, modal.config.config["server_url"]))
             return client
         from modal_proto import api_pb2
 
         client = modal.Client(self.opts.server_url, api_pb2.CLIENT_TYPE_CLIENT, credentials)
         await client.__aenter__()
-        await _stop_sdk_retries(client, self.opts.server_url)
+        self._sent.listen(await _stop_sdk_retries(client, self.opts.server_url))
         return client
 
     async def _native_app(self, client: Any) -> Any:
@@ -351,12 +388,25 @@ class ModalProvider(Provider):
         return self._images[template]
 
     async def create(self, spec: SandboxSpec, *, timeout: float) -> ModalSandbox:
-        modal = _sdk()
         workdir = spec.workdir or self.opts.workdir
+        lease = spec.labels.get(LABEL_LEASE)
+        try:
+            native = await self._create(spec, workdir, max(timeout, self._timeout))
+        except Unavailable as err:
+            err.unanswered = err.unanswered and (lease is None or lease in self._sent.leases)
+            raise
+        finally:
+            self._sent.leases.discard(lease or "")
+        log.debug("sandbox_router.modal.created", entry=self.name, sandbox_id=native.object_id)
+        return self._sandbox(native, workdir)
+
+    async def _create(self, spec: SandboxSpec, workdir: str, timeout: float) -> Any:
+        """``Sandbox.create``: the SDK's sandbox, within ``timeout``."""
+        modal = _sdk()
         with sdk_errors(self.name):
             async with asyncio.timeout(timeout):
                 client = await self._native_client()
-                native = await modal.Sandbox.create.aio(
+                return await modal.Sandbox.create.aio(
                     app=await self._native_app(client),
                     image=self._image(spec.template or self.opts.image, client),
                     env=dict(spec.env) or None,
@@ -371,8 +421,6 @@ class ModalProvider(Provider):
                     encrypted_ports=spec.ports,
                     client=client,
                 )
-        log.debug("sandbox_router.modal.created", entry=self.name, sandbox_id=native.object_id)
-        return self._sandbox(native, workdir)
 
     def _sandbox(self, native: Any, workdir: str) -> ModalSandbox:
         return ModalSandbox(
@@ -699,8 +747,18 @@ class ModalSandbox(ShellFiles, Sandbox):
         return [FileInfo(name=e.name, path=e.path, is_dir=e.is_dir(), size=e.size) for e in entries]
 
     async def run_code(
-        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = 60.0,
+        context: CodeContext | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> CodeResult:
+        """Python in the router's kernel (`providers.kernel`): Modal has none of its own;
+        bash in a new shell each call."""
+        if language == "python":
+            return await self._kernels().run(code, context=context, timeout=timeout, env=env)
         if language not in _INTERPRETERS:
             raise SandboxError(
                 f"run_code: language {language!r} is not supported "
@@ -708,7 +766,10 @@ class ModalSandbox(ShellFiles, Sandbox):
                 provider=self.provider,
                 sandbox_id=self.id,
             )
-        res = await self._exec(_INTERPRETERS[language], timeout=timeout, stdin=code.encode())
+        refuse_context(self, context, language)
+        res = await self._exec(
+            _INTERPRETERS[language], timeout=timeout, env=env, stdin=code.encode()
+        )
         return CodeResult.of_command(res, timeout)
 
     async def expose(self, port: int) -> PortURL:
@@ -864,7 +925,7 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
         if exc.status is Status.RESOURCE_EXHAUSTED:
             return _exhausted(message, _retry_policy(exc.details), where)
         what = exc.status.name if exc.status is not None else "ConnectionError"
-        return where.error(Unavailable, f"{what}: {message}")
+        return where.error(Unavailable, f"{what}: {message}", unanswered=exc.status is None)
     if isinstance(exc, mx.AuthError):
         return where.error(AuthError, message, status=401)
     if isinstance(exc, mx.PermissionDeniedError):
@@ -885,14 +946,16 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
         return where.error(SandboxError, message, status=400)
     if isinstance(exc, mx.ImageBuildError):
         return where.error(NotFound, f"image build failed: {message}")
-    if isinstance(exc, mx.ServiceError | mx.InternalError | mx.ConnectionError | mx.TimeoutError):
+    if isinstance(exc, mx.ServiceError | mx.InternalError | GRPCError):  # an answer
         return where.error(Unavailable, f"{type(exc).__name__}: {message}")
+    lost = mx.ConnectionError | mx.TimeoutError | StreamTerminatedError | OSError | ConnectionError
+    if isinstance(exc, lost):
+        message = f"{type(exc).__name__}: {message}"
+        return where.error(Unavailable, message, unanswered=went_out(exc))
     if isinstance(exc, mx.Error):
         return where.error(ProviderError, f"{type(exc).__name__}: {message}")
-    if isinstance(exc, StreamTerminatedError | GRPCError | OSError | ConnectionError):
-        return where.error(Unavailable, f"{type(exc).__name__}: {message}")
     if isinstance(exc, TimeoutError):
-        return where.error(Unavailable, "Modal did not answer in time")
+        return where.error(Unavailable, "Modal did not answer in time", unanswered=True)
     return where.error(ProviderError, f"{type(exc).__name__}: {message}")
 
 

@@ -111,6 +111,13 @@ class Process(abc.ABC):
     def finished(self) -> bool:
         """True once it has ended and its output is all delivered to this handle."""
 
+    def discard_output(self) -> None:  # noqa: B027 - optional hook
+        """Keep no output for `wait` from now on; `output` still streams it all.
+
+        A long-lived process read through `output` only (the router's code
+        kernel) would otherwise hold everything it ever printed.
+        """
+
     async def write_stdin(self, data: str | bytes) -> None:
         raise Unsupported(self.provider, Capability.STDIN)
 
@@ -131,12 +138,19 @@ class ProcessBase(Process):
         self._queue: asyncio.Queue[OutputChunk | None] = asyncio.Queue()
         self._stdout: list[str] = []
         self._stderr: list[str] = []
+        self._keep = True
         self._exit: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def discard_output(self) -> None:
+        self._keep = False
+        self._stdout.clear()
+        self._stderr.clear()
 
     def _feed(self, stream: Literal["stdout", "stderr"], data: str) -> None:
         if not data or self._exit.done():
             return
-        (self._stdout if stream == "stdout" else self._stderr).append(data)
+        if self._keep:
+            (self._stdout if stream == "stdout" else self._stderr).append(data)
         self._queue.put_nowait(OutputChunk(stream, data))
 
     def _finish(self, exit_code: int) -> None:

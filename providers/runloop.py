@@ -6,10 +6,14 @@ with the SDK's retries off (``max_retries=0``: its default of 5 turns a
 dead endpoint into half a minute of silence, and the router owns retries).
 
 A create is two steps so a devbox is never lost: ``POST /v1/devboxes``
-returns the id at once, then ``await_running`` long-polls with a
-``PollingConfig`` bounded by the router's create timeout. When the devbox
-does not reach ``running`` in time (``PollingTimeout``), fails to boot or
-the wait breaks, the devbox is shut down before the error is raised.
+returns the id at once, bounded by ``request_timeout`` alone (the router
+stops waiting at its create timeout, but an answer cut short would lose the
+devbox Runloop made; one that never comes is `Unavailable.unanswered`, and
+the router looks the devbox up by its lease label); then ``await_running``
+long-polls with a ``PollingConfig`` bounded by the create timeout from that
+answer. When the devbox does not reach ``running`` in time
+(``PollingTimeout``), fails to boot or the wait breaks, the devbox is shut
+down before the error is raised.
 
 Runloop has no per-command timeout: `RunloopSandbox.run` starts the command
 with ``execute``, long-polls the execution until the caller's timeout and
@@ -68,6 +72,7 @@ from pydantic import Field, model_validator
 
 from providers.account import KeyedOptions, KeyedProvider
 from providers.base import (
+    CodeContext,
     CodeResult,
     CommandResult,
     FileInfo,
@@ -82,8 +87,9 @@ from providers.base import (
 from providers.capabilities import Capability
 from providers.errors import InvalidArgument, NotFound, ProviderError, SandboxError, Unavailable
 from providers.files import CHUNK, Chunks, ShellFiles
+from providers.kernel.host import refuse_context
 from providers.logs import Log
-from providers.mapping import ErrorMap, Where, from_status, retry_after
+from providers.mapping import ErrorMap, Where, from_status, retry_after, went_out
 from providers.processes import ProcessBase
 from providers.shell import piped, script
 
@@ -166,7 +172,8 @@ class RunloopOptions(KeyedOptions):
         pool_shards: HTTP/2 connections the SDK opens per workload (API
             calls, long-polls, transfers); None keeps the SDK's 8 / 16 / 2.
             Each new one builds a TLS context, ~50 ms of CPU on the event loop.
-        python: the interpreter `RunloopSandbox.run_code` uses for python.
+        python: the interpreter the router's code kernel runs as
+            (`RunloopSandbox.run_code`'s python).
     """
 
     base_url: str | None = None
@@ -203,6 +210,7 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
     capabilities: frozenset[str] = frozenset(
         {
             Capability.RUN_CODE,
+            Capability.STATEFUL_CODE,
             Capability.FILES,
             Capability.FILES_MANAGE,
             Capability.FILES_STREAM,
@@ -288,19 +296,19 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
         return params
 
     async def create(self, spec: SandboxSpec, *, timeout: float) -> RunloopSandbox:
+        """``POST /v1/devboxes``, bounded by ``request_timeout`` (not by ``timeout``: cut
+        short, the answer naming the devbox Runloop made is lost); then the wait for it
+        to run, ``timeout`` from that answer."""
         api = self._api()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         devbox_id: str | None = None
         try:
-            async with asyncio.timeout(timeout):
-                view = await api.devboxes.create(
-                    **self._create_params(spec),
-                    timeout=min(timeout, self.opts.request_timeout),
-                )
-                devbox_id = view.id
-                if view.status != "running":
-                    polling = _polling(deadline - loop.time())
+            view = await api.devboxes.create(
+                **self._create_params(spec), timeout=self.opts.request_timeout
+            )
+            devbox_id = view.id
+            if view.status != "running":
+                async with asyncio.timeout(timeout):
+                    polling = _polling(timeout)
                     view = await api.devboxes.await_running(view.id, polling_config=polling)
         except asyncio.CancelledError:
             if devbox_id is not None:
@@ -603,18 +611,32 @@ class RunloopSandbox(ShellFiles, Sandbox):
             )
         return sorted(found, key=lambda f: f.name)
 
+    @property
+    def _kernel_python(self) -> str:
+        return self._python
+
     async def run_code(
-        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = 60.0,
+        context: CodeContext | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> CodeResult:
-        interpreters = {"python": f"{shlex.quote(self._python)} -", "bash": "bash -s"}
-        if language not in interpreters:
+        """Python in the router's kernel (`providers.kernel`): Runloop has none of its own;
+        bash in a new shell each call."""
+        if language == "python":
+            return await self._kernels().run(code, context=context, timeout=timeout, env=env)
+        if language != "bash":
             raise SandboxError(
                 f"run_code: language {language!r} is not supported "
-                f"(expected one of {sorted(interpreters)})",
+                "(expected one of ['bash', 'python'])",
                 provider=self.provider,
                 sandbox_id=self.id,
             )
-        res = await self.run(piped(code, interpreters[language]), timeout=timeout)
+        refuse_context(self, context, language)
+        res = await self.run(piped(code, "bash -s"), timeout=timeout, env=env)
         return CodeResult.of_command(res, timeout)
 
     async def expose(self, port: int) -> PortURL:
@@ -805,6 +827,7 @@ def _message(exc: BaseException) -> str:
 
 def _to_error(exc: Exception, where: Where) -> ProviderError:
     """The one mapping of Runloop SDK exceptions to router errors."""
+    import httpx
     from runloop_api_client import APIConnectionError, APIStatusError, RunloopError
     from runloop_api_client.lib.polling import PollingTimeout
 
@@ -812,9 +835,10 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
     if isinstance(exc, PollingTimeout):
         return where.error(Unavailable, f"devbox did not reach running in time: {exc.args[0]}")
     if isinstance(exc, TimeoutError):
-        return where.error(Unavailable, "Runloop did not answer in time")
+        return where.error(Unavailable, "Runloop did not answer in time", unanswered=True)
     if isinstance(exc, APIConnectionError):
-        return where.error(Unavailable, f"{type(exc).__name__}: {message}")
+        sent = went_out(exc, httpx.ConnectError, httpx.ConnectTimeout)
+        return where.error(Unavailable, f"{type(exc).__name__}: {message}", unanswered=sent)
     if isinstance(exc, APIStatusError):
         lowered = message.lower()
         return from_status(

@@ -8,7 +8,17 @@
 The error classes are drawn as one tree in ``providers.errors``.
 """
 
-from providers.base import CodeResult, CommandResult, FileInfo, PortURL, SandboxSpec, Snapshot
+from providers.base import (
+    CodeContext,
+    CodeError,
+    CodeResult,
+    CommandResult,
+    FileInfo,
+    PortURL,
+    RichResult,
+    SandboxSpec,
+    Snapshot,
+)
 from providers.errors import (
     ArgumentTypeError,
     AuthError,
@@ -25,6 +35,7 @@ from providers.errors import (
     SandboxError,
     SandboxPathError,
     SandboxRouterError,
+    SessionBusy,
     StateUnavailable,
     Unavailable,
     Unsupported,
@@ -32,7 +43,7 @@ from providers.errors import (
 from router.config import RouterConfig, load_config
 from router.core import EntryView, ReapReport, Router, RouterStatus
 from router.events import Event, Hook
-from router.lease import AsyncLease, Lease
+from router.lease import AsyncLease, Lease, PendingLease
 from router.logs import configure_logging
 
 __all__ = [
@@ -40,6 +51,8 @@ __all__ = [
     "AsyncLease",
     "AuthError",
     "CapacityExceeded",
+    "CodeContext",
+    "CodeError",
     "CodeResult",
     "CommandResult",
     "ConfigError",
@@ -52,11 +65,13 @@ __all__ = [
     "LeaseError",
     "NoProviderAvailable",
     "NotFound",
+    "PendingLease",
     "PortURL",
     "ProviderError",
     "QuotaExceeded",
     "RateLimited",
     "ReapReport",
+    "RichResult",
     "Router",
     "RouterClosed",
     "RouterConfig",
@@ -65,6 +80,7 @@ __all__ = [
     "SandboxPathError",
     "SandboxRouterError",
     "SandboxSpec",
+    "SessionBusy",
     "Snapshot",
     "StateUnavailable",
     "Unavailable",

@@ -14,8 +14,9 @@ entry's (`router.hedge`); a pool known to be out of quota is denied by the
 ledger without a round trip (`policies.exhausted`).
 
 Nothing is lost on the way: a failed create refunds its reservation; a
-create the acquire stops waiting for keeps its reservation, and upkeep
-counts and kills the sandbox it may still make (the provider bills it).
+create the acquire stops waiting for, or that failed unanswered, keeps its
+reservation, and upkeep counts and kills the sandbox it may still make (the
+provider bills it), found by its lease label when no answer names it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import tenacity
 from policies import order
 from policies.ordering import Candidate
 from policies.outcome import classify
-from policies.quota import remaining_fraction
+from policies.quota import Meter, remaining_fraction
 from providers.base import (
     LABEL_ENTRY,
     LABEL_LEASE,
@@ -49,14 +50,16 @@ from providers.errors import (
     StateUnavailable,
     Unavailable,
 )
+from router.booking import Booking, Denied, describe
 from router.context import Context
 from router.entries import Entry
 from router.events import Acquired, AcquireFailed, Created, Failover, emit
 from router.hedge import Hedger, Leg, Runner, Spare
 from router.lease import Held
-from router.ledger import Booking, Denied, Ledger
+from router.ledger import Ledger
 from router.pause import PAUSE_KEY
-from router.sessions import Sessions
+from router.sessions import Claim, Sessions
+from router.spans import AcquireSpan, AttemptSpan, Phase
 from router.upkeep import Upkeep
 from router.waits import until_done
 from router.warm import WarmPools
@@ -99,20 +102,50 @@ class Acquirer:
         session: str | None,
         timeout: float | None,
     ) -> Held:
+        requires = tuple(requires)
+        with self._ctx.spans(AcquireSpan(requires, session=session is not None)):
+            return await self._acquire(spec, requires, labels, session, timeout)
+
+    async def _acquire(
+        self,
+        spec: SandboxSpec | None,
+        requires: tuple[str, ...],
+        labels: Mapping[str, str] | None,
+        session: str | None,
+        timeout: float | None,
+    ) -> Held:
         started = self._ctx.clock()
         deadline = started + (timeout if timeout is not None else self._ctx.config.acquire_timeout)
         spec = spec or SandboxSpec()
-        requires = tuple(requires)
         await self._ledger.check()
         self._warm.start()
-        if session is not None:
-            await self._upkeep.caught_up(self._slot_pools)
-            resumed = await self._sessions.resume(session, requires, deadline)
+        if session is None:
+            return await self._serve(spec, requires, labels, None, started, deadline)
+        await self._upkeep.caught_up(self._slot_pools)
+        claim = await self._sessions.claim(session, deadline)  # one holder at a time
+        try:
+            return await self._serve(spec, requires, labels, claim, started, deadline)
+        finally:
+            self._sessions.let_go(claim)  # unless a lease took it
+
+    async def _serve(
+        self,
+        spec: SandboxSpec,
+        requires: tuple[str, ...],
+        labels: Mapping[str, str] | None,
+        claim: Claim | None,
+        started: float,
+        deadline: float,
+    ) -> Held:
+        """The claimed session's sandbox, else a new one from the chain."""
+        if claim is not None:
+            resumed = await self._sessions.resume(claim, requires, deadline)
             if resumed is not None:
+                resumed.spec = spec
                 self._acquired(resumed, 0, started, resumed=True)
                 return resumed
-            labels = {**(labels or {}), LABEL_SESSION: session}
-        names, reasons = order(await self._candidates(), self._ctx.config.strategy, requires)
+            labels = {**(labels or {}), LABEL_SESSION: claim.session}
+        names, reasons = order(await self._candidates(spec), self._ctx.config.strategy, requires)
         failed: list[str] = []
         spare = Spare(names)
         for i, name in enumerate(names):
@@ -124,7 +157,7 @@ class Acquirer:
             try:
                 held = await self._try_entry(entry, spec, labels, deadline, spare)
             except Denied as denied:
-                reasons[name] = self._ledger.describe(denied.reservation)
+                reasons[name] = describe(denied.reservation, self._ctx.clock())
                 continue
             except StateUnavailable:
                 raise
@@ -149,9 +182,10 @@ class Acquirer:
                     break
                 continue
             held.failovers = failed
-            if session is not None:
+            held.spec = spec
+            if claim is not None:
                 try:
-                    await self._sessions.bind(held, session)
+                    await self._sessions.bind(held, claim)
                 except BaseException:  # cancelled, or the store is gone: nobody holds it
                     self._upkeep.spawn(self._upkeep.release(held))
                     raise
@@ -160,22 +194,6 @@ class Acquirer:
         ordered = {e: reasons[e] for e in self._ctx.entries if e in reasons}
         self._ctx.emit(AcquireFailed(reasons=ordered, latency=self._ctx.clock() - started))
         raise NoProviderAvailable(ordered)
-
-    async def book(self, entry: Entry, deadline: float, *, warm: bool = False) -> Booking:
-        """`Ledger.book`; when the pool's concurrency is full while this router is still
-        freeing slots in it, again once those frees have landed.
-
-        So a program that releases and acquires again on a full pool finds its
-        slot free, and an acquire on a pool with room waits for nothing.
-        """
-        pool = entry.ref.pool
-        try:
-            return await self._upkeep.book(entry, deadline, warm=warm)
-        except Denied as denied:
-            if denied.reservation.unit != "concurrent" or not self._upkeep.freeing(pool):
-                raise
-        await self._upkeep.caught_up((pool,))
-        return await self._upkeep.book(entry, deadline, warm=warm)
 
     def _acquired(
         self, held: Held, failovers: int, started: float, *, resumed: bool = False
@@ -193,14 +211,22 @@ class Acquirer:
             ),
         )
 
-    async def _candidates(self) -> list[Candidate]:
+    async def _candidates(self, spec: SandboxSpec) -> list[Candidate]:
         fractions: dict[str, float] = {}
-        if self._ctx.config.strategy == "balanced":
+        strategy = self._ctx.config.strategy
+        if strategy == "balanced":
             snap = await self._ledger.usage([e.ref for e in self._ctx.entries.values()])
             for e in self._ctx.entries.values():
-                fractions[e.name] = remaining_fraction(snap.pools[e.ref.pool].used, e.ref.limits)
+                used = snap.pools[e.ref.pool].committed()
+                fractions[e.name] = remaining_fraction(used, e.ref.limits)
         return [
-            Candidate(e.name, e.unusable(), e.capabilities, fractions.get(e.name, 1.0))
+            Candidate(
+                e.name,
+                e.unusable(),
+                e.capabilities,
+                fractions.get(e.name, 1.0),
+                e.estimate(spec) if strategy == "cheapest" else 0.0,
+            )
             for e in self._ctx.entries.values()
         ]
 
@@ -247,15 +273,17 @@ class Acquirer:
         spare: Spare,
     ) -> Held:
         warm = self._warm.fits(entry, spec, labels or {})
-        booking = await self.book(entry, deadline, warm=warm)
+        meter = entry.meter(spec)
+        booking = await self._book(entry, deadline, attempt, warm, meter)
         while booking.claimed is not None:  # each claim that fails drops its sandbox
-            held = await self._warm.claim(entry, booking, attempt)
+            with self._ctx.spans(AttemptSpan("warm_claim", entry.name, attempt)):
+                held = await self._warm.claim(entry, booking, attempt)
             if held is not None:
                 return held
-            booking = await self.book(entry, deadline, warm=True)
+            booking = await self._book(entry, deadline, attempt, True, meter)
         if warm:
             self._warm.missed(entry)
-        legs = _Legs(self, spec, labels, deadline)
+        legs = _Legs(self._ctx, self._upkeep, self._ledger, self._hedger, spec, labels, deadline)
         leg = legs.launch(entry, booking, attempt)
         delay = self._hedger.delay(entry, spare)
         if delay is not None and delay < leg.booking.budget:
@@ -264,7 +292,7 @@ class Acquirer:
         # cancels, it is handed to upkeep (which counts and kills what it may yet
         # make) instead of being cut off while the provider goes on making it.
         try:
-            await until_done(leg.create, leg.booking.budget + 1.0)
+            await until_done(leg.create, leg.booking.budget)
         except asyncio.CancelledError:
             legs.abandon(leg)
             raise
@@ -272,28 +300,37 @@ class Acquirer:
             await legs.timed_out(leg)
         return await legs.land(leg)
 
+    async def _book(
+        self, entry: Entry, deadline: float, attempt: int, warm: bool, meter: Meter | None
+    ) -> Booking:
+        with self._ctx.spans(AttemptSpan("reserve", entry.name, attempt)):
+            return await self._upkeep.book(entry, deadline, warm=warm, meter=meter)
+
 
 class _Legs(Runner):
     """The creates of one attempt (and of its hedge): start, land, time out, abandon."""
 
     def __init__(
         self,
-        acquirer: Acquirer,
+        ctx: Context,
+        upkeep: Upkeep,
+        ledger: Ledger,
+        hedger: Hedger,
         spec: SandboxSpec,
         labels: Mapping[str, str] | None,
         deadline: float,
     ) -> None:
-        self._a = acquirer
+        self._ctx, self._upkeep, self._ledger, self._hedger = ctx, upkeep, ledger, hedger
         self._spec = spec
         self._labels = labels
         self._deadline = deadline
 
-    def launch(self, entry: Entry, booking: Booking, attempt: int) -> Leg:
+    def launch(self, entry: Entry, booking: Booking, attempt: int, phase: Phase = "create") -> Leg:
         spec = self._spec
         labels = {
             **spec.labels,
             **(self._labels or {}),
-            LABEL_ROUTER: self._a._ctx.config.key_prefix,
+            LABEL_ROUTER: self._ctx.config.key_prefix,
             LABEL_ENTRY: entry.name,
             LABEL_LEASE: booking.lease_id,
         }
@@ -301,37 +338,44 @@ class _Legs(Runner):
         if entry.provider.kind != "local" or entry.cfg.template:
             template = template or entry.cfg.template
         spec = replace(spec, template=template, labels=labels)  # one copy: each one validates
-        create = asyncio.ensure_future(entry.provider.create(spec, timeout=booking.budget))
-        ends = asyncio.get_running_loop().time() + booking.budget + 1.0
-        return Leg(entry, booking, create, self._a._ctx.clock(), attempt, ends)
+        creating = entry.provider.create(spec, timeout=booking.budget)
+        span = AttemptSpan(phase, entry.name, attempt)
+        create = asyncio.ensure_future(self._ctx.spans.wrap(span, creating))
+        ends = asyncio.get_running_loop().time() + booking.budget
+        return Leg(entry, booking, create, self._ctx.clock(), attempt, ends)
 
     async def spare(self, spare: Spare) -> Leg | None:
         for name in spare.after():
-            entry = self._a._ctx.entries[name]
+            entry = self._ctx.entries[name]
             try:
-                booking = await self._a.book(entry, self._deadline)
+                with self._ctx.spans(AttemptSpan("reserve", entry.name, 1)):
+                    booking = await self._upkeep.book(
+                        entry, self._deadline, meter=entry.meter(self._spec)
+                    )
             except (Denied, StateUnavailable):
                 continue
             spare.used = True
-            return self.launch(entry, booking, 1)
+            return self.launch(entry, booking, 1, "hedge")
         return None
 
     async def timed_out(self, leg: Leg) -> NoReturn:
         budget, entry = leg.booking.budget, leg.entry
         timeout = Unavailable(f"create timed out after {budget:.1f}s", provider=entry.name)
-        await self._a._ledger.record_failure(leg.booking, timeout, leg.attempt, leg.started)
+        await self._ledger.record_failure(leg.booking, timeout, leg.attempt, leg.started)
         self.abandon(leg)
         raise timeout
 
     def abandon(self, leg: Leg) -> None:
-        self._a._upkeep.abandon(leg.create, leg.booking, leg.entry)
+        self._upkeep.late.abandon(leg.create, leg.booking, leg.entry)
 
     async def land(self, leg: Leg) -> Held:
-        a, entry, booking = self._a, leg.entry, leg.booking
+        entry, booking = leg.entry, leg.booking
         try:
             sandbox = leg.create.result()
         except BaseException as exc:
-            await a._ledger.settle_failure(booking, exc, leg.attempt, leg.started)
+            await self._upkeep.late.failed(
+                leg.create, booking, entry, exc, leg.attempt, leg.started
+            )
             if isinstance(exc, TimeoutError):
                 raise Unavailable(
                     f"create timed out after {booking.budget:.1f}s", provider=entry.name
@@ -340,11 +384,11 @@ class _Legs(Runner):
                 exc.attempt = leg.attempt
                 exc.provider = exc.provider or entry.name
             raise
-        latency = a._ctx.clock() - leg.started
-        a._hedger.sketch(entry.name).add(latency)
-        a._ctx.emit(Created(entry=entry.name, latency=latency))
-        held = booking.held(entry.provider.kind, sandbox, a._ctx.clock(), leg.attempt)
-        a._upkeep.start(held, booking)
+        latency = self._ctx.clock() - leg.started
+        self._hedger.sketch(entry.name).add(latency)
+        self._ctx.emit(Created(entry=entry.name, latency=latency))
+        held = booking.held(entry.provider.kind, sandbox, self._ctx.clock(), leg.attempt)
+        self._upkeep.start(held, booking)
         return held
 
 
@@ -364,9 +408,10 @@ def check_acquire(
             f"acquire(spec=...): expected a SandboxSpec, got {type(spec).__name__}"
         )
     if isinstance(requires, str):
+        named = str(requires)  # a Capability is a str too: its value, not its repr
         raise ArgumentTypeError(
-            f"acquire(requires={requires!r}): give a sequence of capabilities, "
-            f"e.g. requires=({requires!r},)"
+            f"acquire(requires={named!r}): give a sequence of capabilities, "
+            f"e.g. requires=({named!r},)"
         )
     needed = tuple(requires)
     for cap in needed:

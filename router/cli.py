@@ -2,6 +2,7 @@
 
     sandbox-router exec [--config FILE] -- CMD...   acquire, run, print, release
     sandbox-router status [--config FILE] [--json]  health and quota per entry
+    sandbox-router cost [--config FILE] [--json]    this window's spend by entry and pool
     sandbox-router config check FILE                validate a chain file
     sandbox-router doctor [--create ENTRY|--create-all] [--json]  prove each entry works
     sandbox-router quota show|set|reset POOL [UNIT VALUE]   (UNIT: sessions,
@@ -9,6 +10,7 @@
     sandbox-router janitor [--config FILE]           kill orphaned sandboxes
     sandbox-router demo [--json] [--redis URL]      a scripted day on the emulators
     sandbox-router metrics [--config FILE] [--port N]  serve Prometheus /metrics
+    sandbox-router mcp [--config FILE] [--http [--host H] [--port N]]  an MCP server
     sandbox-router emulate daytona|runloop|modal|e2b|all [--port N]
 
 Without ``--config`` the router comes from the environment (see
@@ -43,6 +45,7 @@ from providers.errors import ConfigError, NoProviderAvailable, SandboxRouterErro
 from router import config as config_mod
 from router.core import EntryView, Router, RouterStatus
 from router.logs import LogFormat, configure_logging
+from router.spend import spend_report
 from router.state import EntryRef, open_store
 
 if TYPE_CHECKING:
@@ -126,10 +129,33 @@ def _status_json(status: RouterStatus) -> dict[str, Any]:
                 "exhausted_at": {u: t.isoformat() for u, t in v.exhausted_at.items()},
                 "live_leases": v.live_leases,
                 "capabilities": sorted(v.capabilities),
+                "price": None if v.price is None else _price_json(v),
+                "price_source": v.price_source,
+                "spend_usd": v.spend_usd,
+                "hourly_usd": v.hourly_usd,
+                "usd_held": v.usd_held,
             }
             for v in status.entries
         ],
     }
+
+
+def _price_json(view: EntryView) -> dict[str, Any]:
+    price = view.price
+    assert price is not None
+    return {**asdict(price), "gpu_hour": dict(price.gpu_hour)}
+
+
+def _spend(view: EntryView) -> str:
+    return "unpriced" if view.price is None else f"${view.spend_usd:.2f}"
+
+
+def _budget(view: EntryView) -> str:
+    """The pool's usd budget: settled spend, what live leases hold, the limit."""
+    limit = view.limits["usd"]
+    if limit is None:
+        return "-"
+    return f"${view.used['usd']:.2f} + ${view.usd_held:.2f} held / ${limit:.2f}"
 
 
 def _capability_matrix(status: RouterStatus) -> Table:
@@ -153,7 +179,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     table = Table(title=f"sandbox-router: {status.state_url}")
     for column in ("entry", "provider", "state", "sessions", "sandbox time", "concurrent",
-                   "resets", "runs out at this rate"):  # fmt: skip
+                   "spend", "usd budget", "resets", "runs out at this rate"):  # fmt: skip
         table.add_column(column)
     notes = []
     for v in status.entries:
@@ -169,8 +195,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                               if t < v.reset_at) or "-"  # fmt: skip
         table.add_row(
             v.name, v.provider, state, _usage(v, "sessions"), _usage(v, "sandbox_seconds"),
-            f"{v.live_leases} / {v.limits['concurrent'] or '-'}", _when(v.reset_at), projected,
+            f"{v.live_leases} / {v.limits['concurrent'] or '-'}", _spend(v), _budget(v),
+            _when(v.reset_at), projected,
         )  # fmt: skip
+        if v.price is None:
+            notes.append(f"{v.name}: {v.price_source}")
     out.print(table)
     out.print(_capability_matrix(status))
     for note in notes:
@@ -178,6 +207,39 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not status.state_ok:
         err.print(f"[red]state store unavailable ({status.on_state_error}): "
                   f"{escape(status.state_error or '')}[/red]")  # fmt: skip
+    return 0
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    with _router(args) as router:
+        report = spend_report(router.status())
+    if args.json:
+        out.print_json(json.dumps(report))
+        return 0
+    by_entry = Table(title="spend this window, by entry (estimated)")
+    for column in ("entry", "provider", "pool", "sandbox time", "sessions", "spend", "per hour",
+                   "price from"):  # fmt: skip
+        by_entry.add_column(column)
+    for row in report["entries"]:
+        by_entry.add_row(
+            row["entry"], row["provider"], row["pool"], f"{row['sandbox_seconds'] / 3600:.2f}h",
+            f"{row['sessions']:.0f}",
+            "unpriced" if row["price"] is None else f"${row['spend_usd']:.2f}",
+            f"${row['hourly_usd']:.4f}", row["price_source"],
+        )  # fmt: skip
+    out.print(by_entry)
+    by_pool = Table(title="spend this window, by pool (estimated)")
+    for column in ("pool", "entries", "spend"):
+        by_pool.add_column(column)
+    for pool in report["pools"]:
+        bound = " (at most)" if pool["upper_bound"] else ""
+        by_pool.add_row(
+            pool["pool"], ", ".join(pool["entries"]), f"${pool['spend_usd']:.2f}{bound}"
+        )
+    out.print(by_pool)
+    out.print(f"total: ${report['total_usd']:.2f}", highlight=False)
+    if not report["state_ok"]:
+        err.print("[red]state store unavailable: the spend shown is this replica's share[/red]")
     return 0
 
 
@@ -353,6 +415,26 @@ def run_exporter(
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """The MCP server (docs/mcp.md), from the optional ``mcp`` extra."""
+    try:
+        from router.mcp import serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "mcp":
+            raise
+        err.print(
+            '[red]sandbox-router mcp needs the MCP SDK: pip install "sandbox-router\\[mcp]"[/red]',
+            highlight=False,
+        )
+        return 2
+    cfg = config_mod.load_config(args.config) if args.config else config_mod.from_env()
+    if cfg.log.model_fields_set:
+        _configure_logging(args, cfg.log.format, cfg.log.level)
+    announce = err.print if args.http else (lambda _line: None)
+    serve(cfg, http=args.http, host=args.host, port=args.port, announce=announce)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from router.demo import run_demo, summary_table
 
@@ -391,6 +473,13 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mcp_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--http", action="store_true", help="Streamable HTTP instead of stdio")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind with --http")
+    p.add_argument("--port", type=int, default=8765, help="port with --http (0: any free one)")
+    p.set_defaults(func=cmd_mcp)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox-router", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log routing events")
@@ -412,9 +501,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     p.set_defaults(func=cmd_exec)
 
-    p = with_config(sub.add_parser("status", help="health and quota per entry"))
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_status)
+    for name, func, about in (
+        ("status", cmd_status, "health and quota per entry"),
+        ("cost", cmd_cost, "this window's spend by entry and pool"),
+        ("janitor", cmd_janitor, "kill this router's orphaned sandboxes"),
+    ):
+        p = with_config(sub.add_parser(name, help=about))
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
 
     p = sub.add_parser("config", help="config tools")
     config_sub = p.add_subparsers(dest="config_cmd", required=True)
@@ -428,10 +522,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("unit", nargs="?", choices=UNITS)
     p.add_argument("value", nargs="?", type=float)
     p.set_defaults(func=cmd_quota)
-
-    p = with_config(sub.add_parser("janitor", help="kill this router's orphaned sandboxes"))
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_janitor)
 
     p = with_config(sub.add_parser("doctor", help="prove each entry works, with real calls"))
     p.add_argument(
@@ -457,6 +547,8 @@ def _parser() -> argparse.ArgumentParser:
         help="address to bind (default 127.0.0.1; 0.0.0.0 to be scraped from another host)",
     )
     p.set_defaults(func=cmd_metrics)
+
+    _mcp_parser(with_config(sub.add_parser("mcp", help="serve the router's sandboxes over MCP")))
 
     p = sub.add_parser("emulate", help="run provider emulators on loopback")
     p.add_argument("name", choices=["daytona", "runloop", "modal", "e2b", "all"])

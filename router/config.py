@@ -42,6 +42,7 @@ from pydantic import (
 from policies.breaker import BreakerConfig
 from policies.latency import percentile
 from policies.outage import OutageShare
+from policies.pricing import Resources, Tariff, tariff
 from policies.quota import Limits, MonthlyWindow
 from policies.retry import RetryPolicy
 from providers import PROVIDERS, provider_class
@@ -57,7 +58,10 @@ __all__ = [
     "BreakerSettings",
     "EntryConfig",
     "HedgeConfig",
+    "McpSettings",
+    "PriceConfig",
     "QuotaConfig",
+    "ResourcesConfig",
     "RetrySettings",
     "RouterConfig",
     "WarmConfig",
@@ -70,6 +74,10 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SAFE_PERSISTENT_DIR = "sandbox-router"
 _SECRET_WORD = re.compile(r"key|secret|token|password")
+_RENAMED = {
+    "fail_open_share": "fail_open_blind is the share of each limit a replica that has not "
+    "seen the fleet grants in an outage, 0 by default",
+}
 
 
 class _FromEnv(str):
@@ -97,11 +105,22 @@ class _Strict(BaseModel):
 
 
 class QuotaConfig(_Strict):
-    """A pool's monthly limits; an absent unit is unlimited."""
+    """A pool's monthly limits; an absent unit is unlimited.
+
+    ``usd``: dollars a window may spend, held per lease (`policies.quota`): a
+    lease holds its lifetime's cost, else ``budget_window`` seconds' worth,
+    renewed by its heartbeats while the budget covers them; when it cannot,
+    ``on_budget_end`` says what happens: ``warn`` (the lease runs on, an
+    overdraft the pool's hold shows) or ``kill`` (its sandbox ends when its
+    cover does).
+    """
 
     sessions: Annotated[Int, Field(ge=0)] | None = None
     sandbox_seconds: Annotated[Float, Field(ge=0)] | None = None
     concurrent: Annotated[Int, Field(ge=0)] | None = None
+    usd: Annotated[Float, Field(ge=0)] | None = None
+    budget_window: Annotated[Float, Field(ge=1, le=30 * 24 * 3600)] = 3600.0
+    on_budget_end: Literal["warn", "kill"] = "warn"
     timezone: str | None = None
     reset_day: Annotated[Int, Field(ge=1, le=31)] | None = None
 
@@ -113,7 +132,7 @@ class QuotaConfig(_Strict):
         return value
 
     def limits(self) -> Limits:
-        return Limits(self.sessions, self.sandbox_seconds, self.concurrent)
+        return Limits(self.sessions, self.sandbox_seconds, self.concurrent, self.usd)
 
 
 class HedgeConfig(_Strict):
@@ -198,6 +217,33 @@ class WarmConfig(_Strict):
     server: Bool | None = None
 
 
+class PriceConfig(_Strict):
+    """An entry's price in USD (negotiated rates); a key left out keeps the vendor's
+    published default (`policies.pricing`), or costs nothing where there is none."""
+
+    vcpu_hour: Annotated[Float, Field(ge=0)] | None = None
+    memory_gib_hour: Annotated[Float, Field(ge=0)] | None = None
+    gpu_hour: dict[Annotated[str, Field(min_length=1)], Annotated[Float, Field(ge=0)]] = Field(
+        default_factory=dict
+    )
+    per_sandbox: Annotated[Float, Field(ge=0)] | None = None
+    paused_gib_hour: Annotated[Float, Field(ge=0)] | None = None
+
+
+class ResourcesConfig(_Strict):
+    """What one of the entry's sandboxes holds when the spec names no size (its
+    template's size); used to price it. ``vcpu`` counts vCPUs (2 per Modal core)."""
+
+    vcpu: Annotated[Float, Field(gt=0, le=1024)]
+    memory_gib: Annotated[Float, Field(gt=0, le=65536)]
+    gpu: Annotated[str, Field(min_length=1)] | None = None
+    gpus: Annotated[Int, Field(ge=0, le=64)] = 0
+
+    def resources(self) -> Resources:
+        count = self.gpus or (1 if self.gpu is not None else 0)
+        return Resources(self.vcpu, self.memory_gib, self.gpu, count)
+
+
 class EntryConfig(_Strict):
     """One chain entry: a provider account (and template) with its pool."""
 
@@ -210,6 +256,8 @@ class EntryConfig(_Strict):
     capabilities: list[str] | None = None
     enabled: Bool = True
     warm: WarmConfig | None = None
+    price: PriceConfig | None = None
+    resources: ResourcesConfig | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("provider")
@@ -236,6 +284,12 @@ class EntryConfig(_Strict):
     def pool(self) -> str:
         return self.quota_pool or self.name
 
+    def tariff(self) -> Tariff:
+        """What its sandboxes cost: the vendor's published price under this entry's ``price``."""
+        override = None if self.price is None else self.price.model_dump(exclude_none=True)
+        size = None if self.resources is None else self.resources.resources()
+        return tariff(self.provider, override, size)
+
     def provider_options(self) -> ProviderOptions:
         return provider_class(self.provider).Options.model_validate(self.options)
 
@@ -248,6 +302,39 @@ class EntryConfig(_Strict):
             default=lambda v: v.get_secret_value() if isinstance(v, SecretStr) else str(v),
         )
         return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+MIN_TOKEN_LENGTH = 16
+
+
+class McpSettings(_Strict):
+    """``sandbox-router mcp``: who may use the server over HTTP and how much one call may carry.
+
+    ``tokens`` maps each tenant to its bearer token (also read from
+    ``SANDBOX_ROUTER_MCP_TOKENS``; see `router.mcp.auth`); with none the HTTP
+    server listens on loopback only. A session idle for
+    ``session_idle_timeout`` seconds ends, and its sandboxes with it. The
+    ``max_*`` limits refuse a call's argument (a file written, a command or
+    code) or cap what a result carries (a file read, a command's output).
+    """
+
+    tokens: dict[Annotated[str, Field(pattern=_NAME)], SecretStr] = Field(default_factory=dict)
+    session_idle_timeout: Annotated[Float, Field(gt=0, le=7 * 24 * 3600)] = 1800.0
+    max_write_bytes: Annotated[Int, Field(ge=1, le=2**30)] = 8 * 2**20
+    max_read_bytes: Annotated[Int, Field(ge=1, le=2**30)] = 8 * 2**20
+    max_command_bytes: Annotated[Int, Field(ge=1, le=2**26)] = 256 * 2**10
+    max_output_chars: Annotated[Int, Field(ge=1, le=2**28)] = 100_000
+
+    @field_validator("tokens")
+    @classmethod
+    def _long_enough(cls, tokens: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for tenant, token in tokens.items():
+            if len(token.get_secret_value()) < MIN_TOKEN_LENGTH:
+                raise ValueError(
+                    f"the token of tenant {tenant!r} is shorter than {MIN_TOKEN_LENGTH} "
+                    "characters: too short for a bearer secret"
+                )
+        return tokens
 
 
 class LogSettings(_Strict):
@@ -269,14 +356,24 @@ class RouterConfig(_Strict):
             ledger cannot count; ``fail_open`` serves, until the store is
             back, from this replica's share of what was left at its last
             contact: that divided by the fleet it saw, clamped to
-            ``fail_open_floor``..``fail_open_ceiling`` (``policies.outage``);
-            ``fail_open_share`` of each limit when it never reached the store.
+            ``fail_open_floor``..``fail_open_ceiling`` (``policies.outage``).
+        fail_open_expected_replicas: the fewest replicas a fail_open share
+            divides by (the most you run at once, rolling deploys included);
+            the registry's count is used when it is larger.
+        fail_open_blind: the share of each limit a fail_open replica grants
+            in an outage when it has not seen the fleet (it never reached the
+            store, or not every replica has registered since it joined); 0
+            by default: such a replica grants nothing. Each such replica
+            spends it on top of the fleet's shares.
         fleet_heartbeat: how often a fail_open replica registers in the store
             (the fleet's size and usage it would share out in an outage).
         fail_open_journal: the file keeping what a replica spent during an
-            outage until the store has it (default: beside the SQLite state).
-        strategy: ``ordered`` (chain order) or ``balanced`` (largest remaining
-            quota fraction first).
+            outage until the store has it (default:
+            ``$XDG_STATE_HOME/sandbox-router/outage-<key_prefix>.db``); it must
+            outlive the replica's disk, see the README.
+        strategy: ``ordered`` (chain order), ``balanced`` (largest remaining
+            quota fraction first) or ``cheapest`` (lowest estimated price for
+            the spec first, `policies.pricing`).
         acquire_timeout: one deadline for a whole acquire, failovers included.
         create_timeout: the cap of one create attempt.
         lease_ttl: a lease not heartbeated for this long expires (crashed app).
@@ -292,18 +389,24 @@ class RouterConfig(_Strict):
         warm_reach_every: how often a replica connects ahead to the running
             warm sandboxes it may claim, so a claim skips the vendor's connect
             (`router.warm_handles`); 0: never, each claim connects.
+        mcp: the ``sandbox-router mcp`` server's tenants and limits (`McpSettings`).
+        reap_every: how often the fleet runs the janitor by itself (one replica
+            at a time, under a fleet-wide lock), so an orphan of a failed kill,
+            a crash or a lost reply is killed without anyone asking; 0: never,
+            only `Router.reap` or ``sandbox-router janitor``.
     """
 
     version: Int = 1
     state_url: SecretStr | None = None
     key_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "sandbox-router"
     on_state_error: Literal["fail_closed", "fail_open"] = "fail_closed"
-    fail_open_share: Annotated[Float, Field(gt=0, le=1)] = _OUTAGE.blind
     fail_open_floor: Annotated[Float, Field(ge=0, le=1)] = _OUTAGE.floor
     fail_open_ceiling: Annotated[Float, Field(gt=0, le=1)] = _OUTAGE.ceiling
+    fail_open_expected_replicas: Annotated[Int, Field(ge=1, le=10_000)] = _OUTAGE.expected
+    fail_open_blind: Annotated[Float, Field(ge=0, le=1)] = _OUTAGE.blind
     fleet_heartbeat: Annotated[Float, Field(gt=0, le=600)] = 2.0
     fail_open_journal: str | None = None
-    strategy: Literal["ordered", "balanced"] = "ordered"
+    strategy: Literal["ordered", "balanced", "cheapest"] = "ordered"
     timezone: str = _WINDOW.timezone
     reset_day: Annotated[Int, Field(ge=1, le=31)] = _WINDOW.reset_day
     acquire_timeout: Annotated[Float, Field(gt=0, le=3600)] = 120.0
@@ -314,16 +417,27 @@ class RouterConfig(_Strict):
     pause_ttl: Annotated[Float, Field(gt=0, le=90 * 24 * 3600)] = 7 * 24 * 3600.0
     warm_refill_every: Annotated[Float, Field(ge=0, le=3600)] = 2.0
     warm_reach_every: Annotated[Float, Field(ge=0, le=3600)] = 1.0
+    reap_every: Annotated[Float, Field(ge=0, le=24 * 3600)] = 300.0
     retry: RetrySettings = RetrySettings()
     breaker: BreakerSettings = BreakerSettings()
     pools: dict[Annotated[str, Field(pattern=_NAME)], QuotaConfig] = Field(default_factory=dict)
     chain: Annotated[list[EntryConfig], Field(min_length=1)]
     log: LogSettings = LogSettings()
+    mcp: McpSettings = McpSettings()
 
     @field_validator("timezone")
     @classmethod
     def _zone(cls, value: str) -> str:
         _check_zone(value)
+        return value
+
+    @field_validator("reap_every")
+    @classmethod
+    def _reap_every(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise ValueError(
+                f"expected 0 (the router reaps only when asked) or at least 1 second, got {value}"
+            )
         return value
 
     @field_validator("version")
@@ -365,6 +479,12 @@ class RouterConfig(_Strict):
                         f"{where}.quota: pool {entry.name!r} is already defined; use quota_pool"
                     )
                 inline_pools[entry.name] = where
+            if entry.warm is not None and self.pool_quota(entry).usd is not None:
+                raise ValueError(
+                    f"{where}.warm: pool {entry.pool!r} has a usd budget, and warm sandboxes "
+                    "are not priced yet (their idle time would go uncounted); drop warm or "
+                    "the pool's usd"
+                )
             if entry.warm is not None and entry.warm.pause:
                 declared = entry.capabilities
                 if declared is None:
@@ -406,7 +526,12 @@ class RouterConfig(_Strict):
         return self.breaker.policy(probe_timeout=self.acquire_timeout)
 
     def outage_share(self) -> OutageShare:
-        return OutageShare(self.fail_open_floor, self.fail_open_ceiling, self.fail_open_share)
+        return OutageShare(
+            self.fail_open_floor,
+            self.fail_open_ceiling,
+            self.fail_open_blind,
+            self.fail_open_expected_replicas,
+        )
 
     def journal_path(self) -> Path:
         """Where a fail_open replica journals its outage spend."""
@@ -534,6 +659,8 @@ def _format_errors(exc: ValidationError, prefix: str = "") -> str:
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown key"
+            if path in _RENAMED:
+                message += f" (renamed: {_RENAMED[path]})"
         elif err["type"] == "missing":
             message = "required field is missing"
         elif "input" in err and err["type"] not in ("value_error", "assertion_error"):

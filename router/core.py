@@ -4,10 +4,12 @@ Each concern lives in a module of its own (see docs/design.md's map):
 ``acquire`` (the chain walk with retries and failover), ``ledger`` (the
 state store and its fail-open fallback), ``upkeep`` (commits, heartbeats,
 releases, background tasks), ``sessions`` (sticky sessions), ``pause``
-(pause tokens), ``janitor`` (orphan reaping) and ``status``. The facade builds them, and gives each
-async operation its sync twin: ``acquire`` runs the one async
-implementation on the router's engine loop and waits, ``aacquire`` awaits
-it there (see ``router.engine``).
+(pause tokens), ``janitor`` (orphan reaping) and ``status``. The facade builds them.
+Each call is written once, async (``aacquire``, ``astatus``...), and awaits
+the parts' work on the router's engine loop (see ``router.engine``); its sync
+twin (``acquire``, ``status``...) is derived with `router.portal.sync_twin`,
+which runs the async call there and waits. ``close`` is the one written
+twice: it must stop the engine's thread from outside it.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from router.engine import Engine
 from router.entries import build_entries
 from router.events import Hook, QuotaChanged, emit, log_hook
 from router.janitor import Janitor, ReapReport
-from router.lease import AsyncLease, Lease
+from router.lease import AsyncLease, Held, Lease, PendingLease
 from router.ledger import Ledger
 from router.pause import Pauses
+from router.portal import sync_twin
 from router.sessions import Sessions
+from router.spans import AcquireSpan, Spans, Tracer
 from router.state import StateStore, open_store
 from router.state.base import SETTABLE_UNITS
 from router.status import EntryView, RouterStatus, read_status
@@ -64,11 +68,12 @@ class Router:
     ) -> None:
         self.config = config
         self._hooks = list(hooks)
+        self._spans = Spans()
         self._clock = clock
         self._engine = Engine()
         self._entries = build_entries(config, providers)
         store = store or open_store(config.resolved_state_url(), config.key_prefix)
-        ctx = Context(config, self._entries, self._hooks, clock)
+        ctx = Context(config, self._entries, self._hooks, clock, self._spans)
         self._ledger = Ledger(store, ctx)
         self._upkeep = Upkeep(self._ledger, ctx)
         self._sessions = Sessions(self._ledger, self._upkeep, ctx)
@@ -87,7 +92,7 @@ class Router:
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Router:
-        """A router from ``SANDBOX_ROUTER_CONFIG`` or the default chain (see README)."""
+        """A router from ``SANDBOX_ROUTER_CONFIG`` or the default chain (docs/configuration.md)."""
         return cls(config_mod.from_env(), **kwargs)
 
     @property
@@ -100,6 +105,11 @@ class Router:
         self._hooks[:] = hooks
 
     @property
+    def tracers(self) -> list[Tracer]:
+        """The span hooks (`router.spans`); append to add one, as to `hooks`."""
+        return self._spans.tracers
+
+    @property
     def store(self) -> StateStore:
         return self._ledger.store
 
@@ -110,8 +120,16 @@ class Router:
     def provider(self, entry: str) -> Provider:
         return self._entries[entry].provider
 
-    # -- public API --------------------------------------------------------------
-    def acquire(
+    def capabilities(self, entry: str) -> frozenset[str]:
+        """What ``entry`` can do (what ``requires=`` routes by): its config's
+        ``capabilities``, else what its provider declares."""
+        if entry not in self._entries:
+            known = ", ".join(self._entries)
+            raise InvalidArgument(f"capabilities(entry={entry!r}): not an entry here ({known})")
+        return self._entries[entry].capabilities
+
+    # -- public API: each call written once, async; its sync twin derived --------
+    def aacquire(
         self,
         spec: SandboxSpec | None = None,
         *,
@@ -119,8 +137,12 @@ class Router:
         labels: Mapping[str, str] | None = None,
         session: str | None = None,
         timeout: float | None = None,
-    ) -> Lease:
+    ) -> PendingLease:
         """A live sandbox from the first entry that can serve.
+
+        ``async with router.aacquire() as lease:`` releases the lease at the
+        block's end, as ``with router.acquire() as lease:`` does; ``await
+        router.aacquire()`` is the lease itself.
 
         Args:
             spec: what to create (template, env, resources...).
@@ -139,26 +161,11 @@ class Router:
                 is ``fail_closed``.
             SandboxError: the provider refused the spec itself (not retried).
         """
-        requires = check_acquire(spec, requires, labels, session, timeout)
-        held = self._engine.run(self._acquirer.acquire(spec, requires, labels, session, timeout))
-        return Lease(held, self._engine, self._upkeep.release, self._pauses.pause)
+        return PendingLease(self._acquire(spec, requires, labels, session, timeout))
 
-    async def aacquire(
-        self,
-        spec: SandboxSpec | None = None,
-        *,
-        requires: Iterable[str] = (),
-        labels: Mapping[str, str] | None = None,
-        session: str | None = None,
-        timeout: float | None = None,
-    ) -> AsyncLease:
-        """The async twin of `acquire` (same logic, same arguments)."""
-        requires = check_acquire(spec, requires, labels, session, timeout)
-        work = self._acquirer.acquire(spec, requires, labels, session, timeout)
-        held = await self._engine.arun(work)
-        return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause)
+    acquire = sync_twin(aacquire, Lease.of)
 
-    def resume(self, token: str, *, timeout: float | None = None) -> Lease:
+    def aresume(self, token: str, *, timeout: float | None = None) -> PendingLease:
         """A live lease on the sandbox `Lease.pause` paused, from any replica.
 
         A slot-only reservation on the sandbox's entry: it takes a concurrency
@@ -171,53 +178,42 @@ class Router:
                 breaker open); the token and the paused sandbox stay.
             NotFound: the sandbox is gone at the provider (the token is dropped).
         """
-        timeout = _check_resume(token, timeout, self.config.acquire_timeout)
-        held = self._engine.run(self._pauses.resume(token, timeout))
-        return Lease(held, self._engine, self._upkeep.release, self._pauses.pause)
+        return PendingLease(self._resume(token, timeout))
 
-    async def aresume(self, token: str, *, timeout: float | None = None) -> AsyncLease:
-        """The async twin of `resume`."""
-        timeout = _check_resume(token, timeout, self.config.acquire_timeout)
-        held = await self._engine.arun(self._pauses.resume(token, timeout))
-        return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause)
-
-    def delete_snapshot(self, snapshot: Snapshot) -> bool:
-        """Delete a snapshot `sandbox.snapshot()` made, on its entry; False when it was gone."""
-        return self._engine.run(self._delete_snapshot(snapshot))
+    resume = sync_twin(aresume, Lease.of)
 
     async def adelete_snapshot(self, snapshot: Snapshot) -> bool:
+        """Delete a snapshot `sandbox.snapshot()` made, on its entry; False when it was gone."""
         return await self._engine.arun(self._delete_snapshot(snapshot))
 
-    def status(self) -> RouterStatus:
-        """Per entry: configured, breaker state, quota used/limit, reset, live leases."""
-        return self._engine.run(self._status())
+    delete_snapshot = sync_twin(adelete_snapshot)
 
     async def astatus(self) -> RouterStatus:
+        """Per entry: configured, breaker state, quota used/limit, reset, live leases."""
         return await self._engine.arun(self._status())
 
-    def close_session(self, session: str) -> bool:
-        """Kill a sticky session's sandbox and forget it; False when it had none."""
-        check_text(session, "close_session", "session")
-        return self._engine.run(self._sessions.close(session))
+    status = sync_twin(astatus)
 
     async def aclose_session(self, session: str) -> bool:
+        """Kill a sticky session's sandbox and forget it; False when it had none."""
         check_text(session, "close_session", "session")
         return await self._engine.arun(self._sessions.close(session))
 
-    def reap(self) -> ReapReport:
+    close_session = sync_twin(aclose_session)
+
+    async def areap(self) -> ReapReport:
         """Kill this router's sandboxes that no live lease or session holds.
 
         Lists each configured entry's sandboxes carrying this router's labels
         (never anyone else's) under a fleet-wide lock per entry, so several
-        replicas may run it at once. Apps schedule it; ``sandbox-router
-        janitor`` runs it once.
+        replicas may run it at once. The router runs it by itself every
+        ``reap_every`` seconds; ``sandbox-router janitor`` runs it once.
         """
-        return self._engine.run(self._janitor.reap())
+        return await self._engine.arun(self._reap())
 
-    async def areap(self) -> ReapReport:
-        return await self._engine.arun(self._janitor.reap())
+    reap = sync_twin(areap)
 
-    def set_warm(
+    async def aset_warm(
         self, entry: str, size: int, *, max_idle: float | None = None, pause: bool | None = None
     ) -> None:
         """Set ``entry``'s warm pool as its config's ``warm`` would (size 0 drops it);
@@ -240,23 +236,26 @@ class Router:
         async def configure() -> None:  # on the engine loop, between two refill passes
             self._warm.configure(entry, warm)
 
-        self._engine.run(configure())
+        await self._engine.arun(configure())
 
-    def fill_warm(self) -> dict[str, int]:
+    set_warm = sync_twin(aset_warm)
+
+    async def afill_warm(self) -> dict[str, int]:
         """Refill the warm pools now and wait: kill idle and drained ones, create up to
         each ``size`` within the pool's limits, and connect ahead to the running ones
         this replica may claim (``warm_reach_every``). Returns each pool's ready count
         (a pool another replica is refilling is left out). Starts the background refill."""
-        return self._engine.run(self._fill_warm())
-
-    async def afill_warm(self) -> dict[str, int]:
         return await self._engine.arun(self._fill_warm())
 
-    def warm_ready(self) -> dict[str, int]:
-        """How many claimable warm sandboxes each warm pool holds, fleet-wide."""
-        return self._engine.run(self._warm.ready())
+    fill_warm = sync_twin(afill_warm)
 
-    def set_usage(self, pool: str, unit: str, value: float) -> None:
+    async def awarm_ready(self) -> dict[str, int]:
+        """How many claimable warm sandboxes each warm pool holds, fleet-wide."""
+        return await self._engine.arun(self._warm.ready())
+
+    warm_ready = sync_twin(awarm_ready)
+
+    async def aset_usage(self, pool: str, unit: str, value: float) -> None:
         """Overwrite a pool's used amount this window (``sandbox-router quota set``)."""
         pools = {e.ref.pool for e in self._entries.values()}
         if pool not in pools:
@@ -265,21 +264,25 @@ class Router:
         if unit not in SETTABLE_UNITS:
             raise InvalidArgument(f"set_usage(unit={unit!r}): expected one of {SETTABLE_UNITS}")
         check_positive(value, "set_usage", "value", zero=True)
-        self._engine.run(self._set_usage(pool, unit, value))
+        await self._engine.arun(self._set_usage(pool, unit, value))
 
-    def close(self) -> None:
+    set_usage = sync_twin(aset_usage)
+
+    async def aclose(self) -> None:
         """Release SDK clients and store connections, stop the engine loop; once (the
         router's calls raise `RouterClosed` after it), again is a no-op."""
         if self._engine.closed:
             return
-        with contextlib.suppress(RuntimeError):
-            self._engine.run(self._aclose())
+        await self._engine.arun(self._aclose())
         self._engine.close()
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
+        """`aclose`, waited for. Not derived with `sync_twin`: the engine's thread is
+        stopped from the caller's, after the closing work ran on the engine loop."""
         if self._engine.closed:
             return
-        await self._engine.arun(self._aclose())
+        with contextlib.suppress(RuntimeError):
+            self._engine.run(self._aclose())
         self._engine.close()
 
     def __enter__(self) -> Router:
@@ -305,14 +308,44 @@ class Router:
         return f"<Router entries={list(self._entries)} store={self.store!r}>"
 
     # -- the parts' work, run on the engine loop ---------------------------------
+    async def _acquire(
+        self,
+        spec: SandboxSpec | None,
+        requires: Iterable[str],
+        labels: Mapping[str, str] | None,
+        session: str | None,
+        timeout: float | None,
+    ) -> AsyncLease:
+        requires = check_acquire(spec, requires, labels, session, timeout)
+        work = self._acquirer.acquire(spec, requires, labels, session, timeout)
+        held = await self._engine.arun(self._started(work))
+        return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause, self._spans)
+
+    async def _resume(self, token: str, timeout: float | None) -> AsyncLease:
+        timeout = _check_resume(token, timeout, self.config.acquire_timeout)
+        resuming = self._spans.wrap(AcquireSpan(resume=True), self._pauses.resume(token, timeout))
+        held = await self._engine.arun(self._started(resuming))
+        return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause, self._spans)
+
+    async def _started(self, work: Awaitable[Held]) -> Held:
+        """``work`` on the engine loop, the router's background tasks started first."""
+        self._janitor.start()  # the periodic reaper starts with the router's first lease
+        return await work
+
     async def _status(self) -> RouterStatus:
         await self._upkeep.caught_up()
         return await read_status(
             self._ledger, self._entries, self.config.on_state_error, self._clock()
         )
 
+    async def _reap(self) -> ReapReport:
+        await self._ledger.outage.adopt(self._ledger.store)
+        return await self._janitor.reap()
+
     async def _set_usage(self, pool: str, unit: str, value: float) -> None:
         ref = next(e.ref for e in self._entries.values() if e.ref.pool == pool)
+        # an operator's value replaces what the journal holds too
+        await self._ledger.outage.adopt(self._ledger.store)
         await self._ledger.store.set_usage(ref, unit, value, self._clock())
         self._ledger.exhausted.forget(pool)  # other replicas learn it from the limits version
         emit(self._hooks, QuotaChanged(pool=pool, unit=unit, value=value))
@@ -330,6 +363,7 @@ class Router:
         return ready
 
     async def _aclose(self) -> None:
+        await self._janitor.close()
         await self._warm.close()
         await self._upkeep.close()
         for entry in self._entries.values():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Coroutine
@@ -21,6 +22,8 @@ from providers.errors import RouterClosed
 __all__ = ["Engine"]
 
 T = TypeVar("T")
+
+_PATIENCE = 10.0  # seconds a closing loop waits for its tasks, then for its thread
 
 
 class Engine:
@@ -121,6 +124,22 @@ class Engine:
             self._adopted = False
             self.closed = True
         if loop is not None and thread is not None and thread is not threading.current_thread():
+            ended = asyncio.run_coroutine_threadsafe(_end_the_rest(), loop)
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                ended.result(_PATIENCE)
             loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
+            thread.join(_PATIENCE)
             loop.close()
+
+
+async def _end_the_rest() -> None:
+    """Cancel what still runs on the loop and wait for it, as ``asyncio.run`` does at its end:
+    a task left pending (a held lease's process follower, a kernel's reader) would otherwise
+    be destroyed by the collector, its files still open."""
+    current = asyncio.current_task()
+    rest = [task for task in asyncio.all_tasks() if task is not current]
+    for task in rest:
+        task.cancel()
+    if rest:
+        await asyncio.wait(rest, timeout=_PATIENCE / 2)
+    await asyncio.get_running_loop().shutdown_asyncgens()

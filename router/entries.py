@@ -10,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from policies.pricing import Resources, Tariff, estimate, lease_cost, meter, resources
+from policies.quota import Meter
 from providers import missing_sdk, provider_class
-from providers.base import Provider
-from router.config import EntryConfig, RouterConfig
+from providers.base import Provider, SandboxSpec
+from router.config import EntryConfig, QuotaConfig, RouterConfig
+from router.events import Released
 from router.state import EntryRef
 
 __all__ = ["Entry", "build_entries"]
@@ -24,6 +27,8 @@ class Entry:
     provider: Provider
     ref: EntryRef
     missing_sdk: str | None  # looked up once: a find_spec costs ~50 us per call
+    tariff: Tariff
+    quota: QuotaConfig  # its pool's
 
     @property
     def name(self) -> str:
@@ -39,6 +44,42 @@ class Entry:
         if self.cfg.capabilities is not None:
             return frozenset(self.cfg.capabilities)
         return self.provider.capabilities
+
+    def resources(self, spec: SandboxSpec | None) -> Resources:
+        """What a sandbox of ``spec`` holds here (the entry's size where the spec names none)."""
+        if spec is None:
+            return self.tariff.size
+        return resources(self.tariff, spec.cpu, spec.memory_mb, spec.gpu)
+
+    def cost(self, spec: SandboxSpec | None, seconds: float, *, fee: bool = True) -> float:
+        """USD a lease of ``spec`` metered ``seconds`` costs on this entry (without the
+        sandbox fee when ``fee`` is False: it made no sandbox, a session's reconnect)."""
+        return lease_cost(self.tariff, self.resources(spec), seconds, fee=fee)
+
+    def meter(self, spec: SandboxSpec | None) -> Meter | None:
+        """How the ledger holds and settles a lease of ``spec`` here (its pool's ``usd``):
+        its lifetime, else the pool's ``budget_window``, renewed by that window."""
+        window = self.quota.budget_window
+        first = spec.lifetime if spec is not None and spec.lifetime else window
+        kill = self.quota.on_budget_end == "kill"
+        return meter(self.tariff, self.resources(spec), first, window, kill=kill)
+
+    def released(
+        self,
+        lease_id: str,
+        seconds: float | None,
+        spec: SandboxSpec | None = None,
+        *,
+        fee: bool = True,
+    ) -> Released:
+        """The `Released` event of a lease of this entry, priced (no spec: the entry's size),
+        as the ledger settled it."""
+        cost = None if seconds is None else self.cost(spec, seconds, fee=fee)
+        return Released(self.name, lease_id, seconds, cost, self.ref.pool)
+
+    def estimate(self, spec: SandboxSpec) -> float:
+        """USD a lease of ``spec`` is expected to cost here (what ``cheapest`` compares)."""
+        return estimate(self.tariff, self.resources(spec), spec.lifetime)
 
 
 def build_entries(
@@ -60,7 +101,10 @@ def build_entries(
             config.window(entry),
             entry.fingerprint(),
         )
-        entries[entry.name] = Entry(entry, provider, ref, missing_sdk(entry.provider))
+        entries[entry.name] = Entry(
+            entry, provider, ref, missing_sdk(entry.provider), entry.tariff(),
+            config.pool_quota(entry),
+        )  # fmt: skip
     if overrides:
         raise ValueError(f"providers given for entries not in the chain: {sorted(overrides)}")
     return entries

@@ -38,6 +38,7 @@ __all__ = [
     "AcquireFailed",
     "Acquired",
     "BreakerTransition",
+    "BudgetExhausted",
     "CreateFailed",
     "Created",
     "Event",
@@ -46,6 +47,7 @@ __all__ = [
     "HedgeSettled",
     "HedgeStarted",
     "Hook",
+    "KillAbandoned",
     "KillFailed",
     "LateCreate",
     "LeaseLost",
@@ -58,6 +60,7 @@ __all__ = [
     "Resumed",
     "RouterEvent",
     "SessionClosed",
+    "SessionHeld",
     "SessionLost",
     "StateError",
     "StateWarning",
@@ -132,10 +135,12 @@ class CreateFailed(Event):
 @dataclass(frozen=True, slots=True)
 class LateCreate(Event):
     """A create the acquire stopped waiting for (its deadline passed, or the caller
-    cancelled) came to an end. ``outcome``: ``killed`` (it made a sandbox: counted,
-    and killed at once, ``seconds`` after it landed), ``failed`` (it made nothing:
-    refunded) or ``unanswered`` (no answer while its reservation lasted: counted,
-    its sandbox, if any, left to the janitor)."""
+    cancelled), or that failed unanswered, came to an end. ``outcome``: ``killed``
+    (it answered with a sandbox: counted, and killed at once, ``seconds`` after it
+    landed), ``found`` (no answer, but the lookup by its lease label found the
+    sandbox it made, ``sandbox_id``: counted and killed), ``failed`` (it made
+    nothing: refunded) or ``unanswered`` (nothing could tell: counted, its
+    sandbox, if any, left to the janitor)."""
 
     name: ClassVar[str] = "late_create"
     entry: str
@@ -148,13 +153,15 @@ class LateCreate(Event):
 @dataclass(frozen=True, slots=True)
 class OutageHandedOver(Event):
     """The store is back and has what this replica granted while it was down
-    (one journal batch, applied once): sessions, metered seconds, leases still held."""
+    (one journal batch, applied once): sessions, metered seconds, leases still held,
+    and the USD the released ones cost."""
 
     name: ClassVar[str] = "outage_handed_over"
     journal_id: str
     sessions: int
     sandbox_seconds: float
     leases: int
+    usd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,12 +216,36 @@ class BreakerTransition(Event):
 
 @dataclass(frozen=True, slots=True)
 class Released(Event):
-    """A lease's slot was freed; ``seconds`` metered (None: the store no longer held it)."""
+    """A lease's slot was freed; ``seconds`` metered (None: the store no longer held it).
+
+    ``cost``: USD the lease cost (`policies.pricing.lease_cost` on its entry's
+    price, the acquire's spec and ``seconds``; None with ``seconds``), ``pool`` its
+    entry's quota pool.
+    """
 
     name: ClassVar[str] = "released"
     entry: str
     lease_id: str
     seconds: float | None
+    cost: float | None = None
+    pool: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetExhausted(Event):
+    """The pool's ``usd`` budget could not renew a lease's cover (`policies.quota.cover`).
+
+    ``ends``: when its cover ends (Unix time). ``action``: ``kill`` (the router ends
+    the lease then: ``on_budget_end: kill``) or ``warn`` (it runs on, an overdraft).
+    The lease says so too (`Lease.budget_exhausted`).
+    """
+
+    name: ClassVar[str] = "budget_exhausted"
+    entry: str
+    lease_id: str
+    pool: str
+    ends: float
+    action: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,12 +259,28 @@ class LeaseLost(Event):
 
 @dataclass(frozen=True, slots=True)
 class KillFailed(Event):
-    """A kill failed; the janitor reaps the sandbox later."""
+    """Kill ``attempt`` of a sandbox failed; it is tried again in the background (see
+    `KillAbandoned`)."""
 
     name: ClassVar[str] = "kill_failed"
     entry: str
     sandbox_id: str
     error: str
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KillAbandoned(Event):
+    """The router stopped trying to kill a sandbox: every try failed for
+    `router.kills.KILL_RETRY_FOR` seconds (``reason`` "retries_ended"), or the router
+    closed (``closed``). It is left to the reaper, which kills it as an orphan."""
+
+    name: ClassVar[str] = "kill_abandoned"
+    entry: str
+    sandbox_id: str
+    attempts: int
+    error: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +331,17 @@ class SessionLost(Event):
     entry: str
     reason: str
     sandbox_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHeld(Event):
+    """An acquire of a sticky session found it held by another live lease (on any
+    replica), and waits for its release (up to the acquire's timeout)."""
+
+    name: ClassVar[str] = "session_held"
+    session: str
+    entry: str
+    sandbox_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,13 +474,16 @@ RouterEvent = (
     | Refund
     | BreakerTransition
     | Released
+    | BudgetExhausted
     | LeaseLost
     | KillFailed
+    | KillAbandoned
     | StateError
     | FreesOwed
     | TaskFailed
     | StateWarning
     | SessionLost
+    | SessionHeld
     | SessionClosed
     | Paused
     | Resumed
@@ -452,7 +513,9 @@ def log_hook(event: RouterEvent) -> None:
             | FreesOwed()
             | TaskFailed()
             | LeaseLost()
+            | BudgetExhausted()
             | KillFailed()
+            | KillAbandoned()
             | LateCreate()
             | OutageHandedOver()
             | AcquireFailed()
@@ -473,6 +536,7 @@ def log_hook(event: RouterEvent) -> None:
             | BreakerTransition()
             | Released()
             | SessionClosed()
+            | SessionHeld()
             | Paused()
             | Resumed()
             | WarmClaimed()

@@ -22,6 +22,7 @@ from providers.base import FileInfo, PortURL, Sandbox, Snapshot, check_port
 from providers.errors import InvalidArgument
 from providers.files import CHUNK
 from router.portal import OnEngine, Portal, blocking, iterate, relay
+from router.spans import Spans, TransferSpan
 
 __all__ = ["AsyncFiles", "SyncFiles", "check_path"]
 
@@ -56,6 +57,10 @@ class AsyncFiles(OnEngine):
     """File, port and snapshot calls of the async sandbox handle (see `router.lease`)."""
 
     _sandbox: Sandbox
+    _spans: Spans
+
+    def _transfer(self, call: str, path: str, size: int | None = None) -> TransferSpan:
+        return TransferSpan(call, self._sandbox.provider, self._sandbox.id, path, size)
 
     async def remove(self, path: str) -> None:
         """Remove a file, or a directory with all it holds (capability ``files.manage``)."""
@@ -90,12 +95,14 @@ class AsyncFiles(OnEngine):
             raise InvalidArgument("write_stream(chunks): not an async iterable of bytes")
         if not self._engine.in_engine_thread():  # made on the caller's loop: pulled from there
             chunks = _hop(asyncio.get_running_loop(), chunks)
-        await self._run(self._sandbox.write_stream(path, _checked(chunks)))
+        with self._spans(self._transfer("write_stream", path)):
+            await self._run(self._sandbox.write_stream(path, _checked(chunks)))
 
     async def upload_file(self, local: LocalPath, path: str) -> None:
         """Copy a local file into the sandbox, streamed."""
         source = _local(local, "upload_file(local)", is_dir=False)
-        await self._run(self._sandbox.upload_file(source, check_path(path, "upload_file(path)")))
+        with self._spans(self._transfer("upload_file", check_path(path, "upload_file(path)"))):
+            await self._run(self._sandbox.upload_file(source, path))
 
     async def download_file(self, path: str, local: LocalPath) -> None:
         """Copy a sandbox file to ``local``, streamed."""
@@ -103,17 +110,21 @@ class AsyncFiles(OnEngine):
         target = _local(local, "download_file(local)")
         if target.is_dir():
             raise InvalidArgument(f"download_file(local): {str(target)!r} is a directory")
-        await self._run(self._sandbox.download_file(path, target))
+        with self._spans(self._transfer("download_file", path)):
+            await self._run(self._sandbox.download_file(path, target))
 
     async def upload_dir(self, local: LocalPath, path: str) -> None:
         """Copy a local directory's content into ``path`` (made if missing), streamed."""
         source = _local(local, "upload_dir(local)", is_dir=True)
-        await self._run(self._sandbox.upload_dir(source, check_path(path, "upload_dir(path)")))
+        with self._spans(self._transfer("upload_dir", check_path(path, "upload_dir(path)"))):
+            await self._run(self._sandbox.upload_dir(source, path))
 
     async def download_dir(self, path: str, local: LocalPath) -> None:
         """Copy a sandbox directory's content into ``local`` (made if missing), streamed."""
         check_path(path, "download_dir(path)")
-        await self._run(self._sandbox.download_dir(path, _local(local, "download_dir(local)")))
+        target = _local(local, "download_dir(local)")
+        with self._spans(self._transfer("download_dir", path)):
+            await self._run(self._sandbox.download_dir(path, target))
 
     async def expose(self, port: int) -> PortURL:
         """A URL the app can reach for ``port`` (capability ``port``); send its headers."""

@@ -6,11 +6,13 @@ its create. If it has not finished by then, the next entry of the chain
 that is granted a reservation (never past quota: the reserve decides, and
 an entry known to be exhausted costs nothing) starts its create beside it.
 The first create that makes a sandbox wins; the other is followed as a
-late create (`Upkeep.abandon`): if it makes a sandbox anyway, that is
+late create (`LateCreates.abandon`): if it makes a sandbox anyway, that is
 counted (its session stays spent, its seconds are charged) and killed at
-once; if it fails, it is refunded. At most one extra create per acquire
-(`Spare.used`). A failure of one leg leaves the other running; only when
-both fail does the acquire fail over, with the first leg's error.
+once; if it fails unanswered, its sandbox is looked up by its lease label
+(counted and killed when found); if it fails, it is refunded. At most one
+extra create per acquire (`Spare.used`). A failure of one leg leaves the
+other running; only when both fail does the acquire fail over, with the
+first leg's error.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from typing import NoReturn, Protocol
 
 from policies.latency import LatencySketch, hedge_delay
 from providers.base import Sandbox
+from router.booking import Booking
 from router.context import Context
 from router.entries import Entry
 from router.events import HedgeSettled, HedgeStarted
 from router.lease import Held
-from router.ledger import Booking
 from router.waits import until_done
 
 __all__ = ["Hedger", "Leg", "Runner", "Spare"]
@@ -41,7 +43,7 @@ class Leg:
     create: asyncio.Future[Sandbox]
     started: float  # the router's clock, for latency and events
     attempt: int
-    ends: float = field(default=0.0)  # the loop's clock: budget + 1 s after the start
+    ends: float = field(default=0.0)  # the loop's clock: its budget after the start
 
 
 @dataclass(slots=True)

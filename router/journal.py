@@ -7,32 +7,54 @@ the fleet's ledger has not seen. The journal keeps each such lease on disk
 with `StateStore.reconcile` exactly once:
 
 * a lease is written when its create succeeded (a refunded create spent
-  nothing), and its seconds when it is released;
+  nothing), with its price (`policies.quota.Meter`, so the hand-over carries
+  its usd: the cost of a released one, the hold of one still held), and its
+  seconds when it is released;
 * handing over first stamps every unsent row with a batch id, in one
   transaction, then sends the batch; a lost reply or a crash resends the
   same id, which the store applies once;
 * a lease still held at hand-over goes to the store as a live slot, and from
-  then on the shared store meters it.
+  then on the shared store meters it;
+* a reservation sent as the store went down and never answered is written
+  too (the store may have made it, with its session): the hand-over has the
+  store refund it if it holds it, whatever the share then granted.
 
 Several processes on one host may share the file: a process hands over its
 own rows and those of processes that are gone (a crashed replica's spend
-still counts).
+still counts), for the pools its config has (a row of another pool waits
+for a router that has it: the store needs the pool's window).
+
+The file must outlive the process that writes it: a replica on an ephemeral
+disk (a container's own layer) loses, with the disk, every unit it granted
+during an outage that it could not hand over, so the ledger undercounts
+them; point ``fail_open_journal`` at a persistent volume.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import secrets
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JournalRow", "OutageJournal"]
+from policies.quota import Meter
+
+__all__ = ["Batch", "JournalRow", "OutageJournal"]
 
 _SCHEMA = """
+create table if not exists unanswered (
+    lease_id text primary key,
+    owner text not null,
+    pid integer not null,
+    pool text not null,
+    batch text
+);
 create table if not exists leases (
     lease_id text primary key,
     owner text not null,
@@ -44,7 +66,8 @@ create table if not exists leases (
     ttl real not null,
     sandbox_id text not null,
     released real,
-    batch text
+    batch text,
+    meter text
 )
 """
 
@@ -61,6 +84,19 @@ class JournalRow:
     ttl: float
     sandbox_id: str
     released: float | None
+    meter: Meter | None = None  # its price (None: it costs nothing)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Rows handed over together, under one id the store applies once."""
+
+    id: str
+    leases: list[JournalRow]
+    unanswered: list[tuple[str, str]]  # (lease id, pool)
+
+
+_TABLES = ("leases", "unanswered")
 
 
 class OutageJournal:
@@ -71,7 +107,10 @@ class OutageJournal:
         self.owner = owner
         path.parent.mkdir(parents=True, exist_ok=True)
         with self._db() as db:
-            db.execute(_SCHEMA)
+            db.executescript(_SCHEMA)
+            columns = {row[1] for row in db.execute("pragma table_info(leases)")}
+            if "meter" not in columns:  # a journal an older router wrote: its leases unpriced
+                db.execute("alter table leases add column meter text")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -94,14 +133,26 @@ class OutageJournal:
         sandbox_id: str,
         *,
         counted: bool = True,
+        meter: Meter | None = None,
     ) -> None:
         """A lease the outage ledger granted and whose sandbox exists."""
+        priced = None if meter is None else json.dumps(dataclasses.asdict(meter))
         with self._db() as db:
             db.execute(
-                "insert or ignore into leases values (?,?,?,?,?,?,?,?,?,null,null)",
+                "insert or ignore into leases (lease_id, owner, pid, pool, entry, counted, "
+                "started, ttl, sandbox_id, released, batch, meter) "
+                "values (?,?,?,?,?,?,?,?,?,null,null,?)",
                 (lease_id, self.owner, os.getpid(), pool, entry, int(counted), started, ttl,
-                 sandbox_id),
+                 sandbox_id, priced),
             )  # fmt: skip
+
+    def unanswered(self, lease_id: str, pool: str) -> None:
+        """A reservation of ``pool`` the store may have made without answering."""
+        with self._db() as db:
+            db.execute(
+                "insert or ignore into unanswered values (?,?,?,?,null)",
+                (lease_id, self.owner, os.getpid(), pool),
+            )
 
     def released(self, lease_id: str, seconds: float) -> bool:
         """Meter a journaled lease; False when the journal no longer holds it (handed over)."""
@@ -117,46 +168,62 @@ class OutageJournal:
             row = db.execute("select 1 from leases where lease_id = ?", (lease_id,)).fetchone()
             return row is not None
 
-    def pending(self) -> int:
-        """How many leases wait to be handed over (this replica's and orphans')."""
+    def pending(self, pools: Collection[str]) -> int:
+        """How many rows of ``pools`` wait to be handed over (this replica's and orphans')."""
         with self._db() as db:
-            return len(self._mine(db))
+            return len(self._mine(db, pools)) + len(self._mine(db, pools, "unanswered"))
 
-    def take(self) -> tuple[str, list[JournalRow]] | None:
-        """The batch to hand over (an unfinished one first): its id and rows, or None."""
+    def take(self, pools: Collection[str]) -> Batch | None:
+        """The batch of ``pools``' rows to hand over (an unfinished one first), or None.
+        Another pool's rows wait for a router that has it."""
         with self._db() as db:
-            mine = self._mine(db)
-            if not mine:
+            mine = {table: self._mine(db, pools, table) for table in _TABLES}
+            if not any(mine.values()):
                 return None
-            batches = {row[10] for row in mine if row[10] is not None}
+            batches = {r[10] for r in mine["leases"] if r[10] is not None}
+            batches |= {r[4] for r in mine["unanswered"] if r[4] is not None}
             batch = min(batches) if batches else "j-" + secrets.token_hex(8)
             if not batches:
-                db.executemany(
-                    "update leases set batch = ? where lease_id = ? and batch is null",
-                    [(batch, row[0]) for row in mine],
-                )
-                mine = self._mine(db)
-            rows = [
-                JournalRow(r[0], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9])
-                for r in mine
+                for table, rows in mine.items():
+                    db.executemany(
+                        f"update {table} set batch = ? where lease_id = ? and batch is null",
+                        [(batch, row[0]) for row in rows],
+                    )
+                mine = {table: self._mine(db, pools, table) for table in _TABLES}
+            leases = [
+                JournalRow(r[0], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], _meter(r[11]))
+                for r in mine["leases"]
                 if r[10] == batch
             ]
-            return batch, rows
+            unanswered = [(r[0], r[3]) for r in mine["unanswered"] if r[4] == batch]
+            return Batch(batch, leases, unanswered)
 
-    def handed_over(self, batch: str) -> None:
-        """The store has ``batch``: forget it."""
+    def handed_over(self, batch: str, pools: Collection[str]) -> None:
+        """The store has ``batch``'s rows of ``pools``: forget them."""
         with self._db() as db:
-            db.execute("delete from leases where batch = ?", (batch,))
+            for table in _TABLES:
+                db.executemany(
+                    f"delete from {table} where batch = ? and pool = ?",
+                    [(batch, p) for p in pools],
+                )
 
     def abandon(self) -> None:
         """Leave this replica's rows to whichever process reaches the store next
         (it closes with the store still down)."""
         with self._db() as db:
-            db.execute("update leases set pid = 0 where owner = ?", (self.owner,))
+            for table in _TABLES:
+                db.execute(f"update {table} set pid = 0 where owner = ?", (self.owner,))
 
-    def _mine(self, db: sqlite3.Connection) -> list[tuple[Any, ...]]:
-        rows = db.execute("select * from leases order by started").fetchall()
-        return [r for r in rows if r[1] == self.owner or not _alive(int(r[2]))]
+    def _mine(
+        self, db: sqlite3.Connection, pools: Collection[str], table: str = "leases"
+    ) -> list[tuple[Any, ...]]:
+        order = "started" if table == "leases" else "rowid"
+        rows = db.execute(f"select * from {table} order by {order}").fetchall()
+        return [r for r in rows if r[3] in pools and (r[1] == self.owner or not _alive(int(r[2])))]
+
+
+def _meter(raw: str | None) -> Meter | None:
+    return None if raw is None else Meter(**json.loads(raw))
 
 
 def _alive(pid: int) -> bool:

@@ -11,18 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from policies.quota import Renewal
 from providers.base import (
+    CodeContext,
     CodeResult,
     CommandResult,
     FileInfo,
     Sandbox,
+    SandboxSpec,
     check_env,
     check_positive,
     check_text,
@@ -47,11 +60,12 @@ from router.processes import (
     check_data,
     check_size,
 )
+from router.spans import CommandSpan, Spans
 
 if TYPE_CHECKING:
     from router.engine import Engine
 
-__all__ = ["AsyncLease", "AsyncSandboxHandle", "Held", "Lease", "SyncSandbox"]
+__all__ = ["AsyncLease", "AsyncSandboxHandle", "Held", "Lease", "PendingLease", "SyncSandbox"]
 
 T = TypeVar("T")
 
@@ -70,20 +84,29 @@ class Held:
     released: bool = False
     store_kind: str = "shared"
     session: str | None = None
+    holder: str = ""  # the claim under which it holds its session (one holder at a time)
     resumed: bool = False
-    committing: asyncio.Future[bool | None] | None = None  # the commit, posted
+    counted: bool = True  # made a sandbox (False: a reconnect or a warm claim: no fee)
+    budget_ends: float | None = None  # its usd cover ends then: the budget could not renew it
+    committing: asyncio.Future[Renewal | None] | None = None  # the commit, posted
+    binding: asyncio.Future[bool] | None = None  # its session's bind, once started
+    spec: SandboxSpec | None = None  # what the acquire asked for: its cost is priced on it
 
 
 class AsyncSandboxHandle(AsyncFiles):
     """The sandbox handle for async code: each call is awaited on the router's loop.
 
     This is where a method of the sandbox API is written; `SyncSandbox`
-    derives its sync twin with one `blocking` line.
+    derives its sync twin with one `blocking` line. Commands and file transfers
+    are wrapped in the router's ``spans`` (`router.spans`).
     """
 
-    def __init__(self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None]) -> None:
+    def __init__(
+        self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None], spans: Spans
+    ) -> None:
         super().__init__(engine, alive)
         self._sandbox = sandbox
+        self._spans = spans
 
     @property
     def id(self) -> str:
@@ -112,19 +135,24 @@ class AsyncSandboxHandle(AsyncFiles):
         ``stream`` (and ``stdin``) capability.
         """
         _check_run(cmd, env, cwd, "run", timeout)
-        if on_stdout is None and on_stderr is None and stdin is None:
-            return await self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
-        return await self._run(
-            self._sandbox.run_streaming(
-                cmd,
-                timeout=timeout,
-                env=env,
-                cwd=cwd,
-                on_stdout=on_caller_loop(self._engine, on_stdout),
-                on_stderr=on_caller_loop(self._engine, on_stderr),
-                stdin=stdin,
-            )
-        )
+        span = CommandSpan("run", self._sandbox.provider, self._sandbox.id, cmd)
+        with self._spans(span):
+            if on_stdout is None and on_stderr is None and stdin is None:
+                result = await self._run(self._sandbox.run(cmd, timeout=timeout, env=env, cwd=cwd))
+            else:
+                result = await self._run(
+                    self._sandbox.run_streaming(
+                        cmd,
+                        timeout=timeout,
+                        env=env,
+                        cwd=cwd,
+                        on_stdout=on_caller_loop(self._engine, on_stdout),
+                        on_stderr=on_caller_loop(self._engine, on_stderr),
+                        stdin=stdin,
+                    )
+                )
+            span.exit_code, span.timed_out = result.exit_code, result.timed_out
+        return result
 
     def stream(
         self,
@@ -153,7 +181,10 @@ class AsyncSandboxHandle(AsyncFiles):
         of `AsyncProcess.output`.
         """
         _check_run(cmd, env, cwd, "start")
-        process = await self._run(self._sandbox.start(cmd, env=env, cwd=cwd))
+        span = CommandSpan("start", self._sandbox.provider, self._sandbox.id, cmd)
+        with self._spans(span):
+            process = await self._run(self._sandbox.start(cmd, env=env, cwd=cwd))
+            span.process_id = process.id
         if on_stdout is not None or on_stderr is not None:
             pump = _pump(
                 process,
@@ -195,23 +226,72 @@ class AsyncSandboxHandle(AsyncFiles):
     async def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` to ``path`` (relative to the sandbox's home), making parent dirs."""
         _check_path_type(path, "write_file(path)")
-        await self._run(self._sandbox.write_file(path, check_data(data, "write_file(data)")))
+        data = check_data(data, "write_file(data)")
+        size = len(data) if isinstance(data, bytes) else None  # a str's bytes are the SDK's
+        with self._spans(self._transfer("write_file", path, size)):
+            await self._run(self._sandbox.write_file(path, data))
 
     async def read_file(self, path: str) -> bytes:
-        return await self._run(self._sandbox.read_file(_check_path_type(path, "read_file(path)")))
+        span = self._transfer("read_file", _check_path_type(path, "read_file(path)"))
+        with self._spans(span):
+            data = await self._run(self._sandbox.read_file(path))
+            span.size = len(data)
+        return data
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         return await self._run(self._sandbox.list_files(_check_path_type(path, "list_files(path)")))
 
     async def run_code(
-        self, code: str, language: str = "python", *, timeout: float | None = 60.0
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = 60.0,
+        context: CodeContext | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> CodeResult:
-        """Run ``code`` in ``language``; its error is in the result, not raised."""
+        """Run ``code`` in ``language``; the cell's error is in the result, not raised.
+
+        Python runs in a kernel that keeps variables, imports and the working
+        directory between calls on every entry that declares
+        ``run_code.stateful``; ``context`` (`code_context`) picks an
+        independent namespace, ``env`` is set for this call only. The result
+        carries the last expression's value and what the cell displayed
+        (``results``: text, PNG of matplotlib figures...).
+        """
         if not isinstance(code, str):
             raise ArgumentTypeError(f"run_code(code): a string, not {type(code).__name__}")
         check_text(language, "run_code", "language")
         check_positive(timeout, "run_code", "timeout", optional=True)
-        return await self._run(self._sandbox.run_code(code, language, timeout=timeout))
+        if context is not None:
+            if not isinstance(context, CodeContext):
+                raise ArgumentTypeError(
+                    f"run_code(context=...): a CodeContext, not {type(context).__name__}"
+                )
+            if context.language != language:
+                raise InvalidArgument(
+                    f"run_code(context=...): the context runs {context.language}, not {language!r}"
+                )
+        if env is not None:
+            check_env(env, "run_code(env=...)")
+        with self._spans(CommandSpan("run_code", self._sandbox.provider, self._sandbox.id, code)):
+            return await self._run(
+                self._sandbox.run_code(code, language, timeout=timeout, context=context, env=env)
+            )
+
+    async def code_context(self, *, cwd: str | None = None) -> CodeContext:
+        """A new Python namespace for ``run_code(context=...)``, independent of the default
+        one and of every other (E2B's ``create_code_context``); its code starts in ``cwd``."""
+        check_text(cwd, "code_context", "cwd", optional=True)
+        return await self._run(self._sandbox.code_context(cwd=cwd))
+
+    async def remove_code_context(self, context: CodeContext) -> None:
+        """End a context made by `code_context`, its kernel and its state."""
+        if not isinstance(context, CodeContext):
+            raise ArgumentTypeError(
+                f"remove_code_context(context): a CodeContext, not {type(context).__name__}"
+            )
+        await self._run(self._sandbox.remove_code_context(context))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._sandbox!r}>"
@@ -274,9 +354,11 @@ class SyncSandbox(SyncFiles["AsyncSandboxHandle"]):
     Callbacks (``on_stdout``...) run on the router's thread.
     """
 
-    def __init__(self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None]) -> None:
+    def __init__(
+        self, sandbox: Sandbox, engine: Engine, alive: Callable[[], None], spans: Spans
+    ) -> None:
         super().__init__(engine, alive)
-        self._async = AsyncSandboxHandle(sandbox, engine, alive)
+        self._async = AsyncSandboxHandle(sandbox, engine, alive, spans)
 
     @property
     def id(self) -> str:
@@ -292,6 +374,8 @@ class SyncSandbox(SyncFiles["AsyncSandboxHandle"]):
     read_file = blocking(AsyncSandboxHandle.read_file)
     list_files = blocking(AsyncSandboxHandle.list_files)
     run_code = blocking(AsyncSandboxHandle.run_code)
+    code_context = blocking(AsyncSandboxHandle.code_context)
+    remove_code_context = blocking(AsyncSandboxHandle.remove_code_context)
     processes = blocking(AsyncSandboxHandle.processes)
 
     def stream(
@@ -351,13 +435,15 @@ class _LeaseBase:
         engine: Engine,
         release: Callable[[Held], Coroutine[Any, Any, None]],
         pause: Callable[[Held], Coroutine[Any, Any, str]],
+        spans: Spans,
     ) -> None:
         self._held = held
         self._engine = engine
         self._release_fn = release
         self._pause_fn = pause
-        dropped = weakref.finalize(self, _release_dropped, held, engine, release)
-        dropped.atexit = False  # at exit the engine's thread is going too; the janitor reaps
+        self._spans = spans
+        self._dropped = weakref.finalize(self, _release_dropped, held, engine, release)
+        self._dropped.atexit = False  # at exit the engine's thread is going too; the janitor reaps
 
     @property
     def id(self) -> str:
@@ -399,6 +485,27 @@ class _LeaseBase:
     def released(self) -> bool:
         return self._held.released
 
+    @property
+    def budget_exhausted(self) -> datetime | None:
+        """When the lease's cover by its pool's ``usd`` budget ends, once the budget could
+        not renew it (a `BudgetExhausted` event said so); None while the budget covers it.
+        With ``on_budget_end: kill`` the router releases the lease then."""
+        ends = self._held.budget_ends
+        return None if ends is None else datetime.fromtimestamp(ends, UTC)
+
+    @property
+    def sync_sandbox(self) -> SyncSandbox:
+        """A sync handle on the sandbox, whichever flavour the lease is (`sandbox` is the
+        lease's own flavour): for code called both ways on one lease, as an agent framework
+        calls its backend (deepagents' ``invoke`` and ``ainvoke``)."""
+        return SyncSandbox(self._held.sandbox, self._engine, self._check, self._spans)
+
+    @property
+    def async_sandbox(self) -> AsyncSandboxHandle:
+        """An async handle on the sandbox, whichever flavour the lease is (see
+        `sync_sandbox`)."""
+        return AsyncSandboxHandle(self._held.sandbox, self._engine, self._check, self._spans)
+
     def _check(self) -> None:
         if self._held.released:
             raise LeaseError(f"lease {self.id} on {self.entry} was already released")
@@ -424,15 +531,23 @@ def _release_dropped(
         stacklevel=2,
     )
     with contextlib.suppress(RuntimeError):  # the app's loop (an adopted one) is closed
-        engine.submit(release(held))
+        # in a context of its own: whatever span the collecting thread is in is not its
+        contextvars.Context().run(engine.submit, release(held))
 
 
 class Lease(_LeaseBase):
     """A live sandbox for sync code; ``with router.acquire() as lease:``."""
 
+    @classmethod
+    def of(cls, lease: AsyncLease) -> Lease:
+        """The sync flavour of ``lease``, which hands its sandbox over (so dropping
+        ``lease`` releases nothing): how `Router.acquire` derives from `Router.aacquire`."""
+        lease._dropped.detach()
+        return cls(lease._held, lease._engine, lease._release_fn, lease._pause_fn, lease._spans)
+
     @property
     def sandbox(self) -> SyncSandbox:
-        return SyncSandbox(self._held.sandbox, self._engine, self._check)
+        return self.sync_sandbox
 
     def release(self) -> None:
         """Kill the sandbox, meter its time, free the slot (idempotent)."""
@@ -457,11 +572,11 @@ class Lease(_LeaseBase):
 
 
 class AsyncLease(_LeaseBase):
-    """A live sandbox for async code; ``async with await router.aacquire() as lease:``."""
+    """A live sandbox for async code; ``async with router.aacquire() as lease:``."""
 
     @property
     def sandbox(self) -> AsyncSandboxHandle:
-        return AsyncSandboxHandle(self._held.sandbox, self._engine, self._check)
+        return self.async_sandbox
 
     async def release(self) -> None:
         """Kill the sandbox, meter its time, free the slot (idempotent)."""
@@ -481,3 +596,34 @@ class AsyncLease(_LeaseBase):
         tb: TracebackType | None,
     ) -> None:
         await self.release()
+
+
+class PendingLease:
+    """What `Router.aacquire` and `Router.aresume` return: a lease on its way.
+
+    Await it for the `AsyncLease` (``lease = await router.aacquire()``), or
+    enter it (``async with router.aacquire() as lease:``) to have the lease
+    released when the block ends, as aiohttp's ``session.get()`` is both.
+    Nothing starts until it is awaited or entered, as with a coroutine.
+    """
+
+    __slots__ = ("_coming", "_lease")
+    _lease: AsyncLease  # once entered
+
+    def __init__(self, coming: Coroutine[Any, Any, AsyncLease]) -> None:
+        self._coming = coming
+
+    def __await__(self) -> Generator[Any, None, AsyncLease]:
+        return self._coming.__await__()
+
+    async def __aenter__(self) -> AsyncLease:
+        self._lease = await self._coming
+        return self._lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._lease.__aexit__(exc_type, exc, tb)

@@ -50,12 +50,14 @@ from router.events import (
     Acquired,
     AcquireFailed,
     BreakerTransition,
+    BudgetExhausted,
     Created,
     CreateFailed,
     Failover,
     FreesOwed,
     HedgeSettled,
     HedgeStarted,
+    KillAbandoned,
     KillFailed,
     LateCreate,
     LeaseLost,
@@ -68,6 +70,7 @@ from router.events import (
     Resumed,
     RouterEvent,
     SessionClosed,
+    SessionHeld,
     SessionLost,
     StateError,
     StateWarning,
@@ -160,6 +163,12 @@ class RouterMetrics:
             "Lease seconds metered on release (and late creates' seconds until killed), by entry.",
             ("entry",),
         )
+        self.cost = counter(
+            "cost_usd",
+            "USD the released leases cost (their resources times metered seconds at the "
+            "entry's price, plus its per-sandbox fee), by entry and quota pool.",
+            ("entry", "pool"),
+        )
         self.leases_lost = counter(
             "leases_lost",
             "Leases found expired by their own heartbeat (the app stalled), by entry.",
@@ -167,12 +176,20 @@ class RouterMetrics:
         )
         self.late_creates = counter(
             "late_creates",
-            "Creates that ended after the acquire stopped waiting, by entry and outcome: "
-            "killed (a sandbox was made: counted and killed), failed (refunded), unanswered.",
+            "Creates that ended after the acquire stopped waiting, or unanswered, by entry and "
+            "outcome: killed (answered late: counted and killed), found (unanswered, found by "
+            "its lease label: counted and killed), failed (refunded), unanswered.",
             ("entry", "outcome"),
         )
         self.kill_failures = counter(
-            "kill_failures", "Sandbox kills that failed (the janitor reaps them).", ("entry",)
+            "kill_failures",
+            "Sandbox kill attempts that failed (each is tried again in the background).",
+            ("entry",),
+        )
+        self.kills_abandoned = counter(
+            "kills_abandoned",
+            "Sandboxes the router stopped trying to kill, left to the reaper, by entry.",
+            ("entry",),
         )
         self.sessions_lost = counter(
             "sessions_lost",
@@ -189,6 +206,12 @@ class RouterMetrics:
         )
         self.resumed = counter(
             "sandboxes_resumed", "Paused sandboxes woken under a new lease, by entry.", ("entry",)
+        )
+        self.budget_exhausted = counter(
+            "budget_exhausted",
+            "Leases whose pool's usd budget could not renew their cover, by what followed "
+            "(kill: ended when the cover did; warn: ran on as an overdraft).",
+            ("entry", "pool", "action"),
         )
         self.quota_changes = counter(
             "quota_adjustments",
@@ -271,9 +294,11 @@ class RouterMetrics:
 
     def prime(self, router: Router) -> None:
         """Create the router's label sets at zero, so rates and alerts see the first event."""
+        pools = {e.name: e.pool for e in router.config.chain}
         for entry in router.entries:
             self.acquisitions.labels(entry, "success")
             self.releases.labels(entry)
+            self.cost.labels(entry, pools[entry])
         self.acquisitions.labels("none", "no_provider")
         for operation in STATE_OPERATIONS:
             self.state_errors.labels(operation, router.config.on_state_error)
@@ -302,21 +327,40 @@ class RouterMetrics:
                 self.breaker_transitions.labels(entry, before, after).inc()
             case StateError(operation=operation, mode=mode):
                 self.state_errors.labels(operation, mode).inc()
-            case Released(entry=entry, seconds=seconds):
+            case Released(entry=entry, seconds=seconds, cost=cost, pool=pool):
                 self.releases.labels(entry).inc()
                 if seconds:
                     self.sandbox_seconds.labels(entry).inc(seconds)
+                if cost is not None:
+                    self.cost.labels(entry, pool).inc(cost)
             case LateCreate(entry=entry, outcome=outcome, seconds=seconds):
                 self.late_creates.labels(entry, outcome).inc()
                 if seconds:
                     self.sandbox_seconds.labels(entry).inc(seconds)
-            case LeaseLost() | KillFailed() | SessionLost() | Paused() | Resumed() | Reaped():
+            case BudgetExhausted(entry=entry, pool=pool, action=action):
+                self.budget_exhausted.labels(entry, pool, action).inc()
+            case (
+                LeaseLost()
+                | KillFailed()
+                | KillAbandoned()
+                | SessionLost()
+                | Paused()
+                | Resumed()
+                | Reaped()
+            ):
                 self._per_entry(event).labels(event.entry).inc()
             case QuotaChanged(pool=pool, unit=unit):
                 self.quota_changes.labels(pool, unit).inc()
             case WarmClaimed() | WarmKilled() | WarmMissed() | WarmCreated():
                 self._warm(event)
-            case StateWarning() | SessionClosed() | FreesOwed() | TaskFailed() | OutageHandedOver():
+            case (
+                StateWarning()
+                | SessionClosed()
+                | SessionHeld()
+                | FreesOwed()
+                | TaskFailed()
+                | OutageHandedOver()
+            ):
                 pass  # nothing to count
             case WarmSized():
                 pass  # the vendor's ready count is the warm_ready gauge
@@ -324,7 +368,8 @@ class RouterMetrics:
                 assert_never(event)
 
     def _per_entry(
-        self, event: LeaseLost | KillFailed | SessionLost | Paused | Resumed | Reaped
+        self,
+        event: LeaseLost | KillFailed | KillAbandoned | SessionLost | Paused | Resumed | Reaped,
     ) -> Counter:
         """The counter of an event that counts once per entry."""
         match event:
@@ -332,6 +377,8 @@ class RouterMetrics:
                 return self.leases_lost
             case KillFailed():
                 return self.kill_failures
+            case KillAbandoned():
+                return self.kills_abandoned
             case SessionLost():
                 return self.sessions_lost
             case Paused():
@@ -418,14 +465,20 @@ class StateCollector(Collector):
         yield gauge(
             "quota_used",
             "Used this window: sessions (sandboxes created), sandbox_seconds (metered), "
-            "concurrent (live leases).",
+            "concurrent (live leases), usd (settled spend).",
+            ("pool", "unit"),
+        )
+        yield gauge(
+            "quota_held",
+            "What the live leases hold against the pool's usd budget on top of what it used.",
             ("pool", "unit"),
         )
         yield gauge("quota_limit", "The pool's limit (limited units only).", ("pool", "unit"))
         yield gauge(
-            "quota_remaining", "Limit minus used, floored at 0 (limited units only).",
+            "quota_remaining",
+            "Limit minus used (usd: minus held too), floored at 0 (limited units only).",
             ("pool", "unit"),
-        )  # fmt: skip
+        )
         yield gauge(
             "quota_window_start_timestamp_seconds",
             "When the pool's current quota window started (Unix time).",
@@ -463,8 +516,9 @@ class StateCollector(Collector):
             fam["breaker_state"].add_metric([view.name], float(value))
             for name in ENTRY_STATES:
                 fam["entry_state"].add_metric([view.name, name], 1.0 if name == state else 0.0)
+            committed = {**view.used, "usd": view.used["usd"] + view.usd_held}
             room = all(
-                limit is None or view.used[unit] < limit for unit, limit in view.limits.items()
+                limit is None or committed[unit] < limit for unit, limit in view.limits.items()
             )
             available = value in (CLOSED, HALF_OPEN) and room
             fam["entry_available"].add_metric([view.name], 1.0 if available else 0.0)
@@ -477,13 +531,15 @@ class StateCollector(Collector):
             start = windows[view.name].bounds(reset - 1.0)[0].timestamp()
             fam["quota_window_start_timestamp_seconds"].add_metric([pool], start)
             fam["quota_window_reset_timestamp_seconds"].add_metric([pool], reset)
+            fam["quota_held"].add_metric([pool, "usd"], view.usd_held)
             for unit in UNITS:
                 used, limit = view.used[unit], view.limits[unit]
                 fam["quota_used"].add_metric([pool, unit], used)
                 if limit is None:
                     continue
+                held = view.usd_held if unit == "usd" else 0.0
                 fam["quota_limit"].add_metric([pool, unit], float(limit))
-                fam["quota_remaining"].add_metric([pool, unit], max(0.0, limit - used))
+                fam["quota_remaining"].add_metric([pool, unit], max(0.0, limit - used - held))
                 if unit in view.exhausted_at:
                     fam["quota_projected_exhaustion_timestamp_seconds"].add_metric(
                         [pool, unit], view.exhausted_at[unit].timestamp()

@@ -4,10 +4,13 @@ Three things make a fleet's outage spend safe, all kept here:
 
 * the fleet registry: while the store is up, the replica heartbeats into it
   every ``fleet_heartbeat`` seconds and keeps what it learns (a `Contact`:
-  the live fleet's size, each pool's usage, the fleet's spend rate);
+  the fleet's size and whether its view is settled, each pool's usage), and
+  what it spent from the shared ledger after each contact;
 * the share: when the store goes away, the replica's outage ledger (an
   in-memory store) gets the limits `policies.outage.outage_limits` computes
-  from the last contact, fixed for the whole outage;
+  from the last contact and what this replica spent since the fleet's oldest
+  contact, fixed for the whole outage (none when its view of the fleet is not
+  settled, unless ``fail_open_blind`` says otherwise);
 * the journal (`router.journal`): every lease the outage ledger grants is
   written to disk, with its seconds once released, and handed over to the
   store with `StateStore.reconcile` when it answers again, exactly once. A
@@ -17,7 +20,9 @@ When the store answers again the replica keeps serving from its share for
 three more heartbeats (the registry's TTL), then grants nothing for two more
 while it hands over its last batch. Every live replica hands over within a
 heartbeat of the others, so by the time any goes back to the shared ledger,
-the ledger knows the whole outage's spend.
+the ledger knows the whole outage's spend. A replica that ended during the
+outage leaves its journal on disk: whichever router reaches the store next
+and can see the file hands it over (`Outage.adopt`), before it answers.
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ import secrets
 from collections import defaultdict
 from dataclasses import replace
 
-from policies.outage import Contact, outage_limits
-from policies.quota import Limits
+from policies.outage import Contact, outage_limits, seen, spent_since
+from policies.quota import Limits, Meter
 from providers.errors import StateUnavailable
 from router.context import Context
 from router.events import OutageHandedOver
 from router.journal import OutageJournal
-from router.state import EntryRef, FleetView, HeldLease, Snapshot, Spend, StateStore
+from router.spans import untraced
+from router.state import EntryRef, FleetView, HeldLease, Reservation, Snapshot, Spend, StateStore
 from router.state.base import PoolStatus
 from router.state.memory import MemoryStore
 
@@ -52,12 +58,14 @@ class Outage:
         self.contact: Contact | None = None
         self.started: float | None = None  # when the current outage began
         self._until: float | None = None  # the outage ends then (the store is back)
-        self.answered = 0.0  # the store's last answer: the fleet could spend until then
         self._limits: dict[str, Limits] = {}  # this outage's share, per pool
         self._journal: OutageJournal | None = None
-        self._own: dict[str, dict[str, float]] = {}  # spent since the contact, per pool
+        # What this replica spent from the shared ledger after each of its contacts
+        # (the registry's sequence number of the contact, spend per pool per unit).
+        self._spends: list[tuple[int, dict[str, dict[str, float]]]] = [(0, {})]
         self._held: set[str] = set()  # leases the outage ledger holds now
         self._moved: set[str] = set()  # leases handed over to the shared store
+        self._adopted = False  # a router that does not heartbeat handed the journal over
         self._beat: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -98,30 +106,60 @@ class Outage:
                 self.store = MemoryStore("memory://fail-open", self._ctx.config.key_prefix)
         limits = self._limits.get(ref.pool)
         if limits is None:  # fixed for the whole outage: the fleet's shares must not overlap
-            own = self._own.get(ref.pool)
-            margin = self._ctx.config.fleet_heartbeat / 2  # the rate's error: half a heartbeat
-            limits = outage_limits(
-                ref.limits, ref.pool, self.contact, self._policy, self.answered, own, margin
-            )
+            own = {}
+            if self.contact is not None:
+                own = spent_since(self._spends, self.contact.fleet.oldest, ref.pool)
+            limits = outage_limits(ref.limits, ref.pool, self.contact, self._policy, own)
             self._limits[ref.pool] = limits
         return replace(ref, limits=limits)
 
+    def denial(self, pool: str, refused: Reservation) -> str:
+        """Why this replica's outage ledger refused ``pool`` (for `NoProviderAvailable`)."""
+        used = f"{refused.unit} {refused.used:g}/{refused.limit:g}"
+        if seen(self.contact, pool):
+            assert self.contact is not None
+            fleet = self._policy.divisor(self.contact.fleet.replicas)
+            return (
+                f"state store unreachable (fail_open): this replica's share of what pool "
+                f"{pool!r} had left (a fleet of {fleet}) is used up: {used}"
+            )
+        why = (
+            "it never reached the store"
+            if self.contact is None
+            else "it joined too recently: not every replica has registered since"
+        )
+        blind = self._policy.blind
+        grants = (
+            "with fail_open_blind 0 it grants nothing until the store answers"
+            if blind == 0
+            else f"its blind share (fail_open_blind {blind:g} of each limit) is used up: {used}"
+        )
+        return (
+            f"state store unreachable (fail_open): this replica has not seen the fleet "
+            f"({why}), so it cannot know its share of pool {pool!r}; {grants}"
+        )
+
     def spent(self, pool: str, unit: str, amount: float) -> None:
         """This replica spent ``amount`` from the shared ledger since its last contact."""
-        units = self._own.setdefault(pool, {})
+        units = self._spends[-1][1].setdefault(pool, {})
         units[unit] = units.get(unit, 0.0) + amount
 
     async def keep_in_touch(self, store: StateStore) -> None:
         """Heartbeat into the fleet registry from now on (fail_open replicas only).
 
         The first contact is made at once (one round trip, once), so a
-        replica knows its share as soon as it has served.
+        replica knows its share as soon as it has served; it hands over the
+        outage journal it can see, as any router's first contact does.
         """
-        if not self.serving or (self._beat is not None and not self._beat.done()):
+        if not self.serving:
+            if not self._adopted:
+                self._adopted = await self.adopt(store) is not None
+            return
+        if self._beat is not None and not self._beat.done():
             return
         if self.contact is None:
             await self.touch(store)
-        self._beat = asyncio.create_task(self._heartbeat(store))
+        self._beat = untraced(self._heartbeat(store))
 
     async def _heartbeat(self, store: StateStore) -> None:
         while True:
@@ -136,27 +174,44 @@ class Outage:
             view = await store.register_replica(self.replica, ttl, refs, self._ctx.clock())
         except StateUnavailable:
             return
-        self.answered = self._ctx.clock()
         self._learn(view)
-        owed = self._journal is not None or self._ctx.config.journal_path().exists()
-        if self.started is not None or (owed and self.journal.pending()):
+        if self.started is not None:
             await self.hand_over(store)
+        else:
+            await self.adopt(store)
 
     def _learn(self, view: FleetView) -> None:
-        now = self._ctx.clock()
-        self._own = {}
-        used = {pool: dict(status.used) for pool, status in view.pools.items()}
-        if self.contact is None:
-            self.contact = Contact(now, view.replicas, used)
-        else:
-            self.contact = self.contact.then(now, view.replicas, used)
+        used = {pool: status.committed() for pool, status in view.pools.items()}
+        self.contact = Contact(view.fleet, used)
+        # A share counts this replica's spend from the span in which the fleet's oldest
+        # contact fell; that contact only moves on, so the spans before it are done with.
+        # (None does when the store lost the registry and numbers from 1 again: all count.)
+        spans = enumerate(self._spends)
+        first = max((i for i, (seq, _) in spans if seq <= view.fleet.oldest), default=0)
+        self._spends = [*self._spends[first:], (view.fleet.seq, {})]
 
-    def granted(self, lease_id: str, ref: EntryRef, sandbox_id: str, *, counted: bool) -> None:
-        """A lease the outage ledger granted and whose sandbox exists: journal it."""
+    def granted(
+        self,
+        lease_id: str,
+        ref: EntryRef,
+        sandbox_id: str,
+        *,
+        counted: bool,
+        meter: Meter | None = None,
+    ) -> None:
+        """A lease the outage ledger granted and whose sandbox exists: journal it (with
+        its price: its cost is handed over as usd spend, or its hold with it)."""
         self._held.add(lease_id)
         now = self._ctx.clock()
         ttl = self._ctx.config.lease_ttl
-        self.journal.granted(lease_id, ref.pool, ref.entry, now, ttl, sandbox_id, counted=counted)
+        self.journal.granted(
+            lease_id, ref.pool, ref.entry, now, ttl, sandbox_id, counted=counted, meter=meter
+        )
+
+    def unanswered(self, lease_id: str, ref: EntryRef) -> None:
+        """A reservation the store did not answer: journal it, for the store to refund
+        if it made it (the share books this lease instead)."""
+        self.journal.unanswered(lease_id, ref.pool)
 
     def released(self, lease_id: str, seconds: float) -> None:
         """Meter a journaled lease freed during the outage."""
@@ -167,33 +222,73 @@ class Outage:
         """True once the shared store holds this lease (it was handed over)."""
         return lease_id in self._moved
 
-    async def hand_over(self, store: StateStore) -> None:
-        """Give the store what this replica (and gone neighbours) spent while it was down."""
+    async def adopt(self, store: StateStore) -> int | None:
+        """Hand over the outage journal this router can see, if it holds anything for its
+        pools: its own rows, and those of processes that are gone (a replica that ended
+        during an outage). Every router that reaches the store does, before it answers.
+
+        Returns the leases handed over, None when the store failed.
+        """
+        if self._journal is None and not self._ctx.config.journal_path().exists():
+            return 0
+        if not self.journal.pending(self._refs()):
+            return 0
+        return await self.hand_over(store)
+
+    def _refs(self) -> dict[str, EntryRef]:
+        """One entry's ref per pool of this router (a journal row's pool is what counts)."""
+        return {e.ref.pool: e.ref for e in reversed(list(self._ctx.entries.values()))}
+
+    async def hand_over(self, store: StateStore) -> int | None:
+        """Give the store what this replica (and gone neighbours) spent while it was down.
+
+        Returns the leases handed over, None when the store failed.
+        """
+        refs = self._refs()
+        count = 0
         async with self._lock:
-            while (batch := self.journal.take()) is not None:
-                journal_id, rows = batch
+            while (batch := self.journal.take(refs)) is not None:
+                journal_id, rows = batch.id, batch.leases
                 spends: dict[str, Spend] = {}
                 leases: dict[str, list[HeldLease]] = defaultdict(list)
+                unanswered: dict[str, list[str]] = defaultdict(list)
+                for lease_id, pool in batch.unanswered:
+                    spends.setdefault(pool, Spend(refs[pool]))
+                    unanswered[pool].append(lease_id)
                 for row in rows:
-                    entry = self._ctx.entries.get(row.entry)
-                    if entry is None:
-                        continue
-                    spend = spends.setdefault(row.pool, Spend(entry.ref))
+                    spend = spends.setdefault(row.pool, Spend(refs[row.pool]))
+                    usd = 0.0
+                    if row.meter is not None and row.released is not None:
+                        usd = row.meter.cost(row.released, fee=row.counted)
                     spends[row.pool] = replace(
                         spend,
                         sessions=spend.sessions + int(row.counted),
                         sandbox_seconds=spend.sandbox_seconds + (row.released or 0.0),
+                        usd=spend.usd + usd,
                     )
                     if row.released is None:
+                        meter = row.meter
+                        if meter is not None and not row.counted:
+                            meter = replace(meter, fee=0.0)
                         leases[row.pool].append(
-                            HeldLease(row.lease_id, row.entry, row.started, row.ttl, row.sandbox_id)
-                        )
-                whole = [replace(s, leases=tuple(leases[p])) for p, s in spends.items()]
+                            HeldLease(row.lease_id, row.entry, row.started, row.ttl,
+                                      row.sandbox_id, meter)
+                        )  # fmt: skip
+                whole = [
+                    replace(s, leases=tuple(leases[p]), unanswered=tuple(unanswered[p]))
+                    for p, s in spends.items()
+                ]
                 try:
                     await store.reconcile(journal_id, whole, self._ctx.clock())
                 except StateUnavailable:
-                    return
-                self.journal.handed_over(journal_id)
+                    return None
+                self.journal.handed_over(journal_id, refs)
+                count += len(rows) + len(batch.unanswered)
+                for pool, spend in spends.items():  # in the ledger now, after this contact
+                    self.spent(pool, "sessions", spend.sessions)
+                    self.spent(pool, "sandbox_seconds", spend.sandbox_seconds)
+                    self.spent(pool, "usd", spend.usd)
+                    self.spent(pool, "concurrent", len(leases[pool]))
                 for row in rows:
                     if row.released is None:
                         self._moved.add(row.lease_id)
@@ -204,10 +299,12 @@ class Outage:
                         sessions=sum(s.sessions for s in whole),
                         sandbox_seconds=sum(s.sandbox_seconds for s in whole),
                         leases=sum(len(s.leases) for s in whole),
+                        usd=sum(s.usd for s in whole),
                     )
                 )
             if self.started is not None and self._until is None:
                 self._until = self._ctx.clock() + 3 * self._ctx.config.fleet_heartbeat
+        return count
 
     def usage(self, snap: Snapshot) -> Snapshot:
         """The outage ledger's ``snap`` plus the fleet's usage at the last contact and
@@ -216,12 +313,14 @@ class Outage:
             return snap
         pools = {}
         for name, status in snap.pools.items():
-            seen, own = self.contact.used.get(name, {}), self._own.get(name, {})
+            seen, own = self.contact.used.get(name, {}), self._spends[-1][1].get(name, {})
             used = {
                 unit: value + seen.get(unit, 0.0) + own.get(unit, 0.0)
                 for unit, value in status.used.items()
             }
-            pools[name] = PoolStatus(status.pool, status.window, used, status.limits)
+            pools[name] = PoolStatus(
+                status.pool, status.window, used, status.limits, usd_held=status.usd_held
+            )
         return Snapshot(pools, snap.entries)
 
     async def close(self, store: StateStore) -> None:
@@ -232,6 +331,6 @@ class Outage:
         if self.serving:
             await self.touch(store)  # a last hand-over while we can
             with contextlib.suppress(StateUnavailable):
-                await store.deregister_replica(self.replica)
-        if self._journal is not None and self._journal.pending():
+                await store.deregister_replica(self.replica, self._ctx.clock())
+        if self._journal is not None and self._journal.pending(self._refs()):
             self._journal.abandon()  # the next replica to reach the store hands it over

@@ -31,10 +31,11 @@ from providers.errors import (
     StateUnavailable,
     Unsupported,
 )
+from router.booking import RESERVE_GRACE, Denied, describe
 from router.context import Context
 from router.events import Paused, Resumed
 from router.lease import Held
-from router.ledger import RESERVE_GRACE, Denied, Ledger
+from router.ledger import Ledger
 from router.state.base import SessionBinding
 from router.upkeep import Upkeep
 
@@ -78,7 +79,7 @@ class Pauses:
             await asyncio.shield(self._ledger.store.unbind_session(PAUSE_KEY + token))
             raise
         if held.session is not None:  # the sandbox is the token's now, not the session's
-            await self._ledger.store.unbind_session(held.session)
+            await self._ledger.bindings.let_go(held, 0.0, drop=True)
         await self._upkeep.release(held, kill=False)
         self._ctx.emit(Paused(held.entry, held.lease_id, held.sandbox.id, held.session or ""))
         return token
@@ -120,9 +121,12 @@ class Pauses:
         name, sandbox_id = binding.entry, binding.sandbox_id
         entry = self._ctx.entries[name]
         try:
-            booking = await self._upkeep.book(entry, deadline, new_session=False)
+            booking = await self._upkeep.book(
+                entry, deadline, new_session=False, meter=entry.meter(None)
+            )
         except Denied as denied:
-            raise NoProviderAvailable({name: self._ledger.describe(denied.reservation)}) from None
+            why = describe(denied.reservation, self._ctx.clock())
+            raise NoProviderAvailable({name: why}) from None
         started = self._ctx.clock()
         try:
             sandbox = await asyncio.wait_for(

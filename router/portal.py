@@ -1,12 +1,13 @@
-"""Sync twins of async handles, derived rather than written twice.
+"""Sync twins of async calls, derived rather than written twice.
 
 The router's handles (sandbox, process, terminal) are written once, async,
 and run their calls on the router's engine loop. Their sync twins are
 `Portal` subclasses whose methods are `blocking` descriptors over the async
 methods: like anyio's ``BlockingPortal.call``, calling one runs the async
-method on the engine loop and waits. `relay` and `iterate` carry an async
-iterator that lives on the engine loop to an async caller on another loop,
-or to a sync caller.
+method on the engine loop and waits. The `Router` has both APIs on one
+object: each sync method is `sync_twin` of its ``a``-prefixed async one.
+`relay` and `iterate` carry an async iterator that lives on the engine loop
+to an async caller on another loop, or to a sync caller.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import asyncio
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    overload,
+)
 
 from providers.errors import LeaseError
 from providers.processes import deliver
@@ -23,7 +33,15 @@ from providers.processes import deliver
 if TYPE_CHECKING:
     from router.engine import Engine
 
-__all__ = ["OnEngine", "Portal", "blocking", "iterate", "on_caller_loop", "relay"]
+__all__ = [
+    "OnEngine",
+    "Portal",
+    "blocking",
+    "iterate",
+    "on_caller_loop",
+    "relay",
+    "sync_twin",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -104,6 +122,58 @@ class blocking(Generic[P, R]):
 
         call.__signature__ = self.signature  # type: ignore[attr-defined]
         return call
+
+
+class _Engined(Protocol):
+    _engine: Engine
+
+
+E = TypeVar("E", bound=_Engined)
+S = TypeVar("S")
+
+
+@overload
+def sync_twin(
+    method: Callable[Concatenate[E, P], Awaitable[R]],
+) -> Callable[Concatenate[E, P], R]: ...
+
+
+@overload
+def sync_twin(
+    method: Callable[Concatenate[E, P], Awaitable[R]], wrap: Callable[[R], S]
+) -> Callable[Concatenate[E, P], S]: ...
+
+
+def sync_twin(
+    method: Callable[..., Awaitable[Any]], wrap: Callable[[Any], Any] | None = None
+) -> Callable[..., Any]:
+    """The sync twin of ``method``, an async method ``a<name>`` of an object whose calls
+    run on its ``_engine`` (``acquire = sync_twin(aacquire, Lease.of)`` in `Router`).
+
+    The twin is ``<name>``, with the method's parameters and docstring. Calling it
+    calls the async method by name (so an override is what runs) on the engine loop
+    and waits; ``wrap`` turns the async result into the sync one there (an
+    `AsyncLease` into a `Lease`). On the engine loop itself it raises, as every
+    sync call does: the async twin is the one to use there.
+    """
+    name = method.__name__
+    signature = inspect.signature(method)
+    if wrap is not None:
+        signature = signature.replace(return_annotation=inspect.signature(wrap).return_annotation)
+
+    @functools.wraps(method)
+    def call(self: _Engined, /, *args: Any, **kwargs: Any) -> Any:
+        async def awaited() -> Any:
+            result = await getattr(self, name)(*args, **kwargs)
+            return result if wrap is None else wrap(result)
+
+        return self._engine.run(awaited())
+
+    call.__name__ = name[1:]
+    call.__qualname__ = method.__qualname__[: -len(name)] + name[1:]
+    call.__signature__ = signature  # type: ignore[attr-defined]
+    call.__annotations__ = {**method.__annotations__, "return": signature.return_annotation}
+    return call
 
 
 async def _step(items: AsyncIterator[T]) -> tuple[bool, T | None]:

@@ -2,7 +2,9 @@
 
 `read_status` builds the `RouterStatus` that `Router.status`, the CLI and
 the Prometheus state collector show. When the shared store cannot be read,
-it shows this replica's fail-open share and says why (``state_ok`` False).
+it shows this replica's fail-open share and says why (``state_ok`` False);
+when it can, an outage journal this router sees is handed over first, so
+the usage shown counts it (`router.outage.Outage.adopt`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from policies.breaker import Circuit
+from policies.pricing import HOUR, Price, rate, window_spend
 from policies.quota import UNITS, projected_exhaustion
 from router.entries import Entry
 from router.ledger import Ledger
@@ -30,11 +33,23 @@ class EntryView:
             ``misconfigured``, ``exhausted``, ``rate_limited``, ``capacity``;
             ``unconfigured`` when credentials are missing.
         until: when an open breaker or a block ends (None when it does not).
-        used / limits: per unit, for the entry's pool.
+        used / limits: per unit, for the entry's pool (``usd``: the window's
+            settled spend).
+        usd_held: what the pool's live leases hold against its ``usd`` budget on
+            top of ``used["usd"]`` (`policies.quota`).
         reset_at: when the pool's window resets.
         exhausted_at: when each limited unit runs out at this window's
             average rate so far (only units with usage).
         capabilities: what ``acquire(requires=...)`` may ask of the entry.
+        price: its price (None: unpriced, it costs nothing); ``price_source``
+            says where the price comes from (config, the vendor's published
+            price, or none).
+        spend_usd: the pool's metered seconds and sessions this window priced
+            at this entry's rate for its default size (`policies.pricing.window_spend`):
+            an estimate, since the store keeps seconds, not each lease's size;
+            for a pool shared by several entries, what the whole pool would
+            cost at this entry's rate.
+        hourly_usd: an hour of one sandbox of the entry's default size.
     """
 
     name: str
@@ -51,6 +66,11 @@ class EntryView:
     live_leases: int
     exhausted_at: dict[str, datetime]
     capabilities: frozenset[str] = frozenset()
+    price: Price | None = None
+    price_source: str = ""
+    spend_usd: float = 0.0
+    hourly_usd: float = 0.0
+    usd_held: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +118,11 @@ def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryV
         live_leases=status.live_leases,
         exhausted_at=_projections(pool.used, e.ref, now),
         capabilities=e.capabilities,
+        price=e.tariff.price,
+        price_source=e.tariff.source,
+        spend_usd=window_spend(e.tariff, pool.used["sandbox_seconds"], pool.used["sessions"]),
+        hourly_usd=rate(e.tariff.price, e.tariff.size) * HOUR,
+        usd_held=pool.usd_held,
     )
 
 
@@ -108,7 +133,7 @@ _LAST_TIMESTAMP = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
 def _projections(used: Mapping[str, float], ref: EntryRef, now: float) -> dict[str, datetime]:
     start = ref.window.bounds(now)[0].timestamp()
     out = {}
-    for unit in ("sessions", "sandbox_seconds"):
+    for unit in ("sessions", "sandbox_seconds", "usd"):
         when = projected_exhaustion(used[unit], ref.limits.get(unit), start, now)
         if when is not None and when < _LAST_TIMESTAMP:
             out[unit] = _dt(when)

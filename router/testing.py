@@ -26,7 +26,9 @@ the router's failover, quota and error paths from your own tests::
 A step is consumed by each ``create``: ``None`` succeeds, an exception is
 raised, ``"hang"`` never answers (until the router's deadline cancels it),
 ``"late"`` creates the sandbox and then never answers (a create that lands
-on the provider's side after the caller gave up), and a `threading.Event`
+on the provider's side after the caller gave up), ``"dropped"`` creates it
+and then fails as a connection lost before the answer
+(`providers.errors.Unavailable` with ``unanswered``), and a `threading.Event`
 is waited for (set it from the test's thread). When the script is spent,
 every create succeeds. The project's own tests use it, and the adapter
 contract suite (tests/contract) runs over it like over every real adapter,
@@ -45,11 +47,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeAlias
 
 from providers.base import Provider, Sandbox, SandboxInfo, SandboxSpec
+from providers.errors import Unavailable
 from providers.local import LocalOptions, LocalProvider, LocalSandbox
 
 __all__ = ["ScriptedProvider", "Step"]
 
-Step: TypeAlias = BaseException | Literal["hang", "late"] | threading.Event | None
+Step: TypeAlias = BaseException | Literal["hang", "late", "dropped"] | threading.Event | None
 """One scripted answer to a ``create`` (see the module docstring)."""
 
 
@@ -110,9 +113,11 @@ class ScriptedProvider(Provider):
         step = self.script.pop(0) if self.script else None
         if step == "hang":
             await asyncio.Event().wait()
-        elif step == "late":
+        elif step in ("late", "dropped"):
             sandbox = await self.local.create(spec)
             self.created.append(sandbox.id)
+            if step == "dropped":
+                raise Unavailable("the connection was lost", provider=self.name, unanswered=True)
             await asyncio.Event().wait()
         elif isinstance(step, threading.Event):
             await asyncio.to_thread(step.wait)

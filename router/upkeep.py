@@ -8,6 +8,12 @@ commit and the free are posted calls answered in callbacks
 all of them (`Upkeep.spawn`, `Upkeep._track`). The frees a pool is still
 waiting for are tracked so this router's status, and an acquire refused
 for concurrency, read their own releases (`Upkeep.caught_up`).
+
+Its kills go through `router.kills` (a failed one is tried again in the
+background), and the creates nobody waits for any more through
+`router.late_creates` (counted and killed if they land). A sticky session's lease
+pauses (or keeps) its sandbox while it still holds the session, and only
+then lets go of it, so no other lease finds it being paused or killed.
 """
 
 from __future__ import annotations
@@ -18,22 +24,18 @@ import functools
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
-from providers.base import Sandbox
+from policies.quota import Meter, Renewal
 from providers.capabilities import Capability
 from providers.errors import ProviderError, StateUnavailable
+from router.booking import Booking, Denied
 from router.context import Context
 from router.entries import Entry
-from router.events import (
-    FreesOwed,
-    KillFailed,
-    LateCreate,
-    LeaseLost,
-    Paused,
-    Released,
-    TaskFailed,
-)
+from router.events import BudgetExhausted, FreesOwed, LeaseLost, Paused, TaskFailed
+from router.kills import Kills
+from router.late_creates import LateCreates
 from router.lease import Held
-from router.ledger import RESERVE_GRACE, Booking, Ledger
+from router.ledger import Ledger
+from router.spans import ReleaseSpan, untraced
 from router.state.posted import Posted, then
 from router.waits import until_done
 
@@ -52,9 +54,13 @@ class Upkeep:
         self._sweeper: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
         self._freeing: dict[str, set[asyncio.Future[None]]] = {}  # pool -> slots being freed
-        self._abandoned: set[asyncio.Future[Sandbox]] = set()
         self._owed: dict[str, tuple[Booking, bool]] = {}  # lease id -> frees to try again
         self._retrier: asyncio.Task[None] | None = None
+        self._released: asyncio.Event | None = None  # set (and dropped) when a session is let go
+        self.kills = Kills(ctx)
+        self.late = LateCreates(
+            ledger, ctx, self.kills, self.spawn, functools.partial(self._owe, announce=False)
+        )
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``work`` as a task that closing the router waits for (see `_track`)."""
@@ -101,17 +107,19 @@ class Upkeep:
         held.committing = self._track(committed, "commit")
         self.keep(held)
 
-    def _committed(self, held: Held, committing: asyncio.Future[bool | None]) -> bool | None:
+    def _committed(self, held: Held, committing: asyncio.Future[Renewal | None]) -> Renewal | None:
         landed = committing.result()
-        if landed is False:
+        if landed is not None and not landed.alive:
             self._lost(held)
+        elif landed is not None:
+            self._covered(held, landed)
         return landed
 
     def keep(self, held: Held) -> None:
         """Heartbeat ``held`` until it is released (one sweeper task for all leases)."""
         self.live[held.lease_id] = held
         if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.create_task(self._sweep())
+            self._sweeper = untraced(self._sweep())
 
     def _lost(self, held: Held) -> None:
         self.live.pop(held.lease_id, None)
@@ -146,11 +154,37 @@ class Upkeep:
         if not alive:
             self._lost(held)
             return
-        if held.session is not None:
+        self._covered(held, alive)
+        if held.session is not None:  # only while the session names this lease
             with contextlib.suppress(StateUnavailable):
-                await self._ledger.bind(held, ttl, kept=True)
+                await self._ledger.bindings.bind(held, ttl, kept=True)
         with contextlib.suppress(ProviderError):
             await held.sandbox.keepalive(ttl * 2)
+
+    def _covered(self, held: Held, renewal: Renewal) -> None:
+        """Follow a lease's usd cover: told once when the budget could not renew it
+        (`BudgetExhausted`), ended at the cover's end under ``on_budget_end: kill``, and
+        forgiven when a later renewal fits again."""
+        if not renewal.short_at:
+            held.budget_ends = None
+            return
+        if held.budget_ends is not None:
+            return
+        held.budget_ends = renewal.short_at
+        entry = self._ctx.entries[held.entry]
+        kill = entry.quota.on_budget_end == "kill"
+        action = "kill" if kill else "warn"
+        self._ctx.emit(
+            BudgetExhausted(held.entry, held.lease_id, entry.ref.pool, renewal.short_at, action)
+        )
+        if kill:
+            self.spawn(self._end_at(held, renewal.short_at))
+
+    async def _end_at(self, held: Held, ends: float) -> None:
+        """Release ``held`` when its usd cover ends, unless a renewal covered it since."""
+        await asyncio.sleep(max(0.0, ends - self._ctx.clock()))
+        if held.budget_ends is not None and not held.released:
+            await self.release(held)
 
     async def release(self, held: Held, *, kill: bool = True) -> None:
         """Dispose of the sandbox (``kill=False``: a paused one, left as it is); free the
@@ -159,11 +193,15 @@ class Upkeep:
         The caller waits for the kill only. The slot's release is posted
         beside it (`_free_slot`); this router's status waits for it
         (`caught_up`), and so does an acquire the pool refuses for concurrency
-        meanwhile (`Acquirer.book`): a program that releases and acquires
+        meanwhile (`Upkeep.book`): a program that releases and acquires
         again still finds its slot free. Closing the router waits for it too.
         """
         if held.released:
             return
+        with self._ctx.spans(ReleaseSpan(held.entry, held.lease_id, held.sandbox.id)):
+            await self._release(held, kill)
+
+    async def _release(self, held: Held, kill: bool) -> None:
         held.released = True
         self.live.pop(held.lease_id, None)
         disposing = self.spawn(self._dispose(held)) if kill else None  # first: the caller awaits it
@@ -171,35 +209,81 @@ class Upkeep:
         in_pool = self._freeing.setdefault(self._ctx.entries[held.entry].ref.pool, set())
         in_pool.add(freeing)
         freeing.add_done_callback(in_pool.discard)
-        if disposing is not None:
-            await until_done(disposing)  # a cancelled release still kills the sandbox
-            disposing.result()
+        if disposing is None:
+            self.wake_sessions()  # a paused lease's session was let go before (`Pauses`)
+            return
+        await until_done(disposing)  # a cancelled release still kills the sandbox
+        disposing.result()
+
+    def wake_sessions(self) -> None:
+        """A session was let go here: the acquires of this router waiting for one look
+        again now (`session_released`)."""
+        if self._released is not None:
+            self._released.set()
+            self._released = None
+
+    async def session_released(self, timeout: float) -> None:
+        """Wait until this router lets go of a session, ``timeout`` seconds at most."""
+        if self._released is None:  # made on the loop that waits (an event binds to one)
+            self._released = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._released.wait(), timeout)
 
     async def _dispose(self, held: Held) -> None:
-        """Kill the sandbox, or keep a session's for its idle TTL (a task of its own):
-        paused where the entry can pause (its bill stops), else kept running."""
+        """Kill the sandbox, or keep a session's for its idle TTL (a task of its own)."""
         entry = self._ctx.entries[held.entry]
+        if held.session is None:
+            await self.kills.kill(entry, held.sandbox)
+            return
+        try:
+            await self._leave_session(entry, held)
+        finally:
+            self.wake_sessions()
+
+    async def _leave_session(self, entry: Entry, held: Held) -> None:
+        """Park a session's sandbox while the lease still holds the session, then let go.
+
+        Paused where the entry can pause and ``session_pause`` is on (its
+        bill stops), else kept running for ``session_idle_ttl``; killed when
+        sessions are kept for no idle time, or when the session no longer
+        names this lease (closed, or its claim expired and it moved on). The
+        pause comes first: once let go, another replica may resume the
+        sandbox, and nothing may pause it under that lease. A store that
+        cannot be reached leaves the binding held until it expires; the
+        reaper kills the sandbox then.
+        """
+        if held.binding is not None:  # a release never overtakes its session's bind
+            await until_done(held.binding)
+            if not held.binding.cancelled():
+                held.binding.exception()  # what it answered, the let-go below reads again
         idle = self._ctx.config.session_idle_ttl
-        if held.session is not None and idle > 0:
-            # Bound as paused before the pause: should the pause fail, a resume of a
-            # running sandbox is no error.
-            pausing = self._ctx.config.session_pause and Capability.PAUSE in entry.capabilities
-            try:
-                kept = await self._ledger.bind(held, idle, paused=pausing, kept=True)
-            except StateUnavailable:
-                kept = False
-            if not kept:  # the store is away, or the session names another lease's sandbox
-                await self.kill(entry, held.sandbox)
-                return
-            if pausing:
-                with contextlib.suppress(ProviderError):
-                    await held.sandbox.pause()
-                    self._ctx.emit(Paused(entry.name, held.lease_id, held.sandbox.id, held.session))
-                    return
+        if idle <= 0:
+            await self.kills.kill(entry, held.sandbox)
+            await self._let_go(held, 0.0, drop=True)
+            return
+        paused = False
+        if self._ctx.config.session_pause and Capability.PAUSE in entry.capabilities:
+            with contextlib.suppress(ProviderError):
+                await held.sandbox.pause()
+                paused = True
+        if not paused:
             with contextlib.suppress(ProviderError):
                 await held.sandbox.keepalive(idle)
-        else:
-            await self.kill(entry, held.sandbox)
+        kept = await self._let_go(held, idle, paused=paused)
+        if kept is False:
+            await self.kills.kill(entry, held.sandbox)
+        elif kept and paused:
+            self._ctx.emit(Paused(entry.name, held.lease_id, held.sandbox.id, held.session or ""))
+
+    async def _let_go(
+        self, held: Held, ttl: float, *, paused: bool = False, drop: bool = False
+    ) -> bool | None:
+        """`Bindings.let_go`, None when the store cannot be reached (reported)."""
+        try:
+            return await self._ledger.bindings.let_go(held, ttl, paused=paused, drop=drop)
+        except StateUnavailable as exc:
+            self._ledger.report("session", exc)
+            return None
 
     def _free_slot(self, held: Held) -> asyncio.Future[None]:
         """Free the slot once the commit has landed (a free never overtakes it), posted
@@ -229,7 +313,8 @@ class Upkeep:
             self._ledger.report("release", exc)
             self._owe(booking, announce=True)
             return
-        self._ctx.emit(Released(entry=held.entry, lease_id=held.lease_id, seconds=seconds))
+        entry = self._ctx.entries[held.entry]
+        self._ctx.emit(entry.released(held.lease_id, seconds, held.spec, fee=held.counted))
 
     def _owe(self, booking: Booking, *, announce: bool) -> None:
         """Keep a free the store did not take; a retrier tries it again until it lands.
@@ -238,7 +323,7 @@ class Upkeep:
         """
         self._owed[booking.lease_id] = (booking, announce)
         if self._retrier is None or self._retrier.done():
-            self._retrier = asyncio.create_task(self._retry_frees())
+            self._retrier = untraced(self._retry_frees())
 
     async def _retry_frees(self) -> None:
         """Try the owed frees again, backing off from 0.5 s to 10 s while the store is down."""
@@ -255,16 +340,41 @@ class Upkeep:
             seconds = await self._ledger.release(booking)
             del self._owed[lease_id]
             if announce:
-                self._ctx.emit(Released(booking.entry, lease_id, seconds))
+                entry = self._ctx.entries[booking.entry]
+                self._ctx.emit(entry.released(lease_id, seconds, fee=booking.counted))
 
     async def book(
-        self, entry: Entry, deadline: float, *, new_session: bool = True, warm: bool = False
+        self,
+        entry: Entry,
+        deadline: float,
+        *,
+        new_session: bool = True,
+        warm: bool = False,
+        meter: Meter | None = None,
     ) -> Booking:
-        """`Ledger.book`, where what the store grants a caller cancelled meanwhile is
-        given back (`_unbook`), not held until its reservation expires."""
+        """`Ledger.book` for every caller (acquire, hedge, warm refill, session
+        reconnect, resume): what the store grants a caller cancelled meanwhile is
+        given back (`_unbook`), not held until its reservation expires; and a pool
+        whose concurrency is full while this router is still freeing slots in it is
+        asked again once those frees have landed, so a program that releases and
+        books again finds its slot free (a pool with room waits for nothing).
+        """
+        try:
+            return await self._book(entry, deadline, new_session, warm, meter)
+        except Denied as denied:
+            unit = denied.reservation.unit
+            if unit not in ("concurrent", "usd") or not self.freeing(entry.ref.pool):
+                raise
+        await self.caught_up((entry.ref.pool,))
+        return await self._book(entry, deadline, new_session, warm, meter)
+
+    async def _book(
+        self, entry: Entry, deadline: float, new_session: bool, warm: bool, meter: Meter | None
+    ) -> Booking:
         return await self._ledger.book(
-            entry, deadline, new_session=new_session, warm=warm, abandoned=self._unbook
-        )
+            entry, deadline, new_session=new_session, warm=warm, meter=meter,
+            abandoned=self._unbook,
+        )  # fmt: skip
 
     def _unbook(self, entry: Entry, booking: Booking) -> None:
         """Give back a booking nobody took: a claimed warm sandbox is killed and its lease
@@ -278,73 +388,22 @@ class Upkeep:
         """Free a warm claim nobody will use (its slot first: an acquire may need it), and
         kill its sandbox in the background (the session it was stays spent)."""
         assert booking.claimed is not None
-        self.spawn(self.kill_id(entry, booking.claimed.sandbox_id))
+        self.spawn(self.kills.kill_id(entry, booking.claimed.sandbox_id))
         try:
             await self._ledger.release(booking)
         except StateUnavailable as exc:
             self._ledger.report("release", exc)  # the reservation expires by itself
 
-    def abandon(self, create: asyncio.Future[Sandbox], booking: Booking, entry: Entry) -> None:
-        """Follow a create the acquire stopped waiting for: the provider may still make
-        (and bill) its sandbox, so its reservation stays until the create ends."""
-        self._abandoned.add(create)
-        create.add_done_callback(self._abandoned.discard)
-        self.spawn(self._follow(create, booking, entry))
-
-    async def _follow(
-        self, create: asyncio.Future[Sandbox], booking: Booking, entry: Entry
-    ) -> None:
-        """Count and kill what the create makes; refund only when it surely made nothing.
-
-        It is followed while its reservation lasts (RESERVE_GRACE past its
-        budget) or until the router closes. A create that has not answered by
-        then stays counted (the provider may have made it) and its slot is
-        freed; the janitor reaps its sandbox, if any, by its lease label.
-        """
-        await until_done(create, RESERVE_GRACE - 2.0)
-        if create.done() and not create.cancelled() and create.exception() is not None:
-            await self._ledger.refund(booking, "late_create_failed")
-            self._ctx.emit(LateCreate(entry.name, booking.lease_id, "failed"))
-            return
-        if create.done() and not create.cancelled():
-            sandbox = create.result()
-            landed = self._ctx.clock()
-            await self.kill(entry, sandbox)
-            seconds = self._ctx.clock() - landed
-            await self._ledger.charge(booking, sandbox.id, seconds)
-            late = LateCreate(entry.name, booking.lease_id, "killed", sandbox.id, seconds)
-        else:  # no answer while the reservation lasted, or the router is closing
-            create.cancel()
-            late = LateCreate(entry.name, booking.lease_id, "unanswered")
-        try:
-            await self._ledger.release(booking)  # the slot is free; the session stays spent
-        except StateUnavailable:
-            self._owe(booking, announce=False)
-        self._ctx.emit(late)
-
-    async def kill(self, entry: Entry, sandbox: Sandbox) -> None:
-        """Kill; a failure is an event (the janitor gets it later), not the caller's error."""
-        try:
-            await sandbox.kill()
-        except Exception as exc:
-            self._ctx.emit(KillFailed(entry=entry.name, sandbox_id=sandbox.id, error=str(exc)))
-
-    async def kill_id(self, entry: Entry, sandbox_id: str) -> None:
-        """`kill` by id through the provider (a sandbox no handle was made for)."""
-        try:
-            await entry.provider.kill(sandbox_id)
-        except Exception as exc:  # the janitor reaps it: unrecorded, unleased
-            self._ctx.emit(KillFailed(entry=entry.name, sandbox_id=sandbox_id, error=str(exc)))
-
     async def close(self) -> None:
-        """Stop the heartbeats, wait (10 s at most) for the tasks still running, then try
-        the owed frees once more (5 s at most) and say how many are still owed."""
+        """Stop the heartbeats, wait (10 s at most) for the tasks still running, try the
+        failed kills once more (5 s at most: the reaper gets what is left) and the owed
+        frees (5 s at most), and say how many are still owed."""
         if self._sweeper is not None:
             self._sweeper.cancel()
-        for create in self._abandoned:
-            create.cancel()
+        self.late.close()
         if self._background:
             await asyncio.wait(self._background, timeout=10)
+        await self.kills.close()
         if self._retrier is not None:
             self._retrier.cancel()
         if self._owed:

@@ -57,6 +57,7 @@ from providers.base import (
 )
 from providers.capabilities import Capability
 from providers.errors import ConfigError, ProviderError, StateUnavailable, Unavailable
+from router.booking import RESERVE_GRACE, Booking, Denied
 from router.config import WarmConfig
 from router.context import Context
 from router.entries import Entry
@@ -70,7 +71,8 @@ from router.events import (
     WarmSized,
 )
 from router.lease import Held
-from router.ledger import RESERVE_GRACE, Booking, Denied, Ledger
+from router.ledger import Ledger
+from router.spans import untraced
 from router.upkeep import Upkeep
 from router.waits import until_done
 from router.warm_handles import WarmHandles
@@ -194,10 +196,10 @@ class WarmPools:
         every = self._ctx.config.warm_refill_every
         if self._task is None and every > 0:
             self._kick = asyncio.Event()
-            self._task = asyncio.create_task(self._run(every))
+            self._task = untraced(self._run(every))
         reach_every = self._ctx.config.warm_reach_every
         if self._reaching is None and reach_every > 0:
-            self._reaching = asyncio.create_task(self._reach_loop(reach_every))
+            self._reaching = untraced(self._reach_loop(reach_every))
 
     def kick(self) -> None:
         """Refill now rather than at the next tick."""
@@ -348,7 +350,7 @@ class WarmPools:
         """Create one warm sandbox, commit it, pause it if asked, and record it."""
         try:
             deadline = self._ctx.clock() + self._ctx.config.create_timeout
-            booking = await self._ledger.book(entry, deadline)
+            booking = await self._upkeep.book(entry, deadline)
         except Denied:
             return False  # quota, concurrency or the breaker says no: the pool stays short
         if not booking.shared:  # the store went away since the pass began
@@ -368,36 +370,38 @@ class WarmPools:
         started = self._ctx.clock()
         create = asyncio.ensure_future(entry.provider.create(spec, timeout=booking.budget))
         try:
-            await until_done(create, booking.budget + 1.0)
+            await until_done(create, booking.budget)
         except asyncio.CancelledError:
-            self._upkeep.abandon(create, booking, entry)
+            self._upkeep.late.abandon(create, booking, entry)
             raise
         if not create.done():
             late = Unavailable(f"create timed out after {booking.budget:.1f}s", provider=entry.name)
             await self._ledger.record_failure(booking, late, 1, started)
-            self._upkeep.abandon(create, booking, entry)
+            self._upkeep.late.abandon(create, booking, entry)
             return False
         if (error := create.exception()) is not None:
-            await self._ledger.settle_failure(booking, error, 1, started)
+            await self._upkeep.late.failed(create, booking, entry, error, 1, started)
             return False
         sandbox = create.result()
         self._ctx.emit(Created(entry=entry.name, latency=self._ctx.clock() - started))
         ttl = warm.max_idle + self._ctx.config.lease_ttl
         if not await self._ledger.commit(booking, sandbox.id, self._ctx.clock(), ttl=ttl):
-            await self._upkeep.kill_id(entry, sandbox.id)
+            await self._upkeep.kills.kill_id(entry, sandbox.id)
             return False
         try:
             if warm.pause:
                 await sandbox.pause()
         except Exception as exc:
             self._ctx.emit(TaskFailed("warm pause", f"{type(exc).__name__}: {exc}"))
-            await self._upkeep.kill_id(entry, sandbox.id)
+            await self._upkeep.kills.kill_id(entry, sandbox.id)
             await self._ledger.release(booking)
             return False
         now = self._ctx.clock()
         record = WarmRecord(sandbox.id, now, now + warm.max_idle, now + ttl, paused=warm.pause)
         if not await self._ledger.store.warm_put(entry.ref, booking.lease_id, record, now):
-            await self._upkeep.kill_id(entry, sandbox.id)  # its lease was lost: nothing holds it
+            await self._upkeep.kills.kill_id(
+                entry, sandbox.id
+            )  # its lease was lost: nothing holds it
             return False
         if not warm.pause and self._ctx.config.warm_reach_every > 0:
             self._handles.keep(entry.name, sandbox)  # the reach loop lets go of it once claimed
@@ -411,7 +415,7 @@ class WarmPools:
         if metered is None:
             return
         self._handles.drop(entry.name, record.sandbox_id)
-        await self._upkeep.kill_id(entry, record.sandbox_id)
+        await self._upkeep.kills.kill_id(entry, record.sandbox_id)
         self._ctx.emit(
             WarmKilled(
                 entry.name, record.sandbox_id, reason, record.paused, now - record.since, metered

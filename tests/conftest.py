@@ -9,10 +9,12 @@ persistence, and stops it at the end. Each test gets its own key prefix.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pkgutil
 import secrets
 import tempfile
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,12 +34,31 @@ from tests.redis_proxy import RedisProxy
 pytest_plugins = ["emulators.pytest_plugin"]
 
 # pytest assertion-rewrites the packages of every distribution with a pytest plugin:
-# hypothesis, and ours (emulators.pytest_plugin). A module imported lazily deep inside
-# a test is parsed then, and CPython 3.11.7 can fail that with "AST constructor
-# recursion depth mismatch", hiding the real result. Import them all now.
+# hypothesis, anyio, langsmith (with deepagents), and ours (emulators.pytest_plugin). A
+# module of theirs imported lazily is parsed then, in whatever thread imports it (the
+# router's engine thread, an emulator's), and CPython 3.11.7 keeps the AST builder's
+# recursion count per process: a parse in another thread at that moment (smolagents
+# reads its tools' source) fails with "AST constructor recursion depth mismatch",
+# hiding the real result. Import them all now, in this thread.
+_OPTIONAL = {"mcp", "deepagents", "smolagents", "agents"}  # "agents": the OpenAI Agents SDK
 for _package in (hypothesis.internal, router, providers, policies, emulators):
     for _module in pkgutil.walk_packages(_package.__path__, _package.__name__ + "."):
-        importlib.import_module(_module.name)
+        try:
+            importlib.import_module(_module.name)
+        except ModuleNotFoundError as _missing:  # an optional extra's module without its SDK
+            if (_missing.name or "").partition(".")[0] not in _OPTIONAL:
+                raise
+for _name in ("anyio", "langsmith"):
+    if importlib.util.find_spec(_name) is None:
+        continue
+    _third = importlib.import_module(_name)
+    with warnings.catch_warnings():  # their deprecated aliases say so as they are imported
+        warnings.simplefilter("ignore")
+        for _module in pkgutil.walk_packages(_third.__path__, _name + ".", lambda _: None):
+            try:
+                importlib.import_module(_module.name)
+            except Exception:  # a module for an optional backend of theirs
+                continue
 
 
 @pytest.fixture(scope="session")
@@ -79,13 +100,18 @@ def new_router() -> Iterator[Callable[..., Router]]:
         made_router.close()
 
 
-_FIRST = ("tests/policies/", "tests/state/test_lua_matches_policies.py")
+_FIRST = (
+    "tests/policies/",
+    "tests/state/test_lua_matches_policies.py",
+    "tests/integrations/test_smolagents.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the hypothesis suites first.
+    """Run the hypothesis suites and smolagents' first.
 
-    Hypothesis reads a test's source (inspect -> ast.parse); late in a long
+    Hypothesis reads a test's source (inspect -> ast.parse), and so does
+    smolagents' CodeAgent (its tools' source, to validate them); late in a long
     session of threads, subprocesses and Redis restarts, CPython 3.11.7 can fail
     that parse with "AST constructor recursion depth mismatch" (fixed in later
     CPython releases). Early, it cannot.

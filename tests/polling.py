@@ -9,20 +9,33 @@ from typing import Any
 
 import pytest
 
+# Generous: a condition that holds returns at once, and the suite runs in parallel
+# workers on two cores, where a background kill or an emulator's answer can lag.
+PATIENCE = 20.0
 
-async def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
-    """Poll ``condition`` every 50 ms for up to ``seconds``; the caller asserts after."""
+
+async def until(condition: Callable[[], object], seconds: float = PATIENCE) -> None:
+    """Poll ``condition`` every 50 ms for up to ``seconds``; fail the test if it never holds
+    (a wait the caller forgot to assert after would otherwise pass, ``seconds`` later)."""
     for _ in range(int(seconds / 0.05)):
         if condition():
             return
         await asyncio.sleep(0.05)
+    _never(condition, seconds)
 
 
-def wait_until(condition: Callable[[], object], seconds: float = 5.0) -> None:
+def wait_until(condition: Callable[[], object], seconds: float = PATIENCE) -> None:
     """`until` for a test's own thread: poll every 10 ms for up to ``seconds``."""
     deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
+    while not condition():
+        if time.monotonic() >= deadline:
+            _never(condition, seconds)
         time.sleep(0.01)
+
+
+def _never(condition: Callable[[], object], seconds: float) -> None:
+    if not condition():
+        raise AssertionError(f"{condition.__qualname__} did not hold within {seconds} s")
 
 
 def needs_script_noreplicas(admin: Any) -> None:

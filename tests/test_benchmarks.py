@@ -11,7 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gate, overhead, race, scaling, throughput, time_to_sandbox, vendors
+from benchmarks import (
+    agents,
+    code,
+    frameworks,
+    gate,
+    mcp_server,
+    overhead,
+    race,
+    scaling,
+    throughput,
+    time_to_sandbox,
+    tracing,
+    vendors,
+)
 from benchmarks.suites import main as benchmarks_main
 from emulators import available
 
@@ -33,6 +46,33 @@ def test_overhead_pairs_both_apis(redis_url: str, tmp_path: Path) -> None:
 def test_hooks_cost_pairs_a_hooked_router_with_a_bare_one(redis_url: str, tmp_path: Path):
     result = overhead.hooks_cost(redis_url, tmp_path, 3)
     assert result["router"]["n"] == result["direct"]["n"] == result["overhead"]["n"] == 3
+
+
+def test_tracing_cost_pairs_a_traced_router_with_an_untraced_one(redis_url: str, tmp_path: Path):
+    result = tracing.tracing_cost(redis_url, tmp_path, 3)
+    assert result["traced_cycle"]["router"]["n"] == result["traced_cycle"]["direct"]["n"] == 3
+    assert result["span"]["untraced_ns"] > 0
+    assert result["span"]["traced_us"] > 0
+
+
+@pytest.mark.slow
+def test_mcp_overhead_pairs_each_transport_with_the_direct_call(tmp_path: Path) -> None:
+    pytest.importorskip("mcp", reason='needs the mcp SDK (pip install "sandbox-router[mcp]")')
+    result = mcp_server.mcp_overhead(tmp_path, 3)
+    for transport in ("stdio", "http"):
+        assert result[transport]["router"]["n"] == result[transport]["direct"]["n"] == 3
+        assert result[transport]["overhead"]["n"] == 3
+    assert result["protocol"]["http"] == "2025-11-25"  # HTTP sessions need the handshake
+
+
+@pytest.mark.slow
+def test_the_agents_row_pairs_the_routers_backend_with_the_sdks_vendor_clients(
+    redis_url: str,
+) -> None:
+    pytest.importorskip("agents", reason='needs openai-agents (pip install "sandbox-router[all]")')
+    result = agents.agents_overhead(redis_url, 3)
+    for vendor in agents.VENDORS:
+        assert result[vendor]["router"]["n"] == result[vendor]["direct"]["n"] == 3
 
 
 @pytest.mark.parametrize(("replicas", "tasks"), [(1, 1), (2, 3)])
@@ -99,6 +139,29 @@ def test_the_paused_warm_row_resumes_what_it_claims(redis_url: str) -> None:
     assert paused["n"] == 2
     assert "resume" in paused["resume_profile"]
     assert paused["p50_ms"] >= 200  # a log-normal draw around 1 s, never near zero
+
+
+@pytest.mark.slow
+def test_the_code_suite_times_the_kernel_and_a_fresh_interpreter_everywhere() -> None:
+    result = code.code(True, iterations=2)
+    assert set(result) == {"local", *available(["modal", "runloop", "e2b", "daytona"])}
+    for name, timed in result.items():
+        assert timed["kernel"]["n"] == timed["fresh"]["n"] == 2, name
+        assert timed["speedup_p50"] > 0, name
+    if "e2b" in result:
+        assert result["e2b"]["native"]["n"] == 2
+
+
+@pytest.mark.slow
+def test_the_frameworks_suite_pairs_each_backend_with_the_vendors(redis_url: str) -> None:
+    result = frameworks.frameworks(redis_url, True, iterations=2)
+    assert set(result) == {"deepagents_e2b", "smolagents_e2b", "deepagents_daytona"}
+    for name, row in result.items():
+        if "skipped" in row:
+            continue
+        router, vendor = [k for k, v in row.items() if isinstance(v, dict)]
+        assert row[router]["wall"]["n"] == row[vendor]["cpu"]["n"] == 2, name
+        assert row["ratio_p50"] > 0, name
 
 
 def test_the_suites_are_named_on_the_command_line() -> None:

@@ -172,3 +172,68 @@ def test_emulate_serves_an_emulator_and_its_control_api() -> None:
     finally:
         proc.terminate()
         assert proc.wait(20) == 0
+
+
+def test_mcp_without_the_sdk_says_what_to_install(chain: Path) -> None:
+    """The CLI works without the optional mcp extra; its `mcp` command names the install."""
+    hidden = "import sys; sys.modules['mcp'] = None; from router.cli import main; "
+    ran = subprocess.run(
+        [sys.executable, "-c", hidden + f"sys.exit(main(['mcp', '--config', {str(chain)!r}]))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 2
+    assert 'pip install "sandbox-router[mcp]"' in " ".join(ran.stderr.split())
+    assert "Traceback" not in ran.stderr
+
+
+def test_cost_shows_the_window_spend_by_entry_and_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "money.yaml"
+    path.write_text(
+        f"state_url: sqlite:///{tmp_path}/state.db\n"
+        "strategy: cheapest\n"
+        "pools: {shared: {sessions: 10}}\n"
+        "chain:\n"
+        "  - name: dear\n"
+        "    provider: local\n"
+        "    quota_pool: shared\n"
+        f"    options: {{root: {tmp_path}/a}}\n"
+        "    price: {vcpu_hour: 2.0, per_sandbox: 0.5}\n"
+        "  - name: cheap\n"
+        "    provider: local\n"
+        "    quota_pool: shared\n"
+        f"    options: {{root: {tmp_path}/b}}\n"
+        "    resources: {vcpu: 4, memory_gib: 8}\n"
+        "    price: {vcpu_hour: 0.1, per_sandbox: 0.01}\n"
+        "  - name: rl\n"
+        "    provider: runloop\n"
+    )
+    for _ in range(2):
+        assert main(["exec", "--config", str(path), "--", "true"]) == 0
+    assert "on cheap" in capsys.readouterr().err  # cheapest served both
+    assert main(["cost", "--config", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    dear, cheap, rl = report["entries"]
+    assert cheap["sessions"] == 2
+    assert cheap["sandbox_seconds"] > 0
+    assert cheap["hourly_usd"] == pytest.approx(0.4)
+    assert cheap["spend_usd"] == pytest.approx(cheap["sandbox_seconds"] * 0.4 / 3600 + 0.02)
+    assert dear["spend_usd"] == pytest.approx(dear["sandbox_seconds"] * 2.0 / 3600 + 1.0)
+    assert (rl["price"], rl["spend_usd"]) == (None, 0.0)
+    shared, rl_pool = report["pools"]
+    assert shared == {
+        "pool": "shared",
+        "entries": ["dear", "cheap"],
+        "spend_usd": dear["spend_usd"],
+        "upper_bound": True,
+    }
+    assert report["total_usd"] == pytest.approx(dear["spend_usd"] + rl_pool["spend_usd"])
+    assert main(["cost", "--config", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "unpriced" in text
+    assert "(at most)" in text
+    assert "total: $1.00" in text

@@ -2,7 +2,10 @@
 
 Daytona keeps one Python worker per interpreter context; each execution
 sends it the code, and the worker runs it in the context's namespace, so
-variables, imports and functions stay for the next one. The emulator does
+variables, imports and functions stay for the next one. As Daytona's
+worker does, an execution's ``envs`` are put back after it, ``SystemExit``
+ends it without an error, and an error's traceback keeps only the code's
+own frames (``<string>``), shown as ``<stdin>``. The emulator does
 the same inside the sandbox: `WORKER` reads one JSON command per line and
 answers JSON lines tagged with the command's id: ``stdout``/``stderr``
 (``text``), ``error`` (``name``, ``value``, ``traceback``) and a final
@@ -52,7 +55,8 @@ WORKER = r"""
 import json, os, queue, signal, sys, threading, traceback
 
 out = os.fdopen(os.dup(1), "w", buffering=1)
-namespace = {"__name__": "__main__"}
+namespace = {"__name__": "__main__", "__doc__": None, "__package__": None,
+             "__builtins__": __builtins__}
 commands = queue.Queue()
 
 def read():
@@ -74,6 +78,15 @@ class Stream:
     def flush(self):
         pass
 
+def cleaned(exc):
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<string>"]
+    lines = ["Traceback (most recent call last):\n"] if frames else []
+    for frame in frames:
+        lines.append('  File "<stdin>", line %d\n' % frame.lineno)
+        if frame.line:
+            lines.append("    %s\n" % frame.line)
+    return "".join(lines) + "%s: %s\n" % (type(exc).__name__, exc)
+
 threading.Thread(target=read, daemon=True).start()
 while True:
     try:
@@ -83,18 +96,27 @@ while True:
     if command is None:
         break
     cid = command["id"]
-    os.environ.update(command.get("envs") or {})
+    envs = command.get("envs") or {}
+    saved = {name: os.environ.get(name) for name in envs}
+    os.environ.update(envs)
     sys.stdout, sys.stderr = Stream("stdout", cid), Stream("stderr", cid)
     status = "completed"
     try:
-        exec(compile(command["code"], "<code>", "exec"), namespace)
+        exec(compile(command["code"], "<string>", "exec"), namespace)
     except KeyboardInterrupt:
         status = "interrupted"
+    except SystemExit:
+        pass
     except BaseException as exc:
         chunk = {"id": cid, "type": "error", "name": type(exc).__name__, "value": str(exc),
-                 "traceback": traceback.format_exc()}
+                 "traceback": cleaned(exc)}
         out.write(json.dumps(chunk) + "\n")
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     out.write(json.dumps({"id": cid, "type": "control", "text": status}) + "\n")
 """
 

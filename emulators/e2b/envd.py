@@ -211,8 +211,10 @@ class Envd:
             web.post(r"/{service:(process\.Process|filesystem\.Filesystem)}/{method}", self.rpc),
         ]
 
-    async def sandbox(self, request: web.Request) -> E2BSandbox:
-        """The sandbox a request is for, with its access token (or file signature) checked."""
+    async def sandbox(self, request: web.Request, *, envd: bool = True) -> E2BSandbox:
+        """The sandbox a request is for, with its access token (or file signature) checked;
+        not ``envd``'s (a port's server, the code interpreter's: E2B's proxy then checks
+        only the traffic token of a sandbox that restricts public traffic)."""
         signature = request.query.get("signature") if request.path == "/files" else None
         sandbox_id = request.headers.get("E2b-Sandbox-Id")
         if not sandbox_id and signature is not None:
@@ -224,6 +226,11 @@ class Envd:
             raise _json_error(502, f"The sandbox {sandbox_id} was not found")
         if not await self.core.woken(sandbox_id):
             raise _json_error(502, f"The sandbox {sandbox_id} was not found: it is paused")
+        if not envd:
+            traffic = request.headers.get("E2B-Traffic-Access-Token")
+            if sandbox.traffic_token is not None and traffic != sandbox.traffic_token:
+                raise _json_error(403, "missing or invalid traffic access token")
+            return sandbox
         token = request.headers.get("X-Access-Token")
         if token is None and signature is not None:
             self._check_signature(request, signature, sandbox.token)

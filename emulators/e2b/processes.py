@@ -4,7 +4,7 @@
 
 * ``Start`` runs ``{cmd, args, envs, cwd}`` (the SDK sends ``/bin/bash -l -c CMD``, or
   ``/bin/bash -i -l`` with ``pty.size`` for a terminal) in the local sandbox and streams
-  start{pid}, data{stdout|stderr|pty} (base64) and end{exitCode, status}, with a
+  start{pid}, data{stdout|stderr|pty} (base64) and end{exitCode, exited, status, error}, with a
   keepalive event every ``Keepalive-Ping-Interval`` seconds of silence.
 * ``Connect`` streams the same events of a running process to another client, from the
   moment it connects (this SDK's ``ConnectRequest`` asks for no backlog).
@@ -46,7 +46,40 @@ from providers.local import LocalProcess
 __all__ = ["RELAY", "ProcessService", "RunningProcess", "frame", "keepalive_of"]
 
 _SIGNALS = {"SIGNAL_SIGKILL": signal.SIGKILL, "SIGNAL_SIGTERM": signal.SIGTERM}
-_SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGINT: "interrupt"}
+# How Go names a Linux signal (syscall.Signal.String), which envd's end event quotes.
+_GO_SIGNALS = {
+    "SIGHUP": "hangup",
+    "SIGINT": "interrupt",
+    "SIGQUIT": "quit",
+    "SIGILL": "illegal instruction",
+    "SIGTRAP": "trace/breakpoint trap",
+    "SIGABRT": "aborted",
+    "SIGBUS": "bus error",
+    "SIGFPE": "floating point exception",
+    "SIGKILL": "killed",
+    "SIGUSR1": "user defined signal 1",
+    "SIGSEGV": "segmentation fault",
+    "SIGUSR2": "user defined signal 2",
+    "SIGPIPE": "broken pipe",
+    "SIGALRM": "alarm clock",
+    "SIGTERM": "terminated",
+    "SIGSTKFLT": "stack fault",
+    "SIGCHLD": "child exited",
+    "SIGCONT": "continued",
+    "SIGSTOP": "stopped (signal)",
+    "SIGTSTP": "stopped",
+    "SIGTTIN": "stopped (tty input)",
+    "SIGTTOU": "stopped (tty output)",
+    "SIGURG": "urgent I/O condition",
+    "SIGXCPU": "CPU time limit exceeded",
+    "SIGXFSZ": "file size limit exceeded",
+    "SIGVTALRM": "virtual timer expired",
+    "SIGPROF": "profiling timer expired",
+    "SIGWINCH": "window changed",
+    "SIGIO": "I/O possible",
+    "SIGPWR": "power failure",
+    "SIGSYS": "bad system call",
+}
 _CHUNK = 32 * 1024
 _KEEPALIVE_HEADER = "Keepalive-Ping-Interval"
 
@@ -113,14 +146,19 @@ def frame(kind: bytes, body: bytes) -> bytes:
 
 
 def _end_event(code: int) -> Message:
+    """envd's end event for a command's wait status, as Go's ``os/exec`` reports it: an
+    exit code, or -1 when a signal ended it (``ProcessState.ExitCode``); the status's text,
+    and the same text as the error unless the command exited 0 (``cmd.Wait``'s error)."""
     if code >= 0:
-        return {"exitCode": code, "exited": True, "status": f"exit status {code}"}
-    sig = signal.Signals(-code)
-    return {
-        "exitCode": -1,
-        "exited": False,
-        "status": f"signal: {_SIGNAL_WORDS.get(sig, sig.name)}",
-    }
+        status = f"exit status {code}"
+        end: Message = {"exitCode": code, "exited": True, "status": status}
+    else:
+        sig = signal.Signals(-code)
+        status = f"signal: {_GO_SIGNALS.get(sig.name, f'signal {-code}')}"
+        end = {"exitCode": -1, "exited": False, "status": status}
+    if code != 0:
+        end["error"] = status
+    return end
 
 
 @dataclass(eq=False)

@@ -3,7 +3,7 @@
 An E2B sandbox is a `providers.local.LocalSandbox` (real commands, real
 files) plus what E2B adds around it: the API key that created it, the
 access token envd checks, the template, the processes started through envd
-and the code interpreter's kernel. Paths are E2B's: the user's home is
+and the code interpreter's contexts (a kernel each). Paths are E2B's: the user's home is
 ``/home/user`` and relative paths start there; the rest of the sandbox's
 filesystem is `emulators.filesystem.GuestSandbox`'s.
 """
@@ -21,7 +21,7 @@ from emulators.filesystem import GuestSandbox
 from emulators.harness import EmulatorCore
 
 if TYPE_CHECKING:
-    from emulators.e2b.interpreter import Kernel
+    from emulators.e2b.interpreter import Contexts
     from emulators.e2b.processes import RunningProcess
 
 from emulators.e2b.metrics import Metrics
@@ -43,6 +43,12 @@ PAUSED_KEPT = 30 * 24 * 3600  # E2B keeps a paused sandbox until it is killed (3
 INTERPRETER_TEMPLATES = "code-interpreter"  # the prefix of the templates that run a kernel
 
 
+def _contexts() -> Contexts:
+    from emulators.e2b.interpreter import Contexts
+
+    return Contexts()
+
+
 @dataclass
 class E2BSandbox:
     """One emulated E2B sandbox."""
@@ -56,7 +62,7 @@ class E2BSandbox:
     cpu_count: int = 2
     memory_mb: int = 512
     processes: dict[int, RunningProcess] = field(default_factory=dict)
-    kernel: Kernel | None = None
+    contexts: Contexts = field(default_factory=_contexts)
     traffic_token: str | None = None  # set when public traffic to its ports is restricted
     watchers: WatcherService = field(default_factory=WatcherService)
     metrics: Metrics = field(default_factory=Metrics)
@@ -97,9 +103,7 @@ class E2BSandbox:
             process.local.kill()
         self.processes.clear()
         self.watchers.close()
-        if self.kernel is not None:
-            self.kernel.kill()
-            self.kernel = None
+        self.contexts.close()
 
 
 @dataclass

@@ -4,7 +4,8 @@
   servers answer (401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404
   NOT_FOUND, 429 RESOURCE_EXHAUSTED with an ``RPCRetryPolicy`` detail when
   the fault has a retry-after, 500 INTERNAL, 502/503 UNAVAILABLE, 504
-  DEADLINE_EXCEEDED); `apply_fault` also plays delays, hangs and drops.
+  DEADLINE_EXCEEDED); `apply_fault` also plays delays, hangs and drops,
+  before the work or (``after``) once it is done.
 * `DetailsCodec` encodes error details the way the SDK's channel decodes
   them (an ``api_pb2.RPCStatus`` with ``type.modal.com/`` Any URLs).
 * `fill_unimplemented` completes a server base class: every RPC the
@@ -82,10 +83,29 @@ def fault_error(fault: FaultSpec) -> GRPCError:
 async def apply_fault(
     faults: FaultBook, stream: Stream[Any, Any], op: str, key: str | None
 ) -> None:
-    """Play the fault that hits this request, if any: delay, hang, drop or raise its status."""
+    """Play the fault that hits this request, if any: delay, hang, drop or raise its status.
+
+    An ``after`` fault is played once the handler has done the work, when it
+    sends its answer: a create the server carried out whose answer is late,
+    or lost with the connection.
+    """
     fault = faults.take(op, key)
     if fault is None:
         return
+    if not fault.after:
+        await _play(fault, stream)
+        return
+    answer = stream.send_message
+
+    async def late_answer(message: Any) -> None:
+        stream.send_message = answer  # type: ignore[method-assign]
+        await _play(fault, stream)
+        await answer(message)
+
+    stream.send_message = late_answer  # type: ignore[method-assign]
+
+
+async def _play(fault: FaultSpec, stream: Stream[Any, Any]) -> None:
     await apply_delay_or_hang(fault)
     if fault.drop:
         stream._stream._transport.abort()

@@ -132,7 +132,8 @@ class Container(GuestSandbox):
     a container's init does, and every command joins its user and PID
     namespaces (``bwrap --userns --pidns``). Killing the sandbox kills the
     holder with the rest, and the namespace with it. Without bubblewrap the
-    commands share the host's namespace anyway.
+    commands share the host's PID namespace anyway (their own mount namespaces
+    keep no PID namespace: `emulators.confinement`).
     """
 
     def __init__(
@@ -141,7 +142,7 @@ class Container(GuestSandbox):
         super().__init__(
             guest,
             guest.home,
-            isolate=guest.isolate,
+            confinement=guest.confinement,
             dirs=guest.dirs,
             mounts=guest.mounts,
             read_only=read_only,
@@ -160,7 +161,7 @@ class Container(GuestSandbox):
         """Start ``cmd``; unless the create or the exec sets a PATH, it is the image's
         with `GUEST_BIN` last (its ``python``, which every Modal image has); Python's
         output is buffered unless they set ``PYTHONUNBUFFERED``."""
-        if self.isolate:
+        if self.confinement == "bwrap":
             await self._hold()
         defaults = {
             "PATH": f"{self.image_path}:{self.inside(GUEST_BIN)}",

@@ -388,7 +388,9 @@ class Blueprints:
         bp.dirs = tuple(dict.fromkeys([*bp.dirs, *made]))
         local = await self.core.local.create(SandboxSpec(env=bp.image.env), sandbox_id=bp.id)
         try:
-            sandbox = GuestSandbox(local, RUNLOOP_HOME, isolate=self.core.isolate, dirs=bp.dirs)
+            sandbox = GuestSandbox(
+                local, RUNLOOP_HOME, confinement=self.core.confinement, dirs=bp.dirs
+            )
         except OSError:
             await local.kill()
             raise

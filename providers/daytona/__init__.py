@@ -17,9 +17,11 @@ retries them, so the router's retry policy is the one.
 Modules: ``options`` (the entry's options), ``client`` (the generated
 clients, their shared pool and headers), ``provider`` (create, connect, list,
 kill, the clean-up of failed creates and Daytona's server-side warm pools,
-``keep_warm``), ``sandbox`` (commands, files, code), ``processes``
-(background processes and terminals), ``states`` (what Daytona's sandbox
-states mean here) and ``errors`` (the one mapping of Daytona's errors).
+``keep_warm``), ``sandbox`` (a sandbox's stop, snapshot and delete, over
+its ``commands``, ``files`` and code, ``interpreter``, which all go through
+``handle``: the toolbox client and its errors), ``processes`` (background
+processes and terminals), ``states`` (what Daytona's sandbox states mean
+here) and ``errors`` (the one mapping of Daytona's errors).
 """
 
 from providers.daytona.options import API_KEY_ENV, API_URL_ENV, DaytonaOptions

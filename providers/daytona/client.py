@@ -36,6 +36,7 @@ from daytona_api_client_async.configuration import Configuration
 from daytona_api_client_async.rest import RESTResponse
 from daytona_toolbox_api_client_async.api.file_system_api import FileSystemApi
 from daytona_toolbox_api_client_async.api.info_api import InfoApi
+from daytona_toolbox_api_client_async.api.interpreter_api import InterpreterApi
 from daytona_toolbox_api_client_async.api.process_api import ProcessApi
 from daytona_toolbox_api_client_async.api_client import ApiClient as ToolboxApiClient
 from daytona_toolbox_api_client_async.configuration import (
@@ -136,6 +137,10 @@ class Toolbox(ToolboxApiClient):
     @property
     def info(self) -> InfoApi:
         return InfoApi(self)
+
+    @property
+    def interpreter(self) -> InterpreterApi:
+        return InterpreterApi(self)
 
     def url(self, path: str, **query: str) -> str:
         """The sandbox's toolbox URL of ``path``, with ``query``."""

@@ -12,12 +12,13 @@ sandboxes hold: a release frees it), other "limit exceeded" or "quota"
 `QuotaExceeded` (Daytona's limits: 403 before API v0.170, 400 since), other 403
 `AuthError`; 429 `RateLimited` with ``Retry-After``; 404, and a 400 "not
 found" or "is removing" on create (an unknown or deleted snapshot),
-`NotFound`; 408, 5xx, connection errors and timeouts `Unavailable`. A
+`NotFound`; 408, 5xx, connection errors and timeouts `Unavailable` (a
+timeout, or a connection lost once the request went out, ``unanswered``). A
 sandbox that fails to start, or a runner queue that times out, is the
 create's own error (`providers.daytona.provider`). Inside a sandbox a client
 error the daemon gave is the caller's (`SandboxError`, a missing file
 included); one the proxy in front gave is `NotFound` when the API says the
-sandbox no longer runs (`providers.daytona.sandbox`).
+sandbox no longer runs (`providers.daytona.handle`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from providers.errors import ProviderError, SandboxError, Unavailable
-from providers.mapping import ErrorMap, Where, from_status, retry_after
+from providers.mapping import ErrorMap, Where, from_status, retry_after, went_out
 
 __all__ = ["DAEMON", "EXECUTION_TIMEOUT", "Facts", "StreamBroken", "facts", "sdk_errors"]
 
@@ -132,10 +133,12 @@ def facts(exc: BaseException) -> Facts:
 
 def _to_error(exc: Exception, where: Where) -> ProviderError:
     """The router error of a failed call to Daytona."""
+    import aiohttp
+
     found = facts(exc)
     message = found.message
     if isinstance(exc, TimeoutError):
-        return where.error(Unavailable, "Daytona did not answer in time")
+        return where.error(Unavailable, "Daytona did not answer in time", unanswered=True)
     if found.status is not None:
         lowered = message.lower()
         limit = found.status in (400, 403)
@@ -152,7 +155,8 @@ def _to_error(exc: Exception, where: Where) -> ProviderError:
             callers=where.in_sandbox and found.source == DAEMON,
         )
     if found.connection:
-        return where.error(Unavailable, message)
+        sent = went_out(exc, aiohttp.ClientConnectorError)
+        return where.error(Unavailable, message, unanswered=sent)
     if where.in_sandbox:
         return where.error(SandboxError, message)
     return where.error(ProviderError, f"{type(exc).__name__}: {message}")

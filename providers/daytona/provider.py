@@ -19,11 +19,15 @@ when a warm pool served it); it is then polled until ``started``, every
 Socket.IO notifications, which the SDK waits on, would cost a socket client
 per organization, and its import.
 
-When a create fails after Daytona accepted it, the sandbox is deleted
-before the error is raised: a timeout and an ``error`` state name it (its
-error reason is then added to ours); otherwise (a connection lost before
-the answer, or a cancelled create) the sandboxes carrying the create's
-router lease label are found and deleted.
+The create request is bounded by ``request_timeout`` alone: the router
+stops waiting at its create timeout, but an answer cut short would lose the
+sandbox Daytona made (one that never comes, a connection lost or a request
+timed out, is `Unavailable.unanswered`, and the router looks the sandbox up
+by its lease label). The wait until ``started`` is bounded by the create
+timeout from that answer. When a create fails after Daytona answered, the
+sandbox is deleted before the error is raised (a timeout and an ``error``
+state name it; its error reason is then added to ours), and so it is when
+the create is cancelled then.
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, ClassVar
 
 from providers.account import KeyedProvider
-from providers.base import LABEL_LEASE, ProviderOptions, SandboxInfo, SandboxSpec
+from providers.base import ProviderOptions, SandboxInfo, SandboxSpec
 from providers.capabilities import AGENT_WORK, FILE_WORK, Capability
 from providers.daytona.errors import sdk_errors
+from providers.daytona.handle import LANGUAGE_LABEL
 from providers.daytona.options import API_KEY_ENV, API_URL_ENV, DaytonaOptions
-from providers.daytona.sandbox import LANGUAGE_LABEL, DaytonaSandbox
+from providers.daytona.sandbox import DaytonaSandbox
 from providers.daytona.states import (
     DELETED,
     FAILED,
@@ -166,41 +171,45 @@ class DaytonaProvider(KeyedProvider["DaytonaClient"]):
         return request
 
     async def create(self, spec: SandboxSpec, *, timeout: float) -> DaytonaSandbox:
+        """The create request, bounded by ``request_timeout`` (not by ``timeout``: cut
+        short, the answer naming the sandbox Daytona made is lost), then the wait until
+        it runs, ``timeout`` from that answer."""
         client = self._api()
         request = self._request(spec)
         made: list[str] = []
         try:
             try:
-                async with asyncio.timeout(timeout):
-                    dto = await self._create(client, request, made)
+                dto = await self._create(client, request, made, timeout)
             except TimeoutError as exc:
                 raise Unavailable(
-                    f"Daytona did not start the sandbox within {timeout:g}s"
-                    if made
-                    else "Daytona did not answer in time",
+                    f"Daytona did not start the sandbox within {timeout:g}s",
                     provider=self.name,
-                    sandbox_id=made[0] if made else None,
+                    sandbox_id=made[0],
                 ) from exc
         except asyncio.CancelledError:
-            if spec.labels.get(LABEL_LEASE):
-                self._in_background(self._sweep(spec))
+            if made:
+                self._in_background(self._discard(made[0]))
             raise
         except ProviderError as err:
-            reason = await self._clean_up(err, spec)
-            if reason and reason not in err.message:
-                err.message = f"{err.message} ({reason})"
+            if err.sandbox_id is not None:
+                reason = await self._discard(err.sandbox_id)
+                if reason and reason not in err.message:
+                    err.message = f"{err.message} ({reason})"
             raise
         log.debug("sandbox_router.daytona.created", entry=self.name, sandbox_id=dto.id)
         return self._sandbox(client, dto, workdir=spec.workdir)
 
     async def _create(
-        self, client: DaytonaClient, request: CreateSandbox, made: list[str]
+        self, client: DaytonaClient, request: CreateSandbox, made: list[str], timeout: float
     ) -> SandboxDto:
-        """Create the sandbox (its id in ``made`` once Daytona has it) and wait until it runs."""
+        """Create the sandbox (its id in ``made`` once Daytona has it) and wait until it
+        runs; a TimeoutError raised is that wait's."""
         with sdk_errors(self.name):
-            dto = await client.sandboxes.create_sandbox(request)
+            async with asyncio.timeout(self.opts.request_timeout):
+                dto = await client.sandboxes.create_sandbox(request)
         made.append(dto.id)
-        return await self._until_started(client, dto)
+        async with asyncio.timeout(timeout):
+            return await self._until_started(client, dto)
 
     async def _until_started(self, client: DaytonaClient, dto: SandboxDto) -> SandboxDto:
         """``dto``'s sandbox once ``started``, polled; `Unavailable` when it fails
@@ -242,18 +251,6 @@ class DaytonaProvider(KeyedProvider["DaytonaClient"]):
             snapshot_timeout=self.opts.snapshot_timeout,
         )
 
-    async def _clean_up(self, err: ProviderError, spec: SandboxSpec) -> str | None:
-        """Delete what a failed create left: the sandbox it names, or its lease's.
-
-        Returns:
-            Why Daytona says the named sandbox failed, when it says.
-        """
-        if err.sandbox_id is not None:
-            return await self._discard(err.sandbox_id)
-        if isinstance(err, Unavailable):
-            await self._sweep(spec)
-        return None
-
     async def _discard(self, sandbox_id: str) -> str | None:
         """Delete a sandbox whose create failed (a failure here is only logged); its error."""
         client = self._api()
@@ -277,22 +274,6 @@ class DaytonaProvider(KeyedProvider["DaytonaClient"]):
             return reason
         log.debug("sandbox_router.daytona.discarded", entry=self.name, sandbox_id=sandbox_id)
         return reason
-
-    async def _sweep(self, spec: SandboxSpec) -> None:
-        """Delete the sandboxes of the create's lease (when the router labelled it)."""
-        lease = spec.labels.get(LABEL_LEASE)
-        if not lease:
-            return
-        try:
-            async with asyncio.timeout(_KILL_TIMEOUT):
-                found = await self.list({LABEL_LEASE: lease})
-        except (ProviderError, TimeoutError) as exc:
-            log.warning(
-                "sandbox_router.daytona.sweep_failed", entry=self.name, lease=lease, error=str(exc)
-            )
-            return
-        for info in found:
-            await self._discard(info.id)
 
     async def connect(self, sandbox_id: str) -> DaytonaSandbox:
         client = self._api()

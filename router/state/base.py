@@ -21,11 +21,14 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
-from policies.quota import Limits, MonthlyWindow
+from policies.fleet import Registration
+from policies.quota import Limits, Meter, MonthlyWindow, Renewal
+from policies.sessions import SessionBinding, SessionClaim
 from router.state.warm import Claim, WarmSupport
 
 __all__ = [
     "CALL_MEMORY",
+    "FLEET_MEMORY",
     "JOURNAL_MEMORY",
     "EntryRef",
     "EntryStatus",
@@ -35,8 +38,10 @@ __all__ = [
     "LedgerSupport",
     "LockSupport",
     "PoolStatus",
+    "Renewal",
     "Reservation",
     "SessionBinding",
+    "SessionClaim",
     "SessionSupport",
     "Settlement",
     "Snapshot",
@@ -46,6 +51,7 @@ __all__ = [
 
 CALL_MEMORY = 300.0  # seconds a store keeps a call's answer for a retry of it
 JOURNAL_MEMORY = 14 * 24 * 3600.0  # seconds a store remembers a reconciled journal id
+FLEET_MEMORY = 24 * 3600.0  # seconds the fleet registry's sequence outlives its last contact
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,22 +91,32 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """The answer to `StateStore.settle`: did the ledger change, did the circuit."""
+    """The answer to `StateStore.settle`: did the ledger change, did the circuit; a
+    commit's ``short_at`` is when its lease's cover ends when the ``usd`` budget could
+    not cover its first TTL (`policies.quota.Renewal`), else 0."""
 
     applied: bool
     transition: tuple[str, str] | None = None
+    short_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class PoolStatus:
     """A pool's usage in ``window``; ``version`` moves on with every operator change of
-    it (`LedgerSupport.set_usage`), so a replica knows its remembered exhaustion is stale."""
+    it (`LedgerSupport.set_usage`), so a replica knows its remembered exhaustion is stale.
+    ``used["usd"]`` is the window's settled spend; ``usd_held`` what the live leases hold
+    on top of it (`policies.quota`)."""
 
     pool: str
     window: str
     used: dict[str, float]
     limits: dict[str, float | None]
     version: int = 0
+    usd_held: float = 0.0
+
+    def committed(self) -> dict[str, float]:
+        """``used`` with the holds counted as spent (what a new lease must fit beside)."""
+        return {**self.used, "usd": self.used.get("usd", 0.0) + self.usd_held}
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,17 +124,6 @@ class EntryStatus:
     entry: str
     breaker: BreakerState
     live_leases: int
-
-
-@dataclass(frozen=True, slots=True)
-class SessionBinding:
-    """A sticky session's sandbox: where it lives, until when it is kept, and whether it
-    was paused (a binding written before the field existed reads as not paused)."""
-
-    entry: str
-    sandbox_id: str
-    expires: float
-    paused: bool = False
 
 
 @dataclass(slots=True)
@@ -131,9 +136,10 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class FleetView:
-    """What a replica learns at each contact: the live fleet and the pools' usage."""
+    """What a replica learns at each contact: the fleet (`policies.fleet`) and the
+    pools' usage."""
 
-    replicas: int  # live replicas, the caller included
+    fleet: Registration
     pools: dict[str, PoolStatus]
 
 
@@ -146,20 +152,28 @@ class HeldLease:
     started: float
     ttl: float
     sandbox_id: str = ""
+    meter: Meter | None = None  # its price: the store holds its cover from then on
 
 
 @dataclass(frozen=True, slots=True)
 class Spend:
     """What one replica spent from one pool while the store was down.
 
-    ``sandbox_seconds`` are those of leases already released; a lease still
-    held goes in ``leases`` and is metered from ``started`` when released.
+    ``sandbox_seconds`` are those of leases already released, ``usd`` their cost
+    (and a late create's: `Ledger.charge`); a lease still held goes in
+    ``leases`` and is metered from ``started`` when released.
+    ``unanswered`` are the lease ids whose reservation the replica sent as the
+    store went down and never heard back about: the store may have made them,
+    and nothing commits them now (the replica booked from its share instead),
+    so reconcile refunds each it still holds as a reservation, before the rest.
     """
 
     ref: EntryRef
     sessions: int = 0
     sandbox_seconds: float = 0.0
     leases: tuple[HeldLease, ...] = ()
+    unanswered: tuple[str, ...] = ()
+    usd: float = 0.0
 
 
 class LedgerSupport(abc.ABC):
@@ -188,10 +202,13 @@ class LedgerSupport(abc.ABC):
         *,
         new_session: bool = True,
         warm: bool = False,
+        meter: Meter | None = None,
         call_id: str = "",
     ) -> Awaitable[Reservation]:
         """Admit through the breaker and reserve a session and a slot.
 
+        ``meter`` prices the lease: its first cover is held against the pool's
+        ``usd`` limit (`policies.quota.reserve`), denied as unit ``usd``.
         ``new_session=False`` reserves only a slot (reconnecting to a sticky
         session's existing sandbox creates nothing). ``warm=True`` first
         claims a ready warm sandbox of the entry when one is (never for the
@@ -216,17 +233,20 @@ class LedgerSupport(abc.ABC):
         sandbox_id: str = "",
         call_id: str = "",
     ) -> Awaitable[Settlement]:
-        """Commit (outcome SUCCESS: the lease goes live for ``ttl``) or refund."""
+        """Commit (outcome SUCCESS: the lease goes live for ``ttl``) or refund (its
+        ``usd`` hold given back)."""
 
     @abc.abstractmethod
     def release(
         self, ref: EntryRef, lease_id: str, now: float, *, call_id: str = ""
     ) -> Awaitable[float | None]:
-        """Free the lease's slot and meter its seconds; None if it was not held."""
+        """Free the lease's slot, meter its seconds and settle its ``usd`` hold to their
+        cost; None if it was not held."""
 
     @abc.abstractmethod
-    async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
-        """Extend a live lease; False when it had already expired."""
+    async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> Renewal:
+        """Extend a live lease and its ``usd`` cover (`policies.quota.heartbeat`); not
+        alive when it had already expired."""
 
     @abc.abstractmethod
     async def record(
@@ -257,7 +277,15 @@ class LedgerSupport(abc.ABC):
 
 
 class SessionSupport(abc.ABC):
-    """Sticky sessions: which sandbox a session name is bound to, until when."""
+    """Sticky sessions: which sandbox a session name is bound to, until when, and who
+    holds it now (one holder at a time: the rules are `policies.sessions`')."""
+
+    @abc.abstractmethod
+    async def claim_session(
+        self, session: str, holder: str, expires: float, now: float
+    ) -> SessionClaim:
+        """Hold ``session`` for ``holder`` until ``expires``, unless another holder has it
+        (`SessionClaim.busy`); the binding it names as found, None for none yet."""
 
     @abc.abstractmethod
     async def bind_session(
@@ -270,15 +298,39 @@ class SessionSupport(abc.ABC):
         *,
         paused: bool = False,
         kept: bool = False,
+        holder: str = "",
     ) -> bool:
-        """Bind (or re-bind) a sticky session to a sandbox until ``expires``; ``paused``:
-        its sandbox is paused (a resume wakes it rather than connects). ``kept``: only
-        while its live binding names this sandbox (a lease keeping its session); False
-        when it did not bind."""
+        """Bind (or re-bind) a sticky session to a sandbox until ``expires``, held by
+        ``holder`` ("" for nobody); ``paused``: its sandbox is paused (a resume wakes it
+        rather than connects). Refused (False) while another holder has the session;
+        ``kept``: only while its live binding names this sandbox and this holder (a
+        lease keeping its session)."""
+
+    @abc.abstractmethod
+    async def release_session(
+        self,
+        session: str,
+        holder: str,
+        expires: float,
+        now: float,
+        *,
+        sandbox_id: str = "",
+        paused: bool | None = None,
+        drop: bool = False,
+    ) -> bool:
+        """``holder`` lets go of the session (of its binding to ``sandbox_id``, when
+        given): kept unheld until ``expires``, marked ``paused`` (None: as it was), or
+        deleted when ``drop`` or it names no sandbox. False when ``holder`` did not hold
+        it (nothing changes)."""
 
     @abc.abstractmethod
     async def session(self, session: str, now: float) -> SessionBinding | None:
-        """The session's live binding, or None."""
+        """The session's live binding to a sandbox, or None."""
+
+    @abc.abstractmethod
+    async def take_session(self, session: str, now: float) -> SessionBinding | None:
+        """Forget the session at once; the live binding it had (its holder included),
+        or None."""
 
     @abc.abstractmethod
     async def unbind_session(self, session: str) -> None: ...
@@ -313,11 +365,13 @@ class FleetSupport(abc.ABC):
     async def register_replica(
         self, replica: str, ttl: float, refs: list[EntryRef], now: float
     ) -> FleetView:
-        """Mark ``replica`` live for ``ttl`` seconds; the live fleet and ``refs``' pools."""
+        """Register ``replica`` for ``ttl`` seconds (`policies.fleet.register`): the
+        fleet it learns, and ``refs``' pools."""
 
     @abc.abstractmethod
-    async def deregister_replica(self, replica: str) -> None:
-        """Leave the fleet at once (a clean shutdown) rather than at the TTL."""
+    async def deregister_replica(self, replica: str, now: float) -> None:
+        """Leave the fleet (a clean shutdown): it no longer holds back the others' views
+        (`policies.fleet.deregister`)."""
 
     @abc.abstractmethod
     async def reconcile(self, journal_id: str, spends: list[Spend], now: float) -> int:
@@ -333,6 +387,7 @@ class FleetSupport(abc.ABC):
 SETTABLE_UNITS = (
     "sessions",
     "sandbox_seconds",
+    "usd",
 )  # `StateStore.set_usage`; concurrent is live leases
 
 

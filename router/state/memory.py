@@ -32,7 +32,7 @@ class _Tables:
     """
 
     def __init__(self) -> None:
-        self.usage_rows: dict[tuple[str, str], tuple[int, float]] = {}
+        self.usage_rows: dict[tuple[str, str], tuple[int, float, float]] = {}
         self.slots: dict[str, dict[str, LeaseSlot]] = collections.defaultdict(dict)
         self.expiry: dict[str, list[tuple[float, str]]] = collections.defaultdict(list)
         self.counts: dict[str, dict[str, int]] = collections.defaultdict(dict)
@@ -42,11 +42,11 @@ class _Tables:
             collections.defaultdict(collections.OrderedDict)
         )
 
-    def usage(self, pool: str, window: str) -> tuple[int, float]:
-        return self.usage_rows.get((pool, window), (0, 0.0))
+    def usage(self, pool: str, window: str) -> tuple[int, float, float]:
+        return self.usage_rows.get((pool, window), (0, 0.0, 0.0))
 
-    def save_usage(self, pool: str, window: str, sessions: int, seconds: float) -> None:
-        self.usage_rows[(pool, window)] = (sessions, seconds)
+    def save_usage(self, pool: str, window: str, sessions: int, seconds: float, usd: float) -> None:
+        self.usage_rows[(pool, window)] = (sessions, seconds, usd)
 
     def leases(
         self, pool: str, ids: Collection[str], expired_at: float | None

@@ -25,16 +25,19 @@ from typing import Any, TypeVar
 from redis import exceptions as redis_errors
 
 from policies.breaker import BreakerConfig, Outcome
-from policies.quota import UNITS, Limits
+from policies.fleet import Registration
+from policies.quota import UNITS, Limits, Meter, Renewal
 from router.state import redis_snapshot, scripts
 from router.state.base import (
     CALL_MEMORY,
+    FLEET_MEMORY,
     JOURNAL_MEMORY,
     SETTABLE_UNITS,
     EntryRef,
     FleetView,
     Reservation,
     SessionBinding,
+    SessionClaim,
     Settlement,
     Snapshot,
     Spend,
@@ -50,6 +53,7 @@ T = TypeVar("T")
 _USAGE_TTL = 62 * 24 * 3600  # a window's usage outlives it by a month, for status
 _CALL_MS = int(CALL_MEMORY * 1000)
 _JOURNAL_MS = int(JOURNAL_MEMORY * 1000)
+_FLEET_MS = int(FLEET_MEMORY * 1000)
 
 
 class RedisStore(StateStore):
@@ -109,6 +113,7 @@ class RedisStore(StateStore):
         *,
         new_session: bool = True,
         warm: bool = False,
+        meter: Meter | None = None,
         call_id: str = "",
     ) -> asyncio.Future[Reservation]:
         return self._post(
@@ -125,6 +130,7 @@ class RedisStore(StateStore):
                 _USAGE_TTL,
                 "1" if new_session else "0",
                 "1" if warm else "0",
+                *_meter_args(meter),
                 _CALL_MS,
             ],
             functools.partial(_reservation, ref, now),
@@ -157,6 +163,7 @@ class RedisStore(StateStore):
                 ref.fingerprint,
                 _cfg(cfg),
                 sandbox_id,
+                _usd_limit(ref.limits),
                 _CALL_MS,
             ],
             _settlement,
@@ -172,9 +179,15 @@ class RedisStore(StateStore):
             _seconds,
         )
 
-    async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
+    async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> Renewal:
         keys = self._keys.pool(ref, now)
-        return bool(await self._script("heartbeat", [keys.leases, keys.meta], [now, lease_id, ttl]))
+        raw = await self._script(
+            "heartbeat",
+            [keys.usage, keys.leases, keys.meta, keys.held],
+            [now, lease_id, ttl, _usd_limit(ref.limits)],
+        )
+        alive, _, short = raw.decode().partition("|")
+        return Renewal(alive == "1", float(short) if short else 0.0)
 
     async def record(
         self,
@@ -227,6 +240,17 @@ class RedisStore(StateStore):
         [ids] = await self._commands(lambda pipe: pipe.zrangebyscore(leases, f"({now}", "+inf"))
         return {i.decode() for i in ids}
 
+    async def claim_session(
+        self, session: str, holder: str, expires: float, now: float
+    ) -> SessionClaim:
+        reply = await self._script(
+            "session_claim", self._keys.sessions(), [session, holder, expires, now]
+        )
+        if reply[0] == b"new":
+            return SessionClaim(False)
+        data = json.loads(reply[1])
+        return SessionClaim(reply[0] == b"busy", _binding(data, float(data["expires"])))
+
     async def bind_session(
         self,
         session: str,
@@ -237,32 +261,45 @@ class RedisStore(StateStore):
         *,
         paused: bool = False,
         kept: bool = False,
+        holder: str = "",
     ) -> bool:
-        index, bindings = self._keys.sessions()
-        binding: dict[str, object] = {"entry": entry, "sandbox_id": sandbox_id}
-        if paused:  # a running sandbox's binding keeps the shape it had before
-            binding["paused"] = True
-        value = json.dumps(binding)
-        if kept:
-            args = [session, sandbox_id, value, expires, now]
-            return bool(await self._script("session_keep", [index, bindings], args))
-        await self._commands(
-            lambda pipe: pipe.hset(bindings, session, value).zadd(index, {session: expires}),
-            transaction=True,
-        )
-        return True
+        args = [session, entry, sandbox_id, expires, now, _flag(paused), holder, _flag(kept)]
+        return bool(await self._script("session_bind", self._keys.sessions(), args))
+
+    async def release_session(
+        self,
+        session: str,
+        holder: str,
+        expires: float,
+        now: float,
+        *,
+        sandbox_id: str = "",
+        paused: bool | None = None,
+        drop: bool = False,
+    ) -> bool:
+        marked = "" if paused is None else _flag(paused)
+        args = [session, holder, sandbox_id, expires, now, marked, _flag(drop), _CALL_MS]
+        keys = [*self._keys.sessions(), self._keys.session_memo()]
+        answer: bytes = await self._script("session_release", keys, args)
+        return answer == b"1"
 
     async def session(self, session: str, now: float) -> SessionBinding | None:
         index, bindings = self._keys.sessions()
         raw, expires = await self._commands(
             lambda pipe: pipe.hget(bindings, session).zscore(index, session), transaction=True
         )
-        if raw is None or expires is None or expires <= now:
-            return None
-        data = json.loads(raw)
-        return SessionBinding(
-            data["entry"], data["sandbox_id"], float(expires), data.get("paused", False)
-        )
+        return _live_binding(raw, expires, now)
+
+    async def take_session(self, session: str, now: float) -> SessionBinding | None:
+        index, bindings = self._keys.sessions()
+        raw, expires, *_ = await self._commands(
+            lambda pipe: (
+                pipe.hget(bindings, session).zscore(index, session)
+                .hdel(bindings, session).zrem(index, session)
+            ),
+            transaction=True,
+        )  # fmt: skip
+        return _live_binding(raw, expires, now)
 
     async def unbind_session(self, session: str) -> None:
         index, bindings = self._keys.sessions()
@@ -277,7 +314,8 @@ class RedisStore(StateStore):
         found = set()
         for raw in values:
             data = json.loads(raw)
-            found.add((data["entry"], data["sandbox_id"]))
+            if data["sandbox_id"]:  # a claim for a create names none yet
+                found.add((data["entry"], data["sandbox_id"]))
         return found
 
     async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
@@ -291,24 +329,21 @@ class RedisStore(StateStore):
     async def register_replica(
         self, replica: str, ttl: float, refs: list[EntryRef], now: float
     ) -> FleetView:
-        key = self._keys.fleet()
-        *_, replicas = await self._commands(
-            lambda pipe: (
-                pipe.zremrangebyscore(key, "-inf", now).zadd(key, {replica: now + ttl}).zcard(key)
-            ),
-            transaction=True,
+        replicas, seq, joined, oldest = await self._script(
+            "register", list(self._keys.fleet()), [replica, now, ttl, _FLEET_MS]
         )
-        return FleetView(int(replicas), (await self.snapshot(refs, now)).pools)
+        registration = Registration(int(replicas), int(seq), int(joined), int(oldest))
+        return FleetView(registration, (await self.snapshot(refs, now)).pools)
 
-    async def deregister_replica(self, replica: str) -> None:
-        await self._commands(lambda pipe: pipe.zrem(self._keys.fleet(), replica))
+    async def deregister_replica(self, replica: str, now: float) -> None:
+        await self._script("deregister", [self._keys.fleet()[0]], [replica, now])
 
     async def reconcile(self, journal_id: str, spends: list[Spend], now: float) -> int:
         applied = 0
         for spend in spends:
             held = [
                 {"id": h.lease_id, "entry": h.entry, "started": h.started, "ttl": h.ttl,
-                 "sandbox": h.sandbox_id}
+                 "sandbox": h.sandbox_id, **_held_meter(h.meter)}
                 for h in spend.leases
             ]  # fmt: skip
             keys = self._keys.pool(spend.ref, now)
@@ -317,7 +352,8 @@ class RedisStore(StateStore):
                 "reconcile",
                 [keys.usage, keys.leases, keys.meta, keys.held, journal],
                 [now, spend.sessions, repr(float(spend.sandbox_seconds)), _USAGE_TTL,
-                 json.dumps(held), _JOURNAL_MS],
+                 json.dumps(held), _JOURNAL_MS, json.dumps(list(spend.unanswered)),
+                 repr(float(spend.usd))],
             )  # fmt: skip
         return applied
 
@@ -370,9 +406,32 @@ class RedisStore(StateStore):
         await self._redis.aclose()
 
 
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def _binding(data: dict[str, Any], expires: float) -> SessionBinding:
+    return SessionBinding(
+        data["entry"],
+        data["sandbox_id"],
+        expires,
+        bool(data.get("paused", False)),
+        data.get("holder", ""),
+    )
+
+
+def _live_binding(raw: bytes | None, expires: float | None, now: float) -> SessionBinding | None:
+    """A binding read back: None when it is gone, expired, or a claim naming no sandbox."""
+    if raw is None or expires is None or expires <= now:
+        return None
+    found = _binding(json.loads(raw), float(expires))
+    return found if found.sandbox_id else None
+
+
 def _settlement(raw: bytes) -> Settlement:
-    applied, *moved = raw.decode().split("|")
-    return Settlement(applied == "1", (moved[0], moved[1]) if moved else None)
+    applied, moved_from, moved_to, short = raw.decode().split("|")
+    moved = (moved_from, moved_to) if moved_from else None
+    return Settlement(applied == "1", moved, float(short) if short else 0.0)
 
 
 def _seconds(raw: bytes) -> float | None:
@@ -383,6 +442,30 @@ def _seconds(raw: bytes) -> float | None:
 def _cfg(cfg: BreakerConfig) -> str:
     """The breaker config as the scripts read it (a chain has one; asdict is slow)."""
     return json.dumps(dataclasses.asdict(cfg))
+
+
+def _usd_limit(limits: Limits) -> str:
+    return "" if limits.usd is None else repr(float(limits.usd))
+
+
+@functools.lru_cache(maxsize=256)
+def _meter_args(meter: Meter | None) -> tuple[str, ...]:
+    """A lease's meter as reserve's arguments (rate '' = unpriced); floats as repr, so the
+    script reads the numbers the Python policies use."""
+    if meter is None:
+        return ("", "0", "0", "0", "0", "0")
+    return (
+        *(repr(float(v)) for v in (meter.rate, meter.fee, meter.step, meter.first, meter.renew)),
+        "1" if meter.kill else "0",
+    )
+
+
+def _held_meter(meter: Meter | None) -> dict[str, Any]:
+    """A handed-over lease's meter as the reconcile script reads it (nothing: unpriced)."""
+    if meter is None or (meter.rate <= 0 and meter.fee <= 0):
+        return {}
+    numbers = ("rate", "fee", "step", "first", "renew")
+    return {**{k: repr(float(getattr(meter, k))) for k in numbers}, "kill": int(meter.kill)}
 
 
 @functools.lru_cache(maxsize=64)

@@ -66,12 +66,18 @@ class KeySpace:
         tag = f"{{{self.prefix}:sessions}}"
         return f"{tag}:expiry", f"{tag}:binding"
 
+    def session_memo(self) -> str:
+        """Where a session script keeps this call's answer for a retry of it."""
+        return f"{{{self.prefix}:sessions}}:call:{self._replica}.{next(self._calls)}"
+
     def lock(self, name: str) -> str:
         return f"{{{self.prefix}:locks}}:{name}"
 
-    def fleet(self) -> str:
-        """The replica registry (zset: replica id -> expiry)."""
-        return f"{{{self.prefix}:fleet}}:replicas"
+    def fleet(self) -> tuple[str, str]:
+        """The replica registry (hash: replica id -> its `policies.fleet.Member`) and the
+        sequence that orders its contacts."""
+        tag = f"{{{self.prefix}:fleet}}"
+        return f"{tag}:members", f"{tag}:seq"
 
     def _tag(self, pool: str) -> str:
         return f"{{{self.prefix}:{pool}}}"

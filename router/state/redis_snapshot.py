@@ -25,7 +25,7 @@ def decode(
     then its health."""
     snap = Snapshot()
     for members, reply in zip(pools, replies, strict=True):
-        sessions, seconds, held, version, *rest = reply
+        sessions, seconds, held, version, usd, usd_held, *rest = reply
         ref = members[0]
         snap.pools[ref.pool] = PoolStatus(
             ref.pool,
@@ -34,9 +34,11 @@ def decode(
                 "sessions": float(_text(sessions) or 0),
                 "sandbox_seconds": float(_text(seconds) or 0),
                 "concurrent": float(_text(held) or 0),
+                "usd": float(_text(usd) or 0),
             },
             {u: ref.limits.get(u) for u in UNITS},
             int(_text(version) or 0),
+            float(_text(usd_held) or 0),
         )
         counts, healths = rest[: len(members)], rest[len(members) :]
         for member, leases, health in zip(members, counts, healths, strict=True):

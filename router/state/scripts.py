@@ -45,9 +45,11 @@ T = TypeVar("T")
 RunnerName = Literal["auto", "resp", "redis-py"]
 RUNNERS: tuple[RunnerName, ...] = ("auto", "resp", "redis-py")
 _WITH_LIB = frozenset(
-    {"reserve", "settle", "release", "heartbeat", "record", "reconcile", "snapshot"}
-)
+    {"reserve", "settle", "release", "heartbeat", "record", "reconcile", "snapshot",
+     "session_release"}
+)  # fmt: skip
 _WITH_WARM = frozenset({"reserve", "warm_put", "warm_take", "warm_kept"})
+_WITH_SESSION = frozenset({"session_claim", "session_bind", "session_release"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +61,12 @@ class Script:
 
 @functools.cache
 def script(name: str) -> Script:
-    """The script ``lua/<name>.lua``, ``lib.lua`` in front when it needs the shared rules."""
+    """The script ``lua/<name>.lua``, ``lib.lua`` (and ``warm.lua``, ``session.lua``) in
+    front when it needs the shared rules."""
     lua = resources.files("router.state") / "lua"
     text = (lua / f"{name}.lua").read_text()
+    if name in _WITH_SESSION:
+        text = (lua / "session.lua").read_text() + "\n" + text
     if name in _WITH_WARM:
         text = (lua / "warm.lua").read_text() + "\n" + text
     if name in _WITH_LIB or name in _WITH_WARM:

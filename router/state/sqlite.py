@@ -29,11 +29,15 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
     ns TEXT NOT NULL, pool TEXT NOT NULL, window TEXT NOT NULL,
     sessions INTEGER NOT NULL DEFAULT 0, sandbox_seconds REAL NOT NULL DEFAULT 0,
+    usd REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (ns, pool, window));
 CREATE TABLE IF NOT EXISTS leases (
     ns TEXT NOT NULL, pool TEXT NOT NULL, lease_id TEXT NOT NULL, entry TEXT NOT NULL,
     started REAL NOT NULL, expires REAL NOT NULL, ttl REAL NOT NULL, live INTEGER NOT NULL,
     counted INTEGER NOT NULL, sandbox_id TEXT NOT NULL,
+    rate REAL NOT NULL DEFAULT 0, fee REAL NOT NULL DEFAULT 0, step REAL NOT NULL DEFAULT 0,
+    renew REAL NOT NULL DEFAULT 0, covered REAL NOT NULL DEFAULT 0,
+    kill INTEGER NOT NULL DEFAULT 0, short INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (ns, pool, lease_id));
 CREATE INDEX IF NOT EXISTS leases_expiry ON leases (ns, pool, expires);
 CREATE TABLE IF NOT EXISTS held (
@@ -47,8 +51,22 @@ CREATE TABLE IF NOT EXISTS entries (
     ns TEXT NOT NULL, entry TEXT NOT NULL, state TEXT NOT NULL,
     PRIMARY KEY (ns, entry));
 """
-_VERSION = 1  # PRAGMA user_version: 1 keeps `held`; a file from before gets it counted once
-_LEASE_COLUMNS = "lease_id, entry, started, expires, ttl, live, counted, sandbox_id"
+# PRAGMA user_version: 1 keeps `held` (a file from before gets it counted once); 2 prices
+# leases (`_ADDED`: a file from before gets the columns, its leases unpriced).
+_VERSION = 2
+_ADDED = {
+    "usage": ["usd REAL NOT NULL DEFAULT 0"],
+    "leases": [
+        f"{name} {kind} NOT NULL DEFAULT 0"
+        for name, kind in (("rate", "REAL"), ("fee", "REAL"), ("step", "REAL"),
+                           ("renew", "REAL"), ("covered", "REAL"), ("kill", "INTEGER"),
+                           ("short", "INTEGER"))
+    ],
+}  # fmt: skip
+_LEASE_COLUMNS = (
+    "lease_id, entry, started, expires, ttl, live, counted, sandbox_id, "
+    "rate, fee, step, renew, covered, kill, short"
+)
 
 
 class _Tx:
@@ -58,19 +76,20 @@ class _Tx:
         self.conn = conn
         self.ns = ns
 
-    def usage(self, pool: str, window: str) -> tuple[int, float]:
+    def usage(self, pool: str, window: str) -> tuple[int, float, float]:
         row = self.conn.execute(
-            "SELECT sessions, sandbox_seconds FROM usage WHERE ns=? AND pool=? AND window=?",
+            "SELECT sessions, sandbox_seconds, usd FROM usage WHERE ns=? AND pool=? AND window=?",
             (self.ns, pool, window),
         ).fetchone()
-        return (row[0], row[1]) if row else (0, 0.0)
+        return (row[0], row[1], row[2]) if row else (0, 0.0, 0.0)
 
-    def save_usage(self, pool: str, window: str, sessions: int, seconds: float) -> None:
+    def save_usage(self, pool: str, window: str, sessions: int, seconds: float, usd: float) -> None:
         self.conn.execute(
-            "INSERT INTO usage (ns, pool, window, sessions, sandbox_seconds) VALUES (?,?,?,?,?) "
-            "ON CONFLICT (ns, pool, window) DO UPDATE SET sessions=excluded.sessions, "
-            "sandbox_seconds=excluded.sandbox_seconds",
-            (self.ns, pool, window, sessions, seconds),
+            "INSERT INTO usage (ns, pool, window, sessions, sandbox_seconds, usd) "
+            "VALUES (?,?,?,?,?,?) ON CONFLICT (ns, pool, window) DO UPDATE SET "
+            "sessions=excluded.sessions, sandbox_seconds=excluded.sandbox_seconds, "
+            "usd=excluded.usd",
+            (self.ns, pool, window, sessions, seconds, usd),
         )
 
     def leases(
@@ -87,9 +106,11 @@ class _Tx:
         if expired_at is not None:
             rows += self.conn.execute(select + "expires<=?", (self.ns, pool, expired_at))
         return {
-            lid: LeaseSlot(entry, started, expires, ttl, bool(live), bool(counted), sandbox_id)
-            for lid, entry, started, expires, ttl, live, counted, sandbox_id in rows
-        }
+            lid: LeaseSlot(entry, started, expires, ttl, bool(live), bool(counted), sandbox_id,
+                           rate, fee, step, renew, covered, bool(kill), bool(short))
+            for (lid, entry, started, expires, ttl, live, counted, sandbox_id,
+                 rate, fee, step, renew, covered, kill, short) in rows
+        }  # fmt: skip
 
     def save_leases(
         self, pool: str, leases: Mapping[str, LeaseSlot], dropped: Collection[str]
@@ -100,10 +121,11 @@ class _Tx:
         )
         self.conn.executemany(
             f"INSERT OR REPLACE INTO leases (ns, pool, {_LEASE_COLUMNS}) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?)",
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [
                 (self.ns, pool, lid, s.entry, s.started, s.expires, s.ttl, int(s.live),
-                 int(s.counted), s.sandbox_id)
+                 int(s.counted), s.sandbox_id, s.rate, s.fee, s.step, s.renew, s.covered,
+                 int(s.kill), int(s.short))
                 for lid, s in leases.items()
             ],
         )  # fmt: skip
@@ -228,14 +250,22 @@ class SQLiteStore(TableStore):
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    """Count the leases of a file written before `held` existed, once, under the write lock."""
+    """Bring a file written by an older router up to date, once, under the write lock:
+    count its leases (`held`, version 1), add the priced columns (version 2)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if conn.execute("PRAGMA user_version").fetchone()[0] < _VERSION:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version < 1:
             conn.execute(
                 "INSERT OR REPLACE INTO held "
                 "SELECT ns, pool, entry, COUNT(*) FROM leases GROUP BY ns, pool, entry"
             )
+        if version < _VERSION:
+            for table, columns in _ADDED.items():
+                have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+                for column in columns:
+                    if column.split()[0] not in have:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
             conn.execute(f"PRAGMA user_version={_VERSION}")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -12,26 +12,31 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from policies import breaker, quota
+from policies import breaker, fleet, quota
+from policies import sessions as session_policy
 from policies import warm as warm_policy
 from policies.breaker import BreakerConfig, BreakerState, Outcome
-from policies.quota import UNITS, LeaseSlot, PoolState
+from policies.quota import UNITS, LeaseSlot, Limits, Meter, PoolState, Renewal
 from policies.warm import Claim, WarmRecord
 from router.state.base import (
     CALL_MEMORY,
+    FLEET_MEMORY,
     JOURNAL_MEMORY,
     SETTABLE_UNITS,
     EntryRef,
     EntryStatus,
     FleetView,
+    HeldLease,
     PoolStatus,
     Reservation,
     SessionBinding,
+    SessionClaim,
     Settlement,
     Snapshot,
     Spend,
@@ -56,6 +61,7 @@ class _Pool(PoolState):
 
     others: int = 0
     loaded: dict[str, str] = field(default_factory=dict)
+    loaded_usd_held: float = 0.0
 
     def used(self, unit: str) -> float:
         if unit == "concurrent":
@@ -70,18 +76,26 @@ def _load(
     ones when ``purge``)."""
     leases = tx.leases(ref.pool, ids, now if purge else None)
     window = ref.window.key(now)
-    sessions, seconds = tx.usage(ref.pool, window)
+    sessions, seconds, usd = tx.usage(ref.pool, window)
     held = sum(tx.held(ref.pool).values())
     loaded = {lid: slot.entry for lid, slot in leases.items()}
-    return _Pool(window, sessions, seconds, leases, held - len(leases), loaded)
+    row = tx.get("usd_held", ref.pool)
+    usd_held = float(row[0]) if row is not None else 0.0
+    pool = _Pool(window, sessions, seconds, leases, usd, usd_held, held - len(leases), loaded)
+    pool.loaded_usd_held = usd_held
+    return pool
 
 
 def _save(tx: Tables, name: str, pool: _Pool) -> None:
-    tx.save_usage(name, pool.window, pool.sessions, pool.sandbox_seconds)
+    tx.save_usage(name, pool.window, pool.sessions, pool.sandbox_seconds, pool.usd)
     tx.save_leases(name, pool.leases, [lid for lid in pool.loaded if lid not in pool.leases])
     deltas = Counter(slot.entry for slot in pool.leases.values())
     deltas.subtract(pool.loaded.values())
     tx.count_held(name, {entry: n for entry, n in deltas.items() if n})
+    if pool.used("concurrent") == 0:
+        pool.usd_held = 0.0  # no lease holds anything: no float dust is left over
+    if pool.usd_held != pool.loaded_usd_held:
+        tx.put("usd_held", name, repr(pool.usd_held), math.inf, 0.0)
 
 
 class Tables(Protocol):
@@ -92,14 +106,16 @@ class Tables(Protocol):
     reads no lease). A call loads only the leases it names and, to purge
     them, the expired ones: the store finds those by an index on expiry.
     Entry health has its own shape; everything else (sessions, locks, call
-    answers, journal ids, replicas) is a keyed row of a named table with a
-    value and an expiry.
+    answers, journal ids, replicas, a pool's ``usd_held``) is a keyed row of a
+    named table with a value and an expiry.
     """
 
-    def usage(self, pool: str, window: str) -> tuple[int, float]:
-        """Sessions and sandbox seconds the pool used in ``window``."""
+    def usage(self, pool: str, window: str) -> tuple[int, float, float]:
+        """Sessions, sandbox seconds and USD the pool used in ``window``."""
 
-    def save_usage(self, pool: str, window: str, sessions: int, seconds: float) -> None: ...
+    def save_usage(
+        self, pool: str, window: str, sessions: int, seconds: float, usd: float
+    ) -> None: ...
 
     def leases(
         self, pool: str, ids: Collection[str], expired_at: float | None
@@ -173,12 +189,13 @@ class TableStore(StateStore):
         *,
         new_session: bool = True,
         warm: bool = False,
+        meter: Meter | None = None,
         call_id: str = "",
     ) -> Reservation:
         return await self._once(
             call_id,
             now,
-            lambda tx: _reserve(tx, ref, cfg, lease_id, now, hold, new_session, warm),
+            lambda tx: _reserve(tx, ref, cfg, lease_id, now, hold, new_session, warm, meter),
             _reservation,
         )
 
@@ -198,12 +215,15 @@ class TableStore(StateStore):
     ) -> Settlement:
         def settle(tx: Tables) -> Settlement:
             pool = _load(tx, ref, now, [lease_id])
+            short_at = 0.0
             if outcome is Outcome.SUCCESS:
-                applied = quota.commit(pool, lease_id, now, ttl, sandbox_id)
+                renewal = quota.commit(pool, lease_id, now, ttl, sandbox_id, ref.limits)
+                applied, short_at = renewal.alive, renewal.short_at
             else:
                 applied = quota.refund(pool, lease_id)
             _save(tx, ref.pool, pool)
-            return Settlement(applied, _record(tx, ref, cfg, outcome, now, detail, until))
+            transition = _record(tx, ref, cfg, outcome, now, detail, until)
+            return Settlement(applied, transition, short_at)
 
         return await self._once(call_id, now, settle, _settlement)
 
@@ -224,12 +244,12 @@ class TableStore(StateStore):
 
         return await self._once(call_id, now, release, lambda seconds: seconds)
 
-    async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> bool:
-        def heartbeat(tx: Tables) -> bool:
+    async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> Renewal:
+        def heartbeat(tx: Tables) -> Renewal:
             pool = _load(tx, ref, now, [lease_id])
-            alive = quota.heartbeat(pool, lease_id, now, ttl)
+            renewal = quota.heartbeat(pool, lease_id, now, ttl, ref.limits)
             _save(tx, ref.pool, pool)
-            return alive
+            return renewal
 
         return await self._transact(heartbeat)
 
@@ -256,12 +276,14 @@ class TableStore(StateStore):
             raise ValueError(f"unit must be one of {SETTABLE_UNITS}, got {unit!r}")
 
         def set_usage(tx: Tables) -> None:
-            sessions, seconds = tx.usage(ref.pool, ref.window.key(now))
+            sessions, seconds, usd = tx.usage(ref.pool, ref.window.key(now))
             if unit == "sessions":
                 sessions = int(value)
+            elif unit == "usd":
+                usd = float(value)
             else:
                 seconds = float(value)
-            tx.save_usage(ref.pool, ref.window.key(now), sessions, seconds)
+            tx.save_usage(ref.pool, ref.window.key(now), sessions, seconds, usd)
             bumped = str(_version(tx, ref.pool, ref.window.key(now)) + 1)
             expires = ref.window.reset_at(now).timestamp()  # the next window starts at 0
             tx.put("version", f"{ref.pool}|{ref.window.key(now)}", bumped, expires, now)
@@ -270,6 +292,17 @@ class TableStore(StateStore):
 
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
         return await self._transact(lambda tx: tx.lease_ids(ref.pool, now))
+
+    async def claim_session(
+        self, session: str, holder: str, expires: float, now: float
+    ) -> SessionClaim:
+        def claim(tx: Tables) -> SessionClaim:
+            answer, row = session_policy.claim(_binding(tx, session), holder, expires, now)
+            if row is not None:
+                _put_binding(tx, session, row, now)
+            return answer
+
+        return await self._transact(claim)
 
     async def bind_session(
         self,
@@ -281,33 +314,61 @@ class TableStore(StateStore):
         *,
         paused: bool = False,
         kept: bool = False,
+        holder: str = "",
     ) -> bool:
-        # A running sandbox's row keeps the shape it had before ``paused`` existed.
-        value = json.dumps([entry, sandbox_id, True] if paused else [entry, sandbox_id])
+        new = SessionBinding(entry, sandbox_id, expires, paused, holder)
 
         def bind(tx: Tables) -> bool:
-            if kept:
-                row = tx.get("session", session)
-                if row is None or row[1] <= now or json.loads(row[0])[1] != sandbox_id:
-                    return False
-            tx.put("session", session, value, expires, now)
+            if not session_policy.bind(_binding(tx, session), new, now, kept=kept):
+                return False
+            _put_binding(tx, session, new, now)
             return True
 
         return await self._transact(bind)
 
+    async def release_session(
+        self,
+        session: str,
+        holder: str,
+        expires: float,
+        now: float,
+        *,
+        sandbox_id: str = "",
+        paused: bool | None = None,
+        drop: bool = False,
+    ) -> bool:
+        def release(tx: Tables) -> bool:
+            row = _binding(tx, session)
+            held, left = session_policy.let_go(
+                row, holder, sandbox_id, expires, now, paused=paused, drop=drop
+            )
+            if left is None and row is not None:
+                tx.delete("session", session)
+            elif left is not row and left is not None:
+                _put_binding(tx, session, left, now)
+            return held
+
+        return await self._transact(release)
+
     async def session(self, session: str, now: float) -> SessionBinding | None:
-        row = await self._transact(lambda tx: tx.get("session", session))
-        if row is None or row[1] <= now:
-            return None
-        entry, sandbox_id, *paused = json.loads(row[0])
-        return SessionBinding(entry, sandbox_id, row[1], bool(paused and paused[0]))
+        found = session_policy.live(await self._transact(lambda tx: _binding(tx, session)), now)
+        return found if found is not None and found.sandbox_id else None
+
+    async def take_session(self, session: str, now: float) -> SessionBinding | None:
+        def take(tx: Tables) -> SessionBinding | None:
+            found = session_policy.live(_binding(tx, session), now)
+            tx.delete("session", session)
+            return found if found is not None and found.sandbox_id else None
+
+        return await self._transact(take)
 
     async def unbind_session(self, session: str) -> None:
         await self._transact(lambda tx: tx.delete("session", session))
 
     async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
         rows = await self._transact(lambda tx: tx.live("session", now))
-        return {tuple(json.loads(value)[:2]) for value, _ in rows.values()}
+        bound = (json.loads(value)[:2] for value, _ in rows.values())
+        return {(entry, sandbox_id) for entry, sandbox_id in bound if sandbox_id}
 
     async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
         def lock(tx: Tables) -> bool:
@@ -331,13 +392,22 @@ class TableStore(StateStore):
         self, replica: str, ttl: float, refs: list[EntryRef], now: float
     ) -> FleetView:
         def register(tx: Tables) -> FleetView:
-            tx.put("replica", replica, "", now + ttl, now)
-            return FleetView(len(tx.live("replica", now)), _snapshot(tx, refs, now).pools)
+            counter = tx.get("fleet", "seq")
+            seq = (int(counter[0]) if counter is not None and counter[1] > now else 0) + 1
+            tx.put("fleet", "seq", str(seq), now + FLEET_MEMORY, now)
+            members, registration = fleet.register(_members(tx, now), seq, replica, now, ttl)
+            _save_member(tx, replica, members[replica], now)
+            return FleetView(registration, _snapshot(tx, refs, now).pools)
 
         return await self._transact(register)
 
-    async def deregister_replica(self, replica: str) -> None:
-        await self._transact(lambda tx: tx.delete("replica", replica))
+    async def deregister_replica(self, replica: str, now: float) -> None:
+        def deregister(tx: Tables) -> None:
+            members = fleet.deregister(_members(tx, now), replica, now)
+            if replica in members:
+                _save_member(tx, replica, members[replica], now)
+
+        await self._transact(deregister)
 
     async def reconcile(self, journal_id: str, spends: list[Spend], now: float) -> int:
         def reconcile(tx: Tables) -> int:
@@ -347,15 +417,16 @@ class TableStore(StateStore):
                 seen = tx.get("journal", key)
                 if seen is not None and seen[1] > now:
                     continue
-                pool = _load(tx, spend.ref, now, [held.lease_id for held in spend.leases])
+                ids = [*spend.unanswered, *(held.lease_id for held in spend.leases)]
+                pool = _load(tx, spend.ref, now, ids)
+                for lease_id in spend.unanswered:
+                    quota.refund(pool, lease_id)
                 pool.sessions += spend.sessions
                 pool.sandbox_seconds += spend.sandbox_seconds
+                pool.usd += spend.usd
                 for held in spend.leases:
-                    pool.leases.setdefault(
-                        held.lease_id,
-                        LeaseSlot(held.entry, held.started, now + held.ttl, held.ttl,
-                                  live=True, sandbox_id=held.sandbox_id),
-                    )  # fmt: skip
+                    if held.lease_id not in pool.leases:
+                        pool.leases[held.lease_id] = _handed_over(pool, held, now)
                 _save(tx, spend.ref.pool, pool)
                 tx.put("journal", key, "", now + JOURNAL_MEMORY, now)
                 applied += 1
@@ -398,6 +469,43 @@ class TableStore(StateStore):
         await self._transact(lambda tx: None)
 
 
+def _handed_over(pool: _Pool, held: HeldLease, now: float) -> LeaseSlot:
+    """The slot of a lease an outage ledger granted, live from ``now``: its price held
+    (covering it to ``now + ttl``) without asking the budget (it runs already)."""
+    slot = LeaseSlot(
+        held.entry, held.started, now + held.ttl, held.ttl, live=True, sandbox_id=held.sandbox_id
+    )
+    if held.meter is not None:
+        m = held.meter
+        slot.rate, slot.fee, slot.step, slot.renew = m.rate, m.fee, m.step, m.renew
+        slot.covered, slot.kill = m.first, m.kill
+        pool.usd_held += slot.hold()
+        quota.cover(pool, slot, Limits())
+    return slot
+
+
+def _binding(tx: Tables, session: str) -> SessionBinding | None:
+    """The session's row as a binding, expired or not."""
+    row = tx.get("session", session)
+    if row is None:
+        return None
+    entry, sandbox_id, *more = json.loads(row[0])
+    paused = bool(more and more[0])
+    holder = more[1] if len(more) > 1 else ""
+    return SessionBinding(entry, sandbox_id, row[1], paused, holder)
+
+
+def _put_binding(tx: Tables, session: str, binding: SessionBinding, now: float) -> None:
+    """Write the session's row; an unheld binding keeps the shape it had before holders
+    (``[entry, sandbox_id]``, ``paused`` appended only when true)."""
+    fields: list[object] = [binding.entry, binding.sandbox_id]
+    if binding.holder:
+        fields += [binding.paused, binding.holder]
+    elif binding.paused:
+        fields.append(True)
+    tx.put("session", session, json.dumps(fields), binding.expires, now)
+
+
 def _plain(answer: object) -> object:
     if dataclasses.is_dataclass(answer) and not isinstance(answer, type):
         return dataclasses.asdict(answer)
@@ -420,7 +528,7 @@ def _reservation(fields: dict[str, Any]) -> Reservation:
 
 
 def _settlement(fields: dict[str, Any]) -> Settlement:
-    return Settlement(fields["applied"], _pair(fields["transition"]))
+    return Settlement(fields["applied"], _pair(fields["transition"]), fields["short_at"])
 
 
 def _reserve(
@@ -432,6 +540,7 @@ def _reserve(
     hold: float,
     new_session: bool,
     warm: bool = False,
+    meter: Meter | None = None,
 ) -> Reservation:
     pool = _load(tx, ref, now, [lease_id], purge=True)
     if lease_id in pool.leases:  # granted before (a repeat the call memo forgot)
@@ -456,7 +565,7 @@ def _reserve(
             tx.save_entry(ref.entry, health)
             _save(tx, ref.pool, pool)
             return Reservation(True, transition=admission.transition, claimed=claimed)
-    verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold, new_session)
+    verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold, new_session, meter)
     if isinstance(verdict, quota.QuotaDenial):
         if admission.probe:
             health.probe_until = 0.0
@@ -489,14 +598,15 @@ def _warm_rows(tx: Tables, ref: EntryRef, now: float) -> dict[str, WarmRecord]:
 
 
 def _save_warm(tx: Tables, ref: EntryRef, records: dict[str, WarmRecord], now: float) -> None:
-    """Write ``records`` as the entry's warm rows: new ones added, missing ones deleted."""
+    """Write ``records`` as the entry's warm rows: new and changed ones written, missing
+    ones deleted."""
     table = _warm_table(ref)
     stored = tx.live(table, now)
     for lid in stored.keys() - records.keys():
         tx.delete(table, lid)
-    for lid in records.keys() - stored.keys():
-        record = records[lid]
-        tx.put(table, lid, json.dumps(dataclasses.asdict(record)), record.expires, now)
+    for lid, record in records.items():
+        if lid not in stored or WarmRecord(**json.loads(stored[lid][0])) != record:
+            tx.put(table, lid, json.dumps(dataclasses.asdict(record)), record.expires, now)
 
 
 def _version(tx: Tables, pool: str, window: str) -> int:
@@ -538,8 +648,21 @@ def _snapshot(tx: Tables, refs: list[EntryRef], now: float) -> Snapshot:
                 {u: float(pool.used(u)) for u in UNITS},
                 {u: ref.limits.get(u) for u in UNITS},
                 _version(tx, ref.pool, pool.window),
+                pool.usd_held,
             )
         snap.entries[ref.entry] = EntryStatus(
             ref.entry, tx.load_entry(ref.entry), held[ref.pool].get(ref.entry, 0)
         )
     return snap
+
+
+def _members(tx: Tables, now: float) -> dict[str, fleet.Member]:
+    """The fleet registry's members still counted at ``now`` (`policies.fleet`)."""
+    rows = tx.live("member", now)
+    return {name: fleet.Member(**json.loads(value)) for name, (value, _) in rows.items()}
+
+
+def _save_member(tx: Tables, replica: str, member: fleet.Member, now: float) -> None:
+    """Write ``member`` back; its row lasts as long as the registry counts it."""
+    value = json.dumps(dataclasses.asdict(member))
+    tx.put("member", replica, value, member.expires + member.ttl, now)

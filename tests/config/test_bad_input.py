@@ -177,13 +177,13 @@ def test_a_bool_is_not_a_number(tmp_path: Path, text: str, field: str) -> None:
 def test_env_substitution_still_makes_numbers_and_booleans(tmp_path: Path) -> None:
     path = write(
         tmp_path,
-        "lease_ttl: ${TTL}\nfail_open_share: ${SHARE}\nretry: {attempts: '${TRIES}'}\n"
+        "lease_ttl: ${TTL}\nfail_open_blind: ${SHARE}\nretry: {attempts: '${TRIES}'}\n"
         "chain:\n  - {name: a, provider: local, enabled: '${ON}', quota: {sessions: '${N}'}}\n"
         "  - {name: b, provider: local, quota: {sessions: '${UNSET:-}'}}",
     )
     env = {"TTL": "30", "SHARE": "0.5", "TRIES": "4", "ON": "false", "N": "12"}
     cfg = load_config(path, env=env)
-    assert (cfg.lease_ttl, cfg.fail_open_share, cfg.retry.attempts) == (30.0, 0.5, 4)
+    assert (cfg.lease_ttl, cfg.fail_open_blind, cfg.retry.attempts) == (30.0, 0.5, 4)
     assert cfg.chain[0].enabled is False
     assert [e.quota.sessions if e.quota else "-" for e in cfg.chain] == [12, None]
     with pytest.raises(ConfigError, match=r"chain\[0\]\.quota\.sessions: .*integer"):
@@ -203,3 +203,26 @@ def test_env_substitution_still_makes_numbers_and_booleans(tmp_path: Path) -> No
 def test_a_wrong_typed_secret_is_not_echoed(tmp_path: Path, text: str) -> None:
     message = refused(write(tmp_path, text))
     assert "4815162342" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "says"),
+    [
+        ("chain:\n  - {name: a, provider: local, quota: {usd: -1}}", "chain[0].quota.usd",
+         "greater than or equal to 0"),
+        ("chain:\n  - {name: a, provider: local, quota: {usd: true}}", "chain[0].quota.usd",
+         "valid number"),
+        ("pools: {p: {usd: 5, budget_window: 0}}\n"
+         "chain:\n  - {name: a, provider: local, quota_pool: p}",
+         "pools.p.budget_window", "greater than or equal to 1"),
+        ("chain:\n  - {name: a, provider: local, quota: {on_budget_end: stop}}",
+         "chain[0].quota.on_budget_end", "'warn' or 'kill'"),
+        ("chain:\n  - {name: a, provider: local, quota: {usd: 5}, warm: {size: 1}}",
+         "chain[0].warm", "pool 'a' has a usd budget"),
+    ],
+)  # fmt: skip
+def test_a_usd_budget_is_checked(tmp_path: Path, text: str, field: str, says: str) -> None:
+    message = refused(write(tmp_path, text))
+    assert "chain.yaml" in message
+    assert f"{field}: " in message
+    assert says in message

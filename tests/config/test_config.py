@@ -50,6 +50,40 @@ def write(tmp_path: Path, text: str) -> Path:
         ("chain:\n  - {name: a, provider: local, options: {root: '${NOPE_NOT_SET}'}}",
          "chain[0].options.root: environment variable NOPE_NOT_SET is not set"),
         ("bogus: 1\nchain:\n  - {name: a, provider: local}", "bogus: unknown key"),
+        ("fail_open_expected_replicas: 0\nchain:\n  - {name: a, provider: local}",
+         "fail_open_expected_replicas: Input should be greater than or equal to 1 (got 0)"),
+        ("fail_open_expected_replicas: 2.5\nchain:\n  - {name: a, provider: local}",
+         "fail_open_expected_replicas: Input should be a valid integer"),
+        ("fail_open_expected_replicas: yes\nchain:\n  - {name: a, provider: local}",
+         "fail_open_expected_replicas: Input should be a valid integer"),
+        ("fail_open_blind: 1.5\nchain:\n  - {name: a, provider: local}",
+         "fail_open_blind: Input should be less than or equal to 1 (got 1.5)"),
+        ("fail_open_blind: -0.1\nchain:\n  - {name: a, provider: local}",
+         "fail_open_blind: Input should be greater than or equal to 0 (got -0.1)"),
+        ("fail_open_share: 0.25\nchain:\n  - {name: a, provider: local}",
+         "fail_open_share: unknown key (renamed: fail_open_blind is the share of each limit"),
+        ("reap_every: 0.5\nchain:\n  - {name: a, provider: local}",
+         "reap_every: expected 0 (the router reaps only when asked) or at least 1 second"),
+        ("reap_every: -1\nchain:\n  - {name: a, provider: local}",
+         "reap_every: Input should be greater than or equal to 0"),
+        ("reap_every: true\nchain:\n  - {name: a, provider: local}",
+         "reap_every: Input should be a valid number"),
+        ("chain:\n  - {name: a, provider: e2b, price: {vcpu_hour: -1}}",
+         "chain[0].price.vcpu_hour: Input should be greater than or equal to 0 (got -1)"),
+        ("chain:\n  - {name: a, provider: e2b, price: {vcpu_hours: 1}}",
+         "chain[0].price.vcpu_hours: unknown key"),
+        ("chain:\n  - {name: a, provider: e2b, price: {per_sandbox: cheap}}",
+         "chain[0].price.per_sandbox: Input should be a valid number"),
+        ("chain:\n  - {name: a, provider: e2b, price: {gpu_hour: {H100: true}}}",
+         "chain[0].price.gpu_hour.H100: Input should be a valid number"),
+        ("chain:\n  - {name: a, provider: e2b, price: {gpu_hour: [H100]}}",
+         "chain[0].price.gpu_hour: Input should be a valid dictionary"),
+        ("chain:\n  - {name: a, provider: e2b, resources: {vcpu: 0, memory_gib: 1}}",
+         "chain[0].resources.vcpu: Input should be greater than 0 (got 0)"),
+        ("chain:\n  - {name: a, provider: e2b, resources: {vcpu: 2}}",
+         "chain[0].resources.memory_gib: required field is missing"),
+        ("strategy: cheap\nchain:\n  - {name: a, provider: local}",
+         "strategy: Input should be 'ordered', 'balanced' or 'cheapest'"),
     ],
 )  # fmt: skip
 def test_bad_configs_name_file_field_and_expectation(
@@ -214,6 +248,7 @@ def test_the_defaults_are_the_policies_own() -> None:
     from dataclasses import fields
 
     from policies.breaker import BreakerConfig
+    from policies.outage import OutageShare
     from policies.quota import MonthlyWindow
     from policies.retry import RetryPolicy
     from router.config import BreakerSettings, RetrySettings
@@ -230,6 +265,15 @@ def test_the_defaults_are_the_policies_own() -> None:
     assert unset - settings == {"quota_default"}
     tuned = load_config({"breaker": {"cooldown_max": 60}, "chain": [LOCAL]}, env={})
     assert tuned.breaker_policy().cooldown_max == 60
+    assert cfg.outage_share() == OutageShare()  # blind 0: a replica blind to the fleet grants none
+    fleet = {"fail_open_expected_replicas": 8, "fail_open_blind": 0.1, "chain": [LOCAL]}
+    assert load_config(fleet, env={}).outage_share() == OutageShare(blind=0.1, expected=8)
+
+
+def test_the_router_reaps_every_five_minutes_unless_told_otherwise() -> None:
+    assert load_config({"chain": [LOCAL]}, env={}).reap_every == 300
+    assert load_config({"reap_every": 0, "chain": [LOCAL]}, env={}).reap_every == 0
+    assert load_config({"reap_every": "${R}", "chain": [LOCAL]}, env={"R": "60"}).reap_every == 60
 
 
 @pytest.mark.parametrize("after", ["p100", "fast", 0, -1, 601, True, [1]])
@@ -250,3 +294,22 @@ def test_hedge_in_seconds_percentile_or_from_the_environment() -> None:
 
     assert [after(2), after("p95"), after("${H}")] == [2.0, "p95", 0.5]
     assert EntryConfig(name="a", provider="local", hedge=HedgeConfig(after="p99")).hedge
+
+
+def test_a_price_overrides_the_published_one_key_by_key(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "chain:\n"
+        "  - {name: a, provider: e2b, price: {vcpu_hour: 0.04, gpu_hour: {T4: 0.5}}}\n"
+        "  - {name: b, provider: runloop, resources: {vcpu: 4, memory_gib: 8}}\n",
+    )
+    a, b = load_config(path, env={}).chain
+    ta, tb = a.tariff(), b.tariff()
+    assert ta.price is not None
+    assert (ta.price.vcpu_hour, ta.price.memory_gib_hour, dict(ta.price.gpu_hour)) == (
+        0.04,
+        0.0162,
+        {"T4": 0.5},
+    )
+    assert tb.price is None
+    assert (tb.size.vcpu, tb.size.memory_gib) == (4, 8)

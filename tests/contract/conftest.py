@@ -8,7 +8,8 @@ gets a fresh adapter, and whatever it left alive is killed after it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from emulators import daytona, e2b, emulator_class, modal, runloop
 from emulators.daytona import DaytonaEmulator
 from emulators.e2b import E2BEmulator
+from emulators.e2b.interpreter import Kernel as E2BKernel
 from emulators.harness import Emulator
 from emulators.modal import ModalEmulator
 from emulators.runloop import RunloopEmulator
@@ -80,10 +82,33 @@ class Backend:
         async with httpx.AsyncClient(timeout=5) as client:
             return await client.get(url, headers=headers)
 
+    async def kill_kernel(self, sandbox: Sandbox) -> None:
+        """End the sandbox's default code kernel from outside it, as the OOM killer would:
+        the vendor's own kernel (E2B's, Daytona's) in its emulator, the router's through
+        the kernel's process (`Sandbox.start`'s handle)."""
+        if isinstance(self.emulator, E2BEmulator) and self.code_template is not None:
+            context = self.emulator.core.e2b[sandbox.id].contexts.default
+            await asyncio.to_thread(self.emulator.call, _ended(context.kernel, context.close))
+        elif isinstance(self.emulator, DaytonaEmulator):
+            interpreter = self.emulator.core.boxes[sandbox.id].interpreter
+            assert interpreter is not None
+            await asyncio.to_thread(self.emulator.call, interpreter.close())
+        else:
+            process = sandbox._kernels().process(None)
+            assert process is not None
+            await process.kill()
+
     def only_templates(self, templates: set[str] | None) -> None:
         """Make the emulator refuse every template but ``templates`` (None: accept any)."""
         assert self.templates_at is not None
         setattr(*self.templates_at, templates)
+
+
+async def _ended(kernel: E2BKernel | None, close: Callable[[], None]) -> None:
+    """Close an E2B emulator's kernel and wait for its process to end (on its loop)."""
+    close()
+    if kernel is not None:
+        await kernel.process.proc.wait()
 
 
 def build(name: str, emu: Emulator | None, root: Path) -> Backend:

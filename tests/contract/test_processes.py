@@ -8,6 +8,7 @@ an undeclared one must raise `Unsupported` naming the capability.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import pytest
@@ -110,6 +111,31 @@ async def test_process_start_wait_stdin_and_kill(backend: Backend) -> None:
         timed = await sbx.start("sleep 60")
         if declares(backend, Capability.PROCESS_KILL):
             assert (await timed.wait(timeout=0.5)).timed_out
+    finally:
+        await sbx.kill()
+
+
+async def test_a_killed_process_or_terminal_ends_with_128_plus_the_signal(
+    backend: Backend,
+) -> None:
+    """A kill is SIGKILL, so every provider reports 137, as a shell reports a command a
+    signal ended (E2B's envd says -1 and "signal: killed": the adapter maps it); a
+    command that a signal ends on its own, the same."""
+    sbx = await backend.create()
+    try:
+        assert (await sbx.run("kill -TERM $$")).exit_code == 128 + signal.SIGTERM
+        if declares(backend, Capability.PROCESS_KILL):
+            long = await sbx.start("echo up; sleep 60")
+            assert (await anext(long.output())).data == "up\n"
+            assert await long.kill() is True
+            assert (await long.wait(timeout=10)).exit_code == 128 + signal.SIGKILL
+        if declares(backend, Capability.PTY):
+            tty = await sbx.open_terminal()
+            output, seen = tty.output(), bytearray()
+            await tty.write("echo ready\n")
+            await asyncio.wait_for(_read_until(output, b"ready\r\n", seen), 10)
+            assert await tty.kill() is True
+            assert await tty.wait(10) == 128 + signal.SIGKILL
     finally:
         await sbx.kill()
 

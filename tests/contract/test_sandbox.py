@@ -223,7 +223,7 @@ async def test_hostile_run_arguments_are_refused_by_name(backend: Backend) -> No
     """Refused by the router's handle, the same on every provider, before any SDK sees them."""
     config = {"state_url": "memory://", "chain": [{"name": backend.name, "provider": backend.kind}]}
     router = Router.from_config(config, providers={backend.name: backend.provider}, hooks=[])
-    async with router, await router.aacquire() as lease:
+    async with router, router.aacquire() as lease:
         for kwargs, message in HOSTILE:
             with pytest.raises(InvalidArgument) as refused:
                 await lease.sandbox.run(**kwargs)

@@ -48,6 +48,7 @@ from emulators.harness import Emulator
 from emulators.latency import LatencyProfile
 from providers.local import LocalProcess
 from tests.polling import until
+from tests.warned import warns
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def demux(output: str) -> tuple[str, str]:
 
 def test_sync_sdk_smoke(emu: DaytonaEmulator) -> None:
     """The sync client, polling states (its Socket.IO thread has no way to be closed)."""
-    with pytest.warns(DeprecationWarning, match="Polling-only"):
+    with warns(DeprecationWarning, match="Polling-only"):
         daytona = Daytona(DaytonaConfig(**emu.sdk_config(), use_deprecated_polling=True))
     emu.boot_seconds = 0.3
     sandbox = daytona.create(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from emulators.confinement import unavailable
 from emulators.filesystem import GuestSandbox, PathRefused
 from providers.base import SandboxSpec
 from providers.errors import SandboxError
@@ -23,13 +24,17 @@ from providers.local import LocalOptions, LocalProvider
 HOME = "/home/daytona"
 
 
-@pytest.fixture(params=["bwrap", "none"])
+@pytest.fixture(params=["bwrap", "namespace", "none"])
 async def guest(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[GuestSandbox]:
+    """A guest sandbox under each confinement (``none``: what a host without bubblewrap
+    or user namespaces, a Mac, gets)."""
     if request.param == "bwrap" and shutil.which("bwrap") is None:
         pytest.skip("bubblewrap (bwrap) not installed")
+    if request.param == "namespace" and (why := unavailable()) is not None:
+        pytest.skip(f"no user and mount namespace here: {why}")
     provider = LocalProvider("emu", LocalOptions(root=tmp_path / "sb", isolation="none"))
     local = await provider.create(SandboxSpec(env={"WHERE": "/tmp/w"}))
-    sandbox = GuestSandbox(local, HOME, isolate=request.param == "bwrap", dirs=["/app/src"])
+    sandbox = GuestSandbox(local, HOME, confinement=request.param, dirs=["/app/src"])
     yield sandbox
     await sandbox.kill()
 
@@ -117,7 +122,7 @@ async def test_a_mount_is_its_host_directory(guest: GuestSandbox, tmp_path: Path
     shared = tmp_path / "volume"
     shared.mkdir()
     local = await guest._provider.create(SandboxSpec())
-    other = GuestSandbox(local, HOME, isolate=guest.isolate, mounts={"/data/": shared})
+    other = GuestSandbox(local, HOME, confinement=guest.confinement, mounts={"/data/": shared})
     try:
         await run(other, "echo hi > /data/x && mkdir /data/d && cd /data/d && pwd")
         assert (shared / "x").read_text() == "hi\n"
@@ -130,7 +135,7 @@ async def test_a_mount_is_its_host_directory(guest: GuestSandbox, tmp_path: Path
         await other.kill()
     assert (shared / "d" / "y").read_text() == "api"
     with pytest.raises(PathRefused, match="cannot mount on a system directory"):
-        GuestSandbox(guest, HOME, isolate=guest.isolate, mounts={"/usr/data": shared})
+        GuestSandbox(guest, HOME, confinement=guest.confinement, mounts={"/usr/data": shared})
 
 
 async def test_a_read_only_mount(guest: GuestSandbox, tmp_path: Path) -> None:
@@ -141,13 +146,15 @@ async def test_a_read_only_mount(guest: GuestSandbox, tmp_path: Path) -> None:
     (tmp_path / "rw").mkdir()
     mounts = {"/data": tmp_path / "ro", "/data/rw": tmp_path / "rw"}
     local = await guest._provider.create(SandboxSpec())
-    other = GuestSandbox(local, HOME, isolate=guest.isolate, mounts=mounts, read_only=["/data"])
+    other = GuestSandbox(
+        local, HOME, confinement=guest.confinement, mounts=mounts, read_only=["/data"]
+    )
     try:
         assert await run(other, "cat /data/x") == "x"
         with pytest.raises(PathRefused, match="read-only file system"):
             other.host("/data/y", write=True)
         other.host("/data/rw/y", write=True).write_text("y")
-        if other.isolate:
+        if not other.bare:
             assert (await other.run("touch /data/z")).exit_code != 0
     finally:
         await other.kill()

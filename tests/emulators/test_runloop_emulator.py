@@ -40,6 +40,7 @@ from runloop_api_client.types import DevboxView
 from emulators.harness import Emulator, free_port
 from emulators.runloop import TEST_API_KEY, RunloopEmulator, api
 from tests.polling import until
+from tests.warned import warns
 
 ONE_SHARD = {"api_pool_shards": 1, "background_pool_shards": 1, "transfer_pool_shards": 1}
 
@@ -181,7 +182,7 @@ async def test_execute_dedups_command_ids(emu: RunloopEmulator, client: AsyncRun
 async def test_execute_sync_holds_until_the_command_ends(client: AsyncRunloop) -> None:
     """The deprecated ``execute_sync`` is still served: the SDK's own tests call it."""
     view = await client.devboxes.create_and_await_running()
-    with pytest.warns(DeprecationWarning, match="deprecated"):
+    with warns(DeprecationWarning, match="deprecated"):
         done = await client.devboxes.execute_sync(
             view.id, command="sleep 0.3; echo out; echo err >&2; exit 4"
         )
@@ -192,7 +193,7 @@ async def test_execute_sync_holds_until_the_command_ends(client: AsyncRunloop) -
         "err\n",
     )
     with (
-        pytest.warns(DeprecationWarning, match="deprecated"),
+        warns(DeprecationWarning, match="deprecated"),
         pytest.raises(BadRequestError, match="attach_stdin"),
     ):
         await client.devboxes.execute_sync(view.id, command="cat", attach_stdin=True)
@@ -804,7 +805,7 @@ async def test_blueprints_list_page_and_delete(client: AsyncRunloop) -> None:
     named = await client.blueprints.list(name="a", status="build_complete")
     assert [b.id for b in named.blueprints] == [made[2].id, made[0].id]
     assert (await client.blueprints.list_public()).blueprints == []
-    with pytest.warns(DeprecationWarning, match="deprecated"):
+    with warns(DeprecationWarning, match="deprecated"):
         preview = await client.blueprints.preview(
             name="p", dockerfile="FROM ubuntu:22.04\nENV A=1\n", system_setup_commands=["make"]
         )
@@ -972,13 +973,15 @@ async def test_a_storage_object_ends_with_its_ttl(emu: RunloopEmulator) -> None:
     """``ttl`` sets ``delete_after_time_ms``; past it the object is DELETED, its bytes gone."""
     async with AsyncRunloopSDK(**kwargs(emu)) as sdk:
         obj = await sdk.storage_object.upload_from_text(
-            "short-lived", name="ttl.txt", ttl=timedelta(seconds=1)
+            "short-lived", name="ttl.txt", ttl=timedelta(seconds=60)
         )
         info = await obj.refresh()
-        assert info.delete_after_time_ms == info.create_time_ms + 1000
+        assert info.delete_after_time_ms == info.create_time_ms + 60_000
         url = (await obj.get_download_url(duration_seconds=3600)).download_url
         assert await obj.download_as_text() == "short-lived"
-        emu.core.objects[obj.id].delete_after_ms = info.create_time_ms  # its lifetime is over
+        # Its lifetime is over (the download URL's own expiry, capped at the object's
+        # end, is not: with a 1 s TTL it lapsed first under load, a 403 for the 404).
+        emu.core.objects[obj.id].delete_after_ms = info.create_time_ms
         assert (await obj.refresh()).state == "DELETED"
         async with httpx.AsyncClient() as web:
             assert (await web.get(url)).status_code == 404

@@ -19,6 +19,7 @@ from emulators.redis_server import RedisServer
 from providers.errors import NoProviderAvailable, StateUnavailable
 from router import Event, Router
 from router.testing import ScriptedProvider
+from tests.faults.test_fleet_outage import fleet_settled
 from tests.polling import needs_script_noreplicas, wait_until
 
 pytestmark = pytest.mark.slow
@@ -72,8 +73,10 @@ def test_redis_killed_mid_run_fail_closed(aof_redis: RedisServer, tmp_path: Path
 def test_redis_killed_mid_run_fail_open(aof_redis: RedisServer, tmp_path: Path) -> None:
     events: list[Event] = []
     with router(aof_redis.url, tmp_path, events, on_state_error="fail_open",
-                fail_open_journal=str(tmp_path / "journal.db")) as r:  # fmt: skip
+                fail_open_journal=str(tmp_path / "journal.db"),
+                fleet_heartbeat=0.2) as r:  # fmt: skip
         r.acquire().release()
+        wait_until(lambda: fleet_settled(aof_redis.url, "faults"))
         aof_redis.stop()
         served, refusal = drain(r)
         assert served == 5  # alone in the fleet: all that was left at its last contact
@@ -169,7 +172,7 @@ def test_redis_refusing_writes_is_a_state_error_not_a_provider_failure(
     aof_redis: RedisServer, tmp_path: Path, mode: str
 ) -> None:
     events: list[Event] = []
-    with router(aof_redis.url, tmp_path, events, on_state_error=mode) as r:
+    with router(aof_redis.url, tmp_path, events, on_state_error=mode, fail_open_blind=0.5) as r:
         r.acquire().release()
         with redis.Redis(port=aof_redis.port) as admin:
             needs_script_noreplicas(admin)
@@ -189,8 +192,11 @@ def test_a_cluster_down_at_start_is_served_by_fail_open(tmp_path: Path) -> None:
     events: list[Event] = []
     url = f"redis+cluster://127.0.0.1:{dead}/0"
     with router(url, tmp_path, events, on_state_error="fail_open") as r:
-        r.acquire().release()
+        with pytest.raises(NoProviderAvailable, match="never reached the store"):
+            r.acquire()  # it has not seen the fleet: it grants nothing by default
         assert not r.status().state_ok
+    with router(url, tmp_path, events, on_state_error="fail_open", fail_open_blind=0.5) as r:
+        r.acquire().release()  # opted in: half of each limit
     assert any(e.name == "state_error" and e.fields["mode"] == "fail_open" for e in events)
 
 
@@ -202,8 +208,9 @@ def test_outage_spend_outlives_the_replica_and_is_written_back_once(
     journal = str(tmp_path / "journal.db")
     events: list[Event] = []
     with router(aof_redis.url, tmp_path, events, on_state_error="fail_open",
-                fail_open_journal=journal) as r:  # fmt: skip
+                fail_open_journal=journal, fleet_heartbeat=0.2) as r:  # fmt: skip
         r.acquire().release()
+        wait_until(lambda: fleet_settled(aof_redis.url, "faults"))
         aof_redis.stop()
         served, _ = drain(r)
         assert served == 5
@@ -236,3 +243,40 @@ def test_fail_closed_reading_status_in_an_outage_serves_from_the_store_after(
         assert r.status().entries[0].used["sessions"] == 6  # every one in the shared ledger
         with pytest.raises(NoProviderAvailable, match="sessions 6/6"):
             r.acquire()
+
+
+def test_outage_usd_spend_is_handed_over_with_its_cost(
+    aof_redis: RedisServer, tmp_path: Path
+) -> None:
+    """A priced lease granted while Redis is down is journaled with its price: its cost
+    reaches the pool's usd when the store is back, and the outage share kept it in budget."""
+    from providers.base import SandboxSpec
+
+    journal = str(tmp_path / "journal.db")
+    events: list[Event] = []
+    priced = {"price": {"vcpu_hour": 36.0, "per_sandbox": 0.1}, "quota": {"usd": 0.7}}
+    spec = SandboxSpec(lifetime=10)  # holds $0.1 + 10 s at $0.01
+    with router(aof_redis.url, tmp_path, events, on_state_error="fail_open",
+                fail_open_journal=journal, fleet_heartbeat=0.2, chain=[
+                    {"name": "only", "provider": "local", **priced,
+                     "options": {"root": str(tmp_path / "sb")}}]) as r:  # fmt: skip
+        r.acquire(spec).release()
+        wait_until(lambda: fleet_settled(aof_redis.url, "faults"))
+        aof_redis.stop()
+        served = 0
+        while True:
+            try:
+                r.acquire(spec).release()
+            except NoProviderAvailable:
+                break
+            served += 1
+        assert served >= 1
+        aof_redis.start()
+        wait_until(lambda: any(e.name == "outage_handed_over" for e in events), 30)
+    costs = [e.fields["cost"] for e in events if e.name == "released"]
+    [handed] = [e.fields for e in events if e.name == "outage_handed_over"]
+    assert handed["usd"] == pytest.approx(sum(costs[1:]), abs=1e-9)
+    with router(aof_redis.url, tmp_path, events) as later:
+        view = later.status().entries[0]
+    assert view.used["usd"] == pytest.approx(sum(costs), abs=1e-9)
+    assert view.used["usd"] <= 0.7

@@ -194,7 +194,7 @@ def test_one_state_read_per_scrape(make_router: RouterFactory, redis_url: str) -
     text = generate_latest(registry).decode()
     scrape = _delta(before, _redis_calls(client))
     client.close()
-    assert text.count("sandbox_router_quota_used{") == 6  # two pools, three units
+    assert text.count("sandbox_router_quota_used{") == 8  # two pools, four units
     assert one_read, "status() read nothing from Redis?"
     assert scrape == one_read
 
@@ -306,7 +306,7 @@ def test_labels_never_carry_ids_sessions_or_secrets(
     assert values <= {
         "flaky", "local", "none", "scripted", "success", "resumed", "failure", "no_provider",
         "unavailable", "closed", "open", "half_open", "fail_closed", "sessions",
-        "sandbox_seconds", "concurrent", *ENTRY_STATES,
+        "sandbox_seconds", "concurrent", "usd", *ENTRY_STATES,
         "reserve", "commit", "refund", "release", "heartbeat", "session", "snapshot",
         "0.5", "0.95",  # create_latency_seconds' quantiles
     } | {s.labels.get("le", "") for f in registry.collect() for s in f.samples}  # fmt: skip
@@ -446,3 +446,24 @@ def test_serve_without_a_registry_serves_each_router_its_own(make_router: Router
             server.shutdown()
             server.server_close()
         assert 'sandbox_router_acquisitions_total{entry="flaky",outcome="success"} 1.0' in text
+
+
+def test_released_leases_add_their_cost_by_entry_and_pool(
+    make_router: RouterFactory, clock: Clock, redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    config = chain_config(redis_url, key_prefix, tmp_path)
+    config["chain"][0]["price"] = {"vcpu_hour": 3.6, "per_sandbox": 0.25}
+    config["chain"][0]["resources"] = {"vcpu": 2, "memory_gib": 1}
+    router = make_router(config=config)
+    registry = CollectorRegistry()
+    instrument(router, registry, clock=clock)
+    assert sample(registry, "sandbox_router_cost_usd_total", entry="flaky", pool="flaky") == 0
+    with router.acquire() as lease:
+        assert lease.entry == "flaky"
+        clock.advance(10)
+    # 2 vCPU at $3.60 an hour for 10 s (and the few real milliseconds the clock adds), plus
+    # the sandbox fee
+    labels = {"entry": "flaky", "pool": "flaky"}
+    wait_until(lambda: sample(registry, "sandbox_router_cost_usd_total", **labels))
+    cost = sample(registry, "sandbox_router_cost_usd_total", **labels)
+    assert cost == pytest.approx(2 * 0.001 * 10 + 0.25, abs=0.002)

@@ -6,12 +6,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.outage import Contact, OutageShare, outage_limits
+from policies.fleet import Registration
+from policies.outage import Contact, OutageShare, outage_limits, spent_since
 from policies.quota import Limits
 
 
+def settled(fleet: int) -> Registration:
+    """A view of ``fleet`` replicas, each of which has registered since this one joined."""
+    return Registration(replicas=fleet, seq=10, joined=1, oldest=5)
+
+
 def contact(fleet: int, **used: float) -> Contact:
-    return Contact(at=0.0, fleet=fleet, used={"p": used})
+    return Contact(fleet=settled(fleet), used={"p": used})
 
 
 def test_a_fleet_of_eight_splits_what_was_left() -> None:
@@ -26,11 +32,30 @@ def test_unlimited_units_stay_unlimited_and_nothing_left_is_nothing() -> None:
     assert got == Limits(sessions=0, sandbox_seconds=None, concurrent=None)
 
 
-def test_without_a_contact_the_blind_share_of_each_limit_applies() -> None:
+def test_a_replica_that_has_not_seen_the_fleet_grants_nothing_by_default() -> None:
+    limits = Limits(sessions=80, sandbox_seconds=100.0, concurrent=10)
+    nothing = Limits(0, 0.0, 0)
+    assert outage_limits(limits, "p", None, OutageShare()) == nothing  # never reached the store
+    young = Contact(Registration(replicas=1, seq=3, joined=3, oldest=3), {"p": {}})
+    assert outage_limits(limits, "p", young, OutageShare()) == nothing  # not settled
+    other_pool = contact(4, sessions=0)
+    assert outage_limits(limits, "q", other_pool, OutageShare()) == nothing
+
+
+def test_the_blind_share_is_opt_in_and_counts_the_limit_not_what_was_left() -> None:
     limits = Limits(sessions=80, concurrent=10)
     assert outage_limits(limits, "p", None, OutageShare(blind=0.25)) == Limits(20, None, 2)
-    other_pool = contact(4, sessions=0)
-    assert outage_limits(limits, "q", other_pool, OutageShare(blind=0.5)) == Limits(40, None, 5)
+    young = Contact(Registration(replicas=8, seq=9, joined=9, oldest=2), {"p": {}})
+    assert outage_limits(limits, "p", young, OutageShare(blind=0.5)) == Limits(40, None, 5)
+
+
+def test_the_expected_fleet_is_the_least_a_share_divides_by() -> None:
+    limits = Limits(sessions=80)
+    alone = contact(1, sessions=20)
+    assert outage_limits(limits, "p", alone, OutageShare()).sessions == 60
+    assert outage_limits(limits, "p", alone, OutageShare(expected=8)).sessions == 7
+    bigger = contact(12, sessions=20)
+    assert outage_limits(limits, "p", bigger, OutageShare(expected=8)).sessions == 5
 
 
 def test_floor_and_ceiling_clamp_the_fraction() -> None:
@@ -46,11 +71,14 @@ def test_floor_and_ceiling_clamp_the_fraction() -> None:
         ({"ceiling": 1.5}, "ceiling"),
         ({"blind": 2.0}, "blind"),
         ({"floor": 0.6, "ceiling": 0.5}, "above ceiling"),
+        ({"expected": 0}, "at least 1"),
+        ({"expected": 2.5}, "whole number"),
+        ({"expected": True}, "whole number"),
     ],
 )
-def test_bad_shares_are_refused(kwargs: dict[str, float], message: str) -> None:
+def test_bad_shares_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        OutageShare(**kwargs)
+        OutageShare(**kwargs)  # type: ignore[arg-type]
 
 
 @given(
@@ -74,24 +102,23 @@ def test_the_fleet_together_never_exceeds_what_was_left(
         assert part <= left * ceiling + 1e-9
 
 
-def test_the_fleet_s_spend_since_the_contact_is_projected_to_the_outage() -> None:
-    first = contact(4, sessions=10, sandbox_seconds=100, concurrent=3)
-    second = first.then(10.0, 4, {"p": {"sessions": 30, "sandbox_seconds": 100, "concurrent": 5}})
-    assert second.rate == {"p": {"sessions": 2.0, "sandbox_seconds": 0.0}}
-    limits = Limits(sessions=80, sandbox_seconds=1000.0, concurrent=9)
-    at_contact = outage_limits(limits, "p", second, OutageShare())
-    assert at_contact == Limits(sessions=12, sandbox_seconds=225.0, concurrent=1)
-    # 5 s after the contact the fleet has likely spent 10 more sessions
-    later = outage_limits(limits, "p", second, OutageShare(), started=15.0)
-    assert later == Limits(sessions=10, sandbox_seconds=225.0, concurrent=1)
-
-
-def test_own_spend_and_a_margin_are_kept_back() -> None:
+def test_own_spend_comes_off_the_share_whole() -> None:
     lone = contact(1, sessions=0)
     assert outage_limits(Limits(sessions=6), "p", lone, OutageShare()).sessions == 6
-    own = {"sessions": 1.0}  # this replica served one since its contact
+    own = {"sessions": 1.0}  # this replica served one since the fleet's oldest contact
     assert outage_limits(Limits(sessions=6), "p", lone, OutageShare(), own=own).sessions == 5
-    busy = lone.then(1.0, 1, {"p": {"sessions": 4}})  # 4 a second
-    assert outage_limits(Limits(sessions=10), "p", busy, OutageShare()).sessions == 6
-    kept = outage_limits(Limits(sessions=10), "p", busy, OutageShare(), margin=0.5)
-    assert kept.sessions == 4
+    four = contact(4, sessions=0)
+    assert outage_limits(Limits(sessions=40), "p", four, OutageShare(), own=own).sessions == 9
+    much = {"sessions": 30.0}
+    assert outage_limits(Limits(sessions=40), "p", four, OutageShare(), own=much).sessions == 0
+
+
+def test_own_spend_counts_from_the_span_the_oldest_contact_fell_in() -> None:
+    spans = [(0, {"p": {"sessions": 1.0}}), (4, {"p": {"sessions": 2.0}}),
+             (9, {"p": {"sessions": 3.0}, "q": {"sessions": 7.0}}), (15, {})]  # fmt: skip
+    assert spent_since(spans, 9, "p") == {"sessions": 3.0}
+    assert spent_since(spans, 8, "p") == {"sessions": 5.0}  # when in 4..9 is not known
+    assert spent_since(spans, 3, "p") == {"sessions": 6.0}
+    assert spent_since(spans, 20, "p") == {}
+    assert spent_since(spans, 20, "q") == {}
+    assert spent_since(spans, 9, "q") == {"sessions": 7.0}

@@ -159,7 +159,7 @@ class LedgerMachine(RuleBasedStateMachine):
         lid = data.draw(st.sampled_from(sorted(self.live)))
         slot = self.state.leases.get(lid)
         alive = quota.heartbeat(self.state, lid, self.now, ttl)
-        assert alive == (slot is not None and slot.expires > self.now)
+        assert alive.alive == (slot is not None and slot.expires > self.now)
 
     @rule(dt=st.floats(0, 120))
     def advance(self, dt: float) -> None:
@@ -181,3 +181,110 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 TestLedger = LedgerMachine.TestCase
+
+
+METERS = [
+    quota.Meter(0.01, 0.5, 0.0, 20.0, 15.0, kill=True),
+    quota.Meter(0.03, 0.0, 60.0, 30.0, 45.0, kill=True),
+    quota.Meter(0.0, 0.25, kill=True),
+]
+
+
+class UsdMachine(RuleBasedStateMachine):
+    """Random priced reserve/commit/refund/release/heartbeat/time sequences, every lease
+    ending when its budget cannot renew it (``kill``).
+
+    Invariants: what was settled plus what is held never passes the budget; the pool's
+    hold is its leases' holds; no lease is charged more than it held.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limits = Limits(concurrent=4, usd=3.0)
+        self.state = PoolState("w")
+        self.now = 1000.0
+        self.next_id = 0
+        self.reserved: set[str] = set()
+        self.live: set[str] = set()
+
+    @rule(hold=st.floats(1, 60), meter=st.sampled_from(METERS), new=st.booleans())
+    def reserve(self, hold: float, meter: quota.Meter, new: bool) -> None:
+        lid = f"l{self.next_id}"
+        self.next_id += 1
+        before = self.state.usd + self.state.usd_held
+        verdict = quota.reserve(self.state, self.limits, lid, "e", self.now, hold, new, meter)
+        if isinstance(verdict, Grant):
+            self.reserved.add(lid)
+        elif verdict.unit == "usd":
+            fee = meter.fee if new else 0.0
+            assert before + meter.cost(meter.first, fee=False) + fee > 3.0
+
+    @precondition(lambda self: self.reserved)
+    @rule(data=st.data(), ttl=st.floats(1, 100))
+    def commit(self, data: st.DataObject, ttl: float) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.reserved)))
+        renewal = quota.commit(self.state, lid, self.now, ttl, "", self.limits)
+        self.reserved.discard(lid)
+        if renewal:
+            self.live.add(lid)
+            slot = self.state.leases[lid]
+            assert not slot.priced or slot.expires - slot.started <= slot.covered + 1e-9
+
+    @precondition(lambda self: self.reserved)
+    @rule(data=st.data())
+    def refund(self, data: st.DataObject) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.reserved)))
+        spent = self.state.usd
+        quota.refund(self.state, lid)
+        assert self.state.usd == spent
+        self.reserved.discard(lid)
+
+    @precondition(lambda self: self.live | self.reserved)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.live | self.reserved)))
+        slot = self.state.leases.get(lid)
+        held, spent = (slot.hold() if slot else 0.0), self.state.usd
+        quota.release(self.state, lid, self.now)
+        assert self.state.usd - spent <= held + 1e-9
+        self.live.discard(lid)
+        self.reserved.discard(lid)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), ttl=st.floats(1, 100))
+    def heartbeat(self, data: st.DataObject, ttl: float) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.live)))
+        renewal = quota.heartbeat(self.state, lid, self.now, ttl, self.limits)
+        slot = self.state.leases.get(lid)
+        if renewal.short_at:
+            assert slot is not None
+            assert renewal.short_at == slot.started + slot.covered
+            assert slot.expires <= renewal.short_at
+
+    @rule(dt=st.floats(0, 120))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        spent, held = self.state.usd, self.state.usd_held
+        quota.purge_expired(self.state, self.now)
+        assert self.state.usd - spent <= held - self.state.usd_held + 1e-9
+
+    @invariant()
+    def never_past_the_budget(self) -> None:
+        assert self.state.usd + self.state.usd_held <= 3.0 + 1e-9
+
+    @invariant()
+    def the_pool_holds_what_its_leases_hold(self) -> None:
+        holds = sum(slot.hold() for slot in self.state.leases.values())
+        assert self.state.usd_held == pytest.approx(holds, abs=1e-9)
+
+
+TestUsd = UsdMachine.TestCase
+
+
+@pytest.mark.parametrize(
+    ("seconds", "step", "billed"),
+    [(0, 0, 0), (-1, 60, 0), (10.5, 0, 10.5), (0.2, 1, 1), (60, 60, 60), (60.00000001, 60, 60),
+     (61, 60, 120)],
+)  # fmt: skip
+def test_metered_rounds_up_to_whole_steps(seconds: float, step: float, billed: float) -> None:
+    assert quota.metered(seconds, step) == billed

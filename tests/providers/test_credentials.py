@@ -96,7 +96,8 @@ def test_using_an_adapter_leaves_the_environment_untouched(kind: str) -> None:
         url = f"http://127.0.0.1:{{free_port()}}"
         cls = provider_class({kind!r})
         options = {{k: v.format(url=url) for k, v in {DEAD_ENDPOINT[kind]!r}.items()}}
-        provider = cls("dead", cls.Options(**options))
+        # the create waits for the vendor's own request timeout (a late answer is counted)
+        provider = cls("dead", cls.Options(**options, request_timeout=3))
         async def use():
             try:
                 await provider.create(SandboxSpec(), timeout=2)

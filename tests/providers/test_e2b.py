@@ -16,7 +16,7 @@ import structlog
 from emulators.e2b import TEST_API_KEY, E2BEmulator
 from emulators.harness import Emulator, free_port
 from providers import provider_class
-from providers.base import SandboxSpec
+from providers.base import RichResult, SandboxSpec
 from providers.capabilities import Capability
 from providers.e2b import E2BOptions, E2BProvider, E2BSandbox
 from providers.errors import (
@@ -99,7 +99,7 @@ async def test_lifecycle(emu: E2BEmulator, provider: E2BProvider) -> None:
 
     code = await sbx.run_code("import os\nprint(os.environ['GLOBAL'])\n21 * 2")
     assert (code.stdout, code.error, code.exit_code) == ("g\n", None, 0)
-    assert code.results == ({"text": "42", "is_main_result": True},)
+    assert code.results == (RichResult(text="42", is_main_result=True),)
     broken = await sbx.run_code("undefined_name")
     assert broken.exit_code == 1
     assert broken.error == "NameError: name 'undefined_name' is not defined"
@@ -135,21 +135,76 @@ async def test_command_timeout_is_a_result(emu: E2BEmulator, sandbox: E2BSandbox
     assert slow.error is not None
 
 
-async def test_code_keeps_state_only_on_a_code_interpreter_template(
+async def test_a_command_timeout_counts_from_its_start(
+    emu: E2BEmulator, sandbox: E2BSandbox
+) -> None:
+    """envd slow to start a command (a loaded machine) does not eat the command's timeout: it
+    runs its full timeout once started and ends timed out, not Unavailable."""
+    emu.inject("exec", delay=1.0)
+    result = await sandbox.run("echo begun; sleep 30", timeout=0.5)
+    assert (result.timed_out, result.stdout) == (True, "begun\n")
+    assert 1.4 < result.duration < 5
+    await until(lambda: not emu.core.e2b[sandbox.id].processes)
+
+
+async def test_a_cell_the_kernel_is_slow_to_answer_times_out_and_keeps_the_state(
+    emu: E2BEmulator, sandbox: E2BSandbox
+) -> None:
+    """The execution's deadline holds while the kernel's answer has not begun, and the cell
+    cut short leaves the kernel's variables as they were."""
+    assert (await sandbox.run_code("kept = 41")).ok
+    emu.inject("run_code", hang=True)
+    started = time.monotonic()
+    slow = await sandbox.run_code("kept = 0", timeout=0.5)
+    assert (slow.timed_out, slow.error is not None) == (True, True)
+    assert time.monotonic() - started < 3
+    assert (await sandbox.run_code("kept + 1")).results[0].text == "42"
+
+
+async def test_a_large_result_and_output_come_back_whole(sandbox: E2BSandbox) -> None:
+    """The kernel answers one JSON line per message: a line longer than one read (a figure's
+    PNG; the emulator's kernel sends lines up to 64 KiB) is parsed whole, and so is a cell's
+    output split over many messages."""
+    ran = await sandbox.run_code(
+        "for i in range(3000): print(i, 'é' * 20, flush=True)\n'x' * 60_000"
+    )
+    assert ran.ok
+    assert ran.results[0].text.strip("'") == "x" * 60_000
+    assert ran.stdout == "".join(f"{i} {'é' * 20}\n" for i in range(3000))
+
+
+async def test_a_cell_cut_off_by_the_sandbox_end_says_the_sandbox_is_gone(
     emu: E2BEmulator, provider: E2BProvider
 ) -> None:
-    assert Capability.STATEFUL_CODE in provider.capabilities  # the SDK's default template
+    """A cell's connection lost is told apart as the SDK does: with the sandbox no longer
+    running, Unavailable says it was killed; with it running, it is the lost connection."""
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    emu.inject("run_code", drop=True)
+    with pytest.raises(Unavailable) as running:
+        await sbx.run_code("1")
+    assert "killed" not in running.value.message
+    await sbx.kill()
+    emu.inject("run_code", drop=True)
+    with pytest.raises(Unavailable, match="killed while the request was in progress"):
+        await sbx.run_code("1")
+
+
+async def test_a_plain_template_runs_python_in_the_router_kernel(
+    emu: E2BEmulator, provider: E2BProvider
+) -> None:
+    """No Jupyter server on a template but the code interpreter's: the router's kernel
+    (an envd process of the sandbox) keeps the state, per handle."""
     base = E2BProvider("e2b-base", options(emu, template="base"))
-    assert Capability.STATEFUL_CODE not in base.capabilities
-    assert Capability.PTY in base.capabilities
+    assert Capability.STATEFUL_CODE in base.capabilities
     sbx = await base.create(SandboxSpec(), timeout=5)
     try:
         again = await provider.connect(sbx.id)  # learns the template from the sandbox's info
-        for handle in (sbx, again):
-            await handle.run_code("kept = 41")
-            ran = await handle.run_code("print(kept)")
-            assert (ran.stateful, ran.exit_code) == (False, 1)
-            assert ran.error == "NameError: name 'kept' is not defined"
+        await sbx.run_code("kept = 41")
+        ran = await sbx.run_code("print(kept + 1)\nkept")
+        assert (ran.stdout, ran.text, ran.stateful) == ("42\n", "41", True)
+        assert len(emu.core.e2b[sbx.id].processes) == 1  # the kernel, one envd process
+        other = await again.run_code("kept")  # another handle: a kernel of its own
+        assert other.error == "NameError: name 'kept' is not defined"
         assert (await again.run_code("echo $((6 * 7))", language="bash")).stdout == "42\n"
         with pytest.raises(SandboxError, match="javascript"):
             await again.run_code("1", language="javascript")
@@ -201,16 +256,20 @@ CONCURRENCY = "you have reached the maximum number of concurrent E2B sandboxes (
 )
 async def test_create_faults_map_to_router_errors(
     emu: E2BEmulator,
-    provider: E2BProvider,
     fault: dict[str, Any],
     error: type[ProviderError],
     status: int | None,
 ) -> None:
+    """The create request is bounded by ``request_timeout`` (1 s here), not by the
+    create's ``timeout``; one that got no answer says so (``unanswered``)."""
+    provider = E2BProvider("e2b-a", options(emu, request_timeout=1))
     emu.inject("create", **fault)
     started = time.monotonic()
     with pytest.raises(error) as raised:
         await provider.create(SandboxSpec(), timeout=1)
     assert type(raised.value) is error
+    if isinstance(raised.value, Unavailable):
+        assert raised.value.unanswered == any(key in fault for key in ("drop", "hang", "delay"))
     assert time.monotonic() - started < 2.5
     assert (raised.value.provider, raised.value.status) == ("e2b-a", status)
     if fault.get("message"):
@@ -218,6 +277,7 @@ async def test_create_faults_map_to_router_errors(
     assert TEST_API_KEY not in str(raised.value)
     sbx = await provider.create(SandboxSpec(), timeout=5)
     await sbx.kill()
+    await provider.aclose()
 
 
 async def test_slow_create_within_the_timeout_succeeds(
@@ -272,6 +332,9 @@ async def test_refused_key(emu: E2BEmulator) -> None:
         ("files", {"status": 503}, "read", Unavailable),
         ("files", {"drop": True}, "list", Unavailable),
         ("run_code", {"status": 500}, "code", Unavailable),
+        ("run_code", {"status": 502, "message": "upstream connect error"}, "code", Unavailable),
+        ("run_code", {"status": 429}, "code", RateLimited),
+        ("run_code", {"drop": True}, "code", Unavailable),
         ("timeout", {"status": 500}, "keepalive", Unavailable),
         ("list", {"status": 429, "retry_after": 3}, "list", RateLimited),
         ("connect", {"status": 503}, "connect", Unavailable),

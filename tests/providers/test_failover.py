@@ -1,7 +1,8 @@
 """A Router over real Redis with each real adapter first (on its emulator), then local.
 
 One table of faults per vendor: each must fail over to local, refund the
-reservation, leave the entry in the expected health state, hit the emulator
+reservation (a create left unanswered once the lookup by its lease label
+found nothing), leave the entry in the expected health state, hit the emulator
 the expected number of times (the router retries transient errors once, and
 no SDK retries under it) and leave no sandbox alive.
 """
@@ -25,6 +26,7 @@ from providers import provider_class
 from providers.base import SandboxSpec
 from providers.errors import RateLimited
 from router import Router
+from tests.polling import wait_until
 
 RouterFactory = Callable[..., Router]
 LIMIT = "Total CPU limit exceeded. Maximum allowed: 10."
@@ -244,6 +246,9 @@ def test_each_fault_fails_over_to_local_and_refunds(
     with router.acquire() as lease:
         assert (lease.entry, lease.failovers) == ("local", [name])
         assert lease.sandbox.run("echo served").stdout == "served\n"
+    # A create the router stopped waiting for, or left unanswered, is refunded once
+    # upkeep knows it made nothing (its lookup by lease label lasts the create's budget).
+    wait_until(lambda: entry_view(router, name).used["sessions"] == 0, seconds=15)
     view = entry_view(router, name)
     assert view.used["sessions"] == 0
     assert view.state == fault.state

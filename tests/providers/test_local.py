@@ -7,6 +7,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -62,6 +63,11 @@ async def test_run_returns_streams_exit_code_and_duration(sandbox: LocalSandbox)
     assert (r.stdout, r.stderr, r.exit_code, r.timed_out) == ("hi\n", "oops\n", 7, False)
     assert 0 < r.duration < 10
     assert not r.ok
+
+
+async def test_a_command_a_signal_ends_exits_128_plus_the_signal(sandbox: LocalSandbox) -> None:
+    """As a shell reports it, bubblewrap or not (the bare child's wait status is -15)."""
+    assert (await sandbox.run("kill -TERM $$")).exit_code == 128 + signal.SIGTERM
 
 
 async def test_argv_env_and_cwd(sandbox: LocalSandbox) -> None:

@@ -18,7 +18,7 @@ from emulators.modal import TEST_TOKEN_ID, TEST_TOKEN_SECRET, ModalEmulator
 from emulators.modal.control import CONCURRENCY_MESSAGE, QUOTA_MESSAGE
 from emulators.modal.tunnels import DOMAIN
 from providers import provider_class
-from providers.base import SandboxSpec
+from providers.base import LABEL_LEASE, SandboxSpec
 from providers.errors import (
     AuthError,
     CapacityExceeded,
@@ -269,17 +269,21 @@ QUOTA = QUOTA_MESSAGE.format(limit=100)
 )
 async def test_create_faults_map_to_router_errors(
     emu: ModalEmulator,
-    provider: ModalProvider,
     fault: dict[str, Any],
     error: type[ProviderError],
     status: int | None,
 ) -> None:
+    """The create request is bounded by ``request_timeout`` (1 s here), not by the
+    create's ``timeout``; one that got no answer says so (``unanswered``)."""
+    provider = ModalProvider("modal-a", options(emu, request_timeout=1))
     await provider.list()  # the client's handshake, outside the create's 1 s
     emu.inject("create", times=None, **fault)
     started = time.monotonic()
     with pytest.raises(error) as raised:
         await provider.create(SandboxSpec(), timeout=1)
     assert type(raised.value) is error
+    if isinstance(raised.value, Unavailable):
+        assert raised.value.unanswered == any(key in fault for key in ("drop", "hang", "delay"))
     assert time.monotonic() - started < 2
     assert (raised.value.provider, raised.value.status) == ("modal-a", status)
     if fault.get("message"):
@@ -291,19 +295,22 @@ async def test_create_faults_map_to_router_errors(
     emu.clear_faults()
     sbx = await provider.create(SandboxSpec(), timeout=5)
     await sbx.kill()
+    await provider.aclose()
 
 
 @pytest.mark.parametrize("op", ["lookup", "image", "auth"])
-async def test_faults_before_the_create_map_too(
-    emu: ModalEmulator, provider: ModalProvider, op: str
-) -> None:
+async def test_faults_before_the_create_map_too(emu: ModalEmulator, op: str) -> None:
+    """A hang before ``SandboxCreate`` went out is no create left unanswered."""
+    provider = ModalProvider("modal-a", options(emu, request_timeout=1))
     emu.inject(op, status=401)
     with pytest.raises(AuthError):
         await provider.create(SandboxSpec(), timeout=2)
     emu.inject(op, hang=True)
-    with pytest.raises(Unavailable):
-        await provider.create(SandboxSpec(), timeout=1)
+    with pytest.raises(Unavailable) as raised:
+        await provider.create(SandboxSpec(labels={LABEL_LEASE: f"l-{op}"}), timeout=1)
+    assert raised.value.unanswered is False
     assert emu.alive() == []
+    await provider.aclose()
 
 
 async def test_slow_image_build_within_the_timeout_succeeds(
@@ -419,15 +426,15 @@ async def test_operation_faults_map_to_router_errors(
 
 
 async def test_dead_endpoint_is_unavailable_within_the_deadline() -> None:
+    """Within the request timeout, and the create says it never went out."""
     url = f"http://127.0.0.1:{free_port()}"
-    dead = ModalProvider(
-        "modal-dead",
-        ModalOptions(token_id=TEST_TOKEN_ID, token_secret=TEST_TOKEN_SECRET, server_url=url),
-    )
+    token = {"token_id": TEST_TOKEN_ID, "token_secret": TEST_TOKEN_SECRET}
+    dead = ModalProvider("modal-dead", ModalOptions(**token, server_url=url, request_timeout=1.5))
     started = time.monotonic()
-    with pytest.raises(Unavailable):
-        await dead.create(SandboxSpec(), timeout=1.5)
+    with pytest.raises(Unavailable) as raised:
+        await dead.create(SandboxSpec(labels={LABEL_LEASE: "l-dead"}), timeout=0.5)
     assert time.monotonic() - started < 3  # the SDK alone reconnects for about a minute
+    assert raised.value.unanswered is False  # no SandboxCreate went out: nothing to look up
     await dead.aclose()
 
 

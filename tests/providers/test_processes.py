@@ -54,6 +54,16 @@ async def _read(proc: ProcessBase) -> list[OutputChunk]:
     return [chunk async for chunk in proc.output()]
 
 
+async def test_discarded_output_still_streams_but_is_not_kept_for_wait() -> None:
+    proc = Fed("p1", "local")
+    proc._feed("stdout", "before")
+    proc.discard_output()
+    proc._feed("stdout", "after")
+    proc._finish(0)
+    assert [c.data for c in await _read(proc)] == ["before", "after"]
+    assert (await proc.wait()).stdout == ""
+
+
 async def test_wait_past_its_timeout_kills_and_says_so() -> None:
     proc = Fed("p2", "local")
     proc._feed("stdout", "partial")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from providers.base import SandboxSpec
+from providers.capabilities import Capability
 from providers.errors import InvalidArgument, RouterClosed, SandboxError, SandboxPathError
 from router import Router
 
@@ -39,6 +40,11 @@ def router(tmp_path: Path) -> Router:
     ("kwargs", "error", "message"),
     [
         ({"requires": "gpu"}, TypeError, "requires='gpu'"),
+        (
+            {"requires": Capability.PAUSE},
+            TypeError,
+            "acquire(requires='pause'): give a sequence of capabilities, e.g. requires=('pause',)",
+        ),
         ({"requires": [1]}, TypeError, "capabilities are non-empty strings"),
         ({"labels": {"team": 7}}, TypeError, "labels=...): keys and values are strings"),
         ({"labels": {"sandbox_router_entry": "x"}}, ValueError, "set by the router itself"),
@@ -123,6 +129,15 @@ _SANDBOX_CALLS: list[tuple[Callable[[Any], Any], str]] = [
     (lambda s: s.run_code(5), "run_code(code)"),
     (lambda s: s.run_code("1", language=None), "run_code(language=None)"),
     (lambda s: s.run_code("1", timeout=0), "run_code(timeout=0)"),
+    (lambda s: s.run_code("1", context="ctx"), "run_code(context=...): a CodeContext"),
+    (lambda s: s.run_code("1", env={"A=B": "x"}), "run_code(env=...): 'A=B'"),
+    (lambda s: s.run_code("1", env={"A": "x\x00"}), "run_code(env=...): the value of 'A'"),
+    (
+        lambda s: s.run_code("echo", language="bash", context=s.code_context()),
+        "context runs python, not 'bash'",
+    ),
+    (lambda s: s.code_context(cwd=""), "code_context(cwd='')"),
+    (lambda s: s.remove_code_context("ctx"), "remove_code_context(context): a CodeContext"),
     (lambda s: s.start("sleep 1", cwd=b"/tmp"), "start(cwd=...)"),
     (lambda s: s.attach(None), "attach(process_id=None)"),
     (lambda s: s.attach(""), "attach(process_id='')"),

@@ -16,7 +16,7 @@ EVENTS = typing.get_args(RouterEvent)
 
 def sample(cls: type[RouterEvent]) -> RouterEvent:
     """An instance with plausible values for every field."""
-    values = {"reasons": {"a": "b"}, "seconds": 1.0, "value": 1.0, "resumed": False}
+    values = {"reasons": {"a": "b"}, "seconds": 1.0, "cost": 0.01, "value": 1.0, "resumed": False}
     kinds = {int: 1, float: 0.5, str: "x"}
     hints = typing.get_type_hints(cls)
     args = {

@@ -42,7 +42,12 @@ def test_happy_path_meters_the_lease(make_router, scripted, clock: Clock) -> Non
         assert entry(router, "flaky").live_leases == 1
         clock.advance(12)
     view = entry(router, "flaky")
-    assert view.used == {"sessions": 1, "sandbox_seconds": pytest.approx(12), "concurrent": 0}
+    assert view.used == {
+        "sessions": 1,
+        "sandbox_seconds": pytest.approx(12),
+        "concurrent": 0,
+        "usd": 0,
+    }
     assert flaky.alive() == []
     assert lease.released
 

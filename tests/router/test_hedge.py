@@ -206,6 +206,29 @@ def test_a_vendor_create_slowed_by_the_emulator_is_hedged_and_its_sandbox_killed
             assert not made[0].alive
 
 
+def test_a_leg_that_made_its_sandbox_but_never_answered_is_found_and_killed(
+    new_router: Any, tmp_path: Path, gate: threading.Event
+) -> None:
+    """The spare leg's connection drops after its sandbox was made: the slow leg still
+    wins, and upkeep finds the spare's sandbox by its lease label, counts and kills it."""
+    slow = ScriptedProvider("slow", tmp_path, [gate])
+    spare = ScriptedProvider("spare", tmp_path, ["dropped"])
+    events: list[RouterEvent] = []
+    router = build(new_router, events, {"slow": slow, "spare": spare}, after=0.05)
+    threading.Timer(0.5, gate.set).start()
+    with router.acquire() as lease:
+        assert lease.entry == "slow"
+    assert of(events, HedgeSettled) == [HedgeSettled("slow", "spare", winner="slow")]
+    wait_until(lambda: of(events, LateCreate), seconds=10)
+    [late] = of(events, LateCreate)
+    assert (late.entry, late.outcome, late.sandbox_id) == ("spare", "found", spare.created[0])
+    assert spare.alive() == []
+    assert {v.name: v.used["sessions"] for v in router.status().entries} == {
+        "slow": 1,
+        "spare": 1,
+    }
+
+
 def test_both_legs_past_their_budget_fail_over_and_are_followed(
     new_router: Any, tmp_path: Path
 ) -> None:

@@ -1,37 +1,39 @@
 """A create that outlives the acquire deadline: the caller fails over, and the
-sandbox the provider finishes later is killed (by the adapter, else the janitor)."""
+sandbox the provider finishes later is counted and killed by the router."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from emulators import available, emulator_class
-from providers.base import LABEL_ROUTER, Sandbox, SandboxSpec
+from providers.base import LABEL_ROUTER, Sandbox, SandboxInfo, SandboxSpec
+from providers.errors import Unavailable
 from router import Router
 from router.testing import ScriptedProvider
 from tests.polling import wait_until
 from tests.router.conftest import Clock, fired
 
-PROVIDERS = available(["daytona", "runloop", "e2b"])  # the HTTP emulators
+PROVIDERS = available(["daytona", "runloop", "e2b", "modal"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PROVIDERS)
-def test_slow_create_is_abandoned_then_reaped(
+def test_a_vendor_create_answered_late_is_counted_on_redis_and_killed(
     name: str, redis_url: str, key_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The vendor's SDK on its emulator, a Redis ledger, the sync API: no janitor runs."""
     with emulator_class(name)() as emu:
         for key, value in emu.sdk_env().items():
             monkeypatch.setenv(key, value)
         config = {
             "state_url": redis_url,
             "key_prefix": key_prefix,
-            "create_timeout": 0.5,
+            "create_timeout": 1,
             "retry": {"attempts": 1},
             "chain": [
                 {"name": name, "provider": name},
@@ -39,7 +41,7 @@ def test_slow_create_is_abandoned_then_reaped(
             ],
         }
         # Warm up (SDK imports: a second or more) so the faulty create below reaches
-        # the emulator within its 0.5 s even on a loaded machine.
+        # the emulator within its 1 s even on a loaded machine.
         warm_router = Router.from_config({**config, "create_timeout": 30}, hooks=[])
         with warm_router, warm_router.acquire() as lease:
             assert lease.entry == name
@@ -57,18 +59,11 @@ def test_slow_create_is_abandoned_then_reaped(
             with router.acquire() as lease:
                 assert lease.entry == "local"
                 assert lease.failovers == [name]
-            assert router.status().entries[0].used["sessions"] == 1  # the late one refunded
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:
-                ours = late()
-                if ours and all(not r.alive for r in ours):
-                    break  # the adapter killed the late sandbox itself
-                if ours and any(r.alive for r in ours):
-                    router.reap()  # else the janitor does
-                time.sleep(0.3)
-            ours = late()
-            assert ours, "the provider never finished the abandoned create"
-            assert [r.id for r in ours if r.alive] == []
+            wait_until(lambda: late() and not any(r.alive for r in late()), seconds=15)
+            assert len(late()) == 1, "the provider never finished the abandoned create"
+            assert [r.id for r in late() if r.alive] == []
+            # the warm-up's session and the late one's: the vendor made (and bills) both
+            assert router.status().entries[0].used["sessions"] == 2
 
 
 class SlowProvider(ScriptedProvider):
@@ -141,3 +136,88 @@ def test_late_creates_are_counted_and_killed_by_the_router(
     assert view.live_leases == 0
     assert [e["outcome"] for e in fired(events, "late_create")] == ["killed"] * 4
     assert fired(events, "refund") == []
+
+
+class Unlisted(ScriptedProvider):
+    """Its list does not answer while ``away``: a lookup cannot tell what a create made."""
+
+    away = True
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        if self.away:
+            raise Unavailable("the list did not answer", provider=self.name, unanswered=True)
+        return await super().list(labels)
+
+
+def entry(router: Router, name: str) -> Any:
+    return next(v for v in router.status().entries if v.name == name)
+
+
+def test_a_create_dropped_after_making_is_found_by_its_lease_label(
+    make_router, scripted, events
+) -> None:
+    flaky = scripted(script=["dropped"])
+    router = make_router(providers={"flaky": flaky}, retry={"attempts": 1})
+    with router.acquire() as lease:
+        assert (lease.entry, lease.failovers) == ("local", ["flaky"])  # at once: no deadline
+    wait_until(lambda: fired(events, "late_create"), seconds=10)
+    [late] = fired(events, "late_create")
+    assert (late["outcome"], late["sandbox_id"]) == ("found", flaky.created[0])
+    assert flaky.alive() == []
+    view = entry(router, "flaky")
+    assert (view.used["sessions"], view.live_leases) == (1, 0)  # the provider made it
+    assert fired(events, "refund") == []
+    assert [e["reason"] for e in fired(events, "create_failed")] == ["unavailable"]
+
+
+def test_an_unanswered_create_that_made_nothing_is_refunded_after_its_lookup(
+    make_router, scripted, events
+) -> None:
+    lost = Unavailable("the connection was lost", unanswered=True)
+    answered = Unavailable("503 from the vendor", status=503)
+    flaky = scripted(script=[lost, answered])
+    router = make_router(providers={"flaky": flaky}, create_timeout=0.3, retry={"attempts": 2})
+    with router.acquire() as lease:
+        assert lease.entry == "local"
+    refunds = fired(events, "refund")
+    assert [e["reason"] for e in refunds] == ["unavailable"]  # the answer: at once
+    wait_until(lambda: fired(events, "late_create"), seconds=10)  # the lost one: looked up
+    assert [e["outcome"] for e in fired(events, "late_create")] == ["failed"]
+    assert [e["reason"] for e in fired(events, "refund")] == [
+        "unavailable",
+        "late_create_failed",
+    ]
+    assert entry(router, "flaky").used["sessions"] == 0
+
+
+def test_a_late_create_the_vendor_cannot_list_stays_counted_for_the_janitor(
+    make_router, tmp_path: Path, events
+) -> None:
+    flaky = Unlisted("flaky", tmp_path, ["dropped"])
+    router = make_router(providers={"flaky": flaky}, create_timeout=0.3, retry={"attempts": 1})
+    with router.acquire() as lease:
+        assert lease.entry == "local"
+    wait_until(lambda: fired(events, "late_create"), seconds=10)
+    assert [e["outcome"] for e in fired(events, "late_create")] == ["unanswered"]
+    assert [e["task"] for e in fired(events, "task_failed")] == ["late create lookup"]
+    view = entry(router, "flaky")
+    assert (view.used["sessions"], view.live_leases) == (1, 0)  # counted, its slot freed
+    assert flaky.alive() == flaky.created
+    flaky.away = False
+    assert router.reap().killed == [("flaky", flaky.created[0])]
+
+
+def test_a_lookup_cut_short_by_closing_the_router_refunds_nothing(
+    make_router, scripted, events
+) -> None:
+    """Nothing found before the lookup's budget ran out proves nothing: stays counted."""
+    flaky = scripted(script=[Unavailable("the connection was lost", unanswered=True)])
+    router = make_router(providers={"flaky": flaky}, create_timeout=10, retry={"attempts": 1})
+    with router.acquire() as lease:
+        assert lease.entry == "local"
+    router.close()  # long before the lookup's 10 s are over
+    assert [e["outcome"] for e in fired(events, "late_create")] == ["unanswered"]
+    assert fired(events, "refund") == []
+    survivor = make_router(providers={"flaky": flaky})
+    view = entry(survivor, "flaky")
+    assert (view.used["sessions"], view.live_leases) == (1, 0)

@@ -121,7 +121,7 @@ def test_janitor_lock_lets_one_replica_reap_an_entry(make_router, scripted, cloc
     assert report.skipped == {"flaky": "another replica is reaping it"}
 
 
-def test_a_create_that_never_answers_stays_counted_and_is_reaped(
+def test_a_create_still_running_when_the_router_closes_is_found_and_killed(
     make_router, scripted, events
 ) -> None:
     flaky = scripted(script=["late"])
@@ -131,12 +131,14 @@ def test_a_create_that_never_answers_stays_counted_and_is_reaped(
     [late] = flaky.alive()
     assert router.status().entries[0].used["sessions"] == 1  # the provider may bill it
     assert router.reap().killed == []  # its create is still followed: not an orphan yet
-    router.close()  # the router stops following it; its slot is freed, its unit stays spent
-    assert [e["outcome"] for e in fired(events, "late_create")] == ["unanswered"]
-    survivor = make_router(providers={"flaky": flaky})
-    assert survivor.status().entries[0].used["sessions"] == 1
-    assert survivor.reap().killed == [("flaky", late)]
+    router.close()  # the create is cut off; one list by its lease label finds what it made
+    assert [(e["outcome"], e["sandbox_id"]) for e in fired(events, "late_create")] == [
+        ("found", late)
+    ]
     assert flaky.alive() == []
+    survivor = make_router(providers={"flaky": flaky})
+    assert survivor.status().entries[0].used["sessions"] == 1  # counted, its slot freed
+    assert survivor.status().entries[0].live_leases == 0
 
 
 @pytest.mark.parametrize("store", ["sqlite", "redis"])

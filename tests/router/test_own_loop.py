@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from providers.errors import InvalidArgument
 from router import Router
 
 
@@ -35,7 +36,7 @@ def engine_threads() -> list[threading.Thread]:
 async def test_calls_on_the_loop_run_in_place(redis_url, key_prefix, tmp_path) -> None:
     before = engine_threads()
     async with Router.from_config(chain(redis_url, key_prefix, tmp_path), hooks=[]) as router:
-        async with await router.aacquire() as lease:
+        async with router.aacquire() as lease:
             result = await lease.sandbox.run("echo on the app loop")
             assert result.stdout == "on the app loop\n"
             status = await router.astatus()
@@ -62,6 +63,28 @@ async def test_a_sync_call_on_the_loop_itself_is_refused(redis_url, key_prefix, 
         with pytest.raises(RuntimeError, match="use the async API"):
             router.status()
         assert (await router.astatus()).entries[0].name == "local"  # still usable
+
+
+async def test_every_call_has_an_async_twin_for_the_lent_loop(redis_url, key_prefix, tmp_path):
+    """A sync call on the lent loop is refused (it would block the loop it waits for),
+    so an app lending its loop needs every call async: warm pools and quota
+    corrections had no async twin."""
+    settings = {"warm_refill_every": 0, "warm_reach_every": 0}
+    config = {**chain(redis_url, key_prefix, tmp_path), **settings}
+    async with Router.from_config(config, hooks=[]) as router:
+        with pytest.raises(RuntimeError, match="use the async API"):
+            router.set_warm("local", 1)
+        await router.aset_warm("local", 1, max_idle=300)
+        assert await router.afill_warm() == {"local": 1}
+        assert await router.awarm_ready() == {"local": 1}
+        async with router.aacquire() as lease:  # claims the warm sandbox: no new session
+            assert (await lease.sandbox.run("echo warm")).stdout == "warm\n"
+        assert await router.awarm_ready() == {"local": 0}
+        assert (await router.astatus()).entries[0].used["sessions"] == 1
+        await router.aset_usage("local", "sessions", 0)
+        assert (await router.astatus()).entries[0].used["sessions"] == 0
+        with pytest.raises(InvalidArgument, match="set_warm\\(entry='nowhere'\\)"):
+            await router.aset_warm("nowhere", 1)
 
 
 async def test_leases_are_heartbeated_on_the_lent_loop(redis_url, key_prefix, tmp_path):

@@ -4,6 +4,7 @@ sticky sessions pause instead of running through their idle TTL."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -15,7 +16,9 @@ from providers.errors import (
     NotFound,
     Unsupported,
 )
+from router import Lease
 from router.testing import ScriptedProvider
+from tests.polling import wait_until
 from tests.router.conftest import Clock, fired
 
 
@@ -77,7 +80,7 @@ async def test_async_pause_and_resume(make_router, scripted) -> None:
     lease = await router.aacquire()
     await lease.sandbox.write_file("a.txt", "1")
     token = await lease.pause()
-    async with await router.aresume(token, timeout=10) as back:
+    async with router.aresume(token, timeout=10) as back:
         assert await back.sandbox.read_file("a.txt") == b"1"
     assert flaky.alive() == []
 
@@ -228,3 +231,26 @@ def test_a_session_key_cannot_reach_into_the_pause_tokens(make_router, scripted)
     token = router.acquire().pause()
     with pytest.raises(InvalidArgument, match="pause"):
         router.acquire(session="pause:" + token)
+
+
+def test_pausing_a_held_session_hands_it_to_the_acquire_waiting_for_it(
+    make_router, scripted, events
+) -> None:
+    """The token takes the paused sandbox; the session, free again, gets a new one."""
+    flaky = scripted()
+    a = make_router(providers={"flaky": flaky}, chain=only())
+    b = make_router(providers={"flaky": flaky}, chain=only())
+    lease = a.acquire(session="conv-3")
+    got: list[Lease] = []
+    waiting = threading.Thread(target=lambda: got.append(b.acquire(session="conv-3")))
+    waiting.start()
+    wait_until(lambda: fired(events, "session_held"), 10)
+    token = lease.pause()
+    waiting.join(30)
+    [fresh] = got
+    assert fresh.sandbox_id != lease.sandbox_id
+    assert flaky.paused() == [lease.sandbox_id]
+    fresh.release()
+    with a.resume(token) as back:
+        assert back.sandbox_id == lease.sandbox_id
+    b.close_session("conv-3")

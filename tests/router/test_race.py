@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import time
 from pathlib import Path
@@ -84,3 +85,62 @@ def test_exactly_the_concurrency_slots_are_granted(
     with Router.from_config(config, hooks=[]) as router:
         view = router.status().entries[0]
         assert (view.used["sessions"], view.used["concurrent"]) == (10, 0)
+
+
+# $0.1 a sandbox and $0.01 a second on one vCPU (local's size); a lease of lifetime 5 s
+# holds $0.15 of the budget until its release settles it to its metered cost.
+PRICE = {"vcpu_hour": 36.0, "per_sandbox": 0.1}
+LIFETIME = 5.0
+
+
+def _spender(config: dict[str, object], start_at: float) -> list[tuple[float, float]]:
+    """Acquire and release until the budget keeps refusing; the (seconds, cost) of every
+    lease released, as its `Released` event said."""
+    from providers.base import SandboxSpec
+    from router.events import Released
+    from router.logs import configure_logging
+
+    configure_logging("json", "error")
+    released: list[tuple[float, float]] = []
+
+    def hook(event: object) -> None:
+        if isinstance(event, Released) and event.seconds is not None:
+            assert event.cost is not None
+            released.append((event.seconds, event.cost))
+
+    router = Router.from_config(config, hooks=[hook])
+    time.sleep(max(0.0, start_at - time.time()))
+    refused = 0
+    while refused < 5 and time.time() < start_at + 20:
+        try:
+            lease = router.acquire(spec=SandboxSpec(lifetime=LIFETIME))
+        except NoProviderAvailable:
+            refused += 1
+            time.sleep(0.2)  # the holds of leases still running may settle below them
+            continue
+        refused = 0
+        time.sleep(0.05)
+        lease.release()
+    router.close()
+    return released
+
+
+def test_the_last_dollar_is_never_overspent(
+    state_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    config = _config(state_url, key_prefix, str(tmp_path / "sb"), {"usd": 1})
+    config["chain"][0]["price"] = PRICE  # type: ignore[index]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(PROCESSES) as pool:
+        start_at = time.time() + 4.0
+        results = pool.starmap(_spender, [(config, start_at)] * PROCESSES)
+    leases = [lease for result in results for lease in result]
+    for seconds, cost in leases:  # the price table: the fee plus $0.01 a second
+        assert cost == pytest.approx(0.1 + 0.01 * seconds, abs=1e-12)
+    spent = math.fsum(cost for _, cost in leases)
+    assert spent <= 1.0 + 1e-9
+    assert spent > 1.0 - 0.15  # used: no room was left for one more lease's hold
+    with Router.from_config(config, hooks=[]) as router:
+        view = router.status().entries[0]
+        assert view.used["usd"] == pytest.approx(spent, abs=1e-9)
+        assert view.usd_held == 0.0

@@ -14,11 +14,11 @@ import threading
 import time
 import warnings
 
-import pytest
 import redis
 
 from tests.polling import wait_until
 from tests.router.conftest import fired
+from tests.warned import warns
 
 CHAIN = [{"name": "flaky", "provider": "local", "quota": {"sessions": 10, "concurrent": 1}}]
 
@@ -108,7 +108,7 @@ def test_a_lease_dropped_unreleased_is_released_with_a_warning(make_router, scri
     gc.collect()
     assert handle.run("echo kept").stdout == "kept\n"
     kept = handle.id
-    with pytest.warns(ResourceWarning, match="released on garbage collection"):
+    with warns(ResourceWarning, match="released on garbage collection"):
         del handle  # the last reference: the lease goes with it
     wait_until(lambda: flaky.alive() == [])
     assert flaky.alive() == []
@@ -123,25 +123,48 @@ def test_a_lease_dropped_unreleased_is_released_with_a_warning(make_router, scri
         gc.collect()
 
 
-def test_concurrent_leases_on_one_session_keep_one_sandbox(make_router, scripted) -> None:
-    """Acquires racing on a new session each create and bind; the session keeps the one it
-    names when they release, and the others' sandboxes are killed, not left for the janitor."""
+def test_a_sync_lease_keeps_what_the_async_lease_it_came_from_held(make_router, scripted):
+    """`acquire` is derived from `aacquire`: the `AsyncLease` it awaits hands its sandbox
+    over to the `Lease` (`Lease.of`), so that one going away releases nothing."""
+    router = make_router(providers={"flaky": scripted()}, chain=CHAIN)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lease = router.acquire()
+        gc.collect()
+        assert lease.sandbox.run("echo live").stdout == "live\n"
+        assert router.status().entries[0].live_leases == 1
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
+    lease.release()
+
+
+def test_concurrent_acquires_of_one_session_take_turns_on_one_sandbox(
+    make_router, scripted
+) -> None:
+    """Acquires racing on a new session: the first creates and binds it, the others wait
+    for each release in turn and get that same sandbox; no two leases hold it at once."""
     flaky = scripted()
     chain = [{"name": "flaky", "provider": "local", "quota": {"sessions": 10}}]
     router = make_router(providers={"flaky": flaky}, chain=chain)
+    holding: list[int] = []
+    overlapped: list[list[int]] = []
 
     async def main() -> list[str]:
-        async def one() -> str:
+        async def one(i: int) -> str:
             async with await router.aacquire(session="conv") as lease:
+                holding.append(i)
+                if len(holding) > 1:
+                    overlapped.append(list(holding))
                 await lease.sandbox.run("true")
+                holding.remove(i)
                 return lease.sandbox_id
 
-        return await asyncio.gather(*(one() for _ in range(3)))
+        return await asyncio.gather(*(one(i) for i in range(3)))
 
     handed = asyncio.run(main())
-    wait_until(lambda: len(flaky.alive()) == 1)
-    assert len(flaky.alive()) == 1
+    assert overlapped == []
+    assert len(set(handed)) == 1
+    assert flaky.creates == 1
+    assert router.status().entries[0].used["sessions"] == 1
     with router.acquire(session="conv") as lease:
         assert lease.resumed
-        assert [lease.sandbox_id] == flaky.alive()
-        assert lease.sandbox_id in handed
+        assert [lease.sandbox_id] == flaky.alive() == handed[:1]

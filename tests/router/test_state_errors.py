@@ -26,7 +26,7 @@ def build(tmp_path: Path, mode: str, events: list[Event]) -> tuple[Router, Scrip
         {
             "state_url": dead_redis_url(),
             "on_state_error": mode,
-            "fail_open_share": 0.5,
+            "fail_open_blind": 0.5,
             "chain": [{"name": "only", "provider": "local", "quota": {"sessions": 4}}],
         },
         providers={"only": provider},
@@ -44,13 +44,14 @@ def test_fail_closed_raises_and_creates_nothing(tmp_path: Path) -> None:
     assert [e.fields["mode"] for e in events if e.name == "state_error"] == ["fail_closed"]
 
 
-def test_fail_open_serves_a_conservative_share_and_says_so(tmp_path: Path) -> None:
+def test_fail_open_serves_the_opted_in_blind_share_and_says_so(tmp_path: Path) -> None:
+    """A replica that never reached the store serves ``fail_open_blind`` of each limit."""
     events: list[Event] = []
     router, provider = build(tmp_path, "fail_open", events)
     with router:
         for _ in range(2):  # half of the 4 sessions
             router.acquire().release()
-        with pytest.raises(NoProviderAvailable, match="sessions 2/2"):
+        with pytest.raises(NoProviderAvailable, match=r"fail_open_blind 0\.5 .*sessions 2/2"):
             router.acquire()
         status = router.status()
     assert provider.creates == 2

@@ -76,13 +76,23 @@ def test_sessions_are_spent_when_created_and_seconds_run_from_the_create(
 ) -> None:
     one, two, *_ = pool(size=1, max_idle=300, quota={"sessions": 5, "concurrent": 3})
     one.fill_warm()
-    assert view(one).used == {"sessions": 1, "sandbox_seconds": 0, "concurrent": 1}
+    assert view(one).used == {"sessions": 1, "sandbox_seconds": 0, "concurrent": 1, "usd": 0}
     clock.advance(20)  # idle in the pool
     lease = two.acquire()
-    assert view(two).used == {"sessions": 1, "sandbox_seconds": pytest.approx(20), "concurrent": 1}
+    assert view(two).used == {
+        "sessions": 1,
+        "sandbox_seconds": pytest.approx(20),
+        "concurrent": 1,
+        "usd": 0,
+    }
     clock.advance(5)  # used by the caller
     lease.release()
-    assert view(two).used == {"sessions": 1, "sandbox_seconds": pytest.approx(25), "concurrent": 0}
+    assert view(two).used == {
+        "sessions": 1,
+        "sandbox_seconds": pytest.approx(25),
+        "concurrent": 0,
+        "usd": 0,
+    }
 
 
 def test_refill_fills_up_to_size_and_never_past_the_pool_limits(pool) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from policies.breaker import BreakerConfig, Outcome
+from policies.fleet import Registration
 from policies.quota import Limits, MonthlyWindow
 from router.state import EntryRef, HeldLease, Spend, StateStore
-from router.state.base import SessionBinding
+from router.state.base import SessionBinding, SessionClaim
 
 NOW = 1_790_000_000.0  # 2026-09-21, mid-window
 CFG = BreakerConfig(failure_threshold=3, cooldown_base=10, cooldown_max=25, probe_timeout=5)
@@ -34,7 +35,7 @@ async def test_refund_gives_back_the_session_and_the_slot(store: StateStore) -> 
     assert settled.applied
     assert not (await store.settle(r, CFG, "l1", NOW + 1, outcome=Outcome.TRANSIENT)).applied
     snap = await store.snapshot([r], NOW + 1)
-    assert snap.pools["p"].used == {"sessions": 0, "sandbox_seconds": 0, "concurrent": 0}
+    assert snap.pools["p"].used == {"sessions": 0, "sandbox_seconds": 0, "concurrent": 0, "usd": 0}
     assert (await store.reserve(r, CFG, "l2", NOW + 2, 30)).granted
 
 
@@ -238,13 +239,25 @@ async def test_replicas_register_with_a_ttl_and_learn_the_fleet(store: StateStor
     r = ref(sessions=10)
     await store.reserve(r, CFG, "l1", NOW, 30)
     first = await store.register_replica("r1", 10, [r], NOW)
-    assert first.replicas == 1
+    assert first.fleet == Registration(replicas=1, seq=1, joined=1, oldest=1)
+    assert not first.fleet.settled  # one contact shows nobody has seen it yet
     assert first.pools["p"].used["sessions"] == 1
-    assert (await store.register_replica("r2", 10, [r], NOW + 1)).replicas == 2
-    assert (await store.register_replica("r1", 10, [r], NOW + 9)).replicas == 2
-    assert (await store.register_replica("r1", 10, [r], NOW + 12)).replicas == 1  # r2 expired
-    await store.deregister_replica("r1")
-    assert (await store.register_replica("r3", 10, [], NOW + 12)).replicas == 1
+    second = await store.register_replica("r2", 10, [r], NOW + 1)
+    assert second.fleet == Registration(replicas=2, seq=2, joined=2, oldest=1)
+    again = await store.register_replica("r1", 10, [r], NOW + 9)
+    assert again.fleet == Registration(replicas=2, seq=3, joined=1, oldest=2)  # settled
+    assert again.fleet.settled
+    late = await store.register_replica("r1", 10, [r], NOW + 12)
+    assert late.fleet.replicas == 2  # r2 expired at 11, counted one TTL more
+    assert late.fleet.oldest == 2  # and may still serve
+    gone = await store.register_replica("r1", 10, [r], NOW + 21.5)
+    assert (gone.fleet.replicas, gone.fleet.oldest) == (1, 5)
+    await store.deregister_replica("r1", NOW + 22)
+    other = await store.register_replica("r3", 10, [], NOW + 23)
+    assert other.fleet == Registration(replicas=2, seq=6, joined=6, oldest=6)  # r1 left
+    back = await store.register_replica("r1", 10, [], NOW + 24)
+    assert back.fleet.joined == 7  # a replica that left and comes back joins anew
+    await store.deregister_replica("nobody", NOW + 24)
 
 
 async def test_an_outage_spend_is_reconciled_once_per_journal(store: StateStore) -> None:
@@ -255,18 +268,38 @@ async def test_an_outage_spend_is_reconciled_once_per_journal(store: StateStore)
     assert await store.reconcile("replica-1:7", spends, NOW + 1) == 0  # a repeat counts once
     assert await store.reconcile("replica-2:1", [Spend(b, sessions=2)], NOW + 1) == 1
     snap = await store.snapshot([a, b], NOW + 1)
-    assert snap.pools["p"].used == {"sessions": 3, "sandbox_seconds": 40, "concurrent": 1}
+    assert snap.pools["p"].used == {"sessions": 3, "sandbox_seconds": 40, "concurrent": 1, "usd": 0}
     assert snap.pools["q"].used["sessions"] == 3
     assert await store.lease_ids(a, NOW + 1) == {"held-1"}
     assert await store.release(a, "held-1", NOW + 5) == pytest.approx(10)  # since it started
     assert await store.release(a, "held-1", NOW + 6) is None  # a repeated free frees nothing
     snap = await store.snapshot([a], NOW + 6)
-    assert snap.pools["p"].used == {"sessions": 3, "sandbox_seconds": 50, "concurrent": 0}
+    assert snap.pools["p"].used == {"sessions": 3, "sandbox_seconds": 50, "concurrent": 0, "usd": 0}
+
+
+async def test_a_reconcile_refunds_the_reservations_nobody_heard_back_about(
+    store: StateStore,
+) -> None:
+    """A reserve sent as the store went down: the store made it, the replica booked the same
+    lease from its share. Its reservation is refunded, then the lease counted once, as
+    held; one already committed, one never made and one never answered are left alone."""
+    a = ref("a", "p", sessions=10, concurrent=5)
+    assert (await store.reserve(a, CFG, "made", NOW, 30)).granted  # its answer lost
+    assert (await store.reserve(a, CFG, "alone", NOW, 30)).granted  # the share refused it
+    assert (await store.reserve(a, CFG, "live", NOW, 30)).granted
+    assert (await store.settle(a, CFG, "live", NOW, outcome=Outcome.SUCCESS, ttl=60)).applied
+    held = HeldLease("made", "a", NOW + 1, 30, "sb-1")
+    spend = Spend(a, sessions=1, leases=(held,), unanswered=("made", "alone", "live", "never"))
+    assert await store.reconcile("replica-1:1", [spend], NOW + 2) == 1
+    snap = await store.snapshot([a], NOW + 2)
+    assert snap.pools["p"].used == {"sessions": 2, "sandbox_seconds": 0, "concurrent": 2, "usd": 0}
+    assert await store.lease_ids(a, NOW + 2) == {"made", "live"}
+    assert await store.release(a, "made", NOW + 11) == pytest.approx(10)  # live since NOW + 1
 
 
 async def test_a_session_kept_only_while_it_names_the_sandbox(store: StateStore) -> None:
-    """Two leases on one session (concurrent acquires) each bound it; only the one it names
-    now may keep it (a release, a heartbeat): the other's sandbox is nobody's to keep."""
+    """A binding re-bound to another sandbox: only a lease on the one it names now may keep
+    it (a heartbeat): the other's sandbox is nobody's to keep."""
     await store.bind_session("conv", "a", "sb-1", NOW + 60, NOW)
     await store.bind_session("conv", "a", "sb-2", NOW + 60, NOW)  # the later acquire
     assert not await store.bind_session("conv", "a", "sb-1", NOW + 90, NOW, kept=True)
@@ -285,3 +318,62 @@ async def test_a_session_binding_says_whether_its_sandbox_is_paused(store: State
     assert await store.bound_sandboxes(NOW) == {("a", "sb-1"), ("a", "sb-2")}
     await store.bind_session("parked", "a", "sb-2", NOW + 90, NOW)  # woken: re-bound running
     assert await store.session("parked", NOW) == SessionBinding("a", "sb-2", NOW + 90, False)
+
+
+async def test_one_holder_at_a_time(store: StateStore) -> None:
+    """A claim holds a session until its holder lets go; a second claimer is told who has
+    it, and gets it once let go (the binding as the first left it)."""
+    assert await store.claim_session("conv", "h1", NOW + 30, NOW) == SessionClaim(False)
+    assert await store.session("conv", NOW) is None  # a claim for a create names no sandbox
+    assert await store.bound_sandboxes(NOW) == set()
+    assert not await store.bind_session("conv", "a", "sb-2", NOW + 60, NOW, holder="h2")
+    assert await store.bind_session("conv", "a", "sb-1", NOW + 60, NOW, holder="h1")
+    held = SessionBinding("a", "sb-1", NOW + 60, holder="h1")
+    assert await store.claim_session("conv", "h2", NOW + 30, NOW) == SessionClaim(True, held)
+    assert await store.claim_session("conv", "h1", NOW + 30, NOW) == SessionClaim(False, held)
+    assert not await store.release_session("conv", "h2", NOW + 900, NOW)  # not its holder
+    assert await store.release_session("conv", "h1", NOW + 900, NOW, paused=True)
+    kept = SessionBinding("a", "sb-1", NOW + 900, paused=True)
+    assert await store.session("conv", NOW) == kept
+    assert await store.claim_session("conv", "h2", NOW + 30, NOW) == SessionClaim(False, kept)
+    assert await store.session("conv", NOW) == SessionBinding("a", "sb-1", NOW + 30, True, "h2")
+    assert not await store.bind_session("conv", "a", "sb-1", NOW + 60, NOW, kept=True, holder="h1")
+    assert await store.bind_session("conv", "a", "sb-1", NOW + 60, NOW, kept=True, holder="h2")
+    assert await store.release_session("conv", "h2", NOW + 900, NOW, sandbox_id="sb-1")
+    assert await store.session("conv", NOW) == SessionBinding("a", "sb-1", NOW + 900, False)
+
+
+async def test_a_dead_holders_claim_ends_with_it(store: StateStore) -> None:
+    """A claim lasts only as long as its acquire may: past it, the session is free, and a
+    claim that named no sandbox is simply gone."""
+    await store.claim_session("conv", "h1", NOW + 30, NOW)
+    assert await store.claim_session("conv", "h2", NOW + 31, NOW + 30) == SessionClaim(False)
+    assert await store.release_session("conv", "h2", NOW + 900, NOW + 30)  # nothing to keep
+    assert await store.claim_session("conv", "h3", NOW + 60, NOW + 30) == SessionClaim(False)
+    assert await store.release_session("conv", "h3", NOW + 900, NOW + 30, drop=True)
+    assert await store.take_session("conv", NOW + 30) is None
+
+
+async def test_taking_a_session_forgets_it_and_says_who_held_it(store: StateStore) -> None:
+    await store.bind_session("conv", "a", "sb-1", NOW + 60, NOW, holder="h1")
+    taken = await store.take_session("conv", NOW)
+    assert taken == SessionBinding("a", "sb-1", NOW + 60, holder="h1")
+    assert await store.session("conv", NOW) is None
+    assert not await store.bind_session("conv", "a", "sb-1", NOW + 60, NOW, kept=True, holder="h1")
+    assert not await store.release_session("conv", "h1", NOW + 900, NOW)  # its holder: kill
+    assert await store.take_session("conv", NOW) is None
+
+
+async def test_letting_go_of_a_sandbox_the_session_does_not_name_forgets_it(
+    store: StateStore,
+) -> None:
+    """The holder's bind never landed (its session names no sandbox, or its old one): the
+    binding goes, and the answer says the holder's sandbox is not the session's."""
+    await store.claim_session("conv", "h1", NOW + 30, NOW)
+    assert not await store.release_session("conv", "h1", NOW + 900, NOW, sandbox_id="sb-1")
+    assert await store.claim_session("conv", "h2", NOW + 30, NOW) == SessionClaim(False)
+    await store.bind_session("old", "a", "sb-0", NOW + 60, NOW, holder="h1")
+    assert not await store.release_session("old", "h2", NOW + 900, NOW, sandbox_id="sb-1")
+    assert await store.session("old", NOW) is not None  # not its holder: nothing changes
+    assert not await store.release_session("old", "h1", NOW + 900, NOW, sandbox_id="sb-1")
+    assert await store.session("old", NOW) is None

@@ -2,12 +2,15 @@
 
 Hypothesis drives the same random operation sequences through the Redis
 store (Lua) and the memory store (the pure Python policies) and requires
-the same answer at every step and the same state at the end.
+the same answer at every step and the same state at the end. The session
+rules, a handful of states and calls, are checked exhaustively instead: every
+call from every kind of binding.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 from typing import Any
 
@@ -16,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.breaker import BreakerConfig, Outcome
-from policies.quota import Limits, MonthlyWindow
+from policies.quota import Limits, Meter, MonthlyWindow
 from policies.warm import WarmRecord
 from router.state import EntryRef, HeldLease, Spend, StateStore, open_store
 
@@ -24,7 +27,15 @@ CFG = BreakerConfig(
     failure_threshold=3, min_calls=4, window_seconds=30, cooldown_base=5, cooldown_max=12,
     probe_timeout=4, capacity_cooldown=3, rate_limit_default=2, quota_default=50,
 )  # fmt: skip
-LIMITS = Limits(sessions=6, sandbox_seconds=120, concurrent=2)
+LIMITS = Limits(sessions=6, sandbox_seconds=120, concurrent=2, usd=3.0)
+# Priced leases: per second with a fee (overdrawn when short), per second and per minute
+# killed when short, a fee only.
+METERS = [
+    Meter(0.013, 0.5, 0.0, 20.0, 15.0),
+    Meter(0.021, 0.0, 0.0, 30.0, 30.0, kill=True),
+    Meter(0.05, 0.1, 60.0, 30.0, 30.0, kill=True),
+    Meter(0.0, 0.25),
+]
 REFS = [
     EntryRef("a", "p", LIMITS, MonthlyWindow(), "fp"),
     EntryRef("b", "p", LIMITS, MonthlyWindow(), "fp"),
@@ -32,8 +43,10 @@ REFS = [
 START = 1_790_000_000.0
 
 lease_ids = st.sampled_from([f"l{i}" for i in range(6)])
+replicas = st.sampled_from(["r0", "r1", "r2"])
 ops = st.one_of(
-    st.tuples(st.just("reserve"), st.integers(0, 1), lease_ids, st.integers(1, 60)),
+    st.tuples(st.just("reserve"), st.integers(0, 1), lease_ids, st.integers(1, 60),
+              st.none() | st.sampled_from(METERS), st.booleans()),
     st.tuples(
         st.just("settle"), st.integers(0, 1), lease_ids, st.sampled_from(list(Outcome)),
         st.integers(1, 60), st.none() | st.integers(1, 100),
@@ -42,9 +55,9 @@ ops = st.one_of(
     st.tuples(st.just("heartbeat"), st.integers(0, 1), lease_ids, st.integers(1, 60)),
     st.tuples(st.just("record"), st.integers(0, 1), st.sampled_from(list(Outcome))),
     st.tuples(st.just("reconcile"), st.integers(0, 1), st.lists(lease_ids, max_size=3),
-              st.integers(1, 60)),
+              st.integers(1, 60), st.none() | st.sampled_from(METERS)),
     st.tuples(st.just("snapshot")),
-    st.tuples(st.just("set_usage"), st.sampled_from(["sessions", "sandbox_seconds"]),
+    st.tuples(st.just("set_usage"), st.sampled_from(["sessions", "sandbox_seconds", "usd"]),
               st.integers(0, 8)),
     st.tuples(st.just("advance"), st.integers(0, 40)),
     st.tuples(st.just("claim"), st.integers(0, 1), lease_ids, st.integers(1, 60)),
@@ -52,13 +65,36 @@ ops = st.one_of(
               st.integers(1, 60)),
     st.tuples(st.just("warm_take"), st.integers(0, 1), lease_ids),
     st.tuples(st.just("warm_list"), st.integers(0, 1)),
+    st.tuples(st.just("register"), replicas, st.sampled_from([5, 10, 30])),
+    st.tuples(st.just("deregister"), replicas),
+)  # fmt: skip
+
+
+# The ledger calls alone, every lease priced: the usd rules (holds, covers, renewals
+# refused or overdrawn, settles, expiries, hand-overs) get the whole sequence.
+usd_ops = st.one_of(
+    st.tuples(st.just("reserve"), st.integers(0, 1), lease_ids, st.integers(1, 60),
+              st.sampled_from(METERS), st.booleans()),
+    st.tuples(
+        st.just("settle"), st.integers(0, 1), lease_ids,
+        st.sampled_from([Outcome.SUCCESS, Outcome.SUCCESS, Outcome.TRANSIENT]),
+        st.integers(1, 60), st.none(),
+    ),
+    st.tuples(st.just("release"), st.integers(0, 1), lease_ids),
+    st.tuples(st.just("heartbeat"), st.integers(0, 1), lease_ids, st.integers(1, 60)),
+    st.tuples(st.just("reconcile"), st.integers(0, 1), st.lists(lease_ids, max_size=2),
+              st.integers(1, 60), st.sampled_from(METERS)),
+    st.tuples(st.just("snapshot")),
+    st.tuples(st.just("set_usage"), st.just("usd"), st.integers(0, 3)),
+    st.tuples(st.just("advance"), st.integers(0, 40)),
 )  # fmt: skip
 
 
 async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
     kind = op[0]
     if kind == "reserve":
-        return await store.reserve(REFS[op[1]], CFG, op[2], now, op[3])
+        return await store.reserve(REFS[op[1]], CFG, op[2], now, op[3], meter=op[4],
+                                   new_session=op[5])  # fmt: skip
     if kind == "settle":
         until = now + op[5] if op[5] else None
         return await store.settle(
@@ -72,8 +108,10 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         return await store.record(REFS[op[1]], CFG, op[2], now, detail="d")
     if kind == "reconcile":
         ref = REFS[op[1]]
-        held = tuple(HeldLease(lid, ref.entry, now - 3, op[3]) for lid in dict.fromkeys(op[2]))
-        return await store.reconcile(f"j{now}", [Spend(ref, 1, 2.5, held)], now)
+        held = tuple(
+            HeldLease(lid, ref.entry, now - 3, op[3], meter=op[4]) for lid in dict.fromkeys(op[2])
+        )
+        return await store.reconcile(f"j{now}", [Spend(ref, 1, 2.5, held, usd=0.75)], now)
     if kind == "set_usage":  # bumps the limits version a quota denial and a snapshot carry
         return await store.set_usage(REFS[0], op[1], op[2], now)
     if kind == "snapshot":  # it purges expired leases, as reserve does
@@ -87,6 +125,10 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         return await store.warm_take(REFS[op[1]], op[2], now)
     if kind == "warm_list":
         return await store.warm_list(REFS[op[1]], now)
+    if kind == "register":
+        return await store.register_replica(op[1], op[2], REFS, now)
+    if kind == "deregister":
+        return await store.deregister_replica(op[1], now)
     return None
 
 
@@ -108,6 +150,20 @@ def normal(value: Any) -> Any:
 )
 @given(st.lists(ops, max_size=30))
 def test_redis_lua_agrees_with_the_pure_policies(redis_url: str, sequence: list[Any]) -> None:
+    agree(redis_url, sequence)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(usd_ops, max_size=30))
+def test_redis_lua_agrees_on_usd(redis_url: str, sequence: list[Any]) -> None:
+    agree(redis_url, sequence)
+
+
+def agree(redis_url: str, sequence: list[Any]) -> None:
+    """Run ``sequence`` on Redis and on memory: the same answers, the same state."""
+
     async def run() -> None:
         lua = open_store(redis_url, f"diff-{secrets.token_hex(4)}")
         pure = open_store("memory://", "diff")
@@ -140,6 +196,78 @@ def test_every_outcome_is_known_to_lua(redis_url: str, outcome: Outcome) -> None
             assert normal(await lua.snapshot(REFS, START)) == normal(
                 await pure.snapshot(REFS, START)
             )
+        finally:
+            await lua.close()
+
+    asyncio.run(run())
+
+
+HOLDERS, SANDBOXES = ("", "h0", "h1"), ("", "sb0", "sb1")
+# Every kind of binding a session can have: none, a claim for a create, a sandbox (paused
+# or not) held by nobody or by h0 or h1, and one that expired.
+STATES: list[list[tuple[Any, ...]]] = [
+    [],
+    [("claim", "h0")],
+    *[[("bind", "sb0", paused, holder)] for paused in (False, True) for holder in HOLDERS],
+    [("bind", "sb0", False, "h0"), ("expire",)],
+]
+STEPS = [
+    ("claim", holder) for holder in HOLDERS
+] + [
+    ("bind", sandbox, paused, holder, kept)
+    for sandbox in SANDBOXES for paused in (False, True) for holder in HOLDERS
+    for kept in (False, True)
+] + [
+    ("release", holder, sandbox, paused, drop)
+    for holder in HOLDERS for sandbox in SANDBOXES for paused in (None, False, True)
+    for drop in (False, True)
+] + [("take",), ("session",)]  # fmt: skip
+
+
+async def step(store: StateStore, session: str, op: tuple[Any, ...], now: float) -> Any:
+    """One session call of ``op``'s kind on ``session`` (times relative to ``now``)."""
+    kind, *args = op
+    if kind == "claim":
+        return await store.claim_session(session, args[0], now + 30, now)
+    if kind == "bind":
+        sandbox, paused, holder, *kept = args
+        return await store.bind_session(
+            session, "a", sandbox, now + 60, now, paused=paused, holder=holder,
+            kept=bool(kept and kept[0]),
+        )  # fmt: skip
+    if kind == "release":
+        holder, sandbox, paused, drop = args
+        return await store.release_session(
+            session, holder, now + 90, now, sandbox_id=sandbox, paused=paused, drop=drop
+        )
+    if kind == "take":
+        return await store.take_session(session, now)
+    return await store.session(session, now)
+
+
+def test_every_session_step_from_every_state_agrees(redis_url: str) -> None:
+    """One holder at a time (`policies.sessions`): each session script against its rule,
+    for every call from every kind of binding (each case a session of its own), then what
+    is left: the binding read, and what a claim finds (a claim's holder included)."""
+
+    async def run() -> None:
+        lua = open_store(redis_url, f"diff-{secrets.token_hex(4)}")
+        pure = open_store("memory://", "diff")
+        try:
+            for case, (state, op) in enumerate(itertools.product(STATES, STEPS)):
+                session, now = f"s{case}", START
+                for setup in state:
+                    if setup == ("expire",):
+                        now += 60
+                        continue
+                    for store in (lua, pure):
+                        await step(store, session, setup, START)
+                got, want = await step(lua, session, op, now), await step(pure, session, op, now)
+                assert normal(got) == normal(want), (state, op)
+                for check in (("session",), ("claim", "last")):
+                    got = await step(lua, session, check, now)
+                    assert normal(got) == normal(await step(pure, session, check, now)), (state, op)
+            assert await lua.bound_sandboxes(START) == await pure.bound_sandboxes(START)
         finally:
             await lua.close()
 

@@ -39,7 +39,7 @@ async def test_a_claim_hands_over_the_first_made_under_its_lease_id(store: State
     assert await store.warm_take(r, "w1", NOW + 10) is None  # claimed: the refill kills nothing
     # sessions spent by the creates only; the claimed lease keeps its slot (2 of 2)
     snap = await store.snapshot([r], NOW + 10)
-    assert snap.pools["p"].used == {"sessions": 2, "sandbox_seconds": 10, "concurrent": 2}
+    assert snap.pools["p"].used == {"sessions": 2, "sandbox_seconds": 10, "concurrent": 2, "usd": 0}
     assert (await store.settle(r, CFG, "w1", NOW + 11, outcome=Outcome.SUCCESS, ttl=60)).applied
     assert await store.release(r, "w1", NOW + 21) == pytest.approx(10)
 
@@ -64,7 +64,7 @@ async def test_a_claimed_lease_given_back_refunds_the_slot_but_not_the_session(
     assert (await store.reserve(r, CFG, "l1", NOW + 2, 30, warm=True)).claimed is not None
     assert (await store.settle(r, CFG, "w1", NOW + 3, outcome=Outcome.NEUTRAL)).applied
     snap = await store.snapshot([r], NOW + 3)
-    assert snap.pools["p"].used == {"sessions": 1, "sandbox_seconds": 2, "concurrent": 0}
+    assert snap.pools["p"].used == {"sessions": 1, "sandbox_seconds": 2, "concurrent": 0, "usd": 0}
 
 
 async def test_past_its_deadline_it_is_not_claimed_and_take_meters_it_once(
@@ -130,3 +130,13 @@ async def test_a_put_needs_a_committed_lease(store: StateStore) -> None:
     await store.reserve(r, CFG, "l1", NOW, 30)
     assert not await store.warm_put(r, "l1", record, NOW)  # reserved, not committed
     assert await store.warm_list(r, NOW) == {}
+
+
+async def test_a_record_put_again_is_the_one_kept(store: StateStore) -> None:
+    """`policies.warm.put` replaces a lease's record; every store keeps the later one (the
+    memory and SQLite stores kept the first: the Lua parity test found it)."""
+    r = ref(sessions=2, concurrent=2)
+    await made(store, r, "w1", NOW, idle=60)
+    later = WarmRecord("sb-w1", NOW, NOW + 90, NOW + 120)
+    assert await store.warm_put(r, "w1", later, NOW + 1)
+    assert await store.warm_list(r, NOW + 1) == {"w1": later}

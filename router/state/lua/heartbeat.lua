@@ -1,9 +1,14 @@
--- Extend a live lease. KEYS: leases, lease meta ; ARGV: now, lease_id, ttl
+-- Extend a live lease, and a priced one's cover (policies/quota.py `heartbeat`).
+-- KEYS: usage, leases, lease meta, held per entry ; ARGV: now, lease_id, ttl, limit usd
+-- ('' = unlimited). Answers '0' (expired), '1' (alive), or '1|<cover end>' when the
+-- budget could not renew its cover.
 local now, lid, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
-local expires = redis.call('ZSCORE', KEYS[1], lid)
-if not expires or tonumber(expires) <= now then return 0 end
-redis.call('ZADD', KEYS[1], now + ttl, lid)
-local m = cjson.decode(redis.call('HGET', KEYS[2], lid))
+local expires = redis.call('ZSCORE', KEYS[2], lid)
+if not expires or tonumber(expires) <= now then return '0' end
+local m = cjson.decode(redis.call('HGET', KEYS[3], lid))
 m.ttl = ttl
-redis.call('HSET', KEYS[2], lid, cjson.encode(m))
-return 1
+local kept, fits = cover(KEYS[1], KEYS[4], m, now + ttl, ARGV[4])
+redis.call('ZADD', KEYS[2], kept, lid)
+redis.call('HSET', KEYS[3], lid, cjson.encode(m))
+if fits then return '1' end
+return '1|' .. num(m.started + tonumber(m.covered))

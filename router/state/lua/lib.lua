@@ -183,23 +183,113 @@ local function ensure_counts(leases_key, meta_key, held_key)
   end
 end
 
+-- Dollars (policies/quota.py's usd unit). A priced lease's meta carries its meter as
+-- strings (rate, fee, step, renew, covered: exact, where cjson would keep 14 digits),
+-- kill and short as 0/1; an unpriced one has no rate. The pool's holds are the `$usd`
+-- field of the held hash (no entry name starts with `$`), the window's spend the usage
+-- hash's `usd`; both written as %.17g so they read back as the Python store's floats.
+local HELD_USD = '$usd'
+
+local function num(x)
+  return string.format('%.17g', x)
+end
+
+local function metered(seconds, step)
+  if seconds <= 0 then return 0 end
+  if step <= 0 then return seconds end
+  return math.ceil(seconds / step - 1e-9) * step
+end
+
+local function hold_of(m)
+  if not m.rate then return 0 end
+  return tonumber(m.rate) * metered(tonumber(m.covered), tonumber(m.step)) + tonumber(m.fee)
+end
+
+local function held_usd(held_key)
+  return tonumber(redis.call('HGET', held_key, HELD_USD) or '0')
+end
+
+local function spent_usd(usage_key)
+  return tonumber(redis.call('HGET', usage_key, 'usd') or '0')
+end
+
+local function add_held(held_key, amount)
+  redis.call('HSET', held_key, HELD_USD, num(math.max(0, held_usd(held_key) + amount)))
+end
+
+-- No lease left holds anything: no float dust stays behind.
+local function clear_held(leases_key, held_key)
+  if redis.call('ZCARD', leases_key) == 0 and redis.call('HEXISTS', held_key, HELD_USD) == 1 then
+    redis.call('HSET', held_key, HELD_USD, '0')
+  end
+end
+
+-- Drop m's hold and charge its cost for `seconds` (its fee if it took a session).
+local function settle_usd(usage_key, held_key, m, seconds)
+  if not m.rate then return end
+  local fee = tonumber(m.fee)
+  if m.counted == 0 then fee = 0 end
+  add_held(held_key, -hold_of(m))
+  local charged = tonumber(m.rate) * metered(seconds, tonumber(m.step)) + fee
+  redis.call('HSET', usage_key, 'usd', num(spent_usd(usage_key) + charged))
+end
+
+-- Grow m's cover to `expires` by whole renewals if the budget (`limit`, '' = none)
+-- holds them (policies/quota.py `cover`). Returns the expiry to keep and whether it fit.
+local function cover(usage_key, held_key, m, expires, limit)
+  if not m.rate then return expires, true end
+  local covered, renew, step = tonumber(m.covered), tonumber(m.renew), tonumber(m.step)
+  local need = expires - m.started
+  if need <= covered or renew <= 0 then return expires, true end
+  local grown = covered + math.ceil((need - covered) / renew - 1e-9) * renew
+  local extra = tonumber(m.rate) * (metered(grown, step) - metered(covered, step))
+  local fits = limit == '' or spent_usd(usage_key) + held_usd(held_key) + extra <= tonumber(limit)
+  m.short = fits and 0 or 1
+  if not fits and m.kill == 1 then return m.started + covered, false end
+  redis.call('HSET', held_key, HELD_USD, num(held_usd(held_key) + extra))
+  m.covered = num(grown)
+  return expires, fits
+end
+
 -- Free lease `lid` (its slot and its count) and meter a live one's seconds from its
--- commit to `upto` (or its expiry, if sooner) into the usage. Returns the seconds.
+-- commit to `upto` (or its expiry, if sooner) into the usage, its hold settled to
+-- their cost. Returns the seconds.
 local function drop_lease(usage_key, leases_key, meta_key, held_key, lid, m, upto, usage_ttl)
   local expires = tonumber(redis.call('ZSCORE', leases_key, lid) or upto)
   local seconds = 0
   if m.live == 1 then seconds = math.max(0, math.min(upto, expires) - m.started) end
   redis.call('HINCRBYFLOAT', usage_key, 'sandbox_seconds', seconds)
+  settle_usd(usage_key, held_key, m, seconds)
   redis.call('EXPIRE', usage_key, usage_ttl)
   ensure_counts(leases_key, meta_key, held_key)
   redis.call('HDEL', meta_key, lid)
   redis.call('ZREM', leases_key, lid)
   count_lease(held_key, m.entry, -1)
+  clear_held(leases_key, held_key)
   return seconds
 end
 
+-- Give back reservation `lid` while it is not live (its create failed, or it was
+-- never answered): its slot, and its session when it took one. Returns true if it did.
+local function refund(usage_key, leases_key, meta_key, held_key, lid)
+  local raw = redis.call('HGET', meta_key, lid)
+  if not raw then return false end
+  local m = cjson.decode(raw)
+  if m.live ~= 0 then return false end
+  ensure_counts(leases_key, meta_key, held_key)
+  redis.call('HDEL', meta_key, lid)
+  redis.call('ZREM', leases_key, lid)
+  count_lease(held_key, m.entry, -1)
+  if m.counted ~= 0 and redis.call('HINCRBY', usage_key, 'sessions', -1) < 0 then
+    redis.call('HSET', usage_key, 'sessions', 0)
+  end
+  if m.rate then add_held(held_key, -hold_of(m)) end
+  clear_held(leases_key, held_key)
+  return true
+end
+
 -- Drop expired leases (the lease set is their index by expiry, so only those
--- are read), charging each its seconds until it expired. Returns how many.
+-- are read), charging each its seconds (and dollars) until it expired. Returns how many.
 local function purge(usage_key, leases_key, meta_key, held_key, now)
   ensure_counts(leases_key, meta_key, held_key)
   local expired = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
@@ -208,14 +298,17 @@ local function purge(usage_key, leases_key, meta_key, held_key, now)
     local raw = redis.call('HGET', meta_key, lid)
     if raw then
       local m = cjson.decode(raw)
+      local seconds = 0
       if m.live == 1 then
-        local seconds = math.max(0, expires - m.started)
+        seconds = math.max(0, expires - m.started)
         redis.call('HINCRBYFLOAT', usage_key, 'sandbox_seconds', seconds)
       end
+      settle_usd(usage_key, held_key, m, seconds)
       redis.call('HDEL', meta_key, lid)
       count_lease(held_key, m.entry, -1)
     end
     redis.call('ZREM', leases_key, lid)
   end
+  if #expired > 0 then clear_held(leases_key, held_key) end
   return #expired / 2
 end

@@ -2,8 +2,8 @@
 -- after purging expired leases: O(1) in the number of live leases.
 -- KEYS: usage, leases, lease meta, held per entry, then each entry's health
 -- ARGV: now, usage ttl, then each entry's name (in the order of the health keys)
--- Reply: sessions, sandbox seconds, leases held, limits version, then each entry's
--- leases, then its health
+-- Reply: sessions, sandbox seconds, leases held, limits version, usd spent, usd held,
+-- then each entry's leases, then its health
 if purge(KEYS[1], KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[1])) > 0 then
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
 end
@@ -12,6 +12,8 @@ local reply = {
   redis.call('HGET', KEYS[1], 'sandbox_seconds'),
   redis.call('ZCARD', KEYS[2]),
   redis.call('HGET', KEYS[1], 'version'),
+  redis.call('HGET', KEYS[1], 'usd'),
+  redis.call('HGET', KEYS[4], '$usd'),
 }
 for i = 3, #ARGV do table.insert(reply, redis.call('HGET', KEYS[4], ARGV[i])) end
 for i = 5, #KEYS do table.insert(reply, redis.call('GET', KEYS[i])) end

@@ -11,7 +11,8 @@ the wrapper and the command once it runs, and ``exit`` gets its status when
 it ends. The wrapper is not in the command's group, so it outlives a kill of
 the command and still writes the status (137). Every handle, the starter's
 included, follows those files from offset 0 (polling, every few ms while
-output flows, at most every 50 ms when idle), so all handles see the same
+output flows or after its stdin was written, at most every 50 ms when
+idle), so all handles see the same
 output, and a command outlives the process that started it. Its stdin is a
 pipe from the starter to the wrapper: only the starting handle writes it.
 
@@ -41,13 +42,12 @@ import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import IO, Literal
 
+from providers.base import Sandbox
 from providers.errors import SandboxError
+from providers.local.isolation import REAP_SECONDS
 from providers.processes import ProcessBase, ProcessInfo, TerminalBase
-
-if TYPE_CHECKING:
-    from providers.local import LocalSandbox
 
 __all__ = [
     "LocalTerminal",
@@ -63,9 +63,8 @@ __all__ = [
     "wrapped",
 ]
 
-_log = logging.getLogger("providers.local")
+_log = logging.getLogger(__name__)
 
-_REAP_SECONDS = 5.0  # a process stuck in the kernel (state D) may take this long to die
 _POLL_FIRST = 0.002
 _POLL_MAX = 0.05
 _READ_MAX = 1 << 20
@@ -218,7 +217,7 @@ class RecordedProcess(ProcessBase):
 
     def __init__(
         self,
-        sandbox: LocalSandbox,
+        sandbox: Sandbox,
         process_id: str,
         record: Path,
         wrapper: asyncio.subprocess.Process | None = None,
@@ -227,6 +226,7 @@ class RecordedProcess(ProcessBase):
         self._sandbox = sandbox
         self._record = record
         self._wrapper = wrapper
+        self._nudged = asyncio.Event()  # input was written: an answer may follow soon
         self._follower = asyncio.ensure_future(self._follow())
 
     def _alive(self) -> bool:
@@ -256,7 +256,11 @@ class RecordedProcess(ProcessBase):
                     self._finish(code)
                     return
                 delay = _POLL_FIRST if flowed else min(delay * 2, _POLL_MAX)
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._nudged.wait(), delay)
+                if self._nudged.is_set():
+                    self._nudged.clear()
+                    delay = _POLL_FIRST
         except OSError as exc:
             self._fail(self._error(f"cannot follow process {self.id}: {exc.strerror}"))
         finally:
@@ -287,12 +291,14 @@ class RecordedProcess(ProcessBase):
         return self._wrapper.stdin
 
     async def write_stdin(self, data: str | bytes) -> None:
+        """Feed the command; its follower polls fast again, as an answer often follows."""
         stdin = self._stdin()
         try:
             stdin.write(data.encode() if isinstance(data, str) else data)
             await stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise self._error(f"process {self.id} has ended") from exc
+        self._nudged.set()
 
     async def close_stdin(self) -> None:
         stdin = self._stdin()
@@ -398,7 +404,7 @@ def sweep(belongs: Callable[[int], bool]) -> None:
     cost, and the next one only has to find what forked meanwhile.
     """
     me = os.getpid()
-    deadline = time.monotonic() + _REAP_SECONDS
+    deadline = time.monotonic() + REAP_SECONDS
     while found := [p for p in _all_pids() if p != me and belongs(p)]:
         if time.monotonic() > deadline:
             _log.warning("processes %s outlived their kill", found)
@@ -425,7 +431,7 @@ def stop_all(belongs: Callable[[int], bool]) -> None:
     forked meanwhile is found by the next scan.
     """
     me = os.getpid()
-    deadline = time.monotonic() + _REAP_SECONDS
+    deadline = time.monotonic() + REAP_SECONDS
     delay = 0.0005
     while running := [p for p in _all_pids() if p != me and _state(p) not in "TtZX" and belongs(p)]:
         if time.monotonic() > deadline:

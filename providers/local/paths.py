@@ -13,6 +13,9 @@ absolute target, and ``..`` above the root, is an `Escape`. What the call
 acts on is one name in a directory it holds open, used with ``O_NOFOLLOW``
 or ``follow_symlinks=False``, so a symlink that appears there meanwhile is
 refused (``ELOOP``), never followed.
+
+A whole tree (a snapshot) is copied by path (`copy_tree`): only while its
+sandbox is paused, or before its sandbox exists.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ import contextlib
 import errno
 import os
 import posixpath
+import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["Escape", "Located", "Tree"]
+__all__ = ["Escape", "Located", "Tree", "copy_tree"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_LINKS = 40  # as the kernel's own limit on symlinks in one lookup
@@ -139,3 +144,18 @@ class Tree:
             if target == base or target.startswith(base.rstrip("/") + "/"):
                 return target[len(base) :]
         raise Escape(path)
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    """Copy a sandbox's tree: symlinks as links, FIFOs, sockets and devices left out
+    (a FIFO would block the copy; a socket's server is gone with its process)."""
+
+    def specials(directory: str, names: list[str]) -> set[str]:
+        kinds = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK)
+        return {
+            n
+            for n in names
+            if not any(k(os.lstat(os.path.join(directory, n)).st_mode) for k in kinds)
+        }
+
+    shutil.copytree(source, target, symlinks=True, ignore=specials)
