@@ -74,6 +74,8 @@ class ScriptedProvider(Provider):
         script: the steps not consumed yet; a test may replace it.
         creates: how many creates were asked for.
         connects: how many connects were asked for.
+        connected: the ids of the sandboxes a connect answered with, in order
+            (a connect is counted in ``connects`` before it answers).
         created: the ids of every sandbox it created.
     """
 
@@ -103,6 +105,7 @@ class ScriptedProvider(Provider):
         self.local.capabilities = self.capabilities  # its sandboxes refuse what it lacks
         self.creates = 0
         self.connects = 0
+        self.connected: list[str] = []
         self.created: list[str] = []
 
     def unconfigured_reason(self) -> str | None:
@@ -129,7 +132,9 @@ class ScriptedProvider(Provider):
 
     async def connect(self, sandbox_id: str) -> Sandbox:
         self.connects += 1
-        return self._gated(await self.local.connect(sandbox_id))
+        sandbox = await self.local.connect(sandbox_id)
+        self.connected.append(sandbox.id)
+        return self._gated(sandbox)
 
     async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
         return await self.local.list(labels)

@@ -374,7 +374,7 @@ def test_a_replica_connects_ahead_in_the_background(pool, events) -> None:
     with two.acquire():  # starts its loops; its first pass is a tick later, so this claim connects
         pass
     one.fill_warm()
-    wait_until(lambda: claimer.connects >= 2)
+    wait_until(lambda: len(claimer.connected) >= 2)  # answered, so the handle is held
     assert claimer.connects == 2
     with two.acquire():
         pass
