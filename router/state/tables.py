@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import json
 import math
 from collections import Counter
@@ -20,9 +21,11 @@ from typing import Any, Protocol, TypeVar
 
 from policies import breaker, fleet, quota
 from policies import sessions as session_policy
+from policies import tenants as tenant_policy
 from policies import warm as warm_policy
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import UNITS, LeaseSlot, Limits, Meter, PoolState, Renewal
+from policies.tenants import TenantState, TenantWindow
 from policies.warm import Claim, WarmRecord
 from router.state.base import (
     CALL_MEMORY,
@@ -41,11 +44,14 @@ from router.state.base import (
     Snapshot,
     Spend,
     StateStore,
+    TenantRef,
+    TenantUsage,
 )
 
 __all__ = ["TableStore", "Tables"]
 
 T = TypeVar("T")
+_USAGE_KEEP = 62 * 24 * 3600.0  # a tenant's window outlives it by this much, for `cost`
 
 
 @dataclass(slots=True)
@@ -215,13 +221,20 @@ class TableStore(StateStore):
     ) -> Settlement:
         def settle(tx: Tables) -> Settlement:
             pool = _load(tx, ref, now, [lease_id])
+            tenant = _load_tenant(tx, ref.tenant, now)
             short_at = 0.0
             if outcome is Outcome.SUCCESS:
-                renewal = quota.commit(pool, lease_id, now, ttl, sandbox_id, ref.limits)
+                also = _budget(ref.tenant, tenant)
+                renewal = quota.commit(pool, lease_id, now, ttl, sandbox_id, ref.limits, also)
                 applied, short_at = renewal.alive, renewal.short_at
+                if tenant is not None:
+                    tenant_policy.mirror(tenant, lease_id, pool.leases.get(lease_id))
             else:
                 applied = quota.refund(pool, lease_id)
+                if tenant is not None:
+                    tenant_policy.refund(tenant, lease_id)
             _save(tx, ref.pool, pool)
+            _save_tenant(tx, ref.tenant, tenant, now)
             transition = _record(tx, ref, cfg, outcome, now, detail, until)
             return Settlement(applied, transition, short_at)
 
@@ -234,6 +247,10 @@ class TableStore(StateStore):
             pool = _load(tx, ref, now, [lease_id])
             seconds = quota.release(pool, lease_id, now)
             _save(tx, ref.pool, pool)
+            tenant = _load_tenant(tx, ref.tenant, now)
+            if tenant is not None:
+                tenant_policy.release(tenant, lease_id, now)
+                _save_tenant(tx, ref.tenant, tenant, now)
             if seconds is None:
                 return None
             health = tx.load_entry(ref.entry)
@@ -247,8 +264,13 @@ class TableStore(StateStore):
     async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> Renewal:
         def heartbeat(tx: Tables) -> Renewal:
             pool = _load(tx, ref, now, [lease_id])
-            renewal = quota.heartbeat(pool, lease_id, now, ttl, ref.limits)
+            tenant = _load_tenant(tx, ref.tenant, now)
+            also = _budget(ref.tenant, tenant)
+            renewal = quota.heartbeat(pool, lease_id, now, ttl, ref.limits, also)
             _save(tx, ref.pool, pool)
+            if tenant is not None:
+                tenant_policy.mirror(tenant, lease_id, pool.leases.get(lease_id))
+                _save_tenant(tx, ref.tenant, tenant, now)
             return renewal
 
         return await self._transact(heartbeat)
@@ -292,6 +314,27 @@ class TableStore(StateStore):
 
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
         return await self._transact(lambda tx: tx.lease_ids(ref.pool, now))
+
+    async def tenants(self, window: TenantWindow, now: float, top: int) -> list[TenantUsage]:
+        def tenants(tx: Tables) -> list[TenantUsage]:
+            key = window.key(now)
+            found = []
+            for usage, (value, _) in tx.live("tenant_usage", now).items():
+                window_key, _, name = usage.partition("|")
+                if window_key != key:
+                    continue
+                sessions, usd = json.loads(value)
+                row = tx.get("tenant", name)
+                held, live = 0.0, 0
+                if row is not None:
+                    state: dict[str, Any] = json.loads(row[0])
+                    held = state["held"]
+                    live = sum(slot["expires"] > now for slot in state["leases"].values())
+                found.append(TenantUsage(name, key, sessions, usd, held, live))
+            found.sort(key=lambda t: (-t.usd, -t.sessions, t.tenant))
+            return found[:top]
+
+        return await self._transact(tenants)
 
     async def claim_session(
         self, session: str, holder: str, expires: float, now: float
@@ -545,14 +588,16 @@ def _reserve(
     pool = _load(tx, ref, now, [lease_id], purge=True)
     if lease_id in pool.leases:  # granted before (a repeat the call memo forgot)
         return Reservation(True)
+    tenant = _load_tenant(tx, ref.tenant, now)
     health = tx.load_entry(ref.entry)
     admission = breaker.admit(health, cfg, now, ref.fingerprint)
     if not admission.allowed:
         tx.save_entry(ref.entry, health)
+        _save_tenant(tx, ref.tenant, tenant, now)
         return Reservation(
             False, reason=admission.reason, until=admission.until, detail=health.block_detail
         )
-    if warm and not admission.probe:
+    if warm and not admission.probe and _room(ref.tenant, tenant):
         quota.purge_expired(pool, now)
         records = _warm_rows(tx, ref, now)
         unread = tx.leases(ref.pool, [lid for lid in records if lid not in pool.loaded], None)
@@ -564,13 +609,32 @@ def _reserve(
         if claimed is not None:
             tx.save_entry(ref.entry, health)
             _save(tx, ref.pool, pool)
+            if tenant is not None:
+                tenant_policy.add(tenant, claimed.lease_id, pool.leases[claimed.lease_id])
+                _save_tenant(tx, ref.tenant, tenant, now)
             return Reservation(True, transition=admission.transition, claimed=claimed)
-    verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold, new_session, meter)
+    admit = None
+    if ref.tenant is not None and tenant is not None:
+        admit = functools.partial(tenant_policy.check, tenant, ref.tenant.limits)
+    verdict = quota.reserve(
+        pool, ref.limits, lease_id, ref.entry, now, hold, new_session, meter, admit
+    )
     if isinstance(verdict, quota.QuotaDenial):
         if admission.probe:
             health.probe_until = 0.0
         tx.save_entry(ref.entry, health)
         _save(tx, ref.pool, pool)
+        _save_tenant(tx, ref.tenant, tenant, now)
+        if ref.tenant is not None and isinstance(verdict, tenant_policy.TenantDenial):
+            return Reservation(
+                False,
+                reason="tenant",
+                unit=verdict.unit,
+                used=verdict.used,
+                limit=verdict.limit,
+                until=ref.tenant.window.reset_at(now).timestamp(),
+                detail=ref.tenant.name,
+            )
         return Reservation(
             False,
             reason="quota",
@@ -582,7 +646,61 @@ def _reserve(
         )
     tx.save_entry(ref.entry, health)
     _save(tx, ref.pool, pool)
+    if tenant is not None:
+        tenant_policy.add(tenant, lease_id, pool.leases[lease_id])
+        _save_tenant(tx, ref.tenant, tenant, now)
     return Reservation(True, probe=admission.probe, transition=admission.transition)
+
+
+def _load_tenant(tx: Tables, tenant: TenantRef | None, now: float) -> TenantState | None:
+    """The tenant's ledger in the window of ``now``, its expired leases purged (charged
+    until their expiry); None for a lease without a tenant."""
+    if tenant is None:
+        return None
+    window = tenant.window.key(now)
+    usage = tx.get("tenant_usage", f"{window}|{tenant.name}")
+    sessions, usd = json.loads(usage[0]) if usage is not None else (0, 0.0)
+    row = tx.get("tenant", tenant.name)
+    held, leases = 0.0, {}
+    if row is not None:
+        data = json.loads(row[0])
+        held = data["held"]
+        leases = {lid: LeaseSlot(**fields) for lid, fields in data["leases"].items()}
+    state = TenantState(window, sessions, usd, held, leases)
+    tenant_policy.purge_expired(state, now)
+    return state
+
+
+def _save_tenant(
+    tx: Tables, tenant: TenantRef | None, state: TenantState | None, now: float
+) -> None:
+    """Write the tenant's window usage and its leases (no row once it holds none)."""
+    if tenant is None or state is None:
+        return
+    expires = tenant.window.reset_at(now).timestamp() + _USAGE_KEEP
+    usage = json.dumps([state.sessions, state.usd])
+    tx.put("tenant_usage", f"{state.window}|{tenant.name}", usage, expires, now)
+    if not state.leases:
+        tx.delete("tenant", tenant.name)
+        return
+    leases = {lid: dataclasses.asdict(slot) for lid, slot in state.leases.items()}
+    tx.put(
+        "tenant", tenant.name, json.dumps({"held": state.usd_held, "leases": leases}), math.inf, now
+    )
+
+
+def _budget(tenant: TenantRef | None, state: TenantState | None) -> tuple[float, float] | None:
+    """The tenant's usd budget as a renewal must fit it too (`policies.quota.cover`)."""
+    if tenant is None or state is None:
+        return None
+    return tenant_policy.budget(state, tenant.limits)
+
+
+def _room(tenant: TenantRef | None, state: TenantState | None) -> bool:
+    """Whether the tenant may hold one more lease (a warm claim asks before it claims)."""
+    if tenant is None or state is None or tenant.limits.concurrent is None:
+        return True
+    return len(state.leases) < tenant.limits.concurrent
 
 
 def _warm_table(ref: EntryRef) -> str:
