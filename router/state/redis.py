@@ -280,12 +280,12 @@ class RedisStore(StateStore):
         found = []
         for i, name in enumerate(names):
             (sessions, usd), held, live = replies[3 * i : 3 * i + 3]
-            found.append(
-                TenantUsage(
-                    name, window.key(now), int(sessions or 0), float(usd or 0),
-                    float(held or 0), int(live),
-                )
+            usage = TenantUsage(
+                name, window.key(now), int(sessions or 0), float(usd or 0),
+                float(held or 0), int(live),
             )  # fmt: skip
+            if usage.sessions or usage.usd or usage.usd_held or usage.concurrent:
+                found.append(usage)  # else touched, never spent (a refunded reservation)
         found.sort(key=lambda t: (-t.usd, -t.sessions, t.tenant))
         return found
 

@@ -330,7 +330,8 @@ class TableStore(StateStore):
                     state: dict[str, Any] = json.loads(row[0])
                     held = state["held"]
                     live = sum(slot["expires"] > now for slot in state["leases"].values())
-                found.append(TenantUsage(name, key, sessions, usd, held, live))
+                if sessions or usd or held or live:  # else touched, never spent
+                    found.append(TenantUsage(name, key, sessions, usd, held, live))
             found.sort(key=lambda t: (-t.usd, -t.sessions, t.tenant))
             return found[:top]
 
@@ -674,19 +675,26 @@ def _load_tenant(tx: Tables, tenant: TenantRef | None, now: float) -> TenantStat
 def _save_tenant(
     tx: Tables, tenant: TenantRef | None, state: TenantState | None, now: float
 ) -> None:
-    """Write the tenant's window usage and its leases (no row once it holds none)."""
+    """Write what changed of the tenant's window usage and its leases (no row once it
+    holds none)."""
     if tenant is None or state is None:
         return
-    expires = tenant.window.reset_at(now).timestamp() + _USAGE_KEEP
-    usage = json.dumps([state.sessions, state.usd])
-    tx.put("tenant_usage", f"{state.window}|{tenant.name}", usage, expires, now)
+    key = f"{state.window}|{tenant.name}"
+    usage, stored = json.dumps([state.sessions, state.usd]), tx.get("tenant_usage", key)
+    # A row as soon as it holds a lease: `tenants` lists it (what Redis's spend zset does).
+    before = stored[0] if stored is not None else json.dumps([0, 0.0])
+    if before != usage or stored is None and state.leases:
+        expires = tenant.window.reset_at(now).timestamp() + _USAGE_KEEP
+        tx.put("tenant_usage", key, usage, expires, now)
+    row = tx.get("tenant", tenant.name)
     if not state.leases:
-        tx.delete("tenant", tenant.name)
+        if row is not None:
+            tx.delete("tenant", tenant.name)
         return
     leases = {lid: dataclasses.asdict(slot) for lid, slot in state.leases.items()}
-    tx.put(
-        "tenant", tenant.name, json.dumps({"held": state.usd_held, "leases": leases}), math.inf, now
-    )
+    value = json.dumps({"held": state.usd_held, "leases": leases})
+    if row is None or row[0] != value:
+        tx.put("tenant", tenant.name, value, math.inf, now)
 
 
 def _budget(tenant: TenantRef | None, state: TenantState | None) -> tuple[float, float] | None:

@@ -15,13 +15,14 @@ NOW = 1_790_000_000.0  # 2026-09-21T13:33:20Z
 CFG = BreakerConfig()
 METER = Meter(0.01, 0.5, 0.0, 100.0, 50.0)  # holds 1.5 at first, 0.5 more each renewal
 MONTH = MonthlyWindow()
+UNLIMITED = Limits()
 
 
 def ref(
     tenant: str | None = "t1",
     *,
     pool: str = "p",
-    limits: Limits = Limits(),
+    limits: Limits = UNLIMITED,
     sessions: int | None = None,
     concurrent: int | None = None,
     usd: float | None = None,
