@@ -683,7 +683,7 @@ def _save_tenant(
     usage, stored = json.dumps([state.sessions, state.usd]), tx.get("tenant_usage", key)
     # A row as soon as it holds a lease: `tenants` lists it (what Redis's spend zset does).
     before = stored[0] if stored is not None else json.dumps([0, 0.0])
-    if before != usage or stored is None and state.leases:
+    if before != usage or (stored is None and state.leases):
         expires = tenant.window.reset_at(now).timestamp() + _USAGE_KEEP
         tx.put("tenant_usage", key, usage, expires, now)
     row = tx.get("tenant", tenant.name)
