@@ -15,7 +15,8 @@ release, a refund, its expiry) is made here too, in the same atomic store
 call. So the tenant holds exactly what its leases hold in their pools, and
 settles exactly what they cost. An expired lease is charged by each ledger
 on its own (`purge_expired`), with the same slot, so the two agree without
-one reading the other.
+one reading the other; a call naming a lease its pool still holds keeps it
+from that purge and settles it as the pool does (a refund, a release).
 
 A reservation is all-or-nothing across pool and tenant: the store asks
 `check` before the pool's `policies.quota.reserve`, and writes neither when
@@ -123,9 +124,11 @@ class TenantState:
     leases: dict[str, LeaseSlot] = field(default_factory=dict)
 
 
-def purge_expired(state: TenantState, now: float) -> list[str]:
-    """Drop expired leases, charging each until its expiry (as its pool does)."""
-    expired = [lid for lid, slot in state.leases.items() if slot.expires <= now]
+def purge_expired(state: TenantState, now: float, keep: str = "") -> list[str]:
+    """Drop expired leases, charging each until its expiry (as its pool does), but
+    ``keep``: the lease a call names while its pool still holds it (not purged there
+    yet), so the call settles it here as it does there."""
+    expired = [lid for lid, slot in state.leases.items() if slot.expires <= now and lid != keep]
     for lid in expired:
         slot = state.leases.pop(lid)
         _settle(state, slot, max(0.0, slot.expires - slot.started) if slot.live else 0.0)

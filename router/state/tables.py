@@ -221,7 +221,7 @@ class TableStore(StateStore):
     ) -> Settlement:
         def settle(tx: Tables) -> Settlement:
             pool = _load(tx, ref, now, [lease_id])
-            tenant = _load_tenant(tx, ref.tenant, now)
+            tenant = _load_tenant(tx, ref.tenant, now, _kept(pool, lease_id))
             short_at = 0.0
             if outcome is Outcome.SUCCESS:
                 also = _budget(ref.tenant, tenant)
@@ -245,9 +245,9 @@ class TableStore(StateStore):
     ) -> float | None:
         def release(tx: Tables) -> float | None:
             pool = _load(tx, ref, now, [lease_id])
+            tenant = _load_tenant(tx, ref.tenant, now, _kept(pool, lease_id))
             seconds = quota.release(pool, lease_id, now)
             _save(tx, ref.pool, pool)
-            tenant = _load_tenant(tx, ref.tenant, now)
             if tenant is not None:
                 tenant_policy.release(tenant, lease_id, now)
                 _save_tenant(tx, ref.tenant, tenant, now)
@@ -264,7 +264,7 @@ class TableStore(StateStore):
     async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> Renewal:
         def heartbeat(tx: Tables) -> Renewal:
             pool = _load(tx, ref, now, [lease_id])
-            tenant = _load_tenant(tx, ref.tenant, now)
+            tenant = _load_tenant(tx, ref.tenant, now, _kept(pool, lease_id))
             also = _budget(ref.tenant, tenant)
             renewal = quota.heartbeat(pool, lease_id, now, ttl, ref.limits, also)
             _save(tx, ref.pool, pool)
@@ -653,9 +653,12 @@ def _reserve(
     return Reservation(True, probe=admission.probe, transition=admission.transition)
 
 
-def _load_tenant(tx: Tables, tenant: TenantRef | None, now: float) -> TenantState | None:
+def _load_tenant(
+    tx: Tables, tenant: TenantRef | None, now: float, keep: str = ""
+) -> TenantState | None:
     """The tenant's ledger in the window of ``now``, its expired leases purged (charged
-    until their expiry); None for a lease without a tenant."""
+    until their expiry) but ``keep`` (`policies.tenants.purge_expired`); None for a
+    lease without a tenant."""
     if tenant is None:
         return None
     window = tenant.window.key(now)
@@ -668,7 +671,7 @@ def _load_tenant(tx: Tables, tenant: TenantRef | None, now: float) -> TenantStat
         held = data["held"]
         leases = {lid: LeaseSlot(**fields) for lid, fields in data["leases"].items()}
     state = TenantState(window, sessions, usd, held, leases)
-    tenant_policy.purge_expired(state, now)
+    tenant_policy.purge_expired(state, now, keep)
     return state
 
 
@@ -695,6 +698,11 @@ def _save_tenant(
     value = json.dumps({"held": state.usd_held, "leases": leases})
     if row is None or row[0] != value:
         tx.put("tenant", tenant.name, value, math.inf, now)
+
+
+def _kept(pool: _Pool, lease_id: str) -> str:
+    """The lease a call names, kept from its tenant's purge while its pool holds it."""
+    return lease_id if lease_id in pool.leases else ""
 
 
 def _budget(tenant: TenantRef | None, state: TenantState | None) -> tuple[float, float] | None:

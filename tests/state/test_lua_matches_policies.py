@@ -114,6 +114,7 @@ tenant_ops = st.one_of(
     st.tuples(st.just("t_release"), st.integers(0, 3), lease_ids),
     st.tuples(st.just("t_heartbeat"), st.integers(0, 3), lease_ids, st.integers(1, 60)),
     st.tuples(st.just("tenants")),
+    st.tuples(st.just("t_snapshot")),
     st.tuples(st.just("advance"), st.integers(0, 40)),
     st.tuples(st.just("advance"), st.integers(0, 40_000)),
 )  # fmt: skip
@@ -130,6 +131,8 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         return await store.release(TREFS[op[1]], op[2], now)
     if kind == "t_heartbeat":
         return await store.heartbeat(TREFS[op[1]], op[2], now, op[3])
+    if kind == "t_snapshot":  # purges the pools, not the tenants
+        return await store.snapshot([TREFS[0], TREFS[3]], now)
     if kind == "tenants":
         return [await store.tenants(t.window, now, 5) for t in (T1, T2)]
     if kind == "reserve":

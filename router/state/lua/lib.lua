@@ -360,25 +360,34 @@ local function t_settle(T, m, seconds)
   redis.call('HSET', T.usage, 'usd', num(t_spent(T) + charged))
 end
 
--- Drop the tenant's expired leases, charging each until its expiry (as its pool does).
-local function t_purge(T, now, usage_ttl)
+-- Drop the tenant's expired leases, charging each until its expiry (as its pool does),
+-- but `keep`: the lease a call names while its pool still holds it.
+local function t_purge(T, now, usage_ttl, keep)
   local expired = redis.call('ZRANGEBYSCORE', T.leases, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
   for i = 1, #expired, 2 do
     local lid, expires = expired[i], tonumber(expired[i + 1])
-    local raw = redis.call('HGET', T.meta, lid)
-    if raw then
-      local m = cjson.decode(raw)
-      local seconds = 0
-      if m.live == 1 then seconds = math.max(0, expires - m.started) end
-      t_settle(T, m, seconds)
-      redis.call('HDEL', T.meta, lid)
+    if lid ~= keep then
+      local raw = redis.call('HGET', T.meta, lid)
+      if raw then
+        local m = cjson.decode(raw)
+        local seconds = 0
+        if m.live == 1 then seconds = math.max(0, expires - m.started) end
+        t_settle(T, m, seconds)
+        redis.call('HDEL', T.meta, lid)
+      end
+      redis.call('ZREM', T.leases, lid)
     end
-    redis.call('ZREM', T.leases, lid)
   end
   if #expired > 0 then
     t_no_dust(T)
     t_touch(T, usage_ttl)
   end
+end
+
+-- The lease a call names, kept from its tenant's purge while its pool holds it.
+local function t_kept(meta_key, lid)
+  if redis.call('HEXISTS', meta_key, lid) == 1 then return lid end
+  return nil
 end
 
 -- The unit the tenant has no room in for slot m, as (unit, used, limit), or nil.
