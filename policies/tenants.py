@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -46,6 +47,7 @@ __all__ = [
     "TenantWindow",
     "add",
     "budget",
+    "hand_over",
     "check",
     "mirror",
     "purge_expired",
@@ -124,11 +126,11 @@ class TenantState:
     leases: dict[str, LeaseSlot] = field(default_factory=dict)
 
 
-def purge_expired(state: TenantState, now: float, keep: str = "") -> list[str]:
+def purge_expired(state: TenantState, now: float, keep: Collection[str] = ()) -> list[str]:
     """Drop expired leases, charging each until its expiry (as its pool does), but
-    ``keep``: the lease a call names while its pool still holds it (not purged there
-    yet), so the call settles it here as it does there."""
-    expired = [lid for lid, slot in state.leases.items() if slot.expires <= now and lid != keep]
+    ``keep``: the leases a call names while their pool still holds them (not purged
+    there yet), so the call settles them here as it does there."""
+    expired = [lid for lid, slot in state.leases.items() if slot.expires <= now and lid not in keep]
     for lid in expired:
         slot = state.leases.pop(lid)
         _settle(state, slot, max(0.0, slot.expires - slot.started) if slot.live else 0.0)
@@ -155,6 +157,12 @@ def add(state: TenantState, lease_id: str, slot: LeaseSlot) -> None:
     state.leases[lease_id] = copy.copy(slot)
     if slot.counted:
         state.sessions += 1
+    state.usd_held += slot.hold()
+
+
+def hand_over(state: TenantState, lease_id: str, slot: LeaseSlot) -> None:
+    """Hold a lease an outage ledger granted (its session is in the hand-over's spend)."""
+    state.leases[lease_id] = copy.copy(slot)
     state.usd_held += slot.hold()
 
 

@@ -396,13 +396,16 @@ class RedisStore(StateStore):
                 for h in spend.leases
             ]  # fmt: skip
             keys = self._keys.pool(spend.ref, now)
-            journal = self._keys.journal(spend.ref, journal_id)
+            tenant = spend.ref.tenant
+            once = journal_id if tenant is None else f"{journal_id}:{tenant.name}"
+            journal = self._keys.journal(spend.ref, once)
             applied += await self._script(
                 "reconcile",
-                [keys.usage, keys.leases, keys.meta, keys.held, journal],
+                [keys.usage, keys.leases, keys.meta, keys.held,
+                 *self._keys.tenant(tenant, now), journal],
                 [now, spend.sessions, repr(float(spend.sandbox_seconds)), _USAGE_TTL,
                  json.dumps(held), _JOURNAL_MS, json.dumps(list(spend.unanswered)),
-                 repr(float(spend.usd))],
+                 repr(float(spend.usd)), tenant.name if tenant else ""],
             )  # fmt: skip
         return applied
 

@@ -457,21 +457,30 @@ class TableStore(StateStore):
         def reconcile(tx: Tables) -> int:
             applied = 0
             for spend in spends:
-                key = f"{spend.ref.pool}:{journal_id}"
+                key = f"{spend.ref.pool}:{_journal_key(journal_id, spend.ref.tenant)}"
                 seen = tx.get("journal", key)
                 if seen is not None and seen[1] > now:
                     continue
                 ids = [*spend.unanswered, *(held.lease_id for held in spend.leases)]
                 pool = _load(tx, spend.ref, now, ids)
+                tenant = _load_tenant(tx, spend.ref.tenant, now, _kept(pool, *ids))
                 for lease_id in spend.unanswered:
                     quota.refund(pool, lease_id)
+                    if tenant is not None:
+                        tenant_policy.refund(tenant, lease_id)
                 pool.sessions += spend.sessions
                 pool.sandbox_seconds += spend.sandbox_seconds
                 pool.usd += spend.usd
+                if tenant is not None:
+                    tenant.sessions += spend.sessions
+                    tenant.usd += spend.usd
                 for held in spend.leases:
                     if held.lease_id not in pool.leases:
-                        pool.leases[held.lease_id] = _handed_over(pool, held, now)
+                        slot = pool.leases[held.lease_id] = _handed_over(pool, held, now)
+                        if tenant is not None and held.lease_id not in tenant.leases:
+                            tenant_policy.hand_over(tenant, held.lease_id, slot)
                 _save(tx, spend.ref.pool, pool)
+                _save_tenant(tx, spend.ref.tenant, tenant, now)
                 tx.put("journal", key, "", now + JOURNAL_MEMORY, now)
                 applied += 1
             return applied
@@ -511,6 +520,12 @@ class TableStore(StateStore):
 
     async def ping(self) -> None:
         await self._transact(lambda tx: None)
+
+
+def _journal_key(journal_id: str, tenant: TenantRef | None) -> str:
+    """A journal is applied once per pool and tenant (a hand-over's spends of one pool
+    are split by tenant)."""
+    return journal_id if tenant is None else f"{journal_id}:{tenant.name}"
 
 
 def _handed_over(pool: _Pool, held: HeldLease, now: float) -> LeaseSlot:
@@ -654,7 +669,7 @@ def _reserve(
 
 
 def _load_tenant(
-    tx: Tables, tenant: TenantRef | None, now: float, keep: str = ""
+    tx: Tables, tenant: TenantRef | None, now: float, keep: Collection[str] = ()
 ) -> TenantState | None:
     """The tenant's ledger in the window of ``now``, its expired leases purged (charged
     until their expiry) but ``keep`` (`policies.tenants.purge_expired`); None for a
@@ -700,9 +715,10 @@ def _save_tenant(
         tx.put("tenant", tenant.name, value, math.inf, now)
 
 
-def _kept(pool: _Pool, lease_id: str) -> str:
-    """The lease a call names, kept from its tenant's purge while its pool holds it."""
-    return lease_id if lease_id in pool.leases else ""
+def _kept(pool: _Pool, *lease_ids: str) -> set[str]:
+    """The leases a call names, kept from their tenant's purge while their pool holds
+    them."""
+    return {lid for lid in lease_ids if lid in pool.leases}
 
 
 def _budget(tenant: TenantRef | None, state: TenantState | None) -> tuple[float, float] | None:

@@ -113,6 +113,9 @@ tenant_ops = st.one_of(
     ),
     st.tuples(st.just("t_release"), st.integers(0, 3), lease_ids),
     st.tuples(st.just("t_heartbeat"), st.integers(0, 3), lease_ids, st.integers(1, 60)),
+    st.tuples(st.just("t_reconcile"), st.integers(0, 3), st.lists(lease_ids, max_size=2),
+              st.lists(lease_ids, max_size=2), st.integers(1, 60),
+              st.none() | st.sampled_from(METERS)),
     st.tuples(st.just("tenants")),
     st.tuples(st.just("t_snapshot")),
     st.tuples(st.just("advance"), st.integers(0, 40)),
@@ -131,6 +134,13 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         return await store.release(TREFS[op[1]], op[2], now)
     if kind == "t_heartbeat":
         return await store.heartbeat(TREFS[op[1]], op[2], now, op[3])
+    if kind == "t_reconcile":  # an outage's hand-over: spend, held leases, unanswered
+        ref = TREFS[op[1]]
+        held = tuple(
+            HeldLease(lid, ref.entry, now - 3, op[4], meter=op[5]) for lid in dict.fromkeys(op[2])
+        )
+        spend = Spend(ref, 1, 2.5, held, tuple(dict.fromkeys(op[3])), usd=0.75)
+        return await store.reconcile(f"j{now}", [spend], now)
     if kind == "t_snapshot":  # purges the pools, not the tenants
         return await store.snapshot([TREFS[0], TREFS[3]], now)
     if kind == "tenants":

@@ -9,7 +9,7 @@ import pytest
 from policies.breaker import BreakerConfig, Outcome
 from policies.quota import Limits, Meter, MonthlyWindow
 from policies.tenants import DailyWindow, TenantLimits
-from router.state import EntryRef, StateStore, TenantRef
+from router.state import EntryRef, HeldLease, Spend, StateStore, TenantRef
 
 NOW = 1_790_000_000.0  # 2026-09-21T13:33:20Z
 CFG = BreakerConfig()
@@ -147,3 +147,20 @@ async def test_tenants_lists_the_top_spenders_of_the_window(store: StateStore) -
     top = await store.tenants(MONTH, NOW + 100, 2)
     assert [(t.tenant, t.sessions) for t in top] == [("big", 1), ("small", 1)]
     assert [t.usd for t in top] == [pytest.approx(1.5), pytest.approx(0.6)]
+
+
+async def test_an_outage_hand_over_counts_to_its_tenant_once(store: StateStore) -> None:
+    r = ref(usd=10, concurrent=2)
+    await store.reserve(r, CFG, "unanswered", NOW, 30, meter=METER)  # the store made it
+    held = (HeldLease("h1", r.entry, NOW - 5, 60, meter=METER),)
+    spend = Spend(r, sessions=2, sandbox_seconds=10, leases=held, unanswered=("unanswered",),
+                  usd=0.6)  # fmt: skip
+    assert await store.reconcile("j1", [spend, Spend(ref(None), sessions=1)], NOW) == 2
+    assert await store.reconcile("j1", [spend], NOW) == 0  # once
+    # 2 sessions and $0.6 handed over; h1 held ($0.5 fee + 100 s at $0.01); the unanswered
+    # reservation refunded.
+    assert await spent(store, "t1", NOW) == (2, pytest.approx(0.6), pytest.approx(1.5), 1)
+    pool = (await store.snapshot([r], NOW)).pools["p"]
+    assert pool.used["sessions"] == 3
+    await store.release(r, "h1", NOW + 10)
+    assert await spent(store, "t1", NOW + 10) == (2, pytest.approx(0.6 + 0.65), 0.0, 0)  # 15 s

@@ -5,7 +5,7 @@
 -- '1|<cover end>' when the budget (its pool's or its tenant's) could not renew its cover.
 local now, lid, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local T = tenant_of(5, ARGV[5], '', '', ARGV[6])
-if T then t_purge(T, now, tonumber(ARGV[7]), t_kept(KEYS[3], lid)) end
+if T then t_purge(T, now, tonumber(ARGV[7]), t_kept(KEYS[3], {lid})) end
 local expires = redis.call('ZSCORE', KEYS[2], lid)
 if not expires or tonumber(expires) <= now then return '0' end
 local m = cjson.decode(redis.call('HGET', KEYS[3], lid))

@@ -361,12 +361,12 @@ local function t_settle(T, m, seconds)
 end
 
 -- Drop the tenant's expired leases, charging each until its expiry (as its pool does),
--- but `keep`: the lease a call names while its pool still holds it.
+-- but those in `keep` (a set, or nil): the leases a call names while their pool holds them.
 local function t_purge(T, now, usage_ttl, keep)
   local expired = redis.call('ZRANGEBYSCORE', T.leases, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
   for i = 1, #expired, 2 do
     local lid, expires = expired[i], tonumber(expired[i + 1])
-    if lid ~= keep then
+    if not (keep and keep[lid]) then
       local raw = redis.call('HGET', T.meta, lid)
       if raw then
         local m = cjson.decode(raw)
@@ -385,9 +385,12 @@ local function t_purge(T, now, usage_ttl, keep)
 end
 
 -- The lease a call names, kept from its tenant's purge while its pool holds it.
-local function t_kept(meta_key, lid)
-  if redis.call('HEXISTS', meta_key, lid) == 1 then return lid end
-  return nil
+local function t_kept(meta_key, lids)
+  local kept = {}
+  for _, lid in ipairs(lids) do
+    if redis.call('HEXISTS', meta_key, lid) == 1 then kept[lid] = true end
+  end
+  return kept
 end
 
 -- The unit the tenant has no room in for slot m, as (unit, used, limit), or nil.
@@ -414,6 +417,13 @@ local function t_add(T, lid, m, expires, usage_ttl)
   if m.counted == 1 then redis.call('HINCRBY', T.usage, 'sessions', 1) end
   if m.rate then t_set_held(T, t_held(T) + hold_of(m)) end
   t_touch(T, usage_ttl)
+end
+
+-- Hold a lease an outage ledger granted (its session is in the hand-over's spend).
+local function t_hand_over(T, lid, m, expires)
+  redis.call('HSET', T.meta, lid, cjson.encode(m))
+  redis.call('ZADD', T.leases, expires, lid)
+  if m.rate then t_set_held(T, t_held(T) + hold_of(m)) end
 end
 
 -- The tenant's usd budget as a renewal must fit it too, or nil when unlimited.

@@ -7,7 +7,7 @@ return once(function()
   local now, lid = tonumber(ARGV[1]), ARGV[2]
   local T = tenant_of(6, ARGV[4], '', '', '')
   if T then
-    t_purge(T, now, tonumber(ARGV[3]), t_kept(KEYS[3], lid))
+    t_purge(T, now, tonumber(ARGV[3]), t_kept(KEYS[3], {lid}))
     t_release(T, lid, now, tonumber(ARGV[3]))
   end
   local raw = redis.call('HGET', KEYS[3], lid)

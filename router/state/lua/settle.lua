@@ -12,7 +12,7 @@ return once(function()
   local applied = false
   local short = ''
   local T = tenant_of(6, ARGV[11], '', '', ARGV[12])
-  if T then t_purge(T, now, tonumber(ARGV[13]), t_kept(KEYS[3], lid)) end
+  if T then t_purge(T, now, tonumber(ARGV[13]), t_kept(KEYS[3], {lid})) end
   if outcome ~= 'success' then
     applied = refund(KEYS[1], KEYS[2], KEYS[3], KEYS[5], lid)
     if T then t_refund(T, lid, tonumber(ARGV[13])) end
