@@ -1,4 +1,5 @@
-"""16 processes race for the last units of one pool: exactly the limit is granted."""
+"""16 processes race for the last units of one pool, or of one tenant: exactly the limit
+is granted."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def _config(state_url: str, prefix: str, root: str, quota: dict[str, int]) -> di
     }  # fmt: skip
 
 
-def _worker(config: dict[str, object], start_at: float, hold: bool, done: Any) -> int:
+def _worker(
+    config: dict[str, object], start_at: float, hold: bool, done: Any, tenant: str | None = None
+) -> int:
     from router.logs import configure_logging
 
     configure_logging("json", "error")
@@ -38,7 +41,7 @@ def _worker(config: dict[str, object], start_at: float, hold: bool, done: Any) -
     time.sleep(max(0.0, start_at - time.time()))
     while True:
         try:
-            lease = router.acquire()
+            lease = router.acquire(tenant=tenant)
         except NoProviderAvailable:
             break
         granted += 1
@@ -58,12 +61,12 @@ def state_url(request: pytest.FixtureRequest, redis_url: str, tmp_path: Path) ->
     return redis_url if request.param == "redis" else f"sqlite:///{tmp_path}/race.db"
 
 
-def _race(config: dict[str, object], hold: bool) -> list[int]:
+def _race(config: dict[str, object], hold: bool, tenant: str | None = None) -> list[int]:
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
         done = manager.Barrier(PROCESSES)
         start_at = time.time() + 4.0  # every process is imported and waiting by then
-        return pool.starmap(_worker, [(config, start_at, hold, done)] * PROCESSES)
+        return pool.starmap(_worker, [(config, start_at, hold, done, tenant)] * PROCESSES)
 
 
 def test_exactly_the_sessions_left_are_granted(
@@ -144,3 +147,20 @@ def test_the_last_dollar_is_never_overspent(
         view = router.status().entries[0]
         assert view.used["usd"] == pytest.approx(spent, abs=1e-9)
         assert view.usd_held == 0.0
+
+
+def test_a_tenant_s_last_units_are_never_exceeded(
+    state_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """Its sessions exactly; its concurrent slots while the pool has room for more."""
+    config = _config(state_url, key_prefix, str(tmp_path / "sb"), {"concurrent": 100})
+    config["tenants"] = {"default": {"sessions": 40, "concurrent": 7}}
+    granted = _race(config, hold=True, tenant="user-42")
+    assert sum(granted) == 7
+    granted = _race(config, hold=False, tenant="user-42")
+    assert sum(granted) == 40 - 7
+    with Router.from_config(config, hooks=[]) as router:
+        [spent] = router.tenants()
+        assert (spent.tenant, spent.sessions, spent.concurrent) == ("user-42", 40, 0)
+        assert router.status().entries[0].used["sessions"] == 40  # the refusals spent none
+        router.acquire(tenant="user-7").release()  # another tenant is served
