@@ -16,7 +16,13 @@ call. So the tenant holds exactly what its leases hold in their pools, and
 settles exactly what they cost. An expired lease is charged by each ledger
 on its own (`purge_expired`), with the same slot, so the two agree without
 one reading the other; a call naming a lease its pool still holds keeps it
-from that purge and settles it as the pool does (a refund, a release).
+from that purge and settles it as the pool does (a refund, a release). One
+corner is left: a reservation past its expiry that another call of its
+tenant purged (its fee charged, its session kept) and that its pool, not yet
+purged, then refunds or commits. The router commits only within the hold
+(a create past its budget is abandoned and released, `router.late_creates`);
+a late refund leaves the tenant counting that session and fee: more than
+the pool, never less.
 
 A reservation is all-or-nothing across pool and tenant: the store asks
 `check` before the pool's `policies.quota.reserve`, and writes neither when
