@@ -151,3 +151,23 @@ def test_tenants_is_never_a_metric_label(make_router: RouterFactory, tmp_path: P
     instrument(router, registry=registry)
     router.acquire(tenant="user-secret-42").release()
     assert b"user-secret-42" not in generate_latest(registry)
+
+
+def test_a_lease_ends_when_its_tenant_budget_cannot_renew_it(
+    make_router: RouterFactory, tmp_path: Path, events: list, clock: Any
+) -> None:
+    """The pool has no usd limit; the tenant's $0.03 holds the first 2 s, not the TTL's
+    4 s more: the lease is told at once and ended when its 2 s run out."""
+    entry = {"name": "a", "provider": "local", "options": {"root": str(tmp_path / "a")},
+             "price": {"vcpu_hour": 36.0, "memory_gib_hour": 0.0},
+             "resources": {"vcpu": 1, "memory_gib": 1},
+             "quota": {"budget_window": 2, "on_budget_end": "kill"}}  # fmt: skip
+    router = make_router(chain=[entry], lease_ttl=5, tenants={"default": {"usd": 0.03}})
+    lease = router.acquire(tenant="t")
+    wait_until(lambda: fired(events, "budget_exhausted"))
+    assert fired(events, "budget_exhausted")[0]["ends"] == NOW + 2
+    clock.advance(2)
+    wait_until(lambda: lease.released)
+    wait_until(lambda: fired(events, "released"))
+    [spent] = router.tenants()
+    assert (spent.usd, spent.usd_held) == (pytest.approx(0.02), 0.0)
