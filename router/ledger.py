@@ -121,7 +121,7 @@ class Ledger:
                 self.state_error = None
             except StateUnavailable as exc:
                 self.on_state_error("reserve", exc)
-                self.outage.unanswered(lease_id, entry.ref)
+                self.outage.unanswered(lease_id, ref)
                 shared = False
             else:
                 self.exhausted.remember(entry.ref, reservation, now)
