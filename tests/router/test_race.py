@@ -96,7 +96,9 @@ PRICE = {"vcpu_hour": 36.0, "per_sandbox": 0.1}
 LIFETIME = 5.0
 
 
-def _spender(config: dict[str, object], start_at: float) -> list[tuple[float, float]]:
+def _spender(
+    config: dict[str, object], start_at: float, tenant: str | None = None
+) -> list[tuple[float, float]]:
     """Acquire and release until the budget keeps refusing; the (seconds, cost) of every
     lease released, as its `Released` event said."""
     from providers.base import SandboxSpec
@@ -116,7 +118,7 @@ def _spender(config: dict[str, object], start_at: float) -> list[tuple[float, fl
     refused = 0
     while refused < 5 and time.time() < start_at + 20:
         try:
-            lease = router.acquire(spec=SandboxSpec(lifetime=LIFETIME))
+            lease = router.acquire(spec=SandboxSpec(lifetime=LIFETIME), tenant=tenant)
         except NoProviderAvailable:
             refused += 1
             time.sleep(0.2)  # the holds of leases still running may settle below them
@@ -128,15 +130,22 @@ def _spender(config: dict[str, object], start_at: float) -> list[tuple[float, fl
     return released
 
 
+@pytest.mark.parametrize("whose", ["pool", "tenant"])
 def test_the_last_dollar_is_never_overspent(
-    state_url: str, key_prefix: str, tmp_path: Path
+    state_url: str, key_prefix: str, tmp_path: Path, whose: str
 ) -> None:
-    config = _config(state_url, key_prefix, str(tmp_path / "sb"), {"usd": 1})
+    """A pool's budget, or one tenant's (its pool unlimited)."""
+    quota = {"usd": 1} if whose == "pool" else {}
+    config = _config(state_url, key_prefix, str(tmp_path / "sb"), quota)
     config["chain"][0]["price"] = PRICE  # type: ignore[index]
+    tenant = None
+    if whose == "tenant":
+        config["tenants"] = {"default": {"usd": 1}}
+        tenant = "user-42"
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(PROCESSES) as pool:
         start_at = time.time() + 4.0
-        results = pool.starmap(_spender, [(config, start_at)] * PROCESSES)
+        results = pool.starmap(_spender, [(config, start_at, tenant)] * PROCESSES)
     leases = [lease for result in results for lease in result]
     for seconds, cost in leases:  # the price table: the fee plus $0.01 a second
         assert cost == pytest.approx(0.1 + 0.01 * seconds, abs=1e-12)
@@ -147,6 +156,9 @@ def test_the_last_dollar_is_never_overspent(
         view = router.status().entries[0]
         assert view.used["usd"] == pytest.approx(spent, abs=1e-9)
         assert view.usd_held == 0.0
+        if tenant is not None:
+            [settled] = router.tenants()
+            assert (settled.usd, settled.usd_held) == (pytest.approx(spent, abs=1e-9), 0.0)
 
 
 def test_a_tenant_s_last_units_are_never_exceeded(
