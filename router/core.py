@@ -171,11 +171,15 @@ class Router:
 
     acquire = sync_twin(aacquire, Lease.of)
 
-    def aresume(self, token: str, *, timeout: float | None = None) -> PendingLease:
+    def aresume(
+        self, token: str, *, timeout: float | None = None, tenant: str | None = None
+    ) -> PendingLease:
         """A live lease on the sandbox `Lease.pause` paused, from any replica.
 
         A slot-only reservation on the sandbox's entry: it takes a concurrency
         slot but no session unit. Releasing the lease kills the sandbox.
+        ``tenant`` counts the lease to that tenant, as `acquire`'s does (a
+        paused sandbox remembers none).
 
         Raises:
             LeaseError: no paused sandbox for this token (unknown, expired or
@@ -184,7 +188,7 @@ class Router:
                 breaker open); the token and the paused sandbox stay.
             NotFound: the sandbox is gone at the provider (the token is dropped).
         """
-        return PendingLease(self._resume(token, timeout))
+        return PendingLease(self._resume(token, timeout, tenant))
 
     resume = sync_twin(aresume, Lease.of)
 
@@ -338,9 +342,12 @@ class Router:
         held = await self._engine.arun(self._started(work))
         return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause, self._spans)
 
-    async def _resume(self, token: str, timeout: float | None) -> AsyncLease:
+    async def _resume(self, token: str, timeout: float | None, tenant: str | None) -> AsyncLease:
         timeout = _check_resume(token, timeout, self.config.acquire_timeout)
-        resuming = self._spans.wrap(AcquireSpan(resume=True), self._pauses.resume(token, timeout))
+        tenant = check_tenant("resume", tenant)
+        resuming = self._spans.wrap(
+            AcquireSpan(resume=True), self._pauses.resume(token, timeout, tenant)
+        )
         held = await self._engine.arun(self._started(resuming))
         return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause, self._spans)
 

@@ -171,3 +171,24 @@ def test_a_lease_ends_when_its_tenant_budget_cannot_renew_it(
     wait_until(lambda: fired(events, "released"))
     [spent] = router.tenants()
     assert (spent.usd, spent.usd_held) == (pytest.approx(0.02), 0.0)
+
+
+def test_a_resumed_lease_counts_to_the_tenant_it_is_resumed_for(
+    make_router: RouterFactory, scripted: Any
+) -> None:
+    flaky = scripted()
+    router = make_router(
+        providers={"flaky": flaky},
+        chain=[{"name": "flaky", "provider": "local"}],
+        tenants={"default": {"concurrent": 1}},
+    )
+    token = router.acquire(tenant="t").pause()
+    held = router.acquire(tenant="t")  # the paused one holds no slot
+    with pytest.raises(NoProviderAvailable, match="tenant 't' limit reached: concurrent 1/1"):
+        router.resume(token, tenant="t", timeout=2)
+    held.release()
+    resumed = router.resume(token, tenant="t")
+    assert [(t.tenant, t.concurrent) for t in router.tenants()] == [("t", 1)]
+    resumed.release()
+    with pytest.raises(InvalidArgument, match=r"resume\(tenant='a b'\)"):
+        router.resume(token, tenant="a b")
