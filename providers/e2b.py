@@ -44,6 +44,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from providers import e2b_commands
 from providers.account import KeyedOptions, KeyedProvider
 from providers.base import (
     CodeContext,
@@ -301,18 +302,19 @@ class E2BSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> CommandResult:
-        from e2b import CommandExitException, InvalidArgumentException
+        from e2b import InvalidArgumentException
 
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
         started = time.monotonic()
         with self._errors():
             try:
-                handle = await self._native.commands.run(
+                running = await e2b_commands.start(
+                    self._session(),
+                    self._native,
                     command,
-                    background=True,
-                    envs=dict(env) if env else None,
-                    cwd=cwd or self._workdir,
-                    timeout=0,  # counted from the start event below, not from the request
+                    dict(env) if env else None,
+                    cwd or self._workdir,
+                    self._native.connection_config.get_request_timeout(None),
                 )
             except InvalidArgumentException as exc:
                 if not (cwd or self._workdir):
@@ -322,24 +324,18 @@ class E2BSandbox(Sandbox):
             deadline = asyncio.timeout(timeout or None)
             try:
                 async with deadline:
-                    done = await handle.wait()
-            except CommandExitException as exc:
-                elapsed = time.monotonic() - started
-                code = _exit_code(exc.exit_code, exc.error)
-                return CommandResult(exc.stdout, exc.stderr, code, elapsed)
+                    code, error = await running.wait()
             except TimeoutError:
                 if not deadline.expired():
                     raise
                 with contextlib.suppress(Exception):  # best effort: envd kills it then too
-                    await handle.kill()
-                return CommandResult(
-                    handle.stdout or "",
-                    handle.stderr or "",
-                    -1,
-                    time.monotonic() - started,
-                    timed_out=True,
-                )
-        return CommandResult(done.stdout, done.stderr, done.exit_code, time.monotonic() - started)
+                    await self._native.commands.kill(running.pid)
+                elapsed = time.monotonic() - started
+                return CommandResult(running.stdout, running.stderr, -1, elapsed, timed_out=True)
+            finally:
+                running.close()
+        elapsed = time.monotonic() - started
+        return CommandResult(running.stdout, running.stderr, _exit_code(code, error), elapsed)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         with self._errors():
