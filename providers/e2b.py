@@ -214,15 +214,19 @@ class E2BProvider(KeyedProvider[Any]):
         lifetime = spec.lifetime or self.opts.lifetime
         template = spec.template or self.opts.template or sandboxes.default_template
         request_timeout = self.opts.request_timeout
-        with sdk_errors(self.name):
-            async with asyncio.timeout(request_timeout):  # the SDK's may take twice as long
-                native = await sandboxes.create(
-                    template=template,
-                    timeout=max(1, math.ceil(lifetime)),
-                    metadata=dict(spec.labels),
-                    envs=dict(spec.env),
-                    request_timeout=request_timeout,
-                )
+
+        async def ask() -> AsyncSandbox:
+            with sdk_errors(self.name):
+                async with asyncio.timeout(request_timeout):  # the SDK's may take twice as long
+                    return await sandboxes.create(
+                        template=template,
+                        timeout=max(1, math.ceil(lifetime)),
+                        metadata=dict(spec.labels),
+                        envs=dict(spec.env),
+                        request_timeout=request_timeout,
+                    )
+
+        native = await self._made_or_discarded(ask(), lambda late: self.kill(late.sandbox_id))
         log.debug("sandbox_router.e2b.created", entry=self.name, sandbox_id=native.sandbox_id)
         return E2BSandbox(native, self.name, self._session, workdir=spec.workdir, template=template)
 
