@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import multiprocessing
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 
 from providers.errors import NoProviderAvailable
 from router import Router
+from tests.forked import processes
 
 pytestmark = pytest.mark.slow
 PROCESSES = 16
@@ -28,14 +28,14 @@ def _config(state_url: str, prefix: str, root: str, quota: dict[str, int]) -> di
     }  # fmt: skip
 
 
-def _worker(config: dict[str, object], start_at: float, hold: bool, done: Any) -> int:
+def _worker(config: dict[str, object], start: Any, hold: bool, done: Any) -> int:
     from router.logs import configure_logging
 
     configure_logging("json", "error")
     router = Router.from_config(config, hooks=[])
     granted = 0
     held = []
-    time.sleep(max(0.0, start_at - time.time()))
+    start.wait(60)  # every process is ready: they race from here
     while True:
         try:
             lease = router.acquire()
@@ -59,11 +59,10 @@ def state_url(request: pytest.FixtureRequest, redis_url: str, tmp_path: Path) ->
 
 
 def _race(config: dict[str, object], hold: bool) -> list[int]:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = processes(__name__)
     with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
-        done = manager.Barrier(PROCESSES)
-        start_at = time.time() + 4.0  # every process is imported and waiting by then
-        return pool.starmap(_worker, [(config, start_at, hold, done)] * PROCESSES)
+        start, done = manager.Barrier(PROCESSES), manager.Barrier(PROCESSES)
+        return pool.starmap(_worker, [(config, start, hold, done)] * PROCESSES)
 
 
 def test_exactly_the_sessions_left_are_granted(
@@ -93,7 +92,7 @@ PRICE = {"vcpu_hour": 36.0, "per_sandbox": 0.1}
 LIFETIME = 5.0
 
 
-def _spender(config: dict[str, object], start_at: float) -> list[tuple[float, float]]:
+def _spender(config: dict[str, object], start: Any) -> list[tuple[float, float]]:
     """Acquire and release until the budget keeps refusing; the (seconds, cost) of every
     lease released, as its `Released` event said."""
     from providers.base import SandboxSpec
@@ -109,9 +108,10 @@ def _spender(config: dict[str, object], start_at: float) -> list[tuple[float, fl
             released.append((event.seconds, event.cost))
 
     router = Router.from_config(config, hooks=[hook])
-    time.sleep(max(0.0, start_at - time.time()))
+    start.wait(60)
+    began = time.time()
     refused = 0
-    while refused < 5 and time.time() < start_at + 20:
+    while refused < 5 and time.time() < began + 20:
         try:
             lease = router.acquire(spec=SandboxSpec(lifetime=LIFETIME))
         except NoProviderAvailable:
@@ -130,10 +130,10 @@ def test_the_last_dollar_is_never_overspent(
 ) -> None:
     config = _config(state_url, key_prefix, str(tmp_path / "sb"), {"usd": 1})
     config["chain"][0]["price"] = PRICE  # type: ignore[index]
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(PROCESSES) as pool:
-        start_at = time.time() + 4.0
-        results = pool.starmap(_spender, [(config, start_at)] * PROCESSES)
+    ctx = processes(__name__)
+    with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
+        start = manager.Barrier(PROCESSES)
+        results = pool.starmap(_spender, [(config, start)] * PROCESSES)
     leases = [lease for result in results for lease in result]
     for seconds, cost in leases:  # the price table: the fee plus $0.01 a second
         assert cost == pytest.approx(0.1 + 0.01 * seconds, abs=1e-12)
