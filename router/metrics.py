@@ -495,6 +495,12 @@ class StateCollector(Collector):
             "and some usage; the scrape time when already exhausted).",
             ("pool", "unit"),
         )
+        yield gauge(
+            "spend_projected_usd",
+            "The pool's settled spend (quota_used{unit=\"usd\"}) at its window's reset if it "
+            "goes on at this window's average rate: the projected month-end.",
+            ("pool",),
+        )
 
     def collect(self) -> Iterable[Metric]:
         fam = {f.name.removeprefix(f"{PREFIX}_"): f for f in self._families()}
@@ -532,6 +538,7 @@ class StateCollector(Collector):
             fam["quota_window_start_timestamp_seconds"].add_metric([pool], start)
             fam["quota_window_reset_timestamp_seconds"].add_metric([pool], reset)
             fam["quota_held"].add_metric([pool, "usd"], view.usd_held)
+            fam["spend_projected_usd"].add_metric([pool], view.usd_projected)
             for unit in UNITS:
                 used, limit = view.used[unit], view.limits[unit]
                 fam["quota_used"].add_metric([pool, unit], used)

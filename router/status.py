@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from policies.breaker import Circuit
 from policies.pricing import HOUR, Price, rate, window_spend
-from policies.quota import UNITS, projected_exhaustion
+from policies.quota import UNITS, projected_exhaustion, projected_spend
 from router.entries import Entry
 from router.ledger import Ledger
 from router.state import EntryRef
@@ -50,6 +50,8 @@ class EntryView:
             for a pool shared by several entries, what the whole pool would
             cost at this entry's rate.
         hourly_usd: an hour of one sandbox of the entry's default size.
+        usd_projected: the pool's settled ``usd`` at its window's reset if it goes on
+            at this window's average rate (`policies.quota.projected_spend`).
     """
 
     name: str
@@ -71,6 +73,7 @@ class EntryView:
     spend_usd: float = 0.0
     hourly_usd: float = 0.0
     usd_held: float = 0.0
+    usd_projected: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,7 @@ def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryV
         spend_usd=window_spend(e.tariff, pool.used["sandbox_seconds"], pool.used["sessions"]),
         hourly_usd=rate(e.tariff.price, e.tariff.size) * HOUR,
         usd_held=pool.usd_held,
+        usd_projected=projected_spend(pool.used["usd"], *_window(e.ref, now), now),
     )
 
 
@@ -130,8 +134,13 @@ def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryV
 _LAST_TIMESTAMP = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
 
 
+def _window(ref: EntryRef, now: float) -> tuple[float, float]:
+    start, end = ref.window.bounds(now)
+    return start.timestamp(), end.timestamp()
+
+
 def _projections(used: Mapping[str, float], ref: EntryRef, now: float) -> dict[str, datetime]:
-    start = ref.window.bounds(now)[0].timestamp()
+    start = _window(ref, now)[0]
     out = {}
     for unit in ("sessions", "sandbox_seconds", "usd"):
         when = projected_exhaustion(used[unit], ref.limits.get(unit), start, now)
