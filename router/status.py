@@ -37,7 +37,8 @@ class EntryView:
             settled spend).
         usd_held: what the pool's live leases hold against its ``usd`` budget on
             top of ``used["usd"]`` (`policies.quota`).
-        reset_at: when the pool's window resets.
+        window_start / reset_at: when the pool's window (its month) started, and
+            when it resets.
         exhausted_at: when each limited unit runs out at this window's
             average rate so far (only units with usage).
         capabilities: what ``acquire(requires=...)`` may ask of the entry.
@@ -64,6 +65,7 @@ class EntryView:
     detail: str
     used: dict[str, float]
     limits: dict[str, float | None]
+    window_start: datetime
     reset_at: datetime
     live_leases: int
     exhausted_at: dict[str, datetime]
@@ -117,6 +119,7 @@ def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryV
         detail=health.block_detail,
         used=dict(pool.used),
         limits={u: e.ref.limits.get(u) for u in UNITS},
+        window_start=e.ref.window.bounds(now)[0],
         reset_at=e.ref.window.reset_at(now),
         live_leases=status.live_leases,
         exhausted_at=_projections(pool.used, e.ref, now),
