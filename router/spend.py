@@ -5,12 +5,11 @@ What ``sandbox-router cost`` prints (`spend_report`), and ``cost --month``
 own cost, exact), what live leases hold, its ``usd`` budget and what is left
 of it, and the month-end it heads for (`policies.quota.projected_spend`).
 
-Per entry, every figure is the store's metered
-seconds and sessions priced at the entry's rate for its default size
-(`policies.pricing.window_spend`), so it is an estimate: the store keeps no
-lease's resources nor its rounding to the vendor's billing step. A pool
-shared by entries of different prices is priced at the dearest of them (an
-upper bound), and says so.
+Per entry, every figure is the store's metered seconds and sessions priced
+at the entry's rate for its default size (`policies.pricing.window_spend`),
+so it is an estimate: the store keeps no lease's resources nor its rounding
+to the vendor's billing step. A pool shared by entries of different prices
+is priced at the dearest of them (an upper bound), and says so.
 """
 
 from __future__ import annotations
