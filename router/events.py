@@ -140,7 +140,9 @@ class LateCreate(Event):
     landed), ``found`` (no answer, but the lookup by its lease label found the
     sandbox it made, ``sandbox_id``: counted and killed), ``failed`` (it made
     nothing: refunded) or ``unanswered`` (nothing could tell: counted, its
-    sandbox, if any, left to the janitor)."""
+    sandbox, if any, left to the janitor). ``cost``: the USD charged to the entry's
+    ``pool`` for it (its sandbox fee and ``seconds`` at its price, as the ledger
+    settled them; None when unpriced or refunded)."""
 
     name: ClassVar[str] = "late_create"
     entry: str
@@ -148,6 +150,8 @@ class LateCreate(Event):
     outcome: str
     sandbox_id: str = ""
     seconds: float = 0.0
+    cost: float | None = None
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,7 +166,9 @@ class RouterMetrics:
         self.cost = counter(
             "cost_usd",
             "USD the released leases cost (their resources times metered seconds at the "
-            "entry's price, plus its per-sandbox fee), by entry and quota pool.",
+            "entry's price, plus its per-sandbox fee), and what the router spent around them "
+            "(late creates and hedge losers, warm sandboxes' idle time, paused storage), by "
+            "entry and quota pool.",
             ("entry", "pool"),
         )
         self.leases_lost = counter(
@@ -333,10 +335,12 @@ class RouterMetrics:
                     self.sandbox_seconds.labels(entry).inc(seconds)
                 if cost is not None:
                     self.cost.labels(entry, pool).inc(cost)
-            case LateCreate(entry=entry, outcome=outcome, seconds=seconds):
+            case LateCreate(entry=entry, outcome=outcome, seconds=seconds, cost=cost, pool=pool):
                 self.late_creates.labels(entry, outcome).inc()
                 if seconds:
                     self.sandbox_seconds.labels(entry).inc(seconds)
+                if cost is not None:
+                    self.cost.labels(entry, pool).inc(cost)
             case BudgetExhausted(entry=entry, pool=pool, action=action):
                 self.budget_exhausted.labels(entry, pool, action).inc()
             case (
