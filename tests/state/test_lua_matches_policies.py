@@ -87,6 +87,12 @@ usd_ops = st.one_of(
     st.tuples(st.just("snapshot")),
     st.tuples(st.just("set_usage"), st.just("usd"), st.integers(0, 3)),
     st.tuples(st.just("advance"), st.integers(0, 40)),
+    # warm pools in a priced pool: their holds settled by a claim priced by its meter
+    st.tuples(st.just("claim"), st.integers(0, 1), lease_ids, st.integers(1, 60),
+              st.none() | st.sampled_from(METERS)),
+    st.tuples(st.just("warm_put"), st.integers(0, 1), lease_ids, st.booleans(),
+              st.integers(1, 60)),
+    st.tuples(st.just("warm_take"), st.integers(0, 1), lease_ids),
 )  # fmt: skip
 
 
@@ -117,7 +123,8 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
     if kind == "snapshot":  # it purges expired leases, as reserve does
         return await store.snapshot(REFS, now)
     if kind == "claim":
-        return await store.reserve(REFS[op[1]], CFG, op[2], now, op[3], warm=True)
+        meter = op[4] if len(op) > 4 else None
+        return await store.reserve(REFS[op[1]], CFG, op[2], now, op[3], warm=True, meter=meter)
     if kind == "warm_put":
         record = WarmRecord(f"sb-{op[2]}", now, now + op[4], now + op[4] + 20, op[3])
         return await store.warm_put(REFS[op[1]], op[2], record, now)
