@@ -479,12 +479,6 @@ class RouterConfig(_Strict):
                         f"{where}.quota: pool {entry.name!r} is already defined; use quota_pool"
                     )
                 inline_pools[entry.name] = where
-            if entry.warm is not None and self.pool_quota(entry).usd is not None:
-                raise ValueError(
-                    f"{where}.warm: pool {entry.pool!r} has a usd budget, and warm sandboxes "
-                    "are not priced yet (their idle time would go uncounted); drop warm or "
-                    "the pool's usd"
-                )
             if entry.warm is not None and entry.warm.pause:
                 declared = entry.capabilities
                 if declared is None:

@@ -217,8 +217,6 @@ def test_a_wrong_typed_secret_is_not_echoed(tmp_path: Path, text: str) -> None:
          "pools.p.budget_window", "greater than or equal to 1"),
         ("chain:\n  - {name: a, provider: local, quota: {on_budget_end: stop}}",
          "chain[0].quota.on_budget_end", "'warn' or 'kill'"),
-        ("chain:\n  - {name: a, provider: local, quota: {usd: 5}, warm: {size: 1}}",
-         "chain[0].warm", "pool 'a' has a usd budget"),
     ],
 )  # fmt: skip
 def test_a_usd_budget_is_checked(tmp_path: Path, text: str, field: str, says: str) -> None:

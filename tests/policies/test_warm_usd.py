@@ -40,7 +40,8 @@ def test_a_claim_charges_the_idle_time_and_holds_the_leases_cover() -> None:
     pool, limits = PoolState("w"), Limits(usd=3.0)
     records = made(pool, limits, "w1", 0.0)
     claim = warm.claim(pool, limits, records, "e", 30.0, 10.0, LEASE)
-    assert claim is not None and claim.metered == 30.0
+    assert claim is not None
+    assert claim.metered == 30.0
     assert pool.usd == pytest.approx(0.5 + 0.30)  # the fee and 30 idle seconds
     assert pool.usd_held == pytest.approx(0.60)  # the lease's 60 s, no second fee
     quota.commit(pool, "w1", 31.0, 20.0, "sb-w1", limits)
@@ -56,7 +57,8 @@ def test_a_claim_the_budget_cannot_cover_is_skipped() -> None:
     # nothing, a $0.90 one would: the claim is skipped, the record stays
     dear = Meter(0.015, 0.0, 0.0, 60.0, 60.0)
     assert warm.claim(pool, limits, records, "e", 30.0, 10.0, dear) is None
-    assert set(records) == {"w1"} and pool.usd == 0
+    assert set(records) == {"w1"}
+    assert pool.usd == 0
     assert warm.claim(pool, limits, records, "e", 30.0, 10.0, LEASE) is not None
 
 
@@ -64,9 +66,11 @@ def test_a_paused_warm_sandbox_is_charged_until_its_pause_and_its_claim_holds_a_
     pool, limits = PoolState("w"), Limits(usd=3.0)
     pool_records = made(pool, limits, "w1", 0.0, paused=True)
     assert isinstance(pool_records, dict)
-    assert pool.usd == pytest.approx(0.5) and pool.usd_held == 0  # its seconds to pause: 0
+    assert pool.usd == pytest.approx(0.5)
+    assert pool.usd_held == 0
     claim = warm.claim(pool, limits, pool_records, "e", 50.0, 10.0, LEASE)
-    assert claim is not None and claim.paused
+    assert claim is not None
+    assert claim.paused
     assert pool.usd_held == pytest.approx(0.60)
 
 
@@ -88,7 +92,7 @@ def test_warm_sandboxes_and_their_claims_never_pass_the_budget(
     """Spent plus held stays within the budget whatever is made and claimed, when."""
     pool, limits = PoolState("w"), Limits(usd=budget)
     records: dict[str, WarmRecord] = {}
-    for i, (when, paused) in enumerate(claims):
+    for i, (_when, paused) in enumerate(claims):
         more = made(pool, limits, f"w{i}", 0.0, paused=paused)
         if isinstance(more, dict):
             records.update(more)
