@@ -12,10 +12,19 @@ from prometheus_client import CollectorRegistry
 
 from emulators import available, emulator_class
 from router import Router
-from router.events import LateCreate, RouterEvent
+from router.events import (
+    LateCreate,
+    Released,
+    Resumed,
+    RouterEvent,
+    WarmClaimed,
+    WarmCreated,
+    WarmKilled,
+)
 from router.metrics import instrument
 from router.testing import ScriptedProvider
 from tests.polling import wait_until
+from tests.router.conftest import Clock
 
 # $0.01 a second for one vCPU, and $0.50 a sandbox.
 PRICE = {"vcpu_hour": 36.0, "memory_gib_hour": 0.0, "per_sandbox": 0.5}
@@ -118,3 +127,109 @@ def test_a_late_create_on_the_e2b_emulator_is_charged(
             used = router.status().entries[0].used["usd"]
             assert used - before == pytest.approx(late.cost)
             assert [r.id for r in emu.records() if r.alive] == []
+
+
+@pytest.fixture
+def priced(new_router: Any, tmp_path: Path, state: dict[str, str]):
+    """A router on the store of ``state`` with one priced entry (scripted local) and a
+    $3 budget; a fake clock; its events and a registry counting them."""
+    clock = Clock()
+    events: list[RouterEvent] = []
+
+    def make(**entry: Any) -> tuple[Router, ScriptedProvider, CollectorRegistry]:
+        scripted = ScriptedProvider("e", tmp_path)
+        config = {
+            **state,
+            "lease_ttl": 20,
+            "warm_refill_every": 0,
+            "warm_reach_every": 0,
+            "chain": [
+                {"name": "e", "provider": "local", "price": PRICE, "resources": SIZE,
+                 "quota": {"usd": 3.0, "budget_window": 60}, **entry}
+            ],
+        }  # fmt: skip
+        router = new_router(
+            config, providers={"e": scripted}, clock=clock, sleep=clock.sleep,
+            hooks=[events.append],
+        )  # fmt: skip
+        registry = CollectorRegistry()
+        instrument(router, registry)
+        return router, scripted, registry
+
+    make.clock = clock  # type: ignore[attr-defined]
+    make.events = events  # type: ignore[attr-defined]
+    return make
+
+
+def test_warm_sandboxes_hold_their_stay_and_a_claim_charges_their_idle_time(priced) -> None:
+    """Each warm sandbox holds $0.50 + 120 s at $0.01 from before its create: two would
+    pass the $3, so the refill makes one. Claimed after 30 s: its fee and 30 s charged,
+    the lease holds its own 60 s; released 10 s later: 10 s more."""
+    router, scripted, registry = priced(warm={"size": 2, "max_idle": 100})
+    assert router.fill_warm() == {"e": 1}
+    view = router.status().entries[0]
+    assert view.usd_held == pytest.approx(0.5 + 1.2)
+    priced.clock.advance(30)
+    lease = router.acquire()
+    assert lease.sandbox_id in scripted.created
+    view = router.status().entries[0]
+    assert view.used["usd"] == pytest.approx(0.5 + 0.30, abs=0.001)
+    assert view.usd_held == pytest.approx(0.60)
+    [claimed] = of(priced.events, WarmClaimed)
+    assert claimed.cost == pytest.approx(0.80, abs=0.001)
+    priced.clock.advance(10)
+    lease.release()
+    wait_until(lambda: of(priced.events, Released))
+    view = router.status().entries[0]
+    assert view.used["usd"] == pytest.approx(0.90, abs=0.001)
+    assert view.usd_held == 0
+    assert cost_counter(registry, "e") == pytest.approx(view.used["usd"])
+
+
+def test_a_warm_sandbox_killed_idle_is_charged_its_wait(priced) -> None:
+    router, scripted, registry = priced(warm={"size": 1, "max_idle": 100})
+    assert router.fill_warm() == {"e": 1}
+    priced.clock.advance(101)  # past max_idle: the next pass kills it
+    router.fill_warm()
+    [killed] = of(priced.events, WarmKilled)
+    assert killed.reason == "max_idle"
+    assert killed.cost == pytest.approx(0.5 + 1.01, abs=0.001)
+    assert scripted.created[0] not in scripted.alive()
+    view = router.status().entries[0]
+    assert view.used["usd"] == pytest.approx(killed.cost)
+    assert cost_counter(registry, "e") == pytest.approx(killed.cost)
+
+
+def test_a_paused_sandboxs_storage_is_charged_at_its_resume(priced) -> None:
+    """paused_gib_hour 3.6: $0.001 a GiB-second; the entry holds 1 GiB."""
+    router, _, registry = priced(price={**PRICE, "paused_gib_hour": 3.6})
+    lease = router.acquire()
+    token = lease.pause()
+    wait_until(lambda: of(priced.events, Released))
+    spent = router.status().entries[0].used["usd"]
+    priced.clock.advance(100)
+    resumed = router.resume(token)
+    [event] = of(priced.events, Resumed)
+    assert event.cost == pytest.approx(0.1, abs=0.001)
+    assert router.status().entries[0].used["usd"] == pytest.approx(spent + event.cost)
+    resumed.release()
+    wait_until(lambda: len(of(priced.events, Released)) == 2)
+    assert cost_counter(registry, "e") == pytest.approx(router.status().entries[0].used["usd"])
+
+
+def test_a_paused_warm_sandboxs_storage_is_charged_at_its_claim(priced) -> None:
+    price = {**PRICE, "paused_gib_hour": 3.6}
+    router, _, registry = priced(price=price, warm={"size": 1, "max_idle": 100, "pause": True})
+    assert router.fill_warm() == {"e": 1}
+    [created] = of(priced.events, WarmCreated)
+    assert created.cost == pytest.approx(0.5, abs=0.001)  # its fee, and its seconds to pause
+    priced.clock.advance(40)
+    with router.acquire():
+        pass
+    [claimed] = of(priced.events, WarmClaimed)
+    assert claimed.paused
+    assert claimed.cost == pytest.approx(0.04, abs=0.001)  # 40 s of 1 GiB paused
+    wait_until(lambda: of(priced.events, Released))
+    used = router.status().entries[0].used["usd"]
+    assert used == pytest.approx(0.5 + 0.04, abs=0.002)
+    assert cost_counter(registry, "e") == pytest.approx(used)
