@@ -111,6 +111,11 @@ class WarmPools:
             known = ", ".join(self._ctx.entries)
             raise ValueError(f"no entry {name!r} in this router (entries: {known})")
         server = warm is not None and _held_by_vendor(name, warm, entry)
+        if server and entry.quota.usd is not None:
+            raise ConfigError(
+                f"{name}.warm.server: its pool has a usd budget, and a warm pool the vendor "
+                "holds is billed unseen by the router; set server: false"
+            )
         if warm is not None and warm.pause and Capability.PAUSE not in entry.capabilities:
             raise ConfigError(
                 f"{name}.warm.pause: the entry does not declare the 'pause' capability"

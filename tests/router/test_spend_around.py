@@ -23,6 +23,7 @@ from router.events import (
 )
 from router.metrics import instrument
 from router.testing import ScriptedProvider
+from tests.contract.conftest import build
 from tests.polling import wait_until
 from tests.router.conftest import Clock
 
@@ -233,3 +234,38 @@ def test_a_paused_warm_sandboxs_storage_is_charged_at_its_claim(priced) -> None:
     used = router.status().entries[0].used["usd"]
     assert used == pytest.approx(0.5 + 0.04, abs=0.002)
     assert cost_counter(registry, "e") == pytest.approx(used)
+
+
+@pytest.mark.skipif(not available(["e2b"]), reason="needs the e2b SDK")
+def test_a_warm_e2b_sandbox_is_held_and_charged_through_its_sdk(
+    make_router: Any, tmp_path: Path, events: list[RouterEvent], clock: Clock
+) -> None:
+    """E2B's SDK on its emulator, a Redis ledger: one replica makes the warm sandbox the
+    budget covers, another claims it by connecting through the SDK; its fee and idle
+    seconds are charged, whole seconds as E2B bills them."""
+    with emulator_class("e2b")() as emu:
+        maker, claimer = build("e2b", emu, tmp_path), build("e2b", emu, tmp_path)
+        entry = {
+            "name": "v", "provider": "e2b", "price": PRICE, "resources": SIZE,
+            "quota": {"usd": 3.0, "budget_window": 60}, "warm": {"size": 2, "max_idle": 100},
+        }  # fmt: skip
+        settings = {"warm_refill_every": 0, "warm_reach_every": 0, "lease_ttl": 20}
+        one = make_router(chain=[entry], providers={"v": maker.provider}, **settings)
+        two = make_router(chain=[entry], providers={"v": claimer.provider}, **settings)
+        assert one.fill_warm() == {"v": 1}  # $0.50 + 120 s each: two would pass the $3
+        assert one.status().entries[0].usd_held == pytest.approx(1.7)
+        clock.advance(30)
+        with two.acquire() as lease:
+            assert lease.sandbox.run("echo warm").stdout == "warm\n"
+            view = two.status().entries[0]
+            assert view.used["usd"] == pytest.approx(0.80)
+            assert view.usd_held == pytest.approx(0.60)
+            clock.advance(10)
+        wait_until(lambda: of(events, Released))
+        [claimed] = of(events, WarmClaimed)
+        assert claimed.cost == pytest.approx(0.80)
+        [released] = of(events, Released)
+        assert released.cost == pytest.approx(0.10)  # no second fee
+        view = two.status().entries[0]
+        assert (view.used["usd"], view.usd_held) == (pytest.approx(0.90), 0)
+        assert emu.alive() == []
