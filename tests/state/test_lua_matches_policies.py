@@ -279,3 +279,26 @@ def test_every_session_step_from_every_state_agrees(redis_url: str) -> None:
             await lua.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("paused", [False, True], ids=["running", "paused"])
+@pytest.mark.parametrize("meter", [None, *METERS[:3]], ids=["unpriced", "fee", "kill", "step"])
+def test_a_priced_warm_claim_agrees(redis_url: str, paused: bool, meter: Meter | None) -> None:
+    """The usd path of a warm claim, surely taken: a priced warm sandbox put in the pool,
+    claimed after a wait by an acquire of each meter (its cover fitting or not), then a
+    second one that the budget may refuse."""
+    sequence = [
+        ("reserve", 0, "l0", 30, METERS[0], True),
+        ("settle", 0, "l0", Outcome.SUCCESS, 40, None),
+        ("warm_put", 0, "l0", paused, 50),
+        ("reserve", 0, "l1", 30, METERS[0], True),
+        ("settle", 0, "l1", Outcome.SUCCESS, 40, None),
+        ("warm_put", 0, "l1", paused, 50),
+        ("advance", 17),
+        ("claim", 0, "l2", 20, meter),
+        ("snapshot",),
+        ("claim", 0, "l3", 20, meter),
+        ("release", 0, "l0"),
+        ("warm_take", 0, "l1"),
+    ]
+    agree(redis_url, sequence)
