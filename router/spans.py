@@ -2,7 +2,7 @@
 
 Events (`router.events`) say that something happened. Some operations also
 last, and have a place in the app's trace: an acquire and its attempts, a
-command, a file transfer, a release. The router wraps each in
+command, a process's wait, a stream, a file transfer, a release. The router wraps each in
 ``with spans(<record>):``, where the record is one of the typed dataclasses
 below (`RouterSpan` is their closed union). A tracer is any callable taking a
 record and returning a context manager, or None when it does not follow that
