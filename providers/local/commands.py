@@ -112,9 +112,10 @@ class LocalProcess:
         comes back once the pid counter wraps around, which on a busy host with
         pid_max at 32768 can be the moment of the reap of a long-lived leader. A
         process with the leader's number born at another time leads a newcomer's
-        group then, and is left alone.
+        group then, and is left alone; so even before ``returncode`` is set, as the
+        child watcher may have reaped the leader already.
         """
-        if self.proc.returncode is not None and born(self.proc.pid) not in (None, self._born):
+        if born(self.proc.pid) not in (None, self._born):
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
