@@ -261,7 +261,7 @@ def quota_dashboard() -> dash.Dashboard:
             ),
         ).unit("short")
     )
-    return board.with_panel(
+    board = board.with_panel(
         series(
             "Remaining",
             "Limit minus used, per pool and limited unit.",
@@ -270,6 +270,68 @@ def quota_dashboard() -> dash.Dashboard:
                 "{{pool}} {{unit}}",
             ),
         ).unit("short")
+    )
+    return cost_row(board)
+
+
+def cost_row(board: dash.Dashboard) -> dash.Dashboard:
+    """What the pools cost: spend by entry, how fast it burns, the projected month-end."""
+    spent = f'sandbox_router_quota_used{{{POOL}, unit="usd"}}'
+    board = board.with_row(dash.Row("Cost"))
+    board = board.with_panel(
+        series(
+            "Spend by entry",
+            "USD per hour the released leases cost at each entry's price (the "
+            "sandbox_router_cost_usd_total counters, every replica summed), with the late "
+            "creates, hedge losers, warm idle time and paused storage charged around them.",
+            query(
+                f"3600 * sum by (entry, pool) (rate(sandbox_router_cost_usd_total{{{ENTRY}}}"
+                f"[{RATE}]))",
+                "{{entry}} ({{pool}})",
+            ),
+        )
+        .unit("currencyUSD")
+        .span(8)
+    )
+    board = board.with_panel(
+        series(
+            "Burn rate (USD per day)",
+            "Each pool's settled spend per day: over the last hour, and on average since the "
+            "window started (the rate the projection goes on at).",
+            query(
+                f"86400 * max by (pool) (clamp_min(deriv({spent}[1h]), 0))",
+                "{{pool}} (last hour)",
+            ),
+            query(
+                f"86400 * max by (pool) ({spent} / ignoring (unit) "
+                f"(time() - sandbox_router_quota_window_start_timestamp_seconds{{{POOL}}}))",
+                "{{pool}} (window average)",
+                "B",
+            ),
+        )
+        .unit("currencyUSD")
+        .span(8)
+    )
+    return board.with_panel(
+        series(
+            "Projected month-end against budget",
+            "Each pool's settled spend this window, where it ends at the window's reset at "
+            "the window's average rate, and its usd budget (pools with one): the projection "
+            "above the budget fires SandboxRouterProjectedOverspend.",
+            query(f"max by (pool) ({spent})", "{{pool}} spent"),
+            query(
+                f"max by (pool) (sandbox_router_spend_projected_usd{{{POOL}}})",
+                "{{pool}} projected",
+                "B",
+            ),
+            query(
+                f'max by (pool) (sandbox_router_quota_limit{{{POOL}, unit="usd"}})',
+                "{{pool}} budget",
+                "C",
+            ),
+        )
+        .unit("currencyUSD")
+        .span(8)
     )
 
 

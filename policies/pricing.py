@@ -61,6 +61,7 @@ __all__ = [
     "lease_cost",
     "meter",
     "metered",
+    "paused_cost",
     "rate",
     "resources",
     "tariff",
@@ -229,6 +230,14 @@ def meter(
         return None
     step = t.metering.step or 0.0
     return quota.Meter(per_second, t.price.per_sandbox, step, first, renew, kill)
+
+
+def paused_cost(t: Tariff, res: Resources, seconds: float) -> float:
+    """USD a paused sandbox holding ``res`` costs for ``seconds``: its memory's GiB (the
+    image a pause keeps) at ``paused_gib_hour``, exact (no vendor step is known)."""
+    if t.price is None or seconds <= 0:
+        return 0.0
+    return t.price.paused_gib_hour * res.memory_gib * seconds / HOUR
 
 
 def estimate(t: Tariff, res: Resources, lifetime: float | None = None) -> float:

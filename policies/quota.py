@@ -58,6 +58,7 @@ __all__ = [
     "heartbeat",
     "metered",
     "projected_exhaustion",
+    "projected_spend",
     "purge_expired",
     "refund",
     "release",
@@ -450,3 +451,15 @@ def projected_exhaustion(
         return now
     rate = used / (now - start)
     return now + (limit - used) / rate
+
+
+def projected_spend(spent: float, start: float, end: float, now: float) -> float:
+    """What a window's spend comes to at its ``end`` if it goes on at its average rate
+    so far: ``spent`` plus that rate times the time left (a timestamp each).
+
+    ``spent`` itself before the window started or once it ended (nothing to go on,
+    or nothing left to run); never below ``spent``.
+    """
+    if spent <= 0 or now <= start or now >= end:
+        return max(spent, 0.0)
+    return spent + spent / (now - start) * (end - now)

@@ -15,6 +15,17 @@ A warm sandbox is real, and the ledger counts it as such:
   seconds from create to pause are metered when it is put in the pool, and
   a claim takes a slot like any reservation (the concurrency limit applies).
 
+In a pool with a ``usd`` budget a warm sandbox is priced like a lease
+(`policies.quota`): the refill's reservation holds its fee and its whole
+stay (``max_idle`` plus the lease TTL) from before its create, so warm
+sandboxes never take the pool past its budget; its idle time is settled
+when it is claimed (its fee and idle seconds charged, its hold dropped) or
+taken to be killed. The claimed reservation is then priced by the
+acquire's `Meter` (its first cover held, no fee: nothing is made), and is
+claimed only when the budget has room for that cover, counting what the
+settlement frees; else the claim is skipped and the acquire's own
+reservation is refused for ``usd``.
+
 A `WarmRecord` is keyed by that lease id in the store, per entry. A claim
 picks the claimable record made first (``since``, then the lease id), turns
 it into the caller's reservation under the same lease id (so the janitor,
@@ -39,7 +50,7 @@ from dataclasses import dataclass
 
 from policies import quota
 from policies.breaker import EXHAUSTED, MISCONFIGURED, BreakerState, Circuit
-from policies.quota import LeaseSlot, Limits, PoolState
+from policies.quota import LeaseSlot, Limits, Meter, PoolState
 
 __all__ = [
     "REACH_FRESH",
@@ -100,13 +111,15 @@ def claim(
     entry: str,
     now: float,
     hold: float,
+    meter: Meter | None = None,
 ) -> Claim | None:
-    """Hand the first claimable record's sandbox to a reservation held for ``hold`` s.
+    """Hand the first claimable record's sandbox to a reservation held for ``hold`` s,
+    priced by ``meter`` (the acquire's).
 
-    None when none is ready or a unit the claim spends is used up (the
-    caller's ordinary reserve then decides, and denies for the same unit).
-    A running record whose lease is gone (the store lost it) is dropped:
-    its sandbox, unrecorded and unleased, is the janitor's.
+    None when none is ready or a unit the claim spends is used up, ``usd``
+    included (the caller's ordinary reserve then decides, and denies for the
+    same unit). A running record whose lease is gone (the store lost it) is
+    dropped: its sandbox, unrecorded and unleased, is the janitor's.
     """
     if _used_up(pool, limits, "sandbox_seconds"):
         return None
@@ -114,22 +127,46 @@ def claim(
         record = records[lease_id]
         if record.deadline <= now:
             continue  # the refill kills it
+        claimed = LeaseSlot(entry, now, now + hold, hold, counted=False)
+        _price(claimed, meter)
         if record.paused:
             if _used_up(pool, limits, "concurrent"):
                 continue  # a running one needs no slot of its own
+            if not _fits(pool, limits, claimed, 0.0):
+                return None
             del records[lease_id]
-            pool.leases[lease_id] = LeaseSlot(entry, now, now + hold, hold, counted=False)
+            pool.leases[lease_id] = claimed
+            pool.usd_held += claimed.hold()
             return Claim(lease_id, record.sandbox_id, True, now - record.since, 0.0)
         slot = pool.leases.get(lease_id)
-        del records[lease_id]
         if slot is None or not slot.live:
+            del records[lease_id]
             continue
         metered = max(0.0, now - slot.started)
+        if not _fits(pool, limits, claimed, slot.hold() - slot.charge(metered)):
+            return None
+        del records[lease_id]
         pool.sandbox_seconds += metered
-        slot.live, slot.counted, slot.sandbox_id = False, False, ""
-        slot.started, slot.expires, slot.ttl = now, now + hold, hold
+        quota.settle_usd(pool, slot, metered, fee=slot.counted)
+        pool.leases[lease_id] = claimed
+        pool.usd_held += claimed.hold()
         return Claim(lease_id, record.sandbox_id, False, now - record.since, metered)
     return None
+
+
+def _price(slot: LeaseSlot, meter: Meter | None) -> None:
+    """Price a claimed reservation by the acquire's meter: its rate for its first
+    cover, no fee (the sandbox was made, and its fee charged, by the refill)."""
+    if meter is not None and meter.rate > 0:
+        slot.rate, slot.step, slot.renew = meter.rate, meter.step, meter.renew
+        slot.covered, slot.kill = meter.first, meter.kill
+
+
+def _fits(pool: PoolState, limits: Limits, slot: LeaseSlot, freed: float) -> bool:
+    """Whether the budget holds ``slot``'s cover once ``freed`` USD of holds is let go."""
+    if limits.usd is None or not slot.priced:
+        return True
+    return pool.usd + pool.usd_held - freed + slot.hold() <= limits.usd
 
 
 def put(

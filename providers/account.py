@@ -12,9 +12,7 @@ it closes.
 from __future__ import annotations
 
 import abc
-import asyncio
-from collections.abc import Coroutine
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from pydantic import SecretStr
 
@@ -45,7 +43,6 @@ class KeyedProvider(Provider, Generic[C]):
     def __init__(self, name: str, options: ProviderOptions | None = None) -> None:
         super().__init__(name, options)
         self._client: LoopBound[C] = LoopBound()
-        self._cleanups: set[asyncio.Task[object]] = set()
 
     def _api_key(self) -> str | None:
         assert isinstance(self.options, KeyedOptions)
@@ -71,15 +68,8 @@ class KeyedProvider(Provider, Generic[C]):
     async def _close_client(self, client: C) -> None:
         """Release a client's connections (clients that hold none need not)."""
 
-    def _in_background(self, cleanup: Coroutine[Any, Any, object]) -> None:
-        """Run ``cleanup`` as a task of its own, awaited by `aclose`."""
-        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(cleanup)
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
-
     async def aclose(self) -> None:
-        if self._cleanups:
-            await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await super().aclose()
         client = self._client.take()
         if client is not None:
             await self._close_client(client)

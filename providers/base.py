@@ -18,7 +18,7 @@ import contextlib
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
@@ -578,6 +578,7 @@ async def _pump(proc: Process, on_stdout: OnOutput | None, on_stderr: OnOutput |
 
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 class LoopBound(Generic[T]):
@@ -637,6 +638,25 @@ class Provider(abc.ABC):
     def __init__(self, name: str, options: ProviderOptions | None = None) -> None:
         self.name = name
         self.options = options if options is not None else self.Options()
+        self._cleanups: set[asyncio.Task[object]] = set()
+
+    def _in_background(self, cleanup: Coroutine[Any, Any, object]) -> None:
+        """Run ``cleanup`` as a task of its own, awaited by `aclose`."""
+        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(cleanup)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def _made_or_discarded(
+        self, making: Coroutine[Any, Any, S], discard: Callable[[S], Awaitable[object]]
+    ) -> S:
+        """Await a create's request; cancelled meanwhile, the request runs on (to its own
+        timeout) and what it made is discarded, its id being only in that answer."""
+        request = asyncio.ensure_future(making)
+        try:
+            return await asyncio.shield(request)
+        except asyncio.CancelledError:
+            self._in_background(_discard_when_made(request, discard))
+            raise
 
     def configured(self) -> bool:
         """True when the credentials this provider needs are present."""
@@ -691,8 +711,23 @@ class Provider(abc.ABC):
         """
         raise Unsupported(self.name, Capability.WARM_SERVER)
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook
-        """Release SDK clients; called when the router closes."""
+    async def aclose(self) -> None:
+        """Release SDK clients; called when the router closes. Waits for the cleanups in
+        the background (a cancelled create's discard) first."""
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} entry={self.name!r}>"
+
+
+async def _discard_when_made(
+    request: asyncio.Future[S], discard: Callable[[S], Awaitable[object]]
+) -> None:
+    """Discard what a cancelled create's request made, once it answers."""
+    try:
+        made = await request
+    except BaseException:  # it made nothing, or nothing that can be named
+        return
+    with contextlib.suppress(Exception):
+        await discard(made)

@@ -44,6 +44,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from providers import e2b_commands
 from providers.account import KeyedOptions, KeyedProvider
 from providers.base import (
     CodeContext,
@@ -213,15 +214,19 @@ class E2BProvider(KeyedProvider[Any]):
         lifetime = spec.lifetime or self.opts.lifetime
         template = spec.template or self.opts.template or sandboxes.default_template
         request_timeout = self.opts.request_timeout
-        with sdk_errors(self.name):
-            async with asyncio.timeout(request_timeout):  # the SDK's may take twice as long
-                native = await sandboxes.create(
-                    template=template,
-                    timeout=max(1, math.ceil(lifetime)),
-                    metadata=dict(spec.labels),
-                    envs=dict(spec.env),
-                    request_timeout=request_timeout,
-                )
+
+        async def ask() -> AsyncSandbox:
+            with sdk_errors(self.name):
+                async with asyncio.timeout(request_timeout):  # the SDK's may take twice as long
+                    return await sandboxes.create(
+                        template=template,
+                        timeout=max(1, math.ceil(lifetime)),
+                        metadata=dict(spec.labels),
+                        envs=dict(spec.env),
+                        request_timeout=request_timeout,
+                    )
+
+        native = await self._made_or_discarded(ask(), lambda late: self.kill(late.sandbox_id))
         log.debug("sandbox_router.e2b.created", entry=self.name, sandbox_id=native.sandbox_id)
         return E2BSandbox(native, self.name, self._session, workdir=spec.workdir, template=template)
 
@@ -301,18 +306,19 @@ class E2BSandbox(Sandbox):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> CommandResult:
-        from e2b import CommandExitException, InvalidArgumentException
+        from e2b import InvalidArgumentException
 
         command = cmd if isinstance(cmd, str) else shlex.join(cmd)
         started = time.monotonic()
         with self._errors():
             try:
-                handle = await self._native.commands.run(
+                running = await e2b_commands.start(
+                    self._session(),
+                    self._native,
                     command,
-                    background=True,
-                    envs=dict(env) if env else None,
-                    cwd=cwd or self._workdir,
-                    timeout=0,  # counted from the start event below, not from the request
+                    dict(env) if env else None,
+                    cwd or self._workdir,
+                    self._native.connection_config.get_request_timeout(None),
                 )
             except InvalidArgumentException as exc:
                 if not (cwd or self._workdir):
@@ -322,24 +328,18 @@ class E2BSandbox(Sandbox):
             deadline = asyncio.timeout(timeout or None)
             try:
                 async with deadline:
-                    done = await handle.wait()
-            except CommandExitException as exc:
-                elapsed = time.monotonic() - started
-                code = _exit_code(exc.exit_code, exc.error)
-                return CommandResult(exc.stdout, exc.stderr, code, elapsed)
+                    code, error = await running.wait()
             except TimeoutError:
                 if not deadline.expired():
                     raise
                 with contextlib.suppress(Exception):  # best effort: envd kills it then too
-                    await handle.kill()
-                return CommandResult(
-                    handle.stdout or "",
-                    handle.stderr or "",
-                    -1,
-                    time.monotonic() - started,
-                    timed_out=True,
-                )
-        return CommandResult(done.stdout, done.stderr, done.exit_code, time.monotonic() - started)
+                    await self._native.commands.kill(running.pid)
+                elapsed = time.monotonic() - started
+                return CommandResult(running.stdout, running.stderr, -1, elapsed, timed_out=True)
+            finally:
+                running.close()
+        elapsed = time.monotonic() - started
+        return CommandResult(running.stdout, running.stderr, _exit_code(code, error), elapsed)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         with self._errors():

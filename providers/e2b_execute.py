@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import aiohttp
     from e2b_code_interpreter import AsyncSandbox
 
-__all__ = ["execute", "open_session"]
+__all__ = ["cuts", "execute", "open_session", "running", "send"]
 
 _BACKOFF = 0.5  # seconds before the first retry of a refused connect, growing 1.5x
 
@@ -51,8 +51,6 @@ async def execute(
     env: Mapping[str, str] | None,
 ) -> Any:
     """The SDK's ``Execution`` of ``code`` in the context or language ``where`` names."""
-    import aiohttp
-    from e2b.api import connection_retries
     from e2b_code_interpreter.constants import JUPYTER_PORT
 
     url = native.connection_config.get_sandbox_url(
@@ -69,10 +67,28 @@ async def execute(
         headers["E2B-Traffic-Access-Token"] = native.traffic_access_token
     body = {"code": code, "context_id": None, "language": None, "env_vars": env, **where}
     payload = json.dumps(body).encode()
+    from e2b_code_interpreter.exceptions import format_sandbox_killed_error
+
+    try:
+        return await _read(await send(session, f"{url}/execute", payload, headers))
+    except cuts() as cut:
+        if not await running(native):
+            raise format_sandbox_killed_error() from cut
+        raise
+
+
+async def send(
+    session: aiohttp.ClientSession, url: str, payload: bytes, headers: Mapping[str, str]
+) -> aiohttp.ClientResponse:
+    """POST ``payload``, a refused connect tried again as the SDK's transport does; the
+    caller reads and releases the answer."""
+    import aiohttp
+    from e2b.api import connection_retries
+
     retries = 0
     while True:
         try:
-            return await _post(session, native, f"{url}/execute", payload, headers)
+            return await session.post(url, data=payload, headers=headers)
         except aiohttp.ClientConnectorError:
             if retries >= connection_retries:
                 raise
@@ -80,54 +96,47 @@ async def execute(
         retries += 1
 
 
-async def _post(
-    session: aiohttp.ClientSession,
-    native: AsyncSandbox,
-    url: str,
-    payload: bytes,
-    headers: Mapping[str, str],
-) -> Any:
+def cuts() -> tuple[type[BaseException], ...]:
+    """What a connection cut after the request went out raises."""
     import aiohttp
-    import httpx
-    from e2b_code_interpreter.exceptions import format_sandbox_killed_error
-    from e2b_code_interpreter.models import Execution, format_exception, parse_output
 
-    try:
-        async with session.post(url, data=payload, headers=headers) as response:
-            try:
-                if not 200 <= response.status < 300:
-                    answer = httpx.Response(
-                        response.status,
-                        headers=dict(response.headers),
-                        content=await response.read(),
-                    )
-                    raise format_exception(answer)
-                execution = Execution()
-                pending = b""
-                async for chunk in response.content.iter_any():
-                    *lines, pending = (pending + chunk).split(b"\n")
-                    for line in lines:
-                        if line.strip():
-                            parse_output(execution, line.decode())
-                if pending.strip():
-                    parse_output(execution, pending.decode())
-                return execution
-            except BaseException:
-                response.close()  # not back to the pool: the kernel sees the client go
-                raise
-    except aiohttp.ClientConnectorError:
-        raise
-    except (
+    return (
         aiohttp.ClientPayloadError,
         aiohttp.ServerDisconnectedError,
         aiohttp.ClientOSError,
-    ) as cut:
-        if not await _running(native):
-            raise format_sandbox_killed_error() from cut
-        raise
+        asyncio.IncompleteReadError,
+    )
 
 
-async def _running(native: AsyncSandbox) -> bool:
+async def _read(response: aiohttp.ClientResponse) -> Any:
+    import httpx
+    from e2b_code_interpreter.models import Execution, format_exception, parse_output
+
+    async with response:
+        try:
+            if not 200 <= response.status < 300:
+                answer = httpx.Response(
+                    response.status,
+                    headers=dict(response.headers),
+                    content=await response.read(),
+                )
+                raise format_exception(answer)
+            execution = Execution()
+            pending = b""
+            async for chunk in response.content.iter_any():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        parse_output(execution, line.decode())
+            if pending.strip():
+                parse_output(execution, pending.decode())
+            return execution
+        except BaseException:
+            response.close()  # not back to the pool: the kernel sees the client go
+            raise
+
+
+async def running(native: AsyncSandbox) -> bool:
     """Whether the sandbox still runs (True when that cannot be told), as the SDK asks after
     a dropped stream."""
     with contextlib.suppress(Exception):

@@ -391,7 +391,10 @@ class ModalProvider(Provider):
         workdir = spec.workdir or self.opts.workdir
         lease = spec.labels.get(LABEL_LEASE)
         try:
-            native = await self._create(spec, workdir, max(timeout, self._timeout))
+            native = await self._made_or_discarded(
+                self._create(spec, workdir, max(timeout, self._timeout)),
+                lambda late: self.kill(late.object_id),
+            )
         except Unavailable as err:
             err.unanswered = err.unanswered and (lease is None or lease in self._sent.leases)
             raise
@@ -494,6 +497,7 @@ class ModalProvider(Provider):
         return True
 
     async def aclose(self) -> None:
+        await super().aclose()
         client, self._client = self._client, None
         self._app = None
         self._images.clear()

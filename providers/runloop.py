@@ -302,8 +302,9 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
         api = self._api()
         devbox_id: str | None = None
         try:
-            view = await api.devboxes.create(
-                **self._create_params(spec), timeout=self.opts.request_timeout
+            view = await self._made_or_discarded(
+                api.devboxes.create(**self._create_params(spec), timeout=self.opts.request_timeout),
+                lambda late: self._discard(late.id),
             )
             devbox_id = view.id
             if view.status != "running":

@@ -4,6 +4,7 @@
     sandbox-router status [--config FILE] [--json]  health and quota per entry
     sandbox-router cost [--config FILE] [--json]    this window's spend by entry and pool
     sandbox-router cost --tenants [--top N] [--json]  the top spending tenants
+    sandbox-router cost --month [--json]            ... budget left, projected month-end
     sandbox-router config check FILE                validate a chain file
     sandbox-router doctor [--create ENTRY|--create-all] [--json]  prove each entry works
     sandbox-router quota show|set|reset POOL [UNIT VALUE]   (UNIT: sessions,
@@ -46,7 +47,7 @@ from providers.errors import ConfigError, NoProviderAvailable, SandboxRouterErro
 from router import config as config_mod
 from router.core import EntryView, Router, RouterStatus
 from router.logs import LogFormat, configure_logging
-from router.spend import spend_report
+from router.spend import month_report, spend_report
 from router.state import EntryRef, open_store
 
 if TYPE_CHECKING:
@@ -127,6 +128,7 @@ def _status_json(status: RouterStatus) -> dict[str, Any]:
                 "detail": v.detail,
                 "used": v.used,
                 "limits": v.limits,
+                "window_start": v.window_start.isoformat(),
                 "reset_at": v.reset_at.isoformat(),
                 "exhausted_at": {u: t.isoformat() for u, t in v.exhausted_at.items()},
                 "live_leases": v.live_leases,
@@ -136,6 +138,7 @@ def _status_json(status: RouterStatus) -> dict[str, Any]:
                 "spend_usd": v.spend_usd,
                 "hourly_usd": v.hourly_usd,
                 "usd_held": v.usd_held,
+                "usd_projected": v.usd_projected,
             }
             for v in status.entries
         ],
@@ -215,6 +218,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_cost(args: argparse.Namespace) -> int:
     if args.tenants:
         return _cost_tenants(args)
+    if args.month:
+        return _cost_month(args)
     with _router(args) as router:
         report = spend_report(router.status())
     if args.json:
@@ -266,6 +271,47 @@ def _cost_tenants(args: argparse.Namespace) -> int:
             str(t.concurrent),
         )  # fmt: skip
     out.print(table)
+    return 0
+
+
+def _cost_month(args: argparse.Namespace) -> int:
+    """``cost --month``: each pool's month from its ledger, budget left, the month-end."""
+    with _router(args) as router:
+        report = month_report(router.status())
+    if args.json:
+        out.print_json(json.dumps(report))
+        return 0
+    by_entry = Table(title="spend this month, by entry (estimated)")
+    for column in ("entry", "pool", "sandbox time", "sessions", "spend"):
+        by_entry.add_column(column)
+    for row in report["entries"]:
+        by_entry.add_row(
+            row["entry"], row["pool"], f"{row['sandbox_seconds'] / 3600:.2f}h",
+            f"{row['sessions']:.0f}",
+            "unpriced" if row["price"] is None else f"${row['spend_usd']:.2f}",
+        )  # fmt: skip
+    out.print(by_entry)
+    by_pool = Table(title="spend this month, by pool (the ledger's)")
+    for column in ("pool", "month", "spent", "held", "budget", "left", "projected month-end"):
+        by_pool.add_column(column)
+    for pool in report["pools"]:
+        budget, left = pool["budget_usd"], pool["left_usd"]
+        over = " (over budget)" if pool["over_budget"] else ""
+        by_pool.add_row(
+            pool["pool"], f"{pool['window_start'][:10]} to {pool['reset_at'][:10]}",
+            f"${pool['spent_usd']:.2f}", f"${pool['held_usd']:.2f}",
+            "-" if budget is None else f"${budget:.2f}",
+            "-" if left is None else f"${left:.2f}",
+            f"${pool['projected_usd']:.2f}{over}",
+        )  # fmt: skip
+    out.print(by_pool)
+    out.print(
+        f"total: ${report['total_usd']:.2f} spent, ${report['projected_usd']:.2f} projected "
+        "by month-end",
+        highlight=False,
+    )
+    if not report["state_ok"]:
+        err.print("[red]state store unavailable: the spend shown is this replica's share[/red]")
     return 0
 
 
@@ -507,6 +553,11 @@ def _mcp_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _cost_options(cost: argparse.ArgumentParser) -> None:
+    cost.add_argument(
+        "--month",
+        action="store_true",
+        help="each pool's month: spent, held, budget left, projected month-end",
+    )
     cost.add_argument("--tenants", action="store_true", help="the top spending tenants instead")
     cost.add_argument("--top", type=int, default=10, help="how many tenants (default 10)")
 

@@ -504,11 +504,19 @@ class RouterConfig(_Strict):
                     )
                 inline_pools[entry.name] = where
             if entry.warm is not None and self.pool_quota(entry).usd is not None:
-                raise ValueError(
-                    f"{where}.warm: pool {entry.pool!r} has a usd budget, and warm sandboxes "
-                    "are not priced yet (their idle time would go uncounted); drop warm or "
-                    "the pool's usd"
-                )
+                declared = entry.capabilities
+                if declared is None:
+                    declared = list(provider_class(entry.provider).capabilities)
+                server = entry.warm.server
+                if server is None:
+                    server = Capability.WARM_SERVER in declared and not entry.warm.pause
+                if server:
+                    raise ValueError(
+                        f"{where}.warm.server: pool {entry.pool!r} has a usd budget, and a "
+                        "warm pool the vendor holds is billed unseen by the router (its idle "
+                        "time cannot be held nor charged); set warm.server: false or drop "
+                        "the pool's usd"
+                    )
             if entry.warm is not None and entry.warm.pause:
                 declared = entry.capabilities
                 if declared is None:

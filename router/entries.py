@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from policies.pricing import Resources, Tariff, estimate, lease_cost, meter, resources
+from policies.pricing import (
+    Resources,
+    Tariff,
+    estimate,
+    lease_cost,
+    meter,
+    paused_cost,
+    resources,
+)
 from policies.quota import Meter
 from providers import missing_sdk, provider_class
 from providers.base import Provider, SandboxSpec
@@ -55,6 +63,10 @@ class Entry:
         """USD a lease of ``spec`` metered ``seconds`` costs on this entry (without the
         sandbox fee when ``fee`` is False: it made no sandbox, a session's reconnect)."""
         return lease_cost(self.tariff, self.resources(spec), seconds, fee=fee)
+
+    def paused_cost(self, seconds: float) -> float:
+        """USD one of its sandboxes (the entry's size) costs paused for ``seconds``."""
+        return paused_cost(self.tariff, self.tariff.size, seconds)
 
     def meter(self, spec: SandboxSpec | None) -> Meter | None:
         """How the ledger holds and settles a lease of ``spec`` here (its pool's ``usd``):

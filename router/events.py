@@ -140,7 +140,9 @@ class LateCreate(Event):
     landed), ``found`` (no answer, but the lookup by its lease label found the
     sandbox it made, ``sandbox_id``: counted and killed), ``failed`` (it made
     nothing: refunded) or ``unanswered`` (nothing could tell: counted, its
-    sandbox, if any, left to the janitor)."""
+    sandbox, if any, left to the janitor). ``cost``: the USD charged to the entry's
+    ``pool`` for it (its sandbox fee and ``seconds`` at its price, as the ledger
+    settled them; None when unpriced or refunded)."""
 
     name: ClassVar[str] = "late_create"
     entry: str
@@ -148,6 +150,8 @@ class LateCreate(Event):
     outcome: str
     sandbox_id: str = ""
     seconds: float = 0.0
+    cost: float | None = None
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,13 +370,17 @@ class Paused(Event):
 
 @dataclass(frozen=True, slots=True)
 class Resumed(Event):
-    """A paused sandbox runs again under a new lease (``session`` as in `Paused`)."""
+    """A paused sandbox runs again under a new lease (``session`` as in `Paused`).
+    ``cost``: the USD its paused storage was charged to ``pool`` (a pause token's,
+    priced with ``paused_gib_hour``; else None)."""
 
     name: ClassVar[str] = "resumed"
     entry: str
     lease_id: str
     sandbox_id: str
     session: str = ""
+    cost: float | None = None
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +408,9 @@ class WarmClaimed(Event):
     """An acquire was served by a warm sandbox (a hit): it waited ``idle`` seconds,
     ``metered`` of them charged to the pool (0 when it waited paused); ``latency``
     is its connect (or resume); ``reached``: this replica had connected to it
-    ahead of the claim (`router.warm_handles`), so the claim connected nothing."""
+    ahead of the claim (`router.warm_handles`), so the claim connected nothing.
+    ``cost``: the USD charged to ``pool`` for its wait (running: its fee and its
+    metered seconds; paused: its storage at ``paused_gib_hour``), None unpriced."""
 
     name: ClassVar[str] = "warm_claimed"
     entry: str
@@ -411,6 +421,8 @@ class WarmClaimed(Event):
     metered: float
     latency: float
     reached: bool = False
+    cost: float | None = None
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,13 +435,17 @@ class WarmMissed(Event):
 
 @dataclass(frozen=True, slots=True)
 class WarmCreated(Event):
-    """The refill put a new sandbox in ``entry``'s warm pool (``paused`` when parked)."""
+    """The refill put a new sandbox in ``entry``'s warm pool (``paused`` when parked:
+    ``cost``, what was charged to ``pool`` for it then, its fee and its seconds until
+    the pause; a running one's is charged when it is claimed or killed)."""
 
     name: ClassVar[str] = "warm_created"
     entry: str
     sandbox_id: str
     paused: bool
     latency: float
+    cost: float | None = None
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,7 +466,8 @@ class WarmKilled(Event):
     """A warm sandbox left the pool unclaimed and was killed. ``reason``: ``max_idle``,
     ``unreachable`` (a claim could not connect to it), or ``drained: <why>`` (the
     entry failed: ``open``, ``misconfigured``, ``exhausted``, ``quota``). It waited
-    ``idle`` seconds, ``metered`` of them charged to the pool."""
+    ``idle`` seconds, ``metered`` of them charged to the pool; ``cost`` as in
+    `WarmClaimed`."""
 
     name: ClassVar[str] = "warm_killed"
     entry: str
@@ -459,6 +476,8 @@ class WarmKilled(Event):
     paused: bool
     idle: float
     metered: float
+    cost: float | None = None
+    pool: str = ""
 
 
 RouterEvent = (

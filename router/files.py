@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from os import PathLike
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Literal, TypeVar
 
 from providers.base import FileInfo, PortURL, Sandbox, Snapshot, check_port
 from providers.errors import InvalidArgument
 from providers.files import CHUNK
 from router.portal import OnEngine, Portal, blocking, iterate, relay
-from router.spans import Spans, TransferSpan
+from router.spans import Spans, StreamSpan, TransferSpan
 
 __all__ = ["AsyncFiles", "SyncFiles", "check_path"]
 
 LocalPath = str | PathLike[str]
 F = TypeVar("F", bound="AsyncFiles")
+T = TypeVar("T")
 
 
 def check_path(path: object, argument: str) -> str:
@@ -62,6 +64,16 @@ class AsyncFiles(OnEngine):
     def _transfer(self, call: str, path: str, size: int | None = None) -> TransferSpan:
         return TransferSpan(call, self._sandbox.provider, self._sandbox.id, path, size)
 
+    def _followed(
+        self,
+        call: Literal["stream", "read_stream"],
+        source: str | Sequence[str],
+        items: AsyncIterator[T],
+    ) -> tuple[AsyncIterator[T], AbstractContextManager[object]]:
+        """``items`` and the span of their iteration (`router.spans.Spans.follow`)."""
+        span = StreamSpan(call, self._sandbox.provider, self._sandbox.id, source)
+        return self._spans.follow(span, items)
+
     async def remove(self, path: str) -> None:
         """Remove a file, or a directory with all it holds (capability ``files.manage``)."""
         await self._run(self._sandbox.remove(check_path(path, "remove(path)")))
@@ -86,7 +98,9 @@ class AsyncFiles(OnEngine):
         """A file's content in chunks as they arrive (capability ``files.stream``)."""
         self._alive()
         check_path(path, "read_stream(path)")
-        return relay(self._engine, self._sandbox.read_stream(path))
+        return relay(
+            self._engine, *self._followed("read_stream", path, self._sandbox.read_stream(path))
+        )
 
     async def write_stream(self, path: str, chunks: AsyncIterable[bytes]) -> None:
         """Write a file from ``chunks`` as they come (an async iterable on any loop)."""
@@ -196,7 +210,8 @@ class SyncFiles(Portal[F]):
         """A file's content in chunks as they arrive; leaving the loop early closes it."""
         self._alive()
         check_path(path, "read_stream(path)")
-        return iterate(self._engine, self._async._sandbox.read_stream(path))
+        chunks = self._async._sandbox.read_stream(path)
+        return iterate(self._engine, *self._async._followed("read_stream", path, chunks))
 
     def write_stream(self, path: str, chunks: Iterable[bytes] | IO[bytes]) -> None:
         """Write a file from an iterable of bytes or a binary file, never read whole."""

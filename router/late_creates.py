@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 from providers.base import LABEL_LEASE, Sandbox
@@ -130,6 +131,9 @@ class LateCreates:
         if late.outcome == "failed":
             await self._ledger.refund(booking, "late_create_failed")
         else:
+            if booking.meter is not None:  # what the ledger charges: the fee and the seconds
+                cost = booking.meter.cost(late.seconds, fee=booking.counted)
+                late = replace(late, cost=cost, pool=entry.ref.pool)
             try:
                 await self._ledger.release(booking)  # the slot is free; the session stays spent
             except StateUnavailable:

@@ -166,7 +166,8 @@ class AsyncSandboxHandle(AsyncFiles):
         """The command's output chunks as they arrive; leaving the loop early kills it."""
         self._alive()
         _check_run(cmd, env, cwd, "stream")
-        return relay(self._engine, self._sandbox.stream(cmd, env=env, cwd=cwd))
+        chunks = self._sandbox.stream(cmd, env=env, cwd=cwd)
+        return relay(self._engine, *self._followed("stream", cmd, chunks))
 
     async def start(
         self,
@@ -194,7 +195,7 @@ class AsyncSandboxHandle(AsyncFiles):
                 on_caller_loop(self._engine, on_stderr),
             )
             self._engine.submit(pump)
-        return AsyncProcess(process, self._engine, self._alive)
+        return AsyncProcess(process, self._engine, self._alive, self._spans, self._sandbox)
 
     async def processes(self) -> list[ProcessInfo]:
         """The sandbox's background processes (capability ``process.list``)."""
@@ -204,7 +205,7 @@ class AsyncSandboxHandle(AsyncFiles):
         """A handle on a process started elsewhere (another handle, process or replica)."""
         check_text(process_id, "attach", "process_id")
         process = await self._run(self._sandbox.attach(process_id))
-        return AsyncProcess(process, self._engine, self._alive)
+        return AsyncProcess(process, self._engine, self._alive, self._spans, self._sandbox)
 
     async def open_terminal(
         self,
@@ -390,7 +391,8 @@ class SyncSandbox(SyncFiles["AsyncSandboxHandle"]):
         """The command's output chunks as they arrive; leaving the loop early kills it."""
         self._alive()
         _check_run(cmd, env, cwd, "stream")
-        return iterate(self._engine, self._async._sandbox.stream(cmd, env=env, cwd=cwd))
+        chunks = self._async._sandbox.stream(cmd, env=env, cwd=cwd)
+        return iterate(self._engine, *self._async._followed("stream", cmd, chunks))
 
     def start(
         self,

@@ -312,6 +312,17 @@ class Ledger:
         except StateUnavailable as exc:
             self.report("charge", exc)
 
+    async def spend(self, ref: EntryRef, key: str, usd: float) -> None:
+        """Charge ``usd`` the router spent outside any lease (a paused sandbox's storage)
+        to ``ref``'s pool: once per ``key``, however often it is sent. Not held first:
+        what it charges is known only once spent."""
+        if usd <= 0:
+            return
+        try:
+            await self.store.reconcile(key, [Spend(ref, usd=usd)], self._ctx.clock())
+        except StateUnavailable as exc:
+            self.report("charge", exc)
+
     async def heartbeat(self, booking: Booking, ttl: float) -> Renewal | None:
         """Extend a live lease: not alive when it had expired (``short_at`` when its usd
         budget could not renew its cover), None when the store failed."""

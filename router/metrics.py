@@ -166,7 +166,9 @@ class RouterMetrics:
         self.cost = counter(
             "cost_usd",
             "USD the released leases cost (their resources times metered seconds at the "
-            "entry's price, plus its per-sandbox fee), by entry and quota pool.",
+            "entry's price, plus its per-sandbox fee), and what the router spent around them "
+            "(late creates and hedge losers, warm sandboxes' idle time, paused storage), by "
+            "entry and quota pool.",
             ("entry", "pool"),
         )
         self.leases_lost = counter(
@@ -327,27 +329,11 @@ class RouterMetrics:
                 self.breaker_transitions.labels(entry, before, after).inc()
             case StateError(operation=operation, mode=mode):
                 self.state_errors.labels(operation, mode).inc()
-            case Released(entry=entry, seconds=seconds, cost=cost, pool=pool):
-                self.releases.labels(entry).inc()
-                if seconds:
-                    self.sandbox_seconds.labels(entry).inc(seconds)
-                if cost is not None:
-                    self.cost.labels(entry, pool).inc(cost)
-            case LateCreate(entry=entry, outcome=outcome, seconds=seconds):
-                self.late_creates.labels(entry, outcome).inc()
-                if seconds:
-                    self.sandbox_seconds.labels(entry).inc(seconds)
+            case Released() | LateCreate() | Resumed():
+                self._charged(event)
             case BudgetExhausted(entry=entry, pool=pool, action=action):
                 self.budget_exhausted.labels(entry, pool, action).inc()
-            case (
-                LeaseLost()
-                | KillFailed()
-                | KillAbandoned()
-                | SessionLost()
-                | Paused()
-                | Resumed()
-                | Reaped()
-            ):
+            case LeaseLost() | KillFailed() | KillAbandoned() | SessionLost() | Paused() | Reaped():
                 self._per_entry(event).labels(event.entry).inc()
             case QuotaChanged(pool=pool, unit=unit):
                 self.quota_changes.labels(pool, unit).inc()
@@ -390,18 +376,47 @@ class RouterMetrics:
             case _:
                 assert_never(event)
 
+    def _charged(self, event: Released | LateCreate | Resumed) -> None:
+        """A lease's end, a late create's, a resume: what each metered and cost."""
+        match event:
+            case Released(entry=entry, seconds=seconds, cost=cost, pool=pool):
+                self.releases.labels(entry).inc()
+                if seconds:
+                    self.sandbox_seconds.labels(entry).inc(seconds)
+                if cost is not None:
+                    self.cost.labels(entry, pool).inc(cost)
+            case LateCreate(entry=entry, outcome=outcome, seconds=seconds, cost=cost, pool=pool):
+                self.late_creates.labels(entry, outcome).inc()
+                if seconds:
+                    self.sandbox_seconds.labels(entry).inc(seconds)
+                self._spent(entry, pool, cost)
+            case Resumed(entry=entry, cost=cost, pool=pool):
+                self.resumed.labels(entry).inc()
+                self._spent(entry, pool, cost)
+            case _:
+                assert_never(event)
+
+    def _spent(self, entry: str, pool: str, cost: float | None) -> None:
+        """Add what the router spent around the leases to the cost counter."""
+        if cost:
+            self.cost.labels(entry, pool).inc(cost)
+
     def _warm(self, event: WarmClaimed | WarmKilled | WarmMissed | WarmCreated) -> None:
         match event:
-            case WarmClaimed(entry=entry, paused=paused, idle=idle):
+            case WarmClaimed(entry=entry, paused=paused, idle=idle, cost=cost, pool=pool):
                 self.warm_hits.labels(entry).inc()
                 self.warm_idle_seconds.labels(entry, "paused" if paused else "running").inc(idle)
-            case WarmKilled(entry=entry, reason=reason, paused=paused, idle=idle):
+                self._spent(entry, pool, cost)
+            case WarmKilled(entry=entry, reason=reason, paused=paused, idle=idle, cost=cost,
+                            pool=pool):  # fmt: skip
                 self.warm_killed.labels(entry, reason.partition(":")[0]).inc()
                 self.warm_idle_seconds.labels(entry, "paused" if paused else "running").inc(idle)
+                self._spent(entry, pool, cost)
             case WarmMissed(entry=entry):
                 self.warm_misses.labels(entry).inc()
-            case WarmCreated(entry=entry):
+            case WarmCreated(entry=entry, cost=cost, pool=pool):
                 self.warm_created.labels(entry).inc()
+                self._spent(entry, pool, cost)
             case _:
                 assert_never(event)
 
@@ -495,6 +510,12 @@ class StateCollector(Collector):
             "and some usage; the scrape time when already exhausted).",
             ("pool", "unit"),
         )
+        yield gauge(
+            "spend_projected_usd",
+            "The pool's settled spend (quota_used{unit=\"usd\"}) at its window's reset if it "
+            "goes on at this window's average rate: the projected month-end.",
+            ("pool",),
+        )
 
     def collect(self) -> Iterable[Metric]:
         fam = {f.name.removeprefix(f"{PREFIX}_"): f for f in self._families()}
@@ -532,6 +553,7 @@ class StateCollector(Collector):
             fam["quota_window_start_timestamp_seconds"].add_metric([pool], start)
             fam["quota_window_reset_timestamp_seconds"].add_metric([pool], reset)
             fam["quota_held"].add_metric([pool, "usd"], view.usd_held)
+            fam["spend_projected_usd"].add_metric([pool], view.usd_projected)
             for unit in UNITS:
                 used, limit = view.used[unit], view.limits[unit]
                 fam["quota_used"].add_metric([pool, unit], used)

@@ -33,6 +33,7 @@ from providers.errors import (
 )
 from router.booking import RESERVE_GRACE, Denied, describe
 from router.context import Context
+from router.entries import Entry
 from router.events import Paused, Resumed
 from router.lease import Held
 from router.ledger import Ledger
@@ -151,8 +152,19 @@ class Pauses:
         except asyncio.CancelledError:
             self._upkeep.spawn(self._repark(key, binding.expires, held))
             raise
-        self._ctx.emit(Resumed(name, held.lease_id, sandbox.id))
+        cost = await self._storage(entry, binding, held)
+        self._ctx.emit(Resumed(name, held.lease_id, sandbox.id, cost=cost, pool=entry.ref.pool))
         return held
+
+    async def _storage(self, entry: Entry, binding: SessionBinding, held: Held) -> float | None:
+        """Charge the pool the paused sandbox's storage, from its pause (its binding was
+        written for ``pause_ttl`` then) to now, at ``paused_gib_hour``; None unpriced."""
+        if entry.tariff.price is None or not entry.tariff.price.paused_gib_hour:
+            return None
+        paused_at = binding.expires - self._ctx.config.pause_ttl
+        usd = entry.paused_cost(self._ctx.clock() - paused_at)
+        await self._ledger.spend(entry.ref, f"paused-{held.lease_id}", usd)
+        return usd
 
     async def _repark(self, key: str, expires: float, held: Held) -> None:
         """Pause again, under its token, a sandbox woken for a caller who was cancelled; a

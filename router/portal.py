@@ -13,9 +13,11 @@ to an async caller on another loop, or to a sync caller.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from contextlib import AbstractContextManager
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -50,6 +52,8 @@ D = TypeVar("D", str, bytes)
 
 
 A = TypeVar("A")
+
+_NULL = contextlib.nullcontext()
 
 
 class OnEngine:
@@ -190,28 +194,35 @@ async def _close(items: AsyncIterator[T]) -> None:
         await aclose()
 
 
-async def relay(engine: Engine, items: AsyncIterator[T]) -> AsyncIterator[T]:
-    """``items`` (living on the engine loop), for an async caller on any loop."""
-    try:
-        while True:
-            more, item = await engine.arun(_step(items))
-            if not more:
-                return
-            yield item  # type: ignore[misc]
-    finally:
-        await engine.arun(_close(items))
+async def relay(
+    engine: Engine, items: AsyncIterator[T], span: AbstractContextManager[object] = _NULL
+) -> AsyncIterator[T]:
+    """``items`` (living on the engine loop), for an async caller on any loop; ``span``
+    held from the first pull to the end (`router.spans.Spans.follow`)."""
+    with span:
+        try:
+            while True:
+                more, item = await engine.arun(_step(items))
+                if not more:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            await engine.arun(_close(items))
 
 
-def iterate(engine: Engine, items: AsyncIterator[T]) -> Iterator[T]:
-    """``items`` (living on the engine loop), for a sync caller."""
-    try:
-        while True:
-            more, item = engine.run(_step(items))
-            if not more:
-                return
-            yield item  # type: ignore[misc]
-    finally:
-        engine.run(_close(items))
+def iterate(
+    engine: Engine, items: AsyncIterator[T], span: AbstractContextManager[object] = _NULL
+) -> Iterator[T]:
+    """``items`` (living on the engine loop), for a sync caller; ``span`` as `relay`'s."""
+    with span:
+        try:
+            while True:
+                more, item = engine.run(_step(items))
+                if not more:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            engine.run(_close(items))
 
 
 def on_caller_loop(

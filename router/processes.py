@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
-from providers.base import check_positive
+from providers.base import Sandbox, check_positive
 from providers.errors import ArgumentTypeError, InvalidArgument
 from providers.processes import OutputChunk, Process, ProcessResult, Terminal
 from router.portal import OnEngine, Portal, blocking, iterate, relay
+from router.spans import CommandSpan, Spans
 
 if TYPE_CHECKING:
     from router.engine import Engine
@@ -27,9 +28,18 @@ T = TypeVar("T")
 class AsyncProcess(OnEngine):
     """A background command of a lease's sandbox (`AsyncSandboxHandle.start`)."""
 
-    def __init__(self, process: Process, engine: Engine, alive: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        process: Process,
+        engine: Engine,
+        alive: Callable[[], None],
+        spans: Spans,
+        sandbox: Sandbox,
+    ) -> None:
         super().__init__(engine, alive)
         self._process = process
+        self._spans = spans
+        self._sandbox = sandbox  # its sandbox: the entry and id its wait's span names
 
     @property
     def id(self) -> str:
@@ -48,7 +58,12 @@ class AsyncProcess(OnEngine):
     async def wait(self, timeout: float | None = None) -> ProcessResult:
         """Its end; past ``timeout`` it is killed and the result says ``timed_out``."""
         check_positive(timeout, "wait", "timeout", optional=True)
-        return await self._run(self._process.wait(timeout))
+        sandbox = self._sandbox
+        span = CommandSpan("wait", sandbox.provider, sandbox.id, "", process_id=self._process.id)
+        with self._spans(span):
+            result = await self._run(self._process.wait(timeout))
+            span.exit_code, span.timed_out = result.exit_code, result.timed_out
+        return result
 
     async def kill(self) -> bool:
         """Kill it and what it started; False when it had already ended."""

@@ -2,7 +2,7 @@
 
 Events (`router.events`) say that something happened. Some operations also
 last, and have a place in the app's trace: an acquire and its attempts, a
-command, a file transfer, a release. The router wraps each in
+command, a process's wait, a stream, a file transfer, a release. The router wraps each in
 ``with spans(<record>):``, where the record is one of the typed dataclasses
 below (`RouterSpan` is their closed union). A tracer is any callable taking a
 record and returning a context manager, or None when it does not follow that
@@ -15,6 +15,13 @@ fields (``exit_code``...) before the exit. The events an operation emits
 meanwhile are handed to the hooks in the same context, so a tracer that is
 also a hook can put them on its open span.
 
+A stream (`StreamSpan`: ``stream``, ``read_stream``) lasts as long as the app
+iterates it, so its context manager is entered at the first pull and exited
+when the iteration ends (exhausted, left early: ``GeneratorExit``, or failed),
+maybe in another context (a generator closed by the collector): a tracer
+must not make a stream's span current. `Spans.follow` gives it and the chunks
+counted into the record.
+
 A tracer that raises is logged and otherwise ignored, as a hook is. With no
 tracer installed a span costs building its record, one call and an empty
 ``with`` (`Spans.__call__` returns one shared null context).
@@ -26,13 +33,14 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from providers.logs import Log
+from providers.processes import OutputChunk
 
 __all__ = [
     "AcquireSpan",
@@ -41,6 +49,7 @@ __all__ = [
     "ReleaseSpan",
     "RouterSpan",
     "Spans",
+    "StreamSpan",
     "Tracer",
     "TransferSpan",
     "untraced",
@@ -80,9 +89,10 @@ class AttemptSpan:
 
 @dataclass(slots=True)
 class CommandSpan:
-    """A command in a lease's sandbox: ``call`` is ``run``, ``run_code`` or ``start`` (a
-    background process's start). ``command`` is the command line, argv or code; a
-    tracer records it only when the app asked it to."""
+    """A command in a lease's sandbox: ``call`` is ``run``, ``run_code``, ``start`` (a
+    background process's start) or ``wait`` (a background process's end, waited for:
+    its ``command`` is not known there, ""). ``command`` is the command line, argv or
+    code; a tracer records it only when the app asked it to."""
 
     name: ClassVar[str] = "command"
     call: str
@@ -118,7 +128,23 @@ class ReleaseSpan:
     sandbox_id: str
 
 
-RouterSpan = AcquireSpan | AttemptSpan | CommandSpan | TransferSpan | ReleaseSpan
+@dataclass(slots=True)
+class StreamSpan:
+    """An iteration over a lease's sandbox's output: ``call`` is ``stream`` (a command's
+    output chunks: ``source`` its command, ``size`` the characters) or ``read_stream``
+    (a file's bytes: ``source`` its path, ``size`` the bytes). Held from the first
+    pull to the iteration's end (see the module's docstring)."""
+
+    name: ClassVar[str] = "stream"
+    call: Literal["stream", "read_stream"]
+    entry: str
+    sandbox_id: str
+    source: str | Sequence[str]
+    chunks: int = 0
+    size: int = 0
+
+
+RouterSpan = AcquireSpan | AttemptSpan | CommandSpan | TransferSpan | ReleaseSpan | StreamSpan
 
 
 class Tracer(Protocol):
@@ -150,6 +176,29 @@ class Spans:
     async def _around(self, span: RouterSpan, work: Coroutine[Any, Any, T]) -> T:
         with self(span):
             return await work
+
+    def follow(
+        self, span: StreamSpan, items: AsyncIterator[T]
+    ) -> tuple[AsyncIterator[T], AbstractContextManager[object]]:
+        """``items`` counted into ``span`` as they pass, and the context manager to hold
+        over their iteration (`router.portal.relay`, `router.portal.iterate`): ``items``
+        themselves and a null context when no tracer is installed."""
+        if not self.tracers:
+            return items, _UNTRACED
+        return _counted(span, items), _Traced(self.tracers, span)
+
+
+async def _counted(span: StreamSpan, items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """``items``, each counted into ``span``; closing this closes them."""
+    try:
+        async for item in items:
+            span.chunks += 1
+            span.size += len(item.data if isinstance(item, OutputChunk) else item)  # type: ignore[arg-type]
+            yield item
+    finally:
+        aclose = getattr(items, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 _UNTRACED = contextlib.nullcontext()

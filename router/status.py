@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from policies.breaker import Circuit
 from policies.pricing import HOUR, Price, rate, window_spend
-from policies.quota import UNITS, projected_exhaustion
+from policies.quota import UNITS, projected_exhaustion, projected_spend
 from router.entries import Entry
 from router.ledger import Ledger
 from router.state import EntryRef
@@ -37,7 +37,8 @@ class EntryView:
             settled spend).
         usd_held: what the pool's live leases hold against its ``usd`` budget on
             top of ``used["usd"]`` (`policies.quota`).
-        reset_at: when the pool's window resets.
+        window_start / reset_at: when the pool's window (its month) started, and
+            when it resets.
         exhausted_at: when each limited unit runs out at this window's
             average rate so far (only units with usage).
         capabilities: what ``acquire(requires=...)`` may ask of the entry.
@@ -50,6 +51,8 @@ class EntryView:
             for a pool shared by several entries, what the whole pool would
             cost at this entry's rate.
         hourly_usd: an hour of one sandbox of the entry's default size.
+        usd_projected: the pool's settled ``usd`` at its window's reset if it goes on
+            at this window's average rate (`policies.quota.projected_spend`).
     """
 
     name: str
@@ -62,6 +65,7 @@ class EntryView:
     detail: str
     used: dict[str, float]
     limits: dict[str, float | None]
+    window_start: datetime
     reset_at: datetime
     live_leases: int
     exhausted_at: dict[str, datetime]
@@ -71,6 +75,7 @@ class EntryView:
     spend_usd: float = 0.0
     hourly_usd: float = 0.0
     usd_held: float = 0.0
+    usd_projected: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +119,7 @@ def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryV
         detail=health.block_detail,
         used=dict(pool.used),
         limits={u: e.ref.limits.get(u) for u in UNITS},
+        window_start=e.ref.window.bounds(now)[0],
         reset_at=e.ref.window.reset_at(now),
         live_leases=status.live_leases,
         exhausted_at=_projections(pool.used, e.ref, now),
@@ -123,6 +129,7 @@ def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryV
         spend_usd=window_spend(e.tariff, pool.used["sandbox_seconds"], pool.used["sessions"]),
         hourly_usd=rate(e.tariff.price, e.tariff.size) * HOUR,
         usd_held=pool.usd_held,
+        usd_projected=projected_spend(pool.used["usd"], *_window(e.ref, now), now),
     )
 
 
@@ -130,8 +137,13 @@ def _view(e: Entry, pool: PoolStatus, status: EntryStatus, now: float) -> EntryV
 _LAST_TIMESTAMP = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
 
 
+def _window(ref: EntryRef, now: float) -> tuple[float, float]:
+    start, end = ref.window.bounds(now)
+    return start.timestamp(), end.timestamp()
+
+
 def _projections(used: Mapping[str, float], ref: EntryRef, now: float) -> dict[str, datetime]:
-    start = ref.window.bounds(now)[0].timestamp()
+    start = _window(ref, now)[0]
     out = {}
     for unit in ("sessions", "sandbox_seconds", "usd"):
         when = projected_exhaustion(used[unit], ref.limits.get(unit), start, now)

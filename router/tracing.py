@@ -16,6 +16,9 @@ The spans (``sandbox_router.<operation>``)::
       create / hedge             a provider's create (a hedge: a spare entry's beside
                                  a slow one), in its own task, until the provider answers
     run / run_code / start       a command in a lease's sandbox
+    wait                         a background process's end, waited for
+    stream / read_stream         an iteration over a command's output or a file's bytes,
+                                 from its first pull to its end (never the current span)
     read_file / write_file ...   a file transfer
     release                      a lease's end, until its slot is freed (its cost)
 
@@ -93,6 +96,7 @@ from router.spans import (
     CommandSpan,
     ReleaseSpan,
     RouterSpan,
+    StreamSpan,
     TransferSpan,
 )
 
@@ -119,6 +123,8 @@ COMMAND_LINE = "process.command_line"
 COMMAND_ARGS = "process.command_args"
 FILE_PATH = "file.path"
 FILE_SIZE = "file.size"
+CHUNKS = "sandbox_router.chunks"
+OUTPUT_CHARS = "sandbox_router.output.size"
 
 Attributes = dict[str, AttributeValue]
 
@@ -250,6 +256,13 @@ class RouterTracing:
             case ReleaseSpan(entry=entry, lease_id=lease_id, sandbox_id=sandbox_id):
                 name, kind = "release", SpanKind.INTERNAL
                 attributes = {**self._where(entry), LEASE: lease_id, SANDBOX: sandbox_id}
+            case StreamSpan(call=call, entry=entry, sandbox_id=sandbox_id, source=source):
+                name = call
+                attributes = {**self._where(entry), SANDBOX: sandbox_id}
+                if call == "stream" and self.record_commands:
+                    attributes.update(_command(call, source))
+                elif call == "read_stream" and self.record_paths and isinstance(source, str):
+                    attributes[FILE_PATH] = source
             case _:
                 assert_never(record)
         return self._tracer.start_span(f"{SCOPE}.{name}", kind=kind, attributes=attributes)
@@ -270,12 +283,17 @@ class RouterTracing:
             case TransferSpan(size=size):
                 if size is not None:
                     ended[FILE_SIZE] = size
+            case StreamSpan(call=call, chunks=chunks, size=size):
+                ended[CHUNKS] = chunks
+                ended[FILE_SIZE if call == "read_stream" else OUTPUT_CHARS] = size
             case AcquireSpan() | AttemptSpan() | ReleaseSpan():
                 pass
             case _:
                 assert_never(record)
         if exc is None:
             scope.outcome = scope.outcome or _success(record)
+        elif isinstance(exc, GeneratorExit):  # the app left a stream's loop early
+            scope.outcome = "closed"
         elif isinstance(exc, Denied):  # the entry is skipped: no error of the acquire's
             scope.outcome = "denied"
             scope.reason = exc.reservation.reason
@@ -333,11 +351,13 @@ class RouterTracing:
         provider's error may quote the command or the path)."""
         match record:
             case CommandSpan(command=command) if not self.record_commands:
-                if isinstance(command, str):
-                    return (command,)
-                return (shlex.join(command), " ".join(command))
+                return _texts(command)
             case TransferSpan(path=path) if not self.record_paths:
                 return (path,)
+            case StreamSpan(call="stream", source=source) if not self.record_commands:
+                return _texts(source)
+            case StreamSpan(call="read_stream", source=source) if not self.record_paths:
+                return _texts(source)
             case _:
                 return ()
 
@@ -370,6 +390,8 @@ class _Scope:
 
     def __enter__(self) -> None:
         self.span = self.owner._start(self.record)
+        if isinstance(self.record, StreamSpan):
+            return  # held over an iteration, maybe ended in another context: never current
         self._attached = context.attach(trace.set_span_in_context(self.span))
         self._mine = _OPEN.set(self)
         if isinstance(self.record, ReleaseSpan):
@@ -381,8 +403,9 @@ class _Scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _OPEN.reset(self._mine)
-        context.detach(self._attached)
+        if not isinstance(self.record, StreamSpan):
+            _OPEN.reset(self._mine)
+            context.detach(self._attached)
         self.owner._end(self, exc)
 
 
@@ -398,14 +421,24 @@ def _success(record: RouterSpan) -> str:
             return "failed"  # a claim that connected said so (`WarmClaimed`)
         case AttemptSpan():
             return "created"
-        case AcquireSpan() | CommandSpan() | TransferSpan() | ReleaseSpan():
+        case AcquireSpan() | CommandSpan() | TransferSpan() | ReleaseSpan() | StreamSpan():
             return "success"
         case _:
             assert_never(record)
 
 
+def _texts(command: str | Sequence[str]) -> tuple[str, ...]:
+    """The forms a command's (or a path's) text takes in an error message."""
+    if isinstance(command, str):
+        return (command,)
+    return (shlex.join(command), " ".join(command))
+
+
 def _command(call: str, command: str | Sequence[str]) -> Attributes:
-    """A command's text, recorded only when the app opted in."""
+    """A command's text, recorded only when the app opted in (none for a ``wait``, which
+    does not know it)."""
+    if not command:
+        return {}
     if isinstance(command, str):
         return {CODE if call == "run_code" else COMMAND_LINE: command}
     argv = list(command)

@@ -111,6 +111,11 @@ class WarmPools:
             known = ", ".join(self._ctx.entries)
             raise ValueError(f"no entry {name!r} in this router (entries: {known})")
         server = warm is not None and _held_by_vendor(name, warm, entry)
+        if server and entry.quota.usd is not None:
+            raise ConfigError(
+                f"{name}.warm.server: its pool has a usd budget, and a warm pool the vendor "
+                "holds is billed unseen by the router; set server: false"
+            )
         if warm is not None and warm.pause and Capability.PAUSE not in entry.capabilities:
             raise ConfigError(
                 f"{name}.warm.pause: the entry does not declare the 'pause' capability"
@@ -155,24 +160,42 @@ class WarmPools:
             await asyncio.shield(self._upkeep.give_back(entry, booking))
             if not isinstance(exc, Exception):
                 raise
+            cost = await self._charged(entry, booking.lease_id, claimed.paused, claimed.idle,
+                                       claimed.metered)  # fmt: skip
             self._ctx.emit(
                 WarmKilled(
                     entry.name, claimed.sandbox_id, "unreachable", claimed.paused,
-                    claimed.idle, claimed.metered,
+                    claimed.idle, claimed.metered, cost, entry.ref.pool,
                 )
             )  # fmt: skip
             return None
         now = self._ctx.clock()
+        cost = await self._charged(entry, booking.lease_id, claimed.paused, claimed.idle,
+                                   claimed.metered)  # fmt: skip
         self._ctx.emit(
             WarmClaimed(
                 entry.name, booking.lease_id, sandbox.id, claimed.paused, claimed.idle,
-                claimed.metered, now - started, reached is not None,
+                claimed.metered, now - started, reached is not None, cost, entry.ref.pool,
             )
         )  # fmt: skip
         held = booking.held(entry.provider.kind, sandbox, now, attempt)
         self._upkeep.start(held, booking)
         self.kick()
         return held
+
+    async def _charged(
+        self, entry: Entry, lease_id: str, paused: bool, idle: float, metered: float
+    ) -> float | None:
+        """What a warm sandbox's wait cost its pool: running, its fee and ``metered``
+        seconds (the store settled them with the claim or the take); paused, its
+        storage for ``idle`` seconds, charged here. None when the entry is unpriced."""
+        if entry.tariff.price is None:
+            return None
+        if not paused:
+            return entry.cost(None, metered)
+        usd = entry.paused_cost(idle)
+        await self._ledger.spend(entry.ref, f"paused-{lease_id}", usd)
+        return usd
 
     async def _connect(self, entry: Entry, booking: Booking) -> Sandbox:
         claimed = booking.claimed
@@ -348,9 +371,13 @@ class WarmPools:
 
     async def _make(self, entry: Entry, warm: WarmConfig) -> bool:
         """Create one warm sandbox, commit it, pause it if asked, and record it."""
+        ttl = warm.max_idle + self._ctx.config.lease_ttl
+        meter = entry.meter(None)  # a usd budget holds its fee and whole stay from now on
         try:
             deadline = self._ctx.clock() + self._ctx.config.create_timeout
-            booking = await self._upkeep.book(entry, deadline)
+            booking = await self._upkeep.book(
+                entry, deadline, meter=None if meter is None else replace(meter, first=ttl)
+            )
         except Denied:
             return False  # quota, concurrency or the breaker says no: the pool stays short
         if not booking.shared:  # the store went away since the pass began
@@ -384,8 +411,8 @@ class WarmPools:
             return False
         sandbox = create.result()
         self._ctx.emit(Created(entry=entry.name, latency=self._ctx.clock() - started))
-        ttl = warm.max_idle + self._ctx.config.lease_ttl
-        if not await self._ledger.commit(booking, sandbox.id, self._ctx.clock(), ttl=ttl):
+        committed = self._ctx.clock()
+        if not await self._ledger.commit(booking, sandbox.id, committed, ttl=ttl):
             await self._upkeep.kills.kill_id(entry, sandbox.id)
             return False
         try:
@@ -397,7 +424,10 @@ class WarmPools:
             await self._ledger.release(booking)
             return False
         now = self._ctx.clock()
-        record = WarmRecord(sandbox.id, now, now + warm.max_idle, now + ttl, paused=warm.pause)
+        # Its stay ends where its lease's cover does (the held worst case), not later.
+        record = WarmRecord(
+            sandbox.id, now, now + warm.max_idle, committed + ttl, paused=warm.pause
+        )
         if not await self._ledger.store.warm_put(entry.ref, booking.lease_id, record, now):
             await self._upkeep.kills.kill_id(
                 entry, sandbox.id
@@ -405,7 +435,10 @@ class WarmPools:
             return False
         if not warm.pause and self._ctx.config.warm_reach_every > 0:
             self._handles.keep(entry.name, sandbox)  # the reach loop lets go of it once claimed
-        self._ctx.emit(WarmCreated(entry.name, sandbox.id, warm.pause, now - started))
+        cost = entry.cost(None, now - committed) if warm.pause and entry.tariff.price else None
+        self._ctx.emit(
+            WarmCreated(entry.name, sandbox.id, warm.pause, now - started, cost, entry.ref.pool)
+        )
         return True
 
     async def _retire(self, entry: Entry, lease_id: str, record: WarmRecord, reason: str) -> None:
@@ -416,11 +449,14 @@ class WarmPools:
             return
         self._handles.drop(entry.name, record.sandbox_id)
         await self._upkeep.kills.kill_id(entry, record.sandbox_id)
+        idle = now - record.since
+        cost = await self._charged(entry, lease_id, record.paused, idle, metered)
         self._ctx.emit(
             WarmKilled(
-                entry.name, record.sandbox_id, reason, record.paused, now - record.since, metered
+                entry.name, record.sandbox_id, reason, record.paused, idle, metered, cost,
+                entry.ref.pool,
             )
-        )
+        )  # fmt: skip
 
     async def ready(self) -> dict[str, int]:
         """How many claimable warm sandboxes each pool holds now (one read per pool)."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from policies.quota import projected_spend
 from router.cli import main
 
 
@@ -272,3 +274,52 @@ def test_exec_tenant_is_limited_and_cost_tenants_shows_the_top_spenders(
     assert "small" not in text
     assert "$1.50" in text
     assert main(["cost", "--tenants", "--top", "0", "--config", str(path)]) == 2
+
+
+def test_cost_month_shows_each_pools_month_budget_left_and_projection(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "month.yaml"
+    path.write_text(
+        f"state_url: sqlite:///{tmp_path}/state.db\n"
+        "pools: {team: {usd: 5, budget_window: 60}}\n"
+        "chain:\n"
+        "  - name: local\n"
+        "    provider: local\n"
+        "    quota_pool: team\n"
+        f"    options: {{root: {tmp_path}/a}}\n"
+        "    price: {vcpu_hour: 3.6, per_sandbox: 0.5}\n"
+        "  - name: free\n"
+        "    provider: local\n"
+        f"    options: {{root: {tmp_path}/b}}\n"
+    )
+    for _ in range(2):
+        assert main(["exec", "--config", str(path), "--", "true"]) == 0
+    capsys.readouterr()
+    assert main(["cost", "--month", "--config", str(path), "--json"]) == 0
+    now = datetime.now(UTC).timestamp()
+    report = json.loads(capsys.readouterr().out)
+    team, free = report["pools"]
+    assert (team["pool"], team["entries"], team["budget_usd"]) == ("team", ["local"], 5)
+    # two sandbox fees and the seconds at 1 vCPU x $3.60 an hour, as each lease settled
+    seconds = report["entries"][0]["sandbox_seconds"]
+    assert team["spent_usd"] == pytest.approx(1.0 + seconds * 0.001, abs=0.002)
+    assert team["held_usd"] == 0
+    assert team["left_usd"] == pytest.approx(5 - team["spent_usd"])
+    start = datetime.fromisoformat(team["window_start"]).timestamp()
+    reset = datetime.fromisoformat(team["reset_at"]).timestamp()
+    expected = projected_spend(team["spent_usd"], start, reset, now)
+    assert team["projected_usd"] == pytest.approx(expected, rel=1e-3)
+    assert team["over_budget"] is (expected > 5)
+    assert (free["spent_usd"], free["budget_usd"], free["left_usd"]) == (0, None, None)
+    assert (free["projected_usd"], free["over_budget"]) == (0, False)
+    assert report["total_usd"] == team["spent_usd"]
+    assert report["projected_usd"] == pytest.approx(team["projected_usd"])
+
+    assert main(["cost", "--month", "--config", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "spend this month, by pool" in text
+    assert f"${team['left_usd']:.2f}" in text
+    assert f"total: ${team['spent_usd']:.2f} spent" in text
+    assert main(["cost", "--config", str(path)]) == 0  # without --month: as before
+    assert "spend this window, by entry (estimated)" in capsys.readouterr().out

@@ -204,9 +204,13 @@ class DaytonaProvider(KeyedProvider["DaytonaClient"]):
     ) -> SandboxDto:
         """Create the sandbox (its id in ``made`` once Daytona has it) and wait until it
         runs; a TimeoutError raised is that wait's."""
-        with sdk_errors(self.name):
-            async with asyncio.timeout(self.opts.request_timeout):
-                dto = await client.sandboxes.create_sandbox(request)
+
+        async def ask() -> SandboxDto:
+            with sdk_errors(self.name):
+                async with asyncio.timeout(self.opts.request_timeout):
+                    return await client.sandboxes.create_sandbox(request)
+
+        dto = await self._made_or_discarded(ask(), lambda late: self._discard(late.id))
         made.append(dto.id)
         async with asyncio.timeout(timeout):
             return await self._until_started(client, dto)

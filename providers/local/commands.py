@@ -43,6 +43,7 @@ from providers.local.isolation import (
 from providers.local.processes import (
     LocalTerminal,
     RecordedProcess,
+    born,
     find_record,
     list_records,
     new_record,
@@ -66,6 +67,7 @@ class LocalProcess:
         self.proc = proc
         self.max_output = max_output
         self.started = time.monotonic()
+        self._born = born(proc.pid)
 
     @property
     def pid(self) -> int:
@@ -107,8 +109,14 @@ class LocalProcess:
         """Signal what is left of the group; call it in the loop turn that saw the reap.
 
         Members still running keep the group's number taken; with none left it
-        comes back only after the pid counter wraps around, not within a turn.
+        comes back once the pid counter wraps around, which on a busy host with
+        pid_max at 32768 can be the moment of the reap of a long-lived leader. A
+        process with the leader's number born at another time leads a newcomer's
+        group then, and is left alone; so even before ``returncode`` is set, as the
+        child watcher may have reaped the leader already.
         """
+        if born(self.proc.pid) not in (None, self._born):
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 

@@ -52,6 +52,7 @@ from providers.processes import ProcessBase, ProcessInfo, TerminalBase
 __all__ = [
     "LocalTerminal",
     "RecordedProcess",
+    "born",
     "find_record",
     "list_records",
     "new_record",
@@ -450,6 +451,17 @@ def resume_all(belongs: Callable[[int], bool]) -> None:
     for pid in _all_pids():
         if pid != me and (pidfd := _signal_if(pid, belongs, signal.SIGCONT)) is not None:
             os.close(pidfd)
+
+
+def born(pid: int) -> int | None:
+    """When the process ``pid`` started, in clock ticks since boot (None when there is
+    none): a number drawn anew is told from the process that held it before."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
 
 
 def _state(pid: int) -> str:

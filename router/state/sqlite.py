@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sqlite3
+import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -197,6 +199,33 @@ class _Tx:
         )
 
 
+_BUSY_SECONDS = 30.0  # how long a transaction waits for another process's
+
+
+def _prepare(conn: sqlite3.Connection) -> None:
+    """WAL mode, the schema and its migrations, waiting out other processes' locks.
+
+    SQLite answers "database is locked" at once, without its busy wait, where waiting
+    would deadlock: the switch to WAL of a file still in rollback mode while another
+    connection holds a write. Processes opening a new file together meet it; each tries
+    again until the busy timeout is spent.
+    """
+    deadline = time.monotonic() + _BUSY_SECONDS
+    pause = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+            _migrate(conn)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause * random.uniform(0.5, 1.5))
+        pause = min(pause * 2, 0.2)
+
+
 class SQLiteStore(TableStore):
     """State in one SQLite file shared by every process on the host."""
 
@@ -216,11 +245,12 @@ class SQLiteStore(TableStore):
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-            _migrate(conn)
+            conn = sqlite3.connect(self.path, timeout=_BUSY_SECONDS, isolation_level=None)
+            try:
+                _prepare(conn)
+            except BaseException:
+                conn.close()
+                raise
             self._conn = conn
         return self._conn
 

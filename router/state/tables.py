@@ -620,7 +620,7 @@ def _reserve(
         pool.leases.update(unread)
         pool.loaded.update({lid: slot.entry for lid, slot in unread.items()})
         pool.others -= len(unread)
-        claimed = warm_policy.claim(pool, ref.limits, records, ref.entry, now, hold)
+        claimed = warm_policy.claim(pool, ref.limits, records, ref.entry, now, hold, meter)
         _save_warm(tx, ref, records, now)
         if claimed is not None:
             tx.save_entry(ref.entry, health)

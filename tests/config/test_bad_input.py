@@ -217,8 +217,8 @@ def test_a_wrong_typed_secret_is_not_echoed(tmp_path: Path, text: str) -> None:
          "pools.p.budget_window", "greater than or equal to 1"),
         ("chain:\n  - {name: a, provider: local, quota: {on_budget_end: stop}}",
          "chain[0].quota.on_budget_end", "'warn' or 'kill'"),
-        ("chain:\n  - {name: a, provider: local, quota: {usd: 5}, warm: {size: 1}}",
-         "chain[0].warm", "pool 'a' has a usd budget"),
+        ("chain:\n  - {name: d, provider: daytona, quota: {usd: 5}, warm: {size: 1}}",
+         "chain[0].warm.server", "pool 'd' has a usd budget"),
     ],
 )  # fmt: skip
 def test_a_usd_budget_is_checked(tmp_path: Path, text: str, field: str, says: str) -> None:
@@ -255,3 +255,13 @@ def test_tenant_limits_are_checked(tmp_path: Path, text: str, field: str, says: 
     message = refused(write(tmp_path, text))
     assert f"{field}" in message
     assert says in message
+
+
+def test_a_router_held_warm_pool_may_share_a_usd_budget(tmp_path: Path) -> None:
+    """Its warm sandboxes hold and are charged like leases (docs/money.md)."""
+    text = (
+        "chain:\n  - {name: a, provider: local, quota: {usd: 5}, warm: {size: 1}}\n"
+        "  - {name: d, provider: daytona, quota: {usd: 5}, warm: {size: 1, server: false}}\n"
+    )
+    config = load_config(write(tmp_path, text))
+    assert [e.warm is not None for e in config.chain] == [True, True]

@@ -10,11 +10,12 @@ refunded once the lookup by its lease label finds nothing.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from providers.base import LABEL_LEASE
+from providers.base import LABEL_LEASE, SandboxSpec
 from router import Router
 from router.events import LateCreate, Refund, RouterEvent
 from tests.contract.conftest import Backend
@@ -71,3 +72,17 @@ async def test_a_create_the_router_stopped_waiting_for_is_counted_and_killed(
         assert view.used["concurrent"] == 0
         refunds = [e for e in events if isinstance(e, Refund) and e.entry == vendor.name]
         assert len(refunds) == 1 - made
+
+
+async def test_a_create_cancelled_after_the_vendor_made_it_is_killed(vendor: Backend) -> None:
+    """Cancelled while its answer is on the way (the vendor made the sandbox), the adapter
+    lets the request finish and kills what it made: its id is only in that answer."""
+    emu = vendor.emulator
+    assert emu is not None
+    emu.inject("create", after=True, delay=1.0)
+    creating = asyncio.ensure_future(vendor.provider.create(SandboxSpec(), timeout=10))
+    await until(emu.records)
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    await until(lambda: emu.records() and not emu.alive(), seconds=15)

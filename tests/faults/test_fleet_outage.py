@@ -3,7 +3,6 @@ every unit granted during the outage written back once Redis returns."""
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import threading
 import time
@@ -17,6 +16,7 @@ from emulators.redis_server import RedisServer
 from providers.errors import NoProviderAvailable, StateUnavailable
 from router import Event, Router
 from router.testing import ScriptedProvider
+from tests.forked import processes
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
@@ -60,7 +60,7 @@ def _replica(cfg: dict[str, Any], root: str, ready: Any, go: Any, stop: Any, gra
 def test_eight_replicas_through_a_redis_kill_stay_within_quota_and_write_back(
     aof_redis: RedisServer, tmp_path: Path
 ) -> None:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = processes(__name__)
     go, stop = ctx.Event(), ctx.Event()
     ready, granted = ctx.Value("i", 0), ctx.Value("i", 0)
     cfg = config(aof_redis.url, tmp_path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ from providers.errors import NoProviderAvailable, StateUnavailable
 from router import Event, Router
 from router.testing import ScriptedProvider
 from tests.faults.test_fleet_outage import fleet_settled
+from tests.forked import processes
 from tests.polling import needs_script_noreplicas, wait_until
 
 pytestmark = pytest.mark.slow
@@ -146,7 +146,7 @@ def test_app_killed_holding_leases_leaks_nothing(redis_url: str, tmp_path: Path)
         "chain": [{"name": "local", "provider": "local", "quota": {"concurrent": 3},
                    "options": {"root": str(tmp_path / "sb")}}],
     }  # fmt: skip
-    ctx = multiprocessing.get_context("spawn")
+    ctx = processes(__name__)
     ready = ctx.Event()
     worker = ctx.Process(target=_crashing_worker, args=(config, ready))
     worker.start()

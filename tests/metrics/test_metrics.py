@@ -467,3 +467,27 @@ def test_released_leases_add_their_cost_by_entry_and_pool(
     wait_until(lambda: sample(registry, "sandbox_router_cost_usd_total", **labels))
     cost = sample(registry, "sandbox_router_cost_usd_total", **labels)
     assert cost == pytest.approx(2 * 0.001 * 10 + 0.25, abs=0.002)
+
+
+def test_projected_month_end_spend_per_pool(
+    make_router: RouterFactory, clock: Clock, redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """The pool's settled usd, gone on at this window's average rate to its reset."""
+    config = chain_config(redis_url, key_prefix, tmp_path)
+    config["chain"][0]["price"] = {"per_sandbox": 0.5}
+    config["chain"][0]["quota"]["usd"] = 10
+    router = make_router(config=config)
+    registry = CollectorRegistry()
+    instrument(router, registry, clock=clock)
+    assert sample(registry, "sandbox_router_spend_projected_usd", pool="flaky") == 0
+    assert sample(registry, "sandbox_router_spend_projected_usd", pool="local") == 0
+    with router.acquire() as lease:
+        assert lease.entry == "flaky"
+    wait_until(lambda: sample(registry, "sandbox_router_quota_used", pool="flaky", unit="usd"))
+    now = clock()
+    start, reset = (t.timestamp() for t in MonthlyWindow("UTC", 1).bounds(now))
+    expected = 0.5 + 0.5 / (now - start) * (reset - now)
+    projected = sample(registry, "sandbox_router_spend_projected_usd", pool="flaky")
+    assert projected == pytest.approx(expected, rel=1e-3)
+    assert sample(registry, "sandbox_router_quota_limit", pool="flaky", unit="usd") == 10
+    assert sample(registry, "sandbox_router_spend_projected_usd", pool="local") == 0

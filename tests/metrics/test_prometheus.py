@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from policies.quota import MonthlyWindow
 from providers.errors import NoProviderAvailable, Unavailable
 from router.metrics import instrument, serve
-from tests.metrics.conftest import RouterFactory
+from tests.metrics.conftest import Clock, RouterFactory, chain_config
 from tests.metrics.grafana import DASHBOARDS, GRAFANA, RULES, panel_queries, substitute
 from tests.metrics.prometheus import BINARY, SKIP_REASON, Prometheus
 
@@ -67,8 +68,13 @@ def firing(prom: Prometheus) -> set[tuple[str, str]]:
     }
 
 
-def test_panels_and_alerts_on_a_real_prometheus(make_router: RouterFactory, tmp_path: Path) -> None:
-    router = make_router([Unavailable("503 service unavailable")] * 3)
+def test_panels_and_alerts_on_a_real_prometheus(
+    make_router: RouterFactory, tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    config = chain_config(redis_url, key_prefix, tmp_path)
+    config["chain"][1]["price"] = {"vcpu_hour": 3.6, "per_sandbox": 0.01}  # the cost row's
+    config["chain"][1]["quota"]["usd"] = 100
+    router = make_router([Unavailable("503 service unavailable")] * 3, config=config)
     registry = CollectorRegistry()
     instrument(router, registry)
     exporter = serve(router, 0, registry=registry)
@@ -139,3 +145,36 @@ def check_rules(prom: Prometheus) -> None:
     names = {r["alert"] for g in shipped["groups"] for r in g["rules"]}
     assert set(health) == names
     assert set(health.values()) == {"ok"}, health
+
+
+def test_projected_overspend_fires_on_a_real_prometheus(
+    make_router: RouterFactory, clock: Clock, tmp_path: Path, redis_url: str, key_prefix: str
+) -> None:
+    """An hour into its window, a pool that spent 3% of its budget heads for 20 times it."""
+    start, reset = (t.timestamp() for t in MonthlyWindow().bounds(time.time()))
+    clock.offset = start + 3600 - time.time()
+    config = chain_config(redis_url, key_prefix, tmp_path)
+    config["chain"][0]["price"] = {"per_sandbox": 0.01}
+    config["chain"][0]["quota"]["usd"] = 1
+    router = make_router(config=config)
+    registry = CollectorRegistry()
+    instrument(router, registry, clock=clock)
+    exporter = serve(router, 0, registry=registry)
+    try:
+        for _ in range(3):
+            with router.acquire() as lease:
+                assert lease.entry == "flaky"
+        with Prometheus(
+            tmp_path, [f"127.0.0.1:{exporter.server_port}"], [rules_firing_at_once(tmp_path)]
+        ) as prom:
+            [projected] = prom.wait_for('sandbox_router_spend_projected_usd{pool="flaky"} > 1')
+            month_hours = (reset - start) / 3600
+            assert float(projected["value"][1]) == pytest.approx(0.03 * month_hours, rel=0.01)
+            deadline = time.monotonic() + 20
+            while ("SandboxRouterProjectedOverspend", "flaky") not in (now := firing(prom)):
+                assert time.monotonic() < deadline, now
+                time.sleep(0.5)
+            assert ("SandboxRouterProjectedOverspend", "local") not in now
+    finally:
+        exporter.shutdown()
+        exporter.server_close()

@@ -21,6 +21,7 @@ REQUIRED = {
     "SandboxRouterQuotaAbove95Percent",
     "SandboxRouterQuotaExhausted",
     "SandboxRouterQuotaProjectedExhaustion",
+    "SandboxRouterProjectedOverspend",
     "SandboxRouterBreakerOpen",
     "SandboxRouterNoEntryAvailable",
     "SandboxRouterStateStoreErrors",

@@ -439,3 +439,40 @@ async def test_secrets_never_leak(
         seen += [str(err), repr(err), str(err.__cause__), repr(err.__cause__)]
     seen += [repr(e) for e in events] + [caplog.text] + list(capsys.readouterr())
     assert [text for text in seen if secret in text] == []
+
+
+async def test_a_command_cut_off_says_whether_the_sandbox_is_gone(
+    emu: E2BEmulator, provider: E2BProvider
+) -> None:
+    """A command's stream lost is told apart as the SDK does: the sandbox running, it is a
+    lost connection; the sandbox gone, it is gone."""
+    sbx = await provider.create(SandboxSpec(), timeout=5)
+    emu.inject("exec", drop=True, times=1)
+    with pytest.raises(Unavailable):
+        await sbx.run("echo hi")
+    assert (await sbx.run("echo hi")).stdout == "hi\n"
+    await sbx.kill()
+    emu.inject("exec", drop=True)
+    with pytest.raises(NotFound):
+        await sbx.run("echo hi")
+
+
+@pytest.mark.parametrize(("status", "error"), [(502, Unavailable), (429, RateLimited)])
+async def test_a_command_refused_by_a_proxy_is_mapped_as_the_sdk_maps_it(
+    emu: E2BEmulator, sandbox: E2BSandbox, status: int, error: type[Exception]
+) -> None:
+    emu.inject("exec", status=status, times=1)
+    with pytest.raises(error):
+        await sandbox.run("true")
+    assert (await sandbox.run("echo after")).stdout == "after\n"
+
+
+async def test_command_output_is_decoded_across_chunks_and_bad_bytes_replaced(
+    sandbox: E2BSandbox,
+) -> None:
+    """UTF-8 split over two writes comes back whole; bytes that are not UTF-8 are replaced,
+    on both streams."""
+    ran = await sandbox.run(
+        "printf 'a\\303'; sleep 0.2; printf '\\251b\\377'; printf '\\377e' >&2; exit 3"
+    )
+    assert (ran.stdout, ran.stderr, ran.exit_code) == ("aéb\ufffd", "\ufffde", 3)

@@ -711,20 +711,27 @@ async def test_a_directory_swapped_for_a_symlink_mid_call_never_leads_outside(
 
 
 _REUSED_PID = """
-import asyncio, os, sys
+import asyncio, os, subprocess, sys, time
 from providers.local import LocalProcess
 
 async def main() -> None:
-    old = LocalProcess(await asyncio.create_subprocess_exec("true", start_new_session=True), 1)
-    await old.proc.wait()
+    call, told = sys.argv[1], sys.argv[2] == "told"
+    started = await asyncio.create_subprocess_exec("sleep", "0.05", start_new_session=True)
+    old = LocalProcess(started, 1)
+    if told:
+        await old.proc.wait()
+    else:  # the child watcher reaps it, the loop is not told yet: no returncode
+        while os.path.exists(f"/proc/{old.pid}"):
+            time.sleep(0.01)
+        assert old.proc.returncode is None
     with open("/proc/sys/kernel/ns_last_pid", "w") as f:
         f.write(str(old.pid - 1))
-    newcomer = await asyncio.create_subprocess_exec("sleep", "30", start_new_session=True)
+    newcomer = subprocess.Popen(["sleep", "30"], start_new_session=True)
     assert newcomer.pid == old.pid, (newcomer.pid, old.pid)
-    old.kill()
+    getattr(old, call)()
     try:
-        await asyncio.wait_for(newcomer.wait(), 0.5)
-    except TimeoutError:
+        newcomer.wait(0.5)
+    except subprocess.TimeoutExpired:
         newcomer.kill()
         sys.exit(0)
     sys.exit(f"a late kill of a reaped command killed pid {newcomer.pid}'s newcomer")
@@ -733,10 +740,17 @@ asyncio.run(main())
 """
 
 
-def test_a_late_kill_never_reaches_a_newcomer_with_the_reaped_commands_pid() -> None:
+@pytest.mark.parametrize("told", ["told", "not-told"])
+@pytest.mark.parametrize("call", ["kill", "end_group"])
+def test_a_late_kill_never_reaches_a_newcomer_with_the_reaped_commands_pid(
+    call: str, told: str
+) -> None:
     """pid_max can be 32768: an emulator killing a command it reaped minutes ago (the end of
-    its sandbox) once SIGKILLed another sandbox's fresh command that had drawn the number.
-    A private PID namespace sets the next pid so the newcomer draws it here for sure."""
+    its sandbox) once SIGKILLed another sandbox's fresh command that had drawn the number,
+    and so can the sweep of a group after its leader's reap (``end_group``), where the
+    counter had come round to the leader's number, also while the child watcher has reaped
+    the leader and the loop is not told yet (no ``returncode``): Modal emulator commands
+    exited 137 in CI. A private PID namespace sets the next pid so the newcomer draws it."""
     if shutil.which("unshare") is None:
         pytest.skip("util-linux unshare not installed (a private PID namespace picks the pid)")
     unshare = ["unshare", "-U", "-r", "-p", "-f", "--mount-proc"]
@@ -744,7 +758,7 @@ def test_a_late_kill_never_reaches_a_newcomer_with_the_reaped_commands_pid() -> 
     if probe.returncode:
         pytest.skip(f"unshare cannot make a user and PID namespace here: {probe.stderr!r}")
     ran = subprocess.run(
-        [*unshare, sys.executable, "-c", _REUSED_PID],
+        [*unshare, sys.executable, "-c", _REUSED_PID, call, told],
         check=False, capture_output=True, text=True, timeout=30, cwd=Path(__file__).parents[2],
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from emulators import emulator_class
+from emulators.harness import Emulator
 from router import Event, Router
 from router.testing import ScriptedProvider
 
@@ -97,3 +99,10 @@ def scripted(tmp_path: Path) -> Callable[..., ScriptedProvider]:
         return ScriptedProvider(name, tmp_path, script or [], **kw)
 
     return make
+
+
+@pytest.fixture(params=("daytona", "e2b", "modal", "runloop"))
+def vendor(request: pytest.FixtureRequest) -> Iterator[tuple[str, Emulator]]:
+    """Each vendor's name and a running emulator of it."""
+    with emulator_class(request.param)() as emu:
+        yield request.param, emu

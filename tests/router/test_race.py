@@ -4,7 +4,6 @@ is granted."""
 from __future__ import annotations
 
 import math
-import multiprocessing
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 
 from providers.errors import NoProviderAvailable
 from router import Router
+from tests.forked import processes
 
 pytestmark = pytest.mark.slow
 PROCESSES = 16
@@ -30,7 +30,7 @@ def _config(state_url: str, prefix: str, root: str, quota: dict[str, int]) -> di
 
 
 def _worker(
-    config: dict[str, object], start_at: float, hold: bool, done: Any, tenant: str | None = None
+    config: dict[str, object], start: Any, hold: bool, done: Any, tenant: str | None = None
 ) -> int:
     from router.logs import configure_logging
 
@@ -38,7 +38,7 @@ def _worker(
     router = Router.from_config(config, hooks=[])
     granted = 0
     held = []
-    time.sleep(max(0.0, start_at - time.time()))
+    start.wait(60)  # every process is ready: they race from here
     while True:
         try:
             lease = router.acquire(tenant=tenant)
@@ -62,11 +62,10 @@ def state_url(request: pytest.FixtureRequest, redis_url: str, tmp_path: Path) ->
 
 
 def _race(config: dict[str, object], hold: bool, tenant: str | None = None) -> list[int]:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = processes(__name__)
     with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
-        done = manager.Barrier(PROCESSES)
-        start_at = time.time() + 4.0  # every process is imported and waiting by then
-        return pool.starmap(_worker, [(config, start_at, hold, done, tenant)] * PROCESSES)
+        start, done = manager.Barrier(PROCESSES), manager.Barrier(PROCESSES)
+        return pool.starmap(_worker, [(config, start, hold, done, tenant)] * PROCESSES)
 
 
 def test_exactly_the_sessions_left_are_granted(
@@ -97,7 +96,7 @@ LIFETIME = 5.0
 
 
 def _spender(
-    config: dict[str, object], start_at: float, tenant: str | None = None
+    config: dict[str, object], start: Any, tenant: str | None = None
 ) -> list[tuple[float, float]]:
     """Acquire and release until the budget keeps refusing; the (seconds, cost) of every
     lease released, as its `Released` event said."""
@@ -114,9 +113,10 @@ def _spender(
             released.append((event.seconds, event.cost))
 
     router = Router.from_config(config, hooks=[hook])
-    time.sleep(max(0.0, start_at - time.time()))
+    start.wait(60)
+    began = time.time()
     refused = 0
-    while refused < 5 and time.time() < start_at + 20:
+    while refused < 5 and time.time() < began + 20:
         try:
             lease = router.acquire(spec=SandboxSpec(lifetime=LIFETIME), tenant=tenant)
         except NoProviderAvailable:
@@ -142,10 +142,10 @@ def test_the_last_dollar_is_never_overspent(
     if whose == "tenant":
         config["tenants"] = {"default": {"usd": 1}}
         tenant = "user-42"
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(PROCESSES) as pool:
-        start_at = time.time() + 4.0
-        results = pool.starmap(_spender, [(config, start_at, tenant)] * PROCESSES)
+    ctx = processes(__name__)
+    with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
+        start = manager.Barrier(PROCESSES)
+        results = pool.starmap(_spender, [(config, start, tenant)] * PROCESSES)
     leases = [lease for result in results for lease in result]
     for seconds, cost in leases:  # the price table: the fee plus $0.01 a second
         assert cost == pytest.approx(0.1 + 0.01 * seconds, abs=1e-12)

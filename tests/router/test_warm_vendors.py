@@ -4,21 +4,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from emulators import emulator_class
 from emulators.harness import Emulator
-from tests.contract.conftest import VENDORS, build
+from tests.contract.conftest import build
 from tests.router.conftest import fired
-
-
-@pytest.fixture(params=VENDORS)
-def vendor(request: pytest.FixtureRequest) -> Iterator[tuple[str, Emulator]]:
-    with emulator_class(request.param)() as emu:
-        yield request.param, emu
 
 
 def test_another_replica_claims_it_through_the_vendor_sdk(

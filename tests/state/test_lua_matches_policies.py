@@ -98,6 +98,12 @@ usd_ops = st.one_of(
     st.tuples(st.just("snapshot")),
     st.tuples(st.just("set_usage"), st.just("usd"), st.integers(0, 3)),
     st.tuples(st.just("advance"), st.integers(0, 40)),
+    # warm pools in a priced pool: their holds settled by a claim priced by its meter
+    st.tuples(st.just("claim"), st.integers(0, 1), lease_ids, st.integers(1, 60),
+              st.none() | st.sampled_from(METERS)),
+    st.tuples(st.just("warm_put"), st.integers(0, 1), lease_ids, st.booleans(),
+              st.integers(1, 60)),
+    st.tuples(st.just("warm_take"), st.integers(0, 1), lease_ids),
 )  # fmt: skip
 
 
@@ -170,7 +176,8 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
     if kind == "snapshot":  # it purges expired leases, as reserve does
         return await store.snapshot(REFS, now)
     if kind == "claim":
-        return await store.reserve(REFS[op[1]], CFG, op[2], now, op[3], warm=True)
+        meter = op[4] if len(op) > 4 else None
+        return await store.reserve(REFS[op[1]], CFG, op[2], now, op[3], warm=True, meter=meter)
     if kind == "warm_put":
         record = WarmRecord(f"sb-{op[2]}", now, now + op[4], now + op[4] + 20, op[3])
         return await store.warm_put(REFS[op[1]], op[2], record, now)
@@ -334,3 +341,26 @@ def test_every_session_step_from_every_state_agrees(redis_url: str) -> None:
             await lua.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("paused", [False, True], ids=["running", "paused"])
+@pytest.mark.parametrize("meter", [None, *METERS[:3]], ids=["unpriced", "fee", "kill", "step"])
+def test_a_priced_warm_claim_agrees(redis_url: str, paused: bool, meter: Meter | None) -> None:
+    """The usd path of a warm claim, surely taken: a priced warm sandbox put in the pool,
+    claimed after a wait by an acquire of each meter (its cover fitting or not), then a
+    second one that the budget may refuse."""
+    sequence = [
+        ("reserve", 0, "l0", 30, METERS[0], True),
+        ("settle", 0, "l0", Outcome.SUCCESS, 40, None),
+        ("warm_put", 0, "l0", paused, 50),
+        ("reserve", 0, "l1", 30, METERS[0], True),
+        ("settle", 0, "l1", Outcome.SUCCESS, 40, None),
+        ("warm_put", 0, "l1", paused, 50),
+        ("advance", 17),
+        ("claim", 0, "l2", 20, meter),
+        ("snapshot",),
+        ("claim", 0, "l3", 20, meter),
+        ("release", 0, "l0"),
+        ("warm_take", 0, "l1"),
+    ]
+    agree(redis_url, sequence)

@@ -4,6 +4,7 @@ adapters on their emulators (E2B) and ``local``, on the private Redis."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import subprocess
@@ -33,6 +34,7 @@ from router.tracing import RouterTracing, instrument, uninstrument
 from tests.polling import wait_until
 from tests.providers.test_failover import VENDORS
 from tests.router.test_events import sample
+from tests.warned import warns
 
 RouterFactory = Callable[..., Router]
 SECRET = "sk-live-0123456789abcdef-secret"  # a secret-looking env value
@@ -300,10 +302,10 @@ def test_a_dropped_lease_is_released_outside_the_collecting_threads_trace(
     router = local_router()
     instrument(router, provider)
     lease = router.acquire()
-    with app.start_as_current_span("unrelated"):
+    # warned of inside the block: an automatic collection may come before gc.collect()
+    with app.start_as_current_span("unrelated"), warns(ResourceWarning, "never released"):
         del lease
-        with pytest.warns(ResourceWarning):
-            gc.collect()
+        gc.collect()
     assert parent(released(exporter)) is None
 
 
@@ -507,3 +509,78 @@ assert not loaded, loaded
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_streams_and_waits_are_spans_of_the_apps(
+    local_router: Callable[..., Router],
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    app: Any,
+) -> None:
+    """A stream's span lasts its iteration (never current: the loop body's spans are the
+    app's children); a process's wait is a command span with its end."""
+    router = local_router()
+    instrument(router, provider)
+    with app.start_as_current_span("request") as request, router.acquire() as lease:
+        box = lease.sandbox
+        box.write_file("data.bin", b"x" * 1000)
+        chunks = []
+        for chunk in box.stream(f"printf 'ab'; printf 'cde' >&2 # {MARK}"):
+            chunks.append(chunk)
+            with app.start_as_current_span("body"):
+                pass
+        assert box.read_file("data.bin") == b"".join(box.read_stream("data.bin"))
+        with contextlib.closing(box.stream("yes")) as endless:
+            next(endless)  # left early: the command is killed
+        assert box.start("exit 4").wait().exit_code == 4
+        assert box.start("sleep 5").wait(timeout=0.2).timed_out
+        with pytest.raises(SandboxError):
+            list(box.read_stream(f"missing/{MARK}"))
+    made = spans(exporter)
+    mine = request.get_span_context().span_id
+    whole, early = made["stream"]
+    for span in (whole, early, *made["read_stream"], *made["wait"]):
+        assert parent(span) == mine, span.name
+        assert (span.attributes or {})["sandbox_router.entry"] == "local"
+        assert (span.attributes or {})["sandbox_router.sandbox_id"] == lease.sandbox_id
+    assert {parent(s) for s in made["body"]} == {mine}
+    assert (whole.attributes or {})["sandbox_router.chunks"] == len(chunks)
+    assert (whole.attributes or {})["sandbox_router.output.size"] == 5
+    assert (whole.attributes or {})["sandbox_router.outcome"] == "success"
+    assert (early.attributes or {})["sandbox_router.outcome"] == "closed"
+    assert early.status.status_code is StatusCode.UNSET
+    read, missing = made["read_stream"]
+    assert (read.attributes or {})["file.size"] == 1000
+    assert (read.attributes or {})["sandbox_router.chunks"] >= 1
+    assert missing.status.status_code is StatusCode.ERROR
+    assert (missing.attributes or {})["error.type"] == "SandboxError"
+    ended, timed_out = made["wait"]
+    assert (ended.attributes or {})["process.exit.code"] == 4
+    assert (ended.attributes or {})["sandbox_router.process_id"]
+    assert (timed_out.attributes or {})["sandbox_router.timed_out"] is True
+    assert MARK not in everything_recorded(exporter)  # no command text, no path
+
+
+async def test_async_streams_and_waits_nest_under_the_apps_span(
+    local_router: Callable[..., Router],
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+    app: Any,
+) -> None:
+    router = local_router()
+    instrument(router, provider, record_commands=True, record_paths=True)
+    with app.start_as_current_span("request") as request:
+        async with router.aacquire() as lease:
+            await lease.sandbox.write_file("f.txt", "hello")
+            assert [c.data async for c in lease.sandbox.stream(["echo", MARK])] == [f"{MARK}\n"]
+            assert b"".join([c async for c in lease.sandbox.read_stream("f.txt")]) == b"hello"
+            process = await lease.sandbox.start("exit 2")
+            assert (await process.wait()).exit_code == 2
+    made = spans(exporter)
+    mine = request.get_span_context().span_id
+    [stream], [read], [wait] = made["stream"], made["read_stream"], made["wait"]
+    assert {parent(stream), parent(read), parent(wait)} == {mine}
+    assert (stream.attributes or {})["process.command_line"] == f"echo {MARK}"
+    assert (read.attributes or {})["file.path"] == "f.txt"
+    assert (read.attributes or {})["file.size"] == 5
+    assert "process.command_line" not in (wait.attributes or {})  # a wait knows no command

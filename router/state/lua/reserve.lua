@@ -31,7 +31,8 @@ return once(function()
   local room = not T or T.concurrent == '' or redis.call('ZCARD', T.leases) < tonumber(T.concurrent)
   if ARGV[13] == '1' and not a.probe and room then
     local c = warm_claim(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6], entry, now, hold,
-                         ARGV[6], ARGV[7], tonumber(ARGV[11]))
+                         ARGV[6], ARGV[7], tonumber(ARGV[11]), ARGV[8],
+                         {ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18], ARGV[19]})
     if c then
       if a.changed then save_health(KEYS[4], s) end
       if T then

@@ -23,41 +23,69 @@ local function warm_records(warm_key, now)
   return records
 end
 
+-- The reservation a claim makes, priced by the acquire's meter (`meter`: reserve's
+-- ARGV from the rate on, or nil): its rate for its first cover, no fee.
+local function claimed_meta(entry, now, hold, meter)
+  local m = {entry = entry, started = now, ttl = hold, live = 0, counted = 0, sandbox = ''}
+  if meter and meter[1] ~= '' and tonumber(meter[1]) > 0 then
+    m.rate, m.fee, m.step = meter[1], '0', meter[3]
+    m.covered, m.renew, m.kill, m.short = meter[4], meter[5], tonumber(meter[6]), 0
+  end
+  return m
+end
+
+-- Whether the budget (`limit`, '' = none) holds m's cover once `freed` USD of holds
+-- is let go (policies/warm.py `_fits`).
+local function claim_fits(usage_key, held_key, m, freed, limit)
+  if limit == '' or not m.rate then return true end
+  return spent_usd(usage_key) + held_usd(held_key) - freed + hold_of(m) <= tonumber(limit)
+end
+
 -- Hand the first claimable warm sandbox to a reservation held for `hold` seconds
--- (KEYS as reserve's), or nil. Expired leases are already purged.
+-- (KEYS as reserve's), priced by `meter`, or nil. Expired leases are already purged.
 local function warm_claim(usage_key, leases_key, meta_key, held_key, warm_key, entry, now, hold,
-                          limit_seconds, limit_concurrent, usage_ttl)
+                          limit_seconds, limit_concurrent, usage_ttl, limit_usd, meter)
   local seconds = tonumber(redis.call('HGET', usage_key, 'sandbox_seconds') or '0')
   if limit_seconds ~= '' and seconds >= tonumber(limit_seconds) then return nil end
   for _, r in ipairs(warm_records(warm_key, now)) do
     if r.deadline > now then
+      local c = claimed_meta(entry, now, hold, meter)
       if r.paused then
         local full = limit_concurrent ~= ''
           and redis.call('ZCARD', leases_key) >= tonumber(limit_concurrent)
         if not full then
+          if not claim_fits(usage_key, held_key, c, 0, limit_usd) then return nil end
           redis.call('HDEL', warm_key, r.lease)
           redis.call('ZADD', leases_key, now + hold, r.lease)
-          redis.call('HSET', meta_key, r.lease, cjson.encode({entry = entry, started = now,
-            ttl = hold, live = 0, counted = 0, sandbox = ''}))
+          redis.call('HSET', meta_key, r.lease, cjson.encode(c))
           count_lease(held_key, entry, 1)
+          if c.rate then add_held(held_key, hold_of(c)) end
           return {lease_id = r.lease, sandbox_id = r.sandbox_id, paused = true,
                   idle = now - r.since, metered = 0}
         end
       else
-        redis.call('HDEL', warm_key, r.lease)
         local raw = redis.call('HGET', meta_key, r.lease)
-        if raw then
-          local m = cjson.decode(raw)
-          if m.live == 1 then
-            local metered = math.max(0, now - m.started)
-            redis.call('HINCRBYFLOAT', usage_key, 'sandbox_seconds', metered)
-            redis.call('EXPIRE', usage_key, usage_ttl)
-            m.live, m.counted, m.sandbox, m.started, m.ttl = 0, 0, '', now, hold
-            redis.call('HSET', meta_key, r.lease, cjson.encode(m))
-            redis.call('ZADD', leases_key, now + hold, r.lease)
-            return {lease_id = r.lease, sandbox_id = r.sandbox_id, paused = false,
-                    idle = now - r.since, metered = metered}
+        local m = raw and cjson.decode(raw)
+        if not (m and m.live == 1) then
+          redis.call('HDEL', warm_key, r.lease)
+        else
+          local idle = math.max(0, now - m.started)
+          local freed = 0
+          if m.rate then
+            local fee = tonumber(m.fee)
+            if m.counted == 0 then fee = 0 end
+            freed = hold_of(m) - (tonumber(m.rate) * metered(idle, tonumber(m.step)) + fee)
           end
+          if not claim_fits(usage_key, held_key, c, freed, limit_usd) then return nil end
+          redis.call('HDEL', warm_key, r.lease)
+          redis.call('HINCRBYFLOAT', usage_key, 'sandbox_seconds', idle)
+          redis.call('EXPIRE', usage_key, usage_ttl)
+          settle_usd(usage_key, held_key, m, idle)
+          redis.call('HSET', meta_key, r.lease, cjson.encode(c))
+          redis.call('ZADD', leases_key, now + hold, r.lease)
+          if c.rate then add_held(held_key, hold_of(c)) end
+          return {lease_id = r.lease, sandbox_id = r.sandbox_id, paused = false,
+                  idle = now - r.since, metered = idle}
         end
       end
     end

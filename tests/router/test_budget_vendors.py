@@ -1,0 +1,100 @@
+"""usd budgets through the real adapters on their emulators: what the vendor made is
+what is held, settled and ended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from emulators.harness import Emulator
+from policies.pricing import METERING
+from policies.quota import metered
+from providers.errors import LeaseError, NoProviderAvailable
+from router import Router
+from tests.contract.conftest import build
+from tests.polling import wait_until
+from tests.router.conftest import NOW, Clock, fired
+
+RATE = 0.01  # USD a second: one vCPU at $36 an hour
+
+
+def step(name: str) -> float:
+    """The vendor's billing step (Daytona: a minute; none known for Runloop)."""
+    known = METERING.get(name)
+    return (known.step if known else None) or 0.0
+
+
+def billed(name: str, seconds: float) -> float:
+    return RATE * metered(seconds, step(name))
+
+
+def priced(
+    vendor: tuple[str, Emulator],
+    tmp_path: Path,
+    make_router,
+    usd: float,
+    window: float,
+    ttl: float = 5,
+    **quota: object,
+) -> Router:
+    """A router on the vendor's adapter, its pool's budget ``usd``, leases renewed
+    ``window`` seconds at a time."""
+    name, emu = vendor
+    backend = build(name, emu, tmp_path)
+    entry = {
+        "name": "v",
+        "provider": backend.kind,
+        "price": {"vcpu_hour": 36.0, "memory_gib_hour": 0.0, "per_sandbox": 0.0},
+        "resources": {"vcpu": 1, "memory_gib": 1},
+        "quota": {"usd": usd, "budget_window": window, **quota},
+    }
+    return make_router(chain=[entry], providers={"v": backend.provider}, lease_ttl=ttl)
+
+
+def test_the_vendor_sandbox_is_killed_when_the_budget_cannot_renew_it(
+    vendor: tuple[str, Emulator], make_router, tmp_path: Path, events, clock: Clock
+) -> None:
+    """The budget covers a lease's first window, not the renewals its TTL needs: the
+    app is told at once, the vendor's sandbox is killed at the window's end, and the
+    pool is charged what the vendor bills for it (Daytona: a whole minute)."""
+    name, emu = vendor
+    ttl = 5 + step(name)  # past a billing step, so a renewal costs more
+    router = priced(
+        vendor, tmp_path, make_router, 1.5 * billed(name, 2), 2, ttl=ttl, on_budget_end="kill"
+    )
+    lease = router.acquire()
+    assert lease.sandbox.run("echo paid").stdout == "paid\n"
+    wait_until(lambda: fired(events, "budget_exhausted"))
+    assert fired(events, "budget_exhausted")[0]["ends"] == NOW + 2
+    assert [r.id for r in emu.alive()] == [lease.sandbox.id]
+    clock.advance(2)
+    wait_until(lambda: lease.released)
+    wait_until(lambda: emu.alive() == [])
+    with pytest.raises(LeaseError):
+        lease.sandbox.run("true")
+    wait_until(lambda: fired(events, "released"))
+    assert fired(events, "released")[0]["cost"] == pytest.approx(billed(name, 2))
+    view = router.status().entries[0]
+    assert view.used["usd"] == pytest.approx(billed(name, 2))
+    assert view.usd_held == 0
+
+
+def test_no_vendor_sandbox_is_made_past_what_the_budget_covers(
+    vendor: tuple[str, Emulator], make_router, tmp_path: Path, events, clock: Clock
+) -> None:
+    """Two windows' worth, each lease holding one: two leases are held, the third acquire
+    is refused before any create, and a release gives its unspent hold back."""
+    name, emu = vendor
+    router = priced(vendor, tmp_path, make_router, 2.5 * billed(name, 5), 5)
+    held = [router.acquire(), router.acquire()]
+    with pytest.raises(NoProviderAvailable, match="usd budget"):
+        router.acquire(timeout=1)
+    assert len(emu.alive()) == 2
+    assert len(fired(events, "created")) == 2
+    held[0].release()
+    with router.acquire() as again:
+        assert again.sandbox.run("true").exit_code == 0
+    held[1].release()
+    wait_until(lambda: emu.alive() == [])
+    assert router.status().entries[0].usd_held == 0
