@@ -613,7 +613,7 @@ def _reserve(
         return Reservation(
             False, reason=admission.reason, until=admission.until, detail=health.block_detail
         )
-    if warm and not admission.probe and _room(ref.tenant, tenant):
+    if warm and not admission.probe and _room(ref.tenant, tenant, meter):
         quota.purge_expired(pool, now)
         records = _warm_rows(tx, ref, now)
         unread = tx.leases(ref.pool, [lid for lid in records if lid not in pool.loaded], None)
@@ -728,11 +728,15 @@ def _budget(tenant: TenantRef | None, state: TenantState | None) -> tuple[float,
     return tenant_policy.budget(state, tenant.limits)
 
 
-def _room(tenant: TenantRef | None, state: TenantState | None) -> bool:
-    """Whether the tenant may hold one more lease (a warm claim asks before it claims)."""
-    if tenant is None or state is None or tenant.limits.concurrent is None:
+def _room(tenant: TenantRef | None, state: TenantState | None, meter: Meter | None) -> bool:
+    """Whether a warm claim may go ahead for the tenant: it has room for one more lease,
+    and no usd limit a priced claim's hold would be taken from unchecked (that tenant's
+    acquire reserves as a cold one does)."""
+    if tenant is None or state is None:
         return True
-    return len(state.leases) < tenant.limits.concurrent
+    if tenant.limits.usd is not None and meter is not None:
+        return False
+    return tenant.limits.concurrent is None or len(state.leases) < tenant.limits.concurrent
 
 
 def _warm_table(ref: EntryRef) -> str:

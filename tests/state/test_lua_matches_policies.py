@@ -122,6 +122,10 @@ tenant_ops = st.one_of(
     st.tuples(st.just("t_reconcile"), st.integers(0, 3), st.lists(lease_ids, max_size=2),
               st.lists(lease_ids, max_size=2), st.integers(1, 60),
               st.none() | st.sampled_from(METERS)),
+    st.tuples(st.just("t_claim"), st.integers(0, 3), lease_ids, st.integers(1, 60),
+              st.none() | st.sampled_from(METERS)),
+    st.tuples(st.just("t_warm_put"), st.integers(0, 3), lease_ids, st.booleans(),
+              st.integers(1, 60)),
     st.tuples(st.just("tenants")),
     st.tuples(st.just("t_snapshot")),
     st.tuples(st.just("advance"), st.integers(0, 40)),
@@ -147,6 +151,11 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         )
         spend = Spend(ref, 1, 2.5, held, tuple(dict.fromkeys(op[3])), usd=0.75)
         return await store.reconcile(f"j{now}", [spend], now)
+    if kind == "t_claim":
+        return await store.reserve(TREFS[op[1]], CFG, op[2], now, op[3], warm=True, meter=op[4])
+    if kind == "t_warm_put":
+        record = WarmRecord(f"sb-{op[2]}", now, now + op[4], now + op[4] + 20, op[3])
+        return await store.warm_put(TREFS[op[1]], op[2], record, now)
     if kind == "t_snapshot":  # purges the pools, not the tenants
         return await store.snapshot([TREFS[0], TREFS[3]], now)
     if kind == "tenants":
