@@ -136,6 +136,48 @@ def budget_cost(state_url: str, root: Path, iterations: int) -> dict[str, Any]:
     return asyncio.run(run())
 
 
+def tenant_cost(state_url: str, root: Path, iterations: int) -> dict[str, Any]:
+    """What usd and tenant limits add to acquire + release: CPU per cycle with and without.
+
+    As `budget_cost`, but ``on`` also names a tenant on every acquire (one of
+    100, in turn) with sessions, usd and concurrent limits in the config, so
+    each reservation, commit and release counts and settles the tenant in the
+    same script or transaction as its pool. The target is at most 1.15.
+    """
+    off = local_chain(state_url, "bench-tenant-off", root / "off")
+    on = local_chain(state_url, "bench-tenant-on", root / "on")
+    on["chain"][0]["price"] = {"vcpu_hour": 0.05, "memory_gib_hour": 0.01, "per_sandbox": 1e-6}
+    on["chain"][0]["quota"] = {"sessions": 10_000_000, "usd": 1e9}
+    on["tenants"] = {"default": {"sessions": 10_000_000, "usd": 1e6, "concurrent": 50}}
+    tenants = [f"user-{i}" for i in range(100)]
+
+    async def run() -> dict[str, Any]:
+        async with (
+            Router.from_config(off, hooks=[]) as bare,
+            Router.from_config(on, hooks=[]) as limited,
+        ):
+            cpu: dict[str, list[float]] = {"off": [], "on": []}
+            for i in range(iterations + 10):
+                for name in ("off", "on")[i % 2 :] + ("off", "on")[: i % 2]:
+                    start = time.process_time()
+                    if name == "on":
+                        lease = await limited.aacquire(tenant=tenants[i % len(tenants)])
+                    else:
+                        lease = await bare.aacquire()
+                    await lease.release()
+                    if i >= 10:  # warm-up: connections, scripts loaded
+                        cpu[name].append(time.process_time() - start)
+            off_p50, on_p50 = percentile(cpu["off"], 50), percentile(cpu["on"], 50)
+            return {
+                "off_cpu": summary_ms(cpu["off"]),
+                "on_cpu": summary_ms(cpu["on"]),
+                "cpu_ratio_p50": round(on_p50 / off_p50, 4),
+                "target": 1.15,
+            }
+
+    return asyncio.run(run())
+
+
 def round_trips(redis_url: str, root: Path, iterations: int) -> dict[str, Any]:
     """Redis commands per acquire and per release, from Redis' own counters."""
     router = Router.from_config(local_chain(redis_url, "bench-rtt", root), hooks=[])

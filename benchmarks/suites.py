@@ -66,6 +66,10 @@ def everything(q: bool, redis_url: str, root: Path) -> dict[str, Any]:
         "redis": overhead.budget_cost(redis_url, root / "usd1", 100 if q else 1000),
         "sqlite": overhead.budget_cost(sqlite_url, root / "usd2", 100 if q else 500),
     }
+    result["tenant_budget"] = {
+        "redis": overhead.tenant_cost(redis_url, root / "tn1", 100 if q else 1000),
+        "sqlite": overhead.tenant_cost(sqlite_url, root / "tn2", 100 if q else 500),
+    }
     result["vendor_overhead"] = vendors.overhead(redis_url, 20 if q else 100)
     result["failover"] = failover.failover_cost(redis_url, root / "fo", 20 if q else 100)
     result["round_trips"] = overhead.round_trips(redis_url, root / "rt", 20 if q else 200)

@@ -36,7 +36,7 @@ The Redis store runs the same rules as Lua scripts (``router/state/lua``);
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -267,15 +267,20 @@ def settle_usd(state: PoolState, slot: LeaseSlot, seconds: float, *, fee: bool =
     return charged
 
 
-def cover(state: PoolState, slot: LeaseSlot, limits: Limits) -> bool:
+def cover(
+    state: PoolState, slot: LeaseSlot, limits: Limits, also: tuple[float, float] | None = None
+) -> bool:
     """Grow ``slot``'s cover to its ledger expiry by whole renewals, if the budget holds
-    them; False (``short``) when it cannot (see the module's docstring)."""
+    them; False (``short``) when it cannot (see the module's docstring). ``also`` is a
+    second budget the renewal must fit, as (spent and held, limit): its tenant's
+    (`policies.tenants`)."""
     need = slot.expires - slot.started
     if not slot.priced or need <= slot.covered or slot.renew <= 0:
         return True
     grown = slot.covered + math.ceil((need - slot.covered) / slot.renew - 1e-9) * slot.renew
     extra = slot.rate * (metered(grown, slot.step) - metered(slot.covered, slot.step))
     fits = limits.usd is None or state.usd + state.usd_held + extra <= limits.usd
+    fits = fits and (also is None or also[0] + extra <= also[1])
     slot.short = not fits
     if not fits and slot.kill:
         slot.expires = slot.started + slot.covered
@@ -321,12 +326,15 @@ def reserve(
     hold: float,
     new_session: bool = True,
     meter: Meter | None = None,
+    admit: Callable[[LeaseSlot], QuotaDenial | None] | None = None,
 ) -> Grant | QuotaDenial:
     """Reserve one session and one slot for ``hold`` seconds, or say which unit is out.
 
     ``new_session=False`` (reconnecting to a sticky session's sandbox) takes a
     slot but no session: nothing new is created, so ``meter``'s fee is not
-    held. A ``meter`` holds its first cover against ``limits.usd``.
+    held. A ``meter`` holds its first cover against ``limits.usd``. ``admit``
+    is asked last, with the slot the pool would grant, before anything is
+    spent: its denial refuses the grant (the lease's tenant, `policies.tenants`).
     """
     purge_expired(state, now)
     denial = check(state, limits, COUNTED_UNITS if new_session else RECONNECT_UNITS)
@@ -339,7 +347,9 @@ def reserve(
         held = state.usd + state.usd_held
         if limits.usd is not None and held + slot.hold() > limits.usd:
             return QuotaDenial("usd", held, limits.usd)
-        state.usd_held += slot.hold()
+    if admit is not None and (denial := admit(slot)) is not None:
+        return denial
+    state.usd_held += slot.hold()
     if new_session:
         state.sessions += 1
     state.leases[lease_id] = slot
@@ -353,6 +363,7 @@ def commit(
     ttl: float,
     sandbox_id: str = "",
     limits: Limits = Limits(),
+    also: tuple[float, float] | None = None,
 ) -> Renewal:
     """Turn a reservation into a live lease with ``ttl`` (its cover metered from now on,
     grown to ``ttl`` if short of it: `cover`); not alive if it was lost."""
@@ -361,11 +372,13 @@ def commit(
         return Renewal(False)
     slot.live, slot.started, slot.expires, slot.ttl = True, now, now + ttl, ttl
     slot.sandbox_id = sandbox_id
-    return _renewal(state, slot, limits)
+    return _renewal(state, slot, limits, also)
 
 
-def _renewal(state: PoolState, slot: LeaseSlot, limits: Limits) -> Renewal:
-    if cover(state, slot, limits):
+def _renewal(
+    state: PoolState, slot: LeaseSlot, limits: Limits, also: tuple[float, float] | None
+) -> Renewal:
+    if cover(state, slot, limits, also):
         return Renewal(True)
     return Renewal(True, slot.started + slot.covered)
 
@@ -384,7 +397,12 @@ def refund(state: PoolState, lease_id: str) -> bool:
 
 
 def heartbeat(
-    state: PoolState, lease_id: str, now: float, ttl: float, limits: Limits = Limits()
+    state: PoolState,
+    lease_id: str,
+    now: float,
+    ttl: float,
+    limits: Limits = Limits(),
+    also: tuple[float, float] | None = None,
 ) -> Renewal:
     """Extend a live lease (its cover with it: `cover`); not alive if it already expired
     (its slot is gone)."""
@@ -392,7 +410,7 @@ def heartbeat(
     if slot is None or slot.expires <= now:
         return Renewal(False)
     slot.expires, slot.ttl = now + ttl, ttl
-    return _renewal(state, slot, limits)
+    return _renewal(state, slot, limits, also)
 
 
 def release(state: PoolState, lease_id: str, now: float) -> float | None:

@@ -45,6 +45,7 @@ from router.core import EntryView, ReapReport, Router, RouterStatus
 from router.events import Event, Hook
 from router.lease import AsyncLease, Lease, PendingLease
 from router.logs import configure_logging
+from router.state import TenantUsage
 
 __all__ = [
     "ArgumentTypeError",
@@ -83,6 +84,7 @@ __all__ = [
     "SessionBusy",
     "Snapshot",
     "StateUnavailable",
+    "TenantUsage",
     "Unavailable",
     "Unsupported",
     "configure_logging",

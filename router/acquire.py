@@ -60,6 +60,8 @@ from router.ledger import Ledger
 from router.pause import PAUSE_KEY
 from router.sessions import Claim, Sessions
 from router.spans import AcquireSpan, AttemptSpan, Phase
+from router.state import TenantRef
+from router.tenants import Tenants
 from router.upkeep import Upkeep
 from router.waits import until_done
 from router.warm import WarmPools
@@ -93,6 +95,7 @@ class Acquirer:
         self._slot_pools = {
             e.ref.pool for e in ctx.entries.values() if e.ref.limits.concurrent is not None
         }
+        self._tenants = Tenants(ctx.config)
 
     async def acquire(
         self,
@@ -101,10 +104,13 @@ class Acquirer:
         labels: Mapping[str, str] | None,
         session: str | None,
         timeout: float | None,
+        tenant: str | None = None,
     ) -> Held:
         requires = tuple(requires)
         with self._ctx.spans(AcquireSpan(requires, session=session is not None)):
-            return await self._acquire(spec, requires, labels, session, timeout)
+            return await self._acquire(
+                spec, requires, labels, session, timeout, self._tenants.ref(tenant)
+            )
 
     async def _acquire(
         self,
@@ -113,6 +119,7 @@ class Acquirer:
         labels: Mapping[str, str] | None,
         session: str | None,
         timeout: float | None,
+        tenant: TenantRef | None,
     ) -> Held:
         started = self._ctx.clock()
         deadline = started + (timeout if timeout is not None else self._ctx.config.acquire_timeout)
@@ -120,11 +127,11 @@ class Acquirer:
         await self._ledger.check()
         self._warm.start()
         if session is None:
-            return await self._serve(spec, requires, labels, None, started, deadline)
+            return await self._serve(spec, requires, labels, None, started, deadline, tenant)
         await self._upkeep.caught_up(self._slot_pools)
         claim = await self._sessions.claim(session, deadline)  # one holder at a time
         try:
-            return await self._serve(spec, requires, labels, claim, started, deadline)
+            return await self._serve(spec, requires, labels, claim, started, deadline, tenant)
         finally:
             self._sessions.let_go(claim)  # unless a lease took it
 
@@ -136,10 +143,11 @@ class Acquirer:
         claim: Claim | None,
         started: float,
         deadline: float,
+        tenant: TenantRef | None,
     ) -> Held:
         """The claimed session's sandbox, else a new one from the chain."""
         if claim is not None:
-            resumed = await self._sessions.resume(claim, requires, deadline)
+            resumed = await self._sessions.resume(claim, requires, deadline, tenant)
             if resumed is not None:
                 resumed.spec = spec
                 self._acquired(resumed, 0, started, resumed=True)
@@ -155,9 +163,13 @@ class Acquirer:
                 reasons[name] = known
                 continue
             try:
-                held = await self._try_entry(entry, spec, labels, deadline, spare)
+                held = await self._try_entry(entry, spec, labels, deadline, spare, tenant)
             except Denied as denied:
                 reasons[name] = describe(denied.reservation, self._ctx.clock())
+                if _whole_tenant(denied):  # no other entry can serve it either
+                    rest = names[i + 1 :]
+                    reasons.update({n: f"not tried: {reasons[name]}" for n in rest})
+                    break
                 continue
             except StateUnavailable:
                 raise
@@ -237,9 +249,10 @@ class Acquirer:
         labels: Mapping[str, str] | None,
         deadline: float,
         spare: Spare,
+        tenant: TenantRef | None,
     ) -> Held:
         try:
-            return await self._attempt(entry, spec, labels, deadline, 1, spare)
+            return await self._attempt(entry, spec, labels, deadline, 1, spare, tenant)
         except Exception as exc:
             if not classify(exc).retry_same or self._retry.attempts == 1:
                 raise
@@ -260,7 +273,7 @@ class Acquirer:
                     error, first = first, None
                     raise error
                 attempt_no += 1
-                return await self._attempt(entry, spec, labels, deadline, attempt_no, spare)
+                return await self._attempt(entry, spec, labels, deadline, attempt_no, spare, tenant)
         raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
 
     async def _attempt(
@@ -271,19 +284,22 @@ class Acquirer:
         deadline: float,
         attempt: int,
         spare: Spare,
+        tenant: TenantRef | None,
     ) -> Held:
         warm = self._warm.fits(entry, spec, labels or {})
         meter = entry.meter(spec)
-        booking = await self._book(entry, deadline, attempt, warm, meter)
+        booking = await self._book(entry, deadline, attempt, warm, meter, tenant)
         while booking.claimed is not None:  # each claim that fails drops its sandbox
             with self._ctx.spans(AttemptSpan("warm_claim", entry.name, attempt)):
                 held = await self._warm.claim(entry, booking, attempt)
             if held is not None:
                 return held
-            booking = await self._book(entry, deadline, attempt, True, meter)
+            booking = await self._book(entry, deadline, attempt, True, meter, tenant)
         if warm:
             self._warm.missed(entry)
-        legs = _Legs(self._ctx, self._upkeep, self._ledger, self._hedger, spec, labels, deadline)
+        legs = _Legs(
+            self._ctx, self._upkeep, self._ledger, self._hedger, spec, labels, deadline, tenant
+        )
         leg = legs.launch(entry, booking, attempt)
         delay = self._hedger.delay(entry, spare)
         if delay is not None and delay < leg.booking.budget:
@@ -301,10 +317,16 @@ class Acquirer:
         return await legs.land(leg)
 
     async def _book(
-        self, entry: Entry, deadline: float, attempt: int, warm: bool, meter: Meter | None
+        self,
+        entry: Entry,
+        deadline: float,
+        attempt: int,
+        warm: bool,
+        meter: Meter | None,
+        tenant: TenantRef | None,
     ) -> Booking:
         with self._ctx.spans(AttemptSpan("reserve", entry.name, attempt)):
-            return await self._upkeep.book(entry, deadline, warm=warm, meter=meter)
+            return await self._upkeep.book(entry, deadline, warm=warm, meter=meter, tenant=tenant)
 
 
 class _Legs(Runner):
@@ -319,11 +341,13 @@ class _Legs(Runner):
         spec: SandboxSpec,
         labels: Mapping[str, str] | None,
         deadline: float,
+        tenant: TenantRef | None,
     ) -> None:
         self._ctx, self._upkeep, self._ledger, self._hedger = ctx, upkeep, ledger, hedger
         self._spec = spec
         self._labels = labels
         self._deadline = deadline
+        self._tenant = tenant
 
     def launch(self, entry: Entry, booking: Booking, attempt: int, phase: Phase = "create") -> Leg:
         spec = self._spec
@@ -350,7 +374,7 @@ class _Legs(Runner):
             try:
                 with self._ctx.spans(AttemptSpan("reserve", entry.name, 1)):
                     booking = await self._upkeep.book(
-                        entry, self._deadline, meter=entry.meter(self._spec)
+                        entry, self._deadline, meter=entry.meter(self._spec), tenant=self._tenant
                     )
             except (Denied, StateUnavailable):
                 continue
@@ -390,6 +414,13 @@ class _Legs(Runner):
         held = booking.held(entry.provider.kind, sandbox, self._ctx.clock(), leg.attempt)
         self._upkeep.start(held, booking)
         return held
+
+
+def _whole_tenant(denied: Denied) -> bool:
+    """A tenant out of sessions or concurrent leases is out on every entry (its usd hold
+    depends on the entry's price: a cheaper one may fit)."""
+    r = denied.reservation
+    return r.reason == "tenant" and r.unit != "usd"
 
 
 _RESERVED_LABELS = frozenset({LABEL_ROUTER, LABEL_ENTRY, LABEL_LEASE, LABEL_SESSION, LABEL_WARM})

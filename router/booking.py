@@ -72,11 +72,23 @@ class Booking:
             session=session,
             resumed=resumed,
             counted=self.counted,
+            tenant=self.ref.tenant,
         )
 
 
 def describe(r: Reservation, now: float) -> str:
     """Why a reservation was denied, for `NoProviderAvailable`'s message."""
+    if r.reason == "tenant" and r.unit == "usd":
+        return (
+            f"tenant {r.detail!r} usd limit: ${r.used:.4f} spent or held of ${r.limit:.4f}, "
+            f"no room for this lease's hold until its leases release or its window resets "
+            f"at {_iso(r.until)}"
+        )
+    if r.reason == "tenant":
+        return (
+            f"tenant {r.detail!r} limit reached: {r.unit} {_num(r.used)}/{_num(r.limit)} "
+            f"until {_iso(r.until) if r.unit == 'sessions' else 'its leases release'}"
+        )
     if r.reason == "quota" and r.unit == "usd":
         return (
             f"usd budget: ${r.used:.4f} spent or held of ${r.limit:.4f}, no room for this "

@@ -1,8 +1,9 @@
 """The ``sandbox-router`` command.
 
-    sandbox-router exec [--config FILE] -- CMD...   acquire, run, print, release
+    sandbox-router exec [--config FILE] [--tenant T] -- CMD...  acquire, run, print, release
     sandbox-router status [--config FILE] [--json]  health and quota per entry
     sandbox-router cost [--config FILE] [--json]    this window's spend by entry and pool
+    sandbox-router cost --tenants [--top N] [--json]  the top spending tenants
     sandbox-router cost --month [--json]            ... budget left, projected month-end
     sandbox-router config check FILE                validate a chain file
     sandbox-router doctor [--create ENTRY|--create-all] [--json]  prove each entry works
@@ -83,7 +84,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
         err.print("[red]exec: give a command after --, e.g. sandbox-router exec -- echo hi[/red]")
         return 2
     with _router(args) as router:
-        with router.acquire(requires=args.requires, timeout=args.timeout) as lease:
+        lease = router.acquire(requires=args.requires, timeout=args.timeout, tenant=args.tenant)
+        with lease:
             err.print(f"[dim]sandbox {lease.sandbox_id} on {lease.entry}[/dim]")
             shell = command[0] if len(command) == 1 else None
             result = lease.sandbox.run(shell or command, timeout=args.command_timeout)
@@ -214,6 +216,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
+    if args.tenants:
+        return _cost_tenants(args)
     if args.month:
         return _cost_month(args)
     with _router(args) as router:
@@ -245,6 +249,28 @@ def cmd_cost(args: argparse.Namespace) -> int:
     out.print(f"total: ${report['total_usd']:.2f}", highlight=False)
     if not report["state_ok"]:
         err.print("[red]state store unavailable: the spend shown is this replica's share[/red]")
+    return 0
+
+
+def _cost_tenants(args: argparse.Namespace) -> int:
+    """``cost --tenants``: the top spenders of their current window (`Router.tenants`)."""
+    if args.top < 1:
+        err.print(f"[red]cost --top: expected a count of at least 1, got {args.top}[/red]")
+        return 2
+    with _router(args) as router:
+        top = router.tenants(args.top)
+    if args.json:
+        out.print_json(json.dumps({"tenants": [asdict(t) for t in top]}))
+        return 0
+    table = Table(title=f"top {args.top} tenants by spend, this window")
+    for column in ("tenant", "window", "spend", "held", "sessions", "live leases"):
+        table.add_column(column)
+    for t in top:
+        table.add_row(
+            escape(t.tenant), t.window, f"${t.usd:.2f}", f"${t.usd_held:.2f}", str(t.sessions),
+            str(t.concurrent),
+        )  # fmt: skip
+    out.print(table)
     return 0
 
 
@@ -526,6 +552,16 @@ def _mcp_parser(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_mcp)
 
 
+def _cost_options(cost: argparse.ArgumentParser) -> None:
+    cost.add_argument(
+        "--month",
+        action="store_true",
+        help="each pool's month: spent, held, budget left, projected month-end",
+    )
+    cost.add_argument("--tenants", action="store_true", help="the top spending tenants instead")
+    cost.add_argument("--top", type=int, default=10, help="how many tenants (default 10)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox-router", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log routing events")
@@ -544,6 +580,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--requires", action="append", default=[], help="a required capability")
     p.add_argument("--timeout", type=float, help="acquire deadline in seconds")
     p.add_argument("--command-timeout", type=float, default=300.0, help="command timeout")
+    p.add_argument("--tenant", help="the tenant the sandbox is counted to (config tenants:)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
     p.set_defaults(func=cmd_exec)
 
@@ -555,12 +592,7 @@ def _parser() -> argparse.ArgumentParser:
         p = with_config(sub.add_parser(name, help=about))
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=func)
-        if name == "cost":
-            p.add_argument(
-                "--month",
-                action="store_true",
-                help="each pool's month: spent, held, budget left, projected month-end",
-            )
+    _cost_options(sub.choices["cost"])
 
     p = sub.add_parser("config", help="config tools")
     config_sub = p.add_subparsers(dest="config_cmd", required=True)

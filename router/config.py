@@ -45,6 +45,7 @@ from policies.outage import OutageShare
 from policies.pricing import Resources, Tariff, tariff
 from policies.quota import Limits, MonthlyWindow
 from policies.retry import RetryPolicy
+from policies.tenants import TENANT_NAME, DailyWindow, TenantLimits, TenantWindow
 from providers import PROVIDERS, provider_class
 from providers.base import ProviderOptions
 from providers.capabilities import Capability
@@ -64,6 +65,8 @@ __all__ = [
     "ResourcesConfig",
     "RetrySettings",
     "RouterConfig",
+    "TenantLimitsConfig",
+    "TenantsConfig",
     "WarmConfig",
     "default_state_url",
     "load_config",
@@ -337,6 +340,26 @@ class McpSettings(_Strict):
         return tokens
 
 
+class TenantLimitsConfig(_Strict):
+    """One tenant's limits per window (`policies.tenants`); an absent unit is unlimited.
+    An override's absent unit and window are the default's."""
+
+    sessions: Annotated[Int, Field(ge=0)] | None = None
+    usd: Annotated[Float, Field(ge=0)] | None = None
+    concurrent: Annotated[Int, Field(ge=0)] | None = None
+    window: Literal["month", "day"] | None = None
+
+
+class TenantsConfig(_Strict):
+    """``tenants:``: the limits of every tenant (``default``) and of named ones
+    (``overrides``), for acquires that name a tenant (``acquire(tenant=...)``)."""
+
+    default: TenantLimitsConfig = TenantLimitsConfig()
+    overrides: dict[Annotated[str, Field(pattern=TENANT_NAME.pattern)], TenantLimitsConfig] = Field(
+        default_factory=dict
+    )
+
+
 class LogSettings(_Strict):
     """How the ``sandbox-router`` command logs (the library never configures logging)."""
 
@@ -424,6 +447,7 @@ class RouterConfig(_Strict):
     chain: Annotated[list[EntryConfig], Field(min_length=1)]
     log: LogSettings = LogSettings()
     mcp: McpSettings = McpSettings()
+    tenants: TenantsConfig = TenantsConfig()
 
     @field_validator("timezone")
     @classmethod
@@ -511,6 +535,13 @@ class RouterConfig(_Strict):
                 raise ValueError(_format_errors(exc, f"{where}.options")) from None
             except ValueError as exc:
                 raise ValueError(f"{where}.options.{exc}") from None
+        url = self.state_url.get_secret_value() if self.state_url else ""
+        if self.tenants != TenantsConfig() and url.startswith(("redis+cluster", "rediss+cluster")):
+            raise ValueError(
+                "tenants: tenant limits need one Redis (a tenant's counts and a pool's are "
+                "changed in one script, and Cluster keeps them on different nodes); use a "
+                "single Redis or Sentinel state_url, or drop tenants"
+            )
         if self.fail_open_floor > self.fail_open_ceiling:
             raise ValueError(
                 f"fail_open_floor: {self.fail_open_floor} is above fail_open_ceiling "
@@ -526,6 +557,22 @@ class RouterConfig(_Strict):
     def window(self, entry: EntryConfig) -> MonthlyWindow:
         q = self.pool_quota(entry)
         return MonthlyWindow(q.timezone or self.timezone, q.reset_day or self.reset_day)
+
+    def tenant_limits(self, tenant: str) -> tuple[TenantLimits, TenantWindow]:
+        """``tenant``'s limits (its override over the default) and window (in the pools'
+        timezone: a month from ``reset_day``, or a day from midnight)."""
+        default = self.tenants.default
+        override = self.tenants.overrides.get(tenant, default)
+        units = ("sessions", "usd", "concurrent")
+        given = override.model_fields_set
+        values = {u: getattr(override if u in given else default, u) for u in units}
+        name = (override.window if "window" in given else default.window) or "month"
+        window: TenantWindow = (
+            DailyWindow(self.timezone)
+            if name == "day"
+            else MonthlyWindow(self.timezone, self.reset_day)
+        )
+        return TenantLimits(**values), window
 
     def resolved_state_url(self) -> str:
         return self.state_url.get_secret_value() if self.state_url else default_state_url()

@@ -39,9 +39,10 @@ from router.pause import Pauses
 from router.portal import sync_twin
 from router.sessions import Sessions
 from router.spans import AcquireSpan, Spans, Tracer
-from router.state import StateStore, open_store
+from router.state import StateStore, TenantUsage, open_store
 from router.state.base import SETTABLE_UNITS
 from router.status import EntryView, RouterStatus, read_status
+from router.tenants import check_tenant
 from router.upkeep import Upkeep
 from router.warm import WarmPools
 
@@ -137,6 +138,7 @@ class Router:
         labels: Mapping[str, str] | None = None,
         session: str | None = None,
         timeout: float | None = None,
+        tenant: str | None = None,
     ) -> PendingLease:
         """A live sandbox from the first entry that can serve.
 
@@ -153,23 +155,31 @@ class Router:
                 idle TTL passes or `close_session` is called; if that sandbox
                 is gone a new one is bound and ``lease.resumed`` is False.
             timeout: the overall deadline in seconds (default ``acquire_timeout``).
+            tenant: the app's end user the lease is counted to (``tenants`` in
+                the config limits each one's sessions, usd and concurrent leases,
+                across every pool); None: no tenant limit.
 
         Raises:
             NoProviderAvailable: every entry was skipped or failed; the message
-                lists each entry and why.
+                lists each entry and why (a tenant over its limit: which limit,
+                until when).
             StateUnavailable: the state store is down and ``on_state_error``
                 is ``fail_closed``.
             SandboxError: the provider refused the spec itself (not retried).
         """
-        return PendingLease(self._acquire(spec, requires, labels, session, timeout))
+        return PendingLease(self._acquire(spec, requires, labels, session, timeout, tenant))
 
     acquire = sync_twin(aacquire, Lease.of)
 
-    def aresume(self, token: str, *, timeout: float | None = None) -> PendingLease:
+    def aresume(
+        self, token: str, *, timeout: float | None = None, tenant: str | None = None
+    ) -> PendingLease:
         """A live lease on the sandbox `Lease.pause` paused, from any replica.
 
         A slot-only reservation on the sandbox's entry: it takes a concurrency
         slot but no session unit. Releasing the lease kills the sandbox.
+        ``tenant`` counts the lease to that tenant, as `acquire`'s does (a
+        paused sandbox remembers none).
 
         Raises:
             LeaseError: no paused sandbox for this token (unknown, expired or
@@ -178,7 +188,7 @@ class Router:
                 breaker open); the token and the paused sandbox stay.
             NotFound: the sandbox is gone at the provider (the token is dropped).
         """
-        return PendingLease(self._resume(token, timeout))
+        return PendingLease(self._resume(token, timeout, tenant))
 
     resume = sync_twin(aresume, Lease.of)
 
@@ -193,6 +203,15 @@ class Router:
         return await self._engine.arun(self._status())
 
     status = sync_twin(astatus)
+
+    async def atenants(self, top: int = 10) -> list[TenantUsage]:
+        """The ``top`` tenants by usd spent in their current window (then sessions): each
+        one's sessions, usd settled and held, and live leases (``sandbox-router cost
+        --tenants``)."""
+        check_positive(top, "tenants", "top")
+        return await self._engine.arun(self._tenants(int(top)))
+
+    tenants = sync_twin(atenants)
 
     async def aclose_session(self, session: str) -> bool:
         """Kill a sticky session's sandbox and forget it; False when it had none."""
@@ -315,15 +334,20 @@ class Router:
         labels: Mapping[str, str] | None,
         session: str | None,
         timeout: float | None,
+        tenant: str | None = None,
     ) -> AsyncLease:
         requires = check_acquire(spec, requires, labels, session, timeout)
-        work = self._acquirer.acquire(spec, requires, labels, session, timeout)
+        tenant = check_tenant("acquire", tenant)
+        work = self._acquirer.acquire(spec, requires, labels, session, timeout, tenant)
         held = await self._engine.arun(self._started(work))
         return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause, self._spans)
 
-    async def _resume(self, token: str, timeout: float | None) -> AsyncLease:
+    async def _resume(self, token: str, timeout: float | None, tenant: str | None) -> AsyncLease:
         timeout = _check_resume(token, timeout, self.config.acquire_timeout)
-        resuming = self._spans.wrap(AcquireSpan(resume=True), self._pauses.resume(token, timeout))
+        tenant = check_tenant("resume", tenant)
+        resuming = self._spans.wrap(
+            AcquireSpan(resume=True), self._pauses.resume(token, timeout, tenant)
+        )
         held = await self._engine.arun(self._started(resuming))
         return AsyncLease(held, self._engine, self._upkeep.release, self._pauses.pause, self._spans)
 
@@ -331,6 +355,20 @@ class Router:
         """``work`` on the engine loop, the router's background tasks started first."""
         self._janitor.start()  # the periodic reaper starts with the router's first lease
         return await work
+
+    async def _tenants(self, top: int) -> list[TenantUsage]:
+        """Each tenant read in the window its config gives it (the default's, or its
+        override's when that names another)."""
+        await self._upkeep.caught_up()
+        now, tenants = self._clock(), self.config.tenants
+        windows = {self.config.tenant_limits(t)[1] for t in ["", *tenants.overrides]}
+        found: list[TenantUsage] = []
+        for window in windows:
+            for usage in await self.store.tenants(window, now, top):
+                if self.config.tenant_limits(usage.tenant)[1] == window:
+                    found.append(usage)
+        found.sort(key=lambda t: (-t.usd, -t.sessions, t.tenant))
+        return found[:top]
 
     async def _status(self) -> RouterStatus:
         await self._upkeep.caught_up()

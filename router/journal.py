@@ -17,7 +17,9 @@ with `StateStore.reconcile` exactly once:
   then on the shared store meters it;
 * a reservation sent as the store went down and never answered is written
   too (the store may have made it, with its session): the hand-over has the
-  store refund it if it holds it, whatever the share then granted.
+  store refund it if it holds it, whatever the share then granted;
+* each row names its lease's tenant (`policies.tenants`), so the hand-over
+  counts its spend to the tenant too.
 
 Several processes on one host may share the file: a process hands over its
 own rows and those of processes that are gone (a crashed replica's spend
@@ -53,7 +55,8 @@ create table if not exists unanswered (
     owner text not null,
     pid integer not null,
     pool text not null,
-    batch text
+    batch text,
+    tenant text
 );
 create table if not exists leases (
     lease_id text primary key,
@@ -67,7 +70,8 @@ create table if not exists leases (
     sandbox_id text not null,
     released real,
     batch text,
-    meter text
+    meter text,
+    tenant text
 )
 """
 
@@ -85,6 +89,7 @@ class JournalRow:
     sandbox_id: str
     released: float | None
     meter: Meter | None = None  # its price (None: it costs nothing)
+    tenant: str | None = None  # the tenant it is counted to
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +98,7 @@ class Batch:
 
     id: str
     leases: list[JournalRow]
-    unanswered: list[tuple[str, str]]  # (lease id, pool)
+    unanswered: list[tuple[str, str, str | None]]  # (lease id, pool, tenant)
 
 
 _TABLES = ("leases", "unanswered")
@@ -111,6 +116,10 @@ class OutageJournal:
             columns = {row[1] for row in db.execute("pragma table_info(leases)")}
             if "meter" not in columns:  # a journal an older router wrote: its leases unpriced
                 db.execute("alter table leases add column meter text")
+            for table in _TABLES:  # and without tenants
+                columns = {row[1] for row in db.execute(f"pragma table_info({table})")}
+                if "tenant" not in columns:
+                    db.execute(f"alter table {table} add column tenant text")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -134,24 +143,26 @@ class OutageJournal:
         *,
         counted: bool = True,
         meter: Meter | None = None,
+        tenant: str | None = None,
     ) -> None:
         """A lease the outage ledger granted and whose sandbox exists."""
         priced = None if meter is None else json.dumps(dataclasses.asdict(meter))
         with self._db() as db:
             db.execute(
                 "insert or ignore into leases (lease_id, owner, pid, pool, entry, counted, "
-                "started, ttl, sandbox_id, released, batch, meter) "
-                "values (?,?,?,?,?,?,?,?,?,null,null,?)",
+                "started, ttl, sandbox_id, released, batch, meter, tenant) "
+                "values (?,?,?,?,?,?,?,?,?,null,null,?,?)",
                 (lease_id, self.owner, os.getpid(), pool, entry, int(counted), started, ttl,
-                 sandbox_id, priced),
+                 sandbox_id, priced, tenant),
             )  # fmt: skip
 
-    def unanswered(self, lease_id: str, pool: str) -> None:
+    def unanswered(self, lease_id: str, pool: str, tenant: str | None = None) -> None:
         """A reservation of ``pool`` the store may have made without answering."""
         with self._db() as db:
             db.execute(
-                "insert or ignore into unanswered values (?,?,?,?,null)",
-                (lease_id, self.owner, os.getpid(), pool),
+                "insert or ignore into unanswered (lease_id, owner, pid, pool, batch, tenant) "
+                "values (?,?,?,?,null,?)",
+                (lease_id, self.owner, os.getpid(), pool, tenant),
             )
 
     def released(self, lease_id: str, seconds: float) -> bool:
@@ -191,11 +202,13 @@ class OutageJournal:
                     )
                 mine = {table: self._mine(db, pools, table) for table in _TABLES}
             leases = [
-                JournalRow(r[0], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], _meter(r[11]))
+                JournalRow(
+                    r[0], r[3], r[4], bool(r[5]), r[6], r[7], r[8], r[9], _meter(r[11]), r[12]
+                )
                 for r in mine["leases"]
                 if r[10] == batch
             ]
-            unanswered = [(r[0], r[3]) for r in mine["unanswered"] if r[4] == batch]
+            unanswered = [(r[0], r[3], r[5]) for r in mine["unanswered"] if r[4] == batch]
             return Batch(batch, leases, unanswered)
 
     def handed_over(self, batch: str, pools: Collection[str]) -> None:

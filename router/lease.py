@@ -61,6 +61,7 @@ from router.processes import (
     check_size,
 )
 from router.spans import CommandSpan, Spans
+from router.state.base import TenantRef
 
 if TYPE_CHECKING:
     from router.engine import Engine
@@ -91,6 +92,7 @@ class Held:
     committing: asyncio.Future[Renewal | None] | None = None  # the commit, posted
     binding: asyncio.Future[bool] | None = None  # its session's bind, once started
     spec: SandboxSpec | None = None  # what the acquire asked for: its cost is priced on it
+    tenant: TenantRef | None = None  # the tenant it is counted to (`policies.tenants`)
 
 
 class AsyncSandboxHandle(AsyncFiles):

@@ -31,7 +31,15 @@ from router.failures import create_failed, verdict
 from router.known_exhausted import KnownExhausted
 from router.lease import Held
 from router.outage import Outage
-from router.state import EntryRef, Reservation, Settlement, Snapshot, Spend, StateStore
+from router.state import (
+    EntryRef,
+    Reservation,
+    Settlement,
+    Snapshot,
+    Spend,
+    StateStore,
+    TenantRef,
+)
 from router.state.posted import posted, then
 
 __all__ = ["Ledger"]
@@ -71,6 +79,7 @@ class Ledger:
         new_session: bool = True,
         warm: bool = False,
         meter: Meter | None = None,
+        tenant: TenantRef | None = None,
         abandoned: Callable[[Entry, Booking], None] | None = None,
     ) -> Booking:
         """Reserve what one create (or reconnect) needs before ``deadline``; raises `Denied`.
@@ -82,6 +91,7 @@ class Ledger:
         Cancelled while the store answers, what it grants goes to
         ``abandoned`` (else it would hold its slot until the hold expires).
         ``meter`` prices the lease: its cover is held against the pool's ``usd``.
+        ``tenant`` counts it to its tenant too (`policies.tenants`), in the same call.
         """
         lease_id = "l-" + secrets.token_hex(8)
         budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
@@ -89,13 +99,14 @@ class Ledger:
         shared = not await self.outage.active(self.store)
         if shared and new_session:
             self.exhausted.skip(entry.ref, now)
-        booking = Booking(lease_id, entry.name, entry.ref, shared, budget, new_session, meter=meter)
+        ref = entry.ref if tenant is None else replace(entry.ref, tenant=tenant)
+        booking = Booking(lease_id, entry.name, ref, shared, budget, new_session, meter=meter)
         if shared:
             try:
                 await self.outage.keep_in_touch(self.store)  # owed outage spend lands first
                 reserving = posted(
                     self.store.reserve(
-                        entry.ref, self._breaker, lease_id, now, hold,
+                        ref, self._breaker, lease_id, now, hold,
                         new_session=new_session, warm=warm, meter=meter,
                     )
                 )  # fmt: skip
@@ -110,12 +121,12 @@ class Ledger:
                 self.state_error = None
             except StateUnavailable as exc:
                 self.on_state_error("reserve", exc)
-                self.outage.unanswered(lease_id, entry.ref)
+                self.outage.unanswered(lease_id, ref)
                 shared = False
             else:
                 self.exhausted.remember(entry.ref, reservation, now)
         if not shared:
-            booking = replace(booking, ref=self.outage.share(entry.ref), shared=False)
+            booking = replace(booking, ref=self.outage.share(ref), shared=False)
             reservation = await self.outage.store.reserve(
                 booking.ref, self._breaker, lease_id, now, hold, new_session=new_session,
                 meter=meter,
@@ -165,6 +176,8 @@ class Ledger:
     def booking(self, held: Held, ref: EntryRef) -> Booking:
         """The booking behind a lease (``ref``: its entry's)."""
         shared = held.store_kind == "shared" or self.outage.moved(held.lease_id)
+        if held.tenant is not None:
+            ref = replace(ref, tenant=held.tenant)
         if shared:
             held.store_kind = "shared"  # handed over: the shared store meters it from now on
             return Booking(held.lease_id, held.entry, ref, True, counted=held.counted)

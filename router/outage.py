@@ -40,7 +40,16 @@ from router.context import Context
 from router.events import OutageHandedOver
 from router.journal import OutageJournal
 from router.spans import untraced
-from router.state import EntryRef, FleetView, HeldLease, Reservation, Snapshot, Spend, StateStore
+from router.state import (
+    EntryRef,
+    FleetView,
+    HeldLease,
+    Reservation,
+    Snapshot,
+    Spend,
+    StateStore,
+    TenantRef,
+)
 from router.state.base import PoolStatus
 from router.state.memory import MemoryStore
 
@@ -204,14 +213,16 @@ class Outage:
         self._held.add(lease_id)
         now = self._ctx.clock()
         ttl = self._ctx.config.lease_ttl
+        tenant = ref.tenant.name if ref.tenant else None
         self.journal.granted(
-            lease_id, ref.pool, ref.entry, now, ttl, sandbox_id, counted=counted, meter=meter
-        )
+            lease_id, ref.pool, ref.entry, now, ttl, sandbox_id, counted=counted, meter=meter,
+            tenant=tenant,
+        )  # fmt: skip
 
     def unanswered(self, lease_id: str, ref: EntryRef) -> None:
         """A reservation the store did not answer: journal it, for the store to refund
         if it made it (the share books this lease instead)."""
-        self.journal.unanswered(lease_id, ref.pool)
+        self.journal.unanswered(lease_id, ref.pool, ref.tenant.name if ref.tenant else None)
 
     def released(self, lease_id: str, seconds: float) -> None:
         """Meter a journaled lease freed during the outage."""
@@ -249,18 +260,20 @@ class Outage:
         async with self._lock:
             while (batch := self.journal.take(refs)) is not None:
                 journal_id, rows = batch.id, batch.leases
-                spends: dict[str, Spend] = {}
-                leases: dict[str, list[HeldLease]] = defaultdict(list)
-                unanswered: dict[str, list[str]] = defaultdict(list)
-                for lease_id, pool in batch.unanswered:
-                    spends.setdefault(pool, Spend(refs[pool]))
-                    unanswered[pool].append(lease_id)
+                # One spend per pool and tenant: each is counted to its tenant too.
+                spends: dict[tuple[str, str | None], Spend] = {}
+                leases: dict[tuple[str, str | None], list[HeldLease]] = defaultdict(list)
+                unanswered: dict[tuple[str, str | None], list[str]] = defaultdict(list)
+                for lease_id, pool, tenant in batch.unanswered:
+                    spends.setdefault((pool, tenant), Spend(self._ref(refs[pool], tenant)))
+                    unanswered[pool, tenant].append(lease_id)
                 for row in rows:
-                    spend = spends.setdefault(row.pool, Spend(refs[row.pool]))
+                    key = (row.pool, row.tenant)
+                    spend = spends.setdefault(key, Spend(self._ref(refs[row.pool], row.tenant)))
                     usd = 0.0
                     if row.meter is not None and row.released is not None:
                         usd = row.meter.cost(row.released, fee=row.counted)
-                    spends[row.pool] = replace(
+                    spends[key] = replace(
                         spend,
                         sessions=spend.sessions + int(row.counted),
                         sandbox_seconds=spend.sandbox_seconds + (row.released or 0.0),
@@ -270,13 +283,13 @@ class Outage:
                         meter = row.meter
                         if meter is not None and not row.counted:
                             meter = replace(meter, fee=0.0)
-                        leases[row.pool].append(
+                        leases[key].append(
                             HeldLease(row.lease_id, row.entry, row.started, row.ttl,
                                       row.sandbox_id, meter)
                         )  # fmt: skip
                 whole = [
-                    replace(s, leases=tuple(leases[p]), unanswered=tuple(unanswered[p]))
-                    for p, s in spends.items()
+                    replace(s, leases=tuple(leases[k]), unanswered=tuple(unanswered[k]))
+                    for k, s in spends.items()
                 ]
                 try:
                     await store.reconcile(journal_id, whole, self._ctx.clock())
@@ -284,11 +297,11 @@ class Outage:
                     return None
                 self.journal.handed_over(journal_id, refs)
                 count += len(rows) + len(batch.unanswered)
-                for pool, spend in spends.items():  # in the ledger now, after this contact
+                for (pool, tenant), spend in spends.items():  # in the ledger now
                     self.spent(pool, "sessions", spend.sessions)
                     self.spent(pool, "sandbox_seconds", spend.sandbox_seconds)
                     self.spent(pool, "usd", spend.usd)
-                    self.spent(pool, "concurrent", len(leases[pool]))
+                    self.spent(pool, "concurrent", len(leases[pool, tenant]))
                 for row in rows:
                     if row.released is None:
                         self._moved.add(row.lease_id)
@@ -305,6 +318,13 @@ class Outage:
             if self.started is not None and self._until is None:
                 self._until = self._ctx.clock() + 3 * self._ctx.config.fleet_heartbeat
         return count
+
+    def _ref(self, ref: EntryRef, tenant: str | None) -> EntryRef:
+        """``ref`` counting to ``tenant`` (its limits as this router's config has them)."""
+        if tenant is None:
+            return ref
+        limits, window = self._ctx.config.tenant_limits(tenant)
+        return replace(ref, tenant=TenantRef(tenant, limits, window))
 
     def usage(self, snap: Snapshot) -> Snapshot:
         """The outage ledger's ``snap`` plus the fleet's usage at the last contact and

@@ -37,7 +37,8 @@ from router.entries import Entry
 from router.events import Paused, Resumed
 from router.lease import Held
 from router.ledger import Ledger
-from router.state.base import SessionBinding
+from router.state.base import SessionBinding, TenantRef
+from router.tenants import Tenants
 from router.upkeep import Upkeep
 
 __all__ = ["PAUSE_KEY", "Pauses"]
@@ -52,6 +53,7 @@ class Pauses:
         self._ctx = ctx
         self._ledger = ledger
         self._upkeep = upkeep
+        self._tenants = Tenants(ctx.config)
 
     async def pause(self, held: Held) -> str:
         """Pause the lease's sandbox, end the lease without killing it; the resume token.
@@ -85,8 +87,9 @@ class Pauses:
         self._ctx.emit(Paused(held.entry, held.lease_id, held.sandbox.id, held.session or ""))
         return token
 
-    async def resume(self, token: str, timeout: float) -> Held:
-        """Wake the sandbox ``token`` names under a new lease on its entry.
+    async def resume(self, token: str, timeout: float, tenant: str | None = None) -> Held:
+        """Wake the sandbox ``token`` names under a new lease on its entry (counted to
+        ``tenant``, as an acquire's).
 
         Raises:
             LeaseError: no paused sandbox for this token (unknown, expired, resumed
@@ -106,7 +109,7 @@ class Pauses:
         if not await self._ledger.store.lock(key, claim, timeout + RESERVE_GRACE, now):
             raise LeaseError("this paused sandbox is being resumed by another call")
         try:
-            held = await self._wake(key, binding, now + timeout)
+            held = await self._wake(key, binding, now + timeout, self._tenants.ref(tenant))
         except BaseException:
             await asyncio.shield(self._ledger.store.unlock(key, claim))
             raise
@@ -118,12 +121,14 @@ class Pauses:
         with contextlib.suppress(StateUnavailable):  # it expires by itself
             await self._ledger.store.unlock(key, claim)
 
-    async def _wake(self, key: str, binding: SessionBinding, deadline: float) -> Held:
+    async def _wake(
+        self, key: str, binding: SessionBinding, deadline: float, tenant: TenantRef | None
+    ) -> Held:
         name, sandbox_id = binding.entry, binding.sandbox_id
         entry = self._ctx.entries[name]
         try:
             booking = await self._upkeep.book(
-                entry, deadline, new_session=False, meter=entry.meter(None)
+                entry, deadline, new_session=False, meter=entry.meter(None), tenant=tenant
             )
         except Denied as denied:
             why = describe(denied.reservation, self._ctx.clock())

@@ -29,7 +29,7 @@ from router.context import Context
 from router.events import Resumed, SessionClosed, SessionHeld, SessionLost
 from router.lease import Held
 from router.ledger import Ledger
-from router.state.base import SessionBinding
+from router.state.base import SessionBinding, TenantRef
 from router.upkeep import Upkeep
 from router.waits import until_done
 
@@ -128,7 +128,13 @@ class Sessions:
         if held and drop and claim.binding is not None:  # kept for no idle time: killed
             self._discard(claim.binding)
 
-    async def resume(self, claim: Claim, requires: tuple[str, ...], deadline: float) -> Held | None:
+    async def resume(
+        self,
+        claim: Claim,
+        requires: tuple[str, ...],
+        deadline: float,
+        tenant: TenantRef | None = None,
+    ) -> Held | None:
         """Reconnect to the claimed session's sandbox, or None (and say why) to create anew."""
         binding = claim.binding
         if binding is None:
@@ -147,7 +153,7 @@ class Sessions:
             return None
         try:
             booking = await self._upkeep.book(
-                entry, deadline, new_session=False, meter=entry.meter(None)
+                entry, deadline, new_session=False, meter=entry.meter(None), tenant=tenant
             )
         except Denied as denied:
             self._lose(claim, describe(denied.reservation, self._ctx.clock()))

@@ -36,6 +36,7 @@ from router.late_creates import LateCreates
 from router.lease import Held
 from router.ledger import Ledger
 from router.spans import ReleaseSpan, untraced
+from router.state import TenantRef
 from router.state.posted import Posted, then
 from router.waits import until_done
 
@@ -351,6 +352,7 @@ class Upkeep:
         new_session: bool = True,
         warm: bool = False,
         meter: Meter | None = None,
+        tenant: TenantRef | None = None,
     ) -> Booking:
         """`Ledger.book` for every caller (acquire, hedge, warm refill, session
         reconnect, resume): what the store grants a caller cancelled meanwhile is
@@ -360,19 +362,28 @@ class Upkeep:
         books again finds its slot free (a pool with room waits for nothing).
         """
         try:
-            return await self._book(entry, deadline, new_session, warm, meter)
+            return await self._book(entry, deadline, new_session, warm, meter, tenant)
         except Denied as denied:
-            unit = denied.reservation.unit
-            if unit not in ("concurrent", "usd") or not self.freeing(entry.ref.pool):
+            unit, reason = denied.reservation.unit, denied.reservation.reason
+            # A tenant's leases span pools: its frees in any of them may make room.
+            pools = None if reason == "tenant" else (entry.ref.pool,)
+            freeing = any(map(self.freeing, self._freeing if pools is None else pools))
+            if unit not in ("concurrent", "usd") or not freeing:
                 raise
-        await self.caught_up((entry.ref.pool,))
-        return await self._book(entry, deadline, new_session, warm, meter)
+        await self.caught_up(pools)
+        return await self._book(entry, deadline, new_session, warm, meter, tenant)
 
     async def _book(
-        self, entry: Entry, deadline: float, new_session: bool, warm: bool, meter: Meter | None
+        self,
+        entry: Entry,
+        deadline: float,
+        new_session: bool,
+        warm: bool,
+        meter: Meter | None,
+        tenant: TenantRef | None,
     ) -> Booking:
         return await self._ledger.book(
-            entry, deadline, new_session=new_session, warm=warm, meter=meter,
+            entry, deadline, new_session=new_session, warm=warm, meter=meter, tenant=tenant,
             abandoned=self._unbook,
         )  # fmt: skip
 

@@ -48,6 +48,14 @@ def test_hooks_cost_pairs_a_hooked_router_with_a_bare_one(redis_url: str, tmp_pa
     assert result["router"]["n"] == result["direct"]["n"] == result["overhead"]["n"] == 3
 
 
+def test_tenant_cost_pairs_a_tenant_limited_router_with_a_bare_one(
+    redis_url: str, tmp_path: Path
+) -> None:
+    result = overhead.tenant_cost(redis_url, tmp_path, 3)
+    assert result["off_cpu"]["n"] == result["on_cpu"]["n"] == 3
+    assert result["cpu_ratio_p50"] > 0
+
+
 def test_tracing_cost_pairs_a_traced_router_with_an_untraced_one(redis_url: str, tmp_path: Path):
     result = tracing.tracing_cost(redis_url, tmp_path, 3)
     assert result["traced_cycle"]["router"]["n"] == result["traced_cycle"]["direct"]["n"] == 3

@@ -241,6 +241,41 @@ def test_cost_shows_the_window_spend_by_entry_and_pool(
     assert "total: $1.00" in text
 
 
+def test_exec_tenant_is_limited_and_cost_tenants_shows_the_top_spenders(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text(
+        f"state_url: sqlite:///{tmp_path}/state.db\n"
+        "tenants: {default: {sessions: 2}, overrides: {big: {sessions: 3}}}\n"
+        "chain:\n"
+        "  - name: local\n"
+        "    provider: local\n"
+        f"    options: {{root: {tmp_path}/sb}}\n"
+        "    price: {vcpu_hour: 1.0, per_sandbox: 0.5}\n"
+    )
+    for tenant, times in (("big", 3), ("small", 1)):
+        for _ in range(times):
+            assert main(["exec", "--config", str(path), "--tenant", tenant, "--", "true"]) == 0
+    capfd.readouterr()
+    assert main(["exec", "--config", str(path), "--tenant", "big", "--", "true"]) == 3
+    assert "tenant 'big' limit reached: sessions 3/3 until" in capfd.readouterr().err
+    assert main(["exec", "--config", str(path), "--tenant", "a b", "--", "true"]) != 0
+    assert "acquire(tenant='a b')" in capfd.readouterr().err
+    assert main(["cost", "--tenants", "--json", "--config", str(path)]) == 0
+    top = json.loads(capfd.readouterr().out)["tenants"]
+    assert [(t["tenant"], t["sessions"], t["concurrent"]) for t in top] == [
+        ("big", 3, 0), ("small", 1, 0),
+    ]  # fmt: skip
+    assert top[0]["usd"] == pytest.approx(1.5, abs=0.01)  # 3 fees and a few seconds
+    assert main(["cost", "--tenants", "--top", "1", "--config", str(path)]) == 0
+    text = capfd.readouterr().out
+    assert "big" in text
+    assert "small" not in text
+    assert "$1.50" in text
+    assert main(["cost", "--tenants", "--top", "0", "--config", str(path)]) == 2
+
+
 def test_cost_month_shows_each_pools_month_budget_left_and_projection(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -34,10 +34,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from providers.errors import ConfigError
 from router.config import MIN_TOKEN_LENGTH, McpSettings
 
-__all__ = ["ENV", "LOCAL_TENANT", "BearerGate", "Tenants", "is_loopback"]
+__all__ = ["ENV", "LOCAL_TENANT", "TOKEN_SCOPE", "BearerGate", "Tenants", "is_loopback"]
 
 ENV = "SANDBOX_ROUTER_MCP_TOKENS"
 LOCAL_TENANT = "local"  # the stdio client, and every HTTP client when no token is configured
+TOKEN_SCOPE = "tenant"  # on a request a bearer token named its tenant (`Owner.counted`)
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
@@ -141,8 +142,9 @@ class BearerGate:
                 await _refuse(send, presented=token is not None)
                 return
             tenant = found
+        scopes = [TOKEN_SCOPE] if self._tenants else []  # a token's tenant: its leases count
         scope["user"] = AuthenticatedUser(
-            AccessToken(token=f"tenant:{tenant}", client_id=tenant, scopes=[])
+            AccessToken(token=f"tenant:{tenant}", client_id=tenant, scopes=scopes)
         )
         await self._app(scope, receive, send)
 

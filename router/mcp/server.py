@@ -46,7 +46,7 @@ from providers.errors import ConfigError, LeaseError, SandboxRouterError, Unsupp
 from providers.logs import Log
 from router.config import McpSettings, RouterConfig
 from router.core import Router
-from router.mcp.auth import LOCAL_TENANT, BearerGate, Tenants, is_loopback
+from router.mcp.auth import LOCAL_TENANT, TOKEN_SCOPE, BearerGate, Tenants, is_loopback
 from router.mcp.sessions import SESSION_HEADER, STDIO, McpSessions, Owner, SessionWatch
 from router.mcp.stdio import wire
 from router.mcp.tools import TOOLS, Call, Progress, dump
@@ -149,7 +149,9 @@ def http_owner(ctx: ServerRequestContext[Any, Any]) -> Owner:
             "session handshake (initialize, protocol 2025-11-25 or earlier)"
         )
     token = get_access_token()
-    return Owner(token.client_id if token is not None else LOCAL_TENANT, session_id)
+    if token is None:
+        return Owner(LOCAL_TENANT, session_id)
+    return Owner(token.client_id, session_id, token=TOKEN_SCOPE in token.scopes)
 
 
 def _progress(ctx: ServerRequestContext[Any, Any]) -> Progress:

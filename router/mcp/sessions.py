@@ -31,7 +31,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,7 +43,7 @@ from providers.processes import OutputChunk
 from router.config import McpSettings
 from router.core import Router
 from router.lease import AsyncLease, AsyncSandboxHandle
-from router.mcp.auth import LOCAL_TENANT
+from router.mcp.auth import LOCAL_TENANT, TOKEN_SCOPE
 from router.processes import AsyncProcess
 
 __all__ = ["STDIO", "Background", "McpSession", "McpSessions", "Owner", "SessionWatch", "Slot"]
@@ -55,10 +55,19 @@ SESSION_HEADER = "mcp-session-id"
 
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """Whose sandboxes: a tenant's MCP session."""
+    """Whose sandboxes: a tenant's MCP session. ``token``: the tenant is a bearer
+    token's, and the leases the session opens count to it (``tenants`` limits in the
+    config, `router.tenants`); the stdio client and a tokenless HTTP server's callers
+    (``local``) count to no tenant."""
 
     tenant: str
     session: str
+    token: bool = field(default=False, compare=False)
+
+    @property
+    def counted(self) -> str | None:
+        """The tenant its leases count to, or None."""
+        return self.tenant if self.token else None
 
 
 STDIO = Owner(LOCAL_TENANT, "stdio")
@@ -193,7 +202,9 @@ class McpSession:
         """A new sandbox for the session (it becomes the current one)."""
         self._check_open()
         spec = SandboxSpec(template=template, ports=tuple(ports)) if template or ports else None
-        lease = await self._router.aacquire(spec, requires=tuple(requires))
+        lease = await self._router.aacquire(
+            spec, requires=tuple(requires), tenant=self.owner.counted
+        )
         return await self._adopt(Slot(lease, self._router.capabilities(lease.entry)))
 
     async def sandbox(self, sandbox_id: str | None) -> Slot:
@@ -417,7 +428,7 @@ class SessionWatch:
         if session_id is None:
             await self._app(scope, receive, send)
             return
-        owner = Owner(tenant_of(scope), session_id)
+        owner = owner_of(scope, session_id)
         status: int | None = None
 
         async def watched(message: Message) -> None:
@@ -436,10 +447,13 @@ class SessionWatch:
             await self._sessions.end(owner)
 
 
-def tenant_of(scope: Scope) -> str:
-    """The tenant `router.mcp.auth.BearerGate` put on the request."""
+def owner_of(scope: Scope, session_id: str) -> Owner:
+    """The session under the tenant `router.mcp.auth.BearerGate` put on the request."""
     user = scope.get("user")
-    return user.access_token.client_id if isinstance(user, AuthenticatedUser) else LOCAL_TENANT
+    if not isinstance(user, AuthenticatedUser):
+        return Owner(LOCAL_TENANT, session_id)
+    token = user.access_token
+    return Owner(token.client_id, session_id, token=TOKEN_SCOPE in token.scopes)
 
 
 def _header(scope: Scope, name: str) -> str | None:

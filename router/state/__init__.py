@@ -18,6 +18,8 @@ from router.state.base import (
     Snapshot,
     Spend,
     StateStore,
+    TenantRef,
+    TenantUsage,
 )
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "Snapshot",
     "Spend",
     "StateStore",
+    "TenantRef",
+    "TenantUsage",
     "open_store",
 ]
 

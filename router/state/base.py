@@ -24,6 +24,7 @@ from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.fleet import Registration
 from policies.quota import Limits, Meter, MonthlyWindow, Renewal
 from policies.sessions import SessionBinding, SessionClaim
+from policies.tenants import TenantLimits, TenantWindow
 from router.state.warm import Claim, WarmSupport
 
 __all__ = [
@@ -47,11 +48,22 @@ __all__ = [
     "Snapshot",
     "Spend",
     "StateStore",
+    "TenantRef",
+    "TenantUsage",
 ]
 
 CALL_MEMORY = 300.0  # seconds a store keeps a call's answer for a retry of it
 JOURNAL_MEMORY = 14 * 24 * 3600.0  # seconds a store remembers a reconciled journal id
 FLEET_MEMORY = 24 * 3600.0  # seconds the fleet registry's sequence outlives its last contact
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRef:
+    """The tenant a lease is counted to, its limits and window (`policies.tenants`)."""
+
+    name: str
+    limits: TenantLimits
+    window: TenantWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +75,8 @@ class EntryRef:
         limits / window: the pool's limits and window.
         fingerprint: a digest of the entry's config; a ``misconfigured`` block
             lasts until it changes.
+        tenant: the tenant a lease's calls count to as well (in the same
+            atomic call), None for none.
     """
 
     entry: str
@@ -70,6 +84,7 @@ class EntryRef:
     limits: Limits
     window: MonthlyWindow
     fingerprint: str = ""
+    tenant: TenantRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +93,7 @@ class Reservation:
 
     granted: bool
     probe: bool = False
-    reason: str = ""  # breaker reason (open, half_open, misconfigured...) or "quota"
+    reason: str = ""  # breaker reason (open, half_open, misconfigured...), "quota" or "tenant"
     until: float = 0.0
     unit: str = ""
     used: float = 0.0
@@ -117,6 +132,19 @@ class PoolStatus:
     def committed(self) -> dict[str, float]:
         """``used`` with the holds counted as spent (what a new lease must fit beside)."""
         return {**self.used, "usd": self.used.get("usd", 0.0) + self.usd_held}
+
+
+@dataclass(frozen=True, slots=True)
+class TenantUsage:
+    """A tenant's spend in one window (`LedgerSupport.tenants`): ``usd`` settled,
+    ``usd_held`` what its live leases hold, ``concurrent`` how many it holds."""
+
+    tenant: str
+    window: str
+    sessions: int
+    usd: float
+    usd_held: float = 0.0
+    concurrent: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +302,11 @@ class LedgerSupport(abc.ABC):
     @abc.abstractmethod
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
         """Ids of the pool's unexpired leases (reserved or live)."""
+
+    @abc.abstractmethod
+    async def tenants(self, window: TenantWindow, now: float, top: int) -> list[TenantUsage]:
+        """The ``top`` tenants of the window containing ``now`` by usd spent (then
+        sessions), highest first: ``sandbox-router cost --tenants``."""
 
 
 class SessionSupport(abc.ABC):

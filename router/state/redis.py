@@ -27,6 +27,7 @@ from redis import exceptions as redis_errors
 from policies.breaker import BreakerConfig, Outcome
 from policies.fleet import Registration
 from policies.quota import UNITS, Limits, Meter, Renewal
+from policies.tenants import TENANT_UNITS, TenantWindow
 from router.state import redis_snapshot, scripts
 from router.state.base import (
     CALL_MEMORY,
@@ -42,6 +43,8 @@ from router.state.base import (
     Snapshot,
     Spend,
     StateStore,
+    TenantRef,
+    TenantUsage,
 )
 from router.state.redis_client import client, redact, state_errors
 from router.state.redis_keys import KeySpace, PoolKeys
@@ -118,7 +121,12 @@ class RedisStore(StateStore):
     ) -> asyncio.Future[Reservation]:
         return self._post(
             "reserve",
-            [*self._keys.pool(ref, now), self._keys.warm(ref), self._keys.memo(ref, call_id)],
+            [
+                *self._keys.pool(ref, now),
+                self._keys.warm(ref),
+                *self._keys.tenant(ref.tenant, now),
+                self._keys.memo(ref, call_id),
+            ],
             [
                 now,
                 lease_id,
@@ -131,6 +139,7 @@ class RedisStore(StateStore):
                 "1" if new_session else "0",
                 "1" if warm else "0",
                 *_meter_args(meter),
+                *_tenant_args(ref.tenant),
                 _CALL_MS,
             ],
             functools.partial(_reservation, ref, now),
@@ -152,7 +161,11 @@ class RedisStore(StateStore):
     ) -> asyncio.Future[Settlement]:
         return self._post(
             "settle",
-            [*self._keys.pool(ref, now), self._keys.memo(ref, call_id)],
+            [
+                *self._keys.pool(ref, now),
+                *self._keys.tenant(ref.tenant, now),
+                self._keys.memo(ref, call_id),
+            ],
             [
                 now,
                 lease_id,
@@ -164,6 +177,8 @@ class RedisStore(StateStore):
                 _cfg(cfg),
                 sandbox_id,
                 _usd_limit(ref.limits),
+                *_tenant_budget(ref.tenant),
+                _USAGE_TTL,
                 _CALL_MS,
             ],
             _settlement,
@@ -174,17 +189,21 @@ class RedisStore(StateStore):
     ) -> asyncio.Future[float | None]:
         return self._post(
             "release",
-            [*self._keys.pool(ref, now), self._keys.memo(ref, call_id)],
-            [now, lease_id, _USAGE_TTL, _CALL_MS],
+            [*self._keys.pool(ref, now), *self._keys.tenant(ref.tenant, now),
+             self._keys.memo(ref, call_id)],
+            [now, lease_id, _USAGE_TTL, ref.tenant.name if ref.tenant else "", _CALL_MS],
             _seconds,
-        )
+        )  # fmt: skip
 
     async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> Renewal:
         keys = self._keys.pool(ref, now)
+        tenant: list[Any] = []
+        if ref.tenant is not None:
+            tenant = [*_tenant_budget(ref.tenant), _USAGE_TTL]
         raw = await self._script(
             "heartbeat",
-            [keys.usage, keys.leases, keys.meta, keys.held],
-            [now, lease_id, ttl, _usd_limit(ref.limits)],
+            [keys.usage, keys.leases, keys.meta, keys.held, *self._keys.tenant(ref.tenant, now)],
+            [now, lease_id, ttl, _usd_limit(ref.limits), *tenant],
         )
         alive, _, short = raw.decode().partition("|")
         return Renewal(alive == "1", float(short) if short else 0.0)
@@ -239,6 +258,36 @@ class RedisStore(StateStore):
         leases = self._keys.pool(ref, now).leases
         [ids] = await self._commands(lambda pipe: pipe.zrangebyscore(leases, f"({now}", "+inf"))
         return {i.decode() for i in ids}
+
+    async def tenants(self, window: TenantWindow, now: float, top: int) -> list[TenantUsage]:
+        spend = self._keys.tenant_spend(window, now)
+        [ranked] = await self._commands(
+            lambda pipe: pipe.zrevrange(spend, 0, top - 1) if top > 0 else pipe.ping()
+        )
+        if top <= 0 or not ranked:
+            return []
+        names = [name.decode() for name in ranked]
+        tag = f"{{{self.prefix}:tenants}}"
+
+        def queue(pipe: Any) -> None:
+            for name in names:
+                pipe.hmget(self._keys.tenant_usage(window, now, name), "sessions", "usd")
+                pipe.hget(f"{tag}:{name}:lease", "$usd").zcount(
+                    f"{tag}:{name}:leases", f"({now}", "+inf"
+                )
+
+        replies = await self._commands(queue)
+        found = []
+        for i, name in enumerate(names):
+            (sessions, usd), held, live = replies[3 * i : 3 * i + 3]
+            usage = TenantUsage(
+                name, window.key(now), int(sessions or 0), float(usd or 0),
+                float(held or 0), int(live),
+            )  # fmt: skip
+            if usage.sessions or usage.usd or usage.usd_held or usage.concurrent:
+                found.append(usage)  # else touched, never spent (a refunded reservation)
+        found.sort(key=lambda t: (-t.usd, -t.sessions, t.tenant))
+        return found
 
     async def claim_session(
         self, session: str, holder: str, expires: float, now: float
@@ -347,13 +396,16 @@ class RedisStore(StateStore):
                 for h in spend.leases
             ]  # fmt: skip
             keys = self._keys.pool(spend.ref, now)
-            journal = self._keys.journal(spend.ref, journal_id)
+            tenant = spend.ref.tenant
+            once = journal_id if tenant is None else f"{journal_id}:{tenant.name}"
+            journal = self._keys.journal(spend.ref, once)
             applied += await self._script(
                 "reconcile",
-                [keys.usage, keys.leases, keys.meta, keys.held, journal],
+                [keys.usage, keys.leases, keys.meta, keys.held,
+                 *self._keys.tenant(tenant, now), journal],
                 [now, spend.sessions, repr(float(spend.sandbox_seconds)), _USAGE_TTL,
                  json.dumps(held), _JOURNAL_MS, json.dumps(list(spend.unanswered)),
-                 repr(float(spend.usd))],
+                 repr(float(spend.usd)), tenant.name if tenant else ""],
             )  # fmt: skip
         return applied
 
@@ -468,6 +520,25 @@ def _held_meter(meter: Meter | None) -> dict[str, Any]:
     return {**{k: repr(float(getattr(meter, k))) for k in numbers}, "kill": int(meter.kill)}
 
 
+@functools.lru_cache(maxsize=1024)
+def _tenant_args(tenant: TenantRef | None) -> tuple[str, ...]:
+    """A tenant as reserve's arguments: its name and limits ('' = unlimited)."""
+    if tenant is None:
+        return ("", "", "", "")
+    return (
+        tenant.name,
+        *("" if (v := tenant.limits.get(u)) is None else repr(v) for u in TENANT_UNITS),
+    )
+
+
+def _tenant_budget(tenant: TenantRef | None) -> tuple[str, str]:
+    """A tenant as settle's and heartbeat's arguments: its name and usd limit."""
+    if tenant is None:
+        return ("", "")
+    usd = tenant.limits.usd
+    return (tenant.name, "" if usd is None else repr(float(usd)))
+
+
 @functools.lru_cache(maxsize=64)
 def _limit_args(limits: Limits) -> tuple[str, ...]:
     """A pool's limits as reserve's arguments, in UNITS order ('' = unlimited)."""
@@ -485,6 +556,16 @@ def _reservation(ref: EntryRef, now: float, raw: bytes) -> Reservation:
         transition = (r["from"], r["to"]) if r["from"] else None
         claimed = Claim(**r["claimed"]) if "claimed" in r else None
         return Reservation(True, probe=bool(r["probe"]), transition=transition, claimed=claimed)
+    if r["reason"] == "tenant" and ref.tenant is not None:
+        return Reservation(
+            False,
+            reason="tenant",
+            unit=r["unit"],
+            used=float(r["used"]),
+            limit=float(r["limit"]),
+            until=ref.tenant.window.reset_at(now).timestamp(),
+            detail=ref.tenant.name,
+        )
     if r["reason"] == "quota":
         return Reservation(
             False,

@@ -13,8 +13,8 @@ import itertools
 import secrets
 from typing import NamedTuple
 
-from policies.quota import MonthlyWindow
-from router.state.base import EntryRef
+from policies.tenants import TenantWindow
+from router.state.base import EntryRef, TenantRef
 
 __all__ = ["KeySpace", "PoolKeys"]
 
@@ -34,7 +34,7 @@ class KeySpace:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self._windows: dict[MonthlyWindow, tuple[float, float, str]] = {}
+        self._windows: dict[TenantWindow, tuple[float, float, str]] = {}
         self._calls = itertools.count()
         self._replica = secrets.token_hex(8)  # call ids of replicas never meet
 
@@ -47,6 +47,28 @@ class KeySpace:
             f"{tag}:entry:{ref.entry}",
             f"{tag}:held",
         )
+
+    def tenant(self, tenant: TenantRef | None, now: float) -> list[str]:
+        """The tenant's keys (none without one), under the tenants' own hash tag: its
+        window's usage (hash: sessions, usd), its leases (zset: id -> expiry), their
+        slots (hash: id -> slot json, ``$usd`` their holds), and the window's spend by
+        tenant (zset). A ledger script touching a pool's keys and a tenant's spans two
+        hash tags, so tenants need one Redis (not Cluster)."""
+        if tenant is None:
+            return []
+        tag, window = f"{{{self.prefix}:tenants}}", self._window(tenant.window, now)
+        return [
+            f"{tag}:{tenant.name}:usage:{window}",
+            f"{tag}:{tenant.name}:leases",
+            f"{tag}:{tenant.name}:lease",
+            f"{tag}:spend:{window}",
+        ]
+
+    def tenant_usage(self, window: TenantWindow, now: float, tenant: str) -> str:
+        return f"{{{self.prefix}:tenants}}:{tenant}:usage:{self._window(window, now)}"
+
+    def tenant_spend(self, window: TenantWindow, now: float) -> str:
+        return f"{{{self.prefix}:tenants}}:spend:{self._window(window, now)}"
 
     def memo(self, ref: EntryRef, call_id: str) -> str:
         """Where a script keeps this call's answer for a retry (see `LedgerSupport`)."""
@@ -82,11 +104,11 @@ class KeySpace:
     def _tag(self, pool: str) -> str:
         return f"{{{self.prefix}:{pool}}}"
 
-    def _window(self, window: MonthlyWindow, now: float) -> str:
+    def _window(self, window: TenantWindow, now: float) -> str:
         """The window's name, recomputed only when ``now`` leaves the cached window."""
         cached = self._windows.get(window)
         if cached is None or not cached[0] <= now < cached[1]:
             start, end = window.bounds(now)
-            cached = (start.timestamp(), end.timestamp(), start.strftime("%Y-%m-%d"))
+            cached = (start.timestamp(), end.timestamp(), window.key(now))
             self._windows[window] = cached
         return cached[2]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import json
 import math
 from collections import Counter
@@ -20,9 +21,11 @@ from typing import Any, Protocol, TypeVar
 
 from policies import breaker, fleet, quota
 from policies import sessions as session_policy
+from policies import tenants as tenant_policy
 from policies import warm as warm_policy
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.quota import UNITS, LeaseSlot, Limits, Meter, PoolState, Renewal
+from policies.tenants import TenantState, TenantWindow
 from policies.warm import Claim, WarmRecord
 from router.state.base import (
     CALL_MEMORY,
@@ -41,11 +44,14 @@ from router.state.base import (
     Snapshot,
     Spend,
     StateStore,
+    TenantRef,
+    TenantUsage,
 )
 
 __all__ = ["TableStore", "Tables"]
 
 T = TypeVar("T")
+_USAGE_KEEP = 62 * 24 * 3600.0  # a tenant's window outlives it by this much, for `cost`
 
 
 @dataclass(slots=True)
@@ -215,13 +221,20 @@ class TableStore(StateStore):
     ) -> Settlement:
         def settle(tx: Tables) -> Settlement:
             pool = _load(tx, ref, now, [lease_id])
+            tenant = _load_tenant(tx, ref.tenant, now, _kept(pool, lease_id))
             short_at = 0.0
             if outcome is Outcome.SUCCESS:
-                renewal = quota.commit(pool, lease_id, now, ttl, sandbox_id, ref.limits)
+                also = _budget(ref.tenant, tenant)
+                renewal = quota.commit(pool, lease_id, now, ttl, sandbox_id, ref.limits, also)
                 applied, short_at = renewal.alive, renewal.short_at
+                if tenant is not None:
+                    tenant_policy.mirror(tenant, lease_id, pool.leases.get(lease_id))
             else:
                 applied = quota.refund(pool, lease_id)
+                if tenant is not None:
+                    tenant_policy.refund(tenant, lease_id)
             _save(tx, ref.pool, pool)
+            _save_tenant(tx, ref.tenant, tenant, now)
             transition = _record(tx, ref, cfg, outcome, now, detail, until)
             return Settlement(applied, transition, short_at)
 
@@ -232,8 +245,12 @@ class TableStore(StateStore):
     ) -> float | None:
         def release(tx: Tables) -> float | None:
             pool = _load(tx, ref, now, [lease_id])
+            tenant = _load_tenant(tx, ref.tenant, now, _kept(pool, lease_id))
             seconds = quota.release(pool, lease_id, now)
             _save(tx, ref.pool, pool)
+            if tenant is not None:
+                tenant_policy.release(tenant, lease_id, now)
+                _save_tenant(tx, ref.tenant, tenant, now)
             if seconds is None:
                 return None
             health = tx.load_entry(ref.entry)
@@ -247,8 +264,13 @@ class TableStore(StateStore):
     async def heartbeat(self, ref: EntryRef, lease_id: str, now: float, ttl: float) -> Renewal:
         def heartbeat(tx: Tables) -> Renewal:
             pool = _load(tx, ref, now, [lease_id])
-            renewal = quota.heartbeat(pool, lease_id, now, ttl, ref.limits)
+            tenant = _load_tenant(tx, ref.tenant, now, _kept(pool, lease_id))
+            also = _budget(ref.tenant, tenant)
+            renewal = quota.heartbeat(pool, lease_id, now, ttl, ref.limits, also)
             _save(tx, ref.pool, pool)
+            if tenant is not None:
+                tenant_policy.mirror(tenant, lease_id, pool.leases.get(lease_id))
+                _save_tenant(tx, ref.tenant, tenant, now)
             return renewal
 
         return await self._transact(heartbeat)
@@ -292,6 +314,28 @@ class TableStore(StateStore):
 
     async def lease_ids(self, ref: EntryRef, now: float) -> set[str]:
         return await self._transact(lambda tx: tx.lease_ids(ref.pool, now))
+
+    async def tenants(self, window: TenantWindow, now: float, top: int) -> list[TenantUsage]:
+        def tenants(tx: Tables) -> list[TenantUsage]:
+            key = window.key(now)
+            found = []
+            for usage, (value, _) in tx.live("tenant_usage", now).items():
+                window_key, _, name = usage.partition("|")
+                if window_key != key:
+                    continue
+                sessions, usd = json.loads(value)
+                row = tx.get("tenant", name)
+                held, live = 0.0, 0
+                if row is not None:
+                    state: dict[str, Any] = json.loads(row[0])
+                    held = state["held"]
+                    live = sum(slot["expires"] > now for slot in state["leases"].values())
+                if sessions or usd or held or live:  # else touched, never spent
+                    found.append(TenantUsage(name, key, sessions, usd, held, live))
+            found.sort(key=lambda t: (-t.usd, -t.sessions, t.tenant))
+            return found[:top]
+
+        return await self._transact(tenants)
 
     async def claim_session(
         self, session: str, holder: str, expires: float, now: float
@@ -413,21 +457,30 @@ class TableStore(StateStore):
         def reconcile(tx: Tables) -> int:
             applied = 0
             for spend in spends:
-                key = f"{spend.ref.pool}:{journal_id}"
+                key = f"{spend.ref.pool}:{_journal_key(journal_id, spend.ref.tenant)}"
                 seen = tx.get("journal", key)
                 if seen is not None and seen[1] > now:
                     continue
                 ids = [*spend.unanswered, *(held.lease_id for held in spend.leases)]
                 pool = _load(tx, spend.ref, now, ids)
+                tenant = _load_tenant(tx, spend.ref.tenant, now, _kept(pool, *ids))
                 for lease_id in spend.unanswered:
                     quota.refund(pool, lease_id)
+                    if tenant is not None:
+                        tenant_policy.refund(tenant, lease_id)
                 pool.sessions += spend.sessions
                 pool.sandbox_seconds += spend.sandbox_seconds
                 pool.usd += spend.usd
+                if tenant is not None:
+                    tenant.sessions += spend.sessions
+                    tenant.usd += spend.usd
                 for held in spend.leases:
                     if held.lease_id not in pool.leases:
-                        pool.leases[held.lease_id] = _handed_over(pool, held, now)
+                        slot = pool.leases[held.lease_id] = _handed_over(pool, held, now)
+                        if tenant is not None and held.lease_id not in tenant.leases:
+                            tenant_policy.hand_over(tenant, held.lease_id, slot)
                 _save(tx, spend.ref.pool, pool)
+                _save_tenant(tx, spend.ref.tenant, tenant, now)
                 tx.put("journal", key, "", now + JOURNAL_MEMORY, now)
                 applied += 1
             return applied
@@ -467,6 +520,12 @@ class TableStore(StateStore):
 
     async def ping(self) -> None:
         await self._transact(lambda tx: None)
+
+
+def _journal_key(journal_id: str, tenant: TenantRef | None) -> str:
+    """A journal is applied once per pool and tenant (a hand-over's spends of one pool
+    are split by tenant)."""
+    return journal_id if tenant is None else f"{journal_id}:{tenant.name}"
 
 
 def _handed_over(pool: _Pool, held: HeldLease, now: float) -> LeaseSlot:
@@ -545,14 +604,16 @@ def _reserve(
     pool = _load(tx, ref, now, [lease_id], purge=True)
     if lease_id in pool.leases:  # granted before (a repeat the call memo forgot)
         return Reservation(True)
+    tenant = _load_tenant(tx, ref.tenant, now)
     health = tx.load_entry(ref.entry)
     admission = breaker.admit(health, cfg, now, ref.fingerprint)
     if not admission.allowed:
         tx.save_entry(ref.entry, health)
+        _save_tenant(tx, ref.tenant, tenant, now)
         return Reservation(
             False, reason=admission.reason, until=admission.until, detail=health.block_detail
         )
-    if warm and not admission.probe:
+    if warm and not admission.probe and _room(ref.tenant, tenant, meter):
         quota.purge_expired(pool, now)
         records = _warm_rows(tx, ref, now)
         unread = tx.leases(ref.pool, [lid for lid in records if lid not in pool.loaded], None)
@@ -564,13 +625,32 @@ def _reserve(
         if claimed is not None:
             tx.save_entry(ref.entry, health)
             _save(tx, ref.pool, pool)
+            if tenant is not None:
+                tenant_policy.add(tenant, claimed.lease_id, pool.leases[claimed.lease_id])
+                _save_tenant(tx, ref.tenant, tenant, now)
             return Reservation(True, transition=admission.transition, claimed=claimed)
-    verdict = quota.reserve(pool, ref.limits, lease_id, ref.entry, now, hold, new_session, meter)
+    admit = None
+    if ref.tenant is not None and tenant is not None:
+        admit = functools.partial(tenant_policy.check, tenant, ref.tenant.limits)
+    verdict = quota.reserve(
+        pool, ref.limits, lease_id, ref.entry, now, hold, new_session, meter, admit
+    )
     if isinstance(verdict, quota.QuotaDenial):
         if admission.probe:
             health.probe_until = 0.0
         tx.save_entry(ref.entry, health)
         _save(tx, ref.pool, pool)
+        _save_tenant(tx, ref.tenant, tenant, now)
+        if ref.tenant is not None and isinstance(verdict, tenant_policy.TenantDenial):
+            return Reservation(
+                False,
+                reason="tenant",
+                unit=verdict.unit,
+                used=verdict.used,
+                limit=verdict.limit,
+                until=ref.tenant.window.reset_at(now).timestamp(),
+                detail=ref.tenant.name,
+            )
         return Reservation(
             False,
             reason="quota",
@@ -582,7 +662,81 @@ def _reserve(
         )
     tx.save_entry(ref.entry, health)
     _save(tx, ref.pool, pool)
+    if tenant is not None:
+        tenant_policy.add(tenant, lease_id, pool.leases[lease_id])
+        _save_tenant(tx, ref.tenant, tenant, now)
     return Reservation(True, probe=admission.probe, transition=admission.transition)
+
+
+def _load_tenant(
+    tx: Tables, tenant: TenantRef | None, now: float, keep: Collection[str] = ()
+) -> TenantState | None:
+    """The tenant's ledger in the window of ``now``, its expired leases purged (charged
+    until their expiry) but ``keep`` (`policies.tenants.purge_expired`); None for a
+    lease without a tenant."""
+    if tenant is None:
+        return None
+    window = tenant.window.key(now)
+    usage = tx.get("tenant_usage", f"{window}|{tenant.name}")
+    sessions, usd = json.loads(usage[0]) if usage is not None else (0, 0.0)
+    row = tx.get("tenant", tenant.name)
+    held, leases = 0.0, {}
+    if row is not None:
+        data = json.loads(row[0])
+        held = data["held"]
+        leases = {lid: LeaseSlot(**fields) for lid, fields in data["leases"].items()}
+    state = TenantState(window, sessions, usd, held, leases)
+    tenant_policy.purge_expired(state, now, keep)
+    return state
+
+
+def _save_tenant(
+    tx: Tables, tenant: TenantRef | None, state: TenantState | None, now: float
+) -> None:
+    """Write what changed of the tenant's window usage and its leases (no row once it
+    holds none)."""
+    if tenant is None or state is None:
+        return
+    key = f"{state.window}|{tenant.name}"
+    usage, stored = json.dumps([state.sessions, state.usd]), tx.get("tenant_usage", key)
+    # A row as soon as it holds a lease: `tenants` lists it (what Redis's spend zset does).
+    before = stored[0] if stored is not None else json.dumps([0, 0.0])
+    if before != usage or (stored is None and state.leases):
+        expires = tenant.window.reset_at(now).timestamp() + _USAGE_KEEP
+        tx.put("tenant_usage", key, usage, expires, now)
+    row = tx.get("tenant", tenant.name)
+    if not state.leases:
+        if row is not None:
+            tx.delete("tenant", tenant.name)
+        return
+    leases = {lid: dataclasses.asdict(slot) for lid, slot in state.leases.items()}
+    value = json.dumps({"held": state.usd_held, "leases": leases})
+    if row is None or row[0] != value:
+        tx.put("tenant", tenant.name, value, math.inf, now)
+
+
+def _kept(pool: _Pool, *lease_ids: str) -> set[str]:
+    """The leases a call names, kept from their tenant's purge while their pool holds
+    them."""
+    return {lid for lid in lease_ids if lid in pool.leases}
+
+
+def _budget(tenant: TenantRef | None, state: TenantState | None) -> tuple[float, float] | None:
+    """The tenant's usd budget as a renewal must fit it too (`policies.quota.cover`)."""
+    if tenant is None or state is None:
+        return None
+    return tenant_policy.budget(state, tenant.limits)
+
+
+def _room(tenant: TenantRef | None, state: TenantState | None, meter: Meter | None) -> bool:
+    """Whether a warm claim may go ahead for the tenant: it has room for one more lease,
+    and no usd limit a priced claim's hold would be taken from unchecked (that tenant's
+    acquire reserves as a cold one does)."""
+    if tenant is None or state is None:
+        return True
+    if tenant.limits.usd is not None and meter is not None:
+        return False
+    return tenant.limits.concurrent is None or len(state.leases) < tenant.limits.concurrent
 
 
 def _warm_table(ref: EntryRef) -> str:

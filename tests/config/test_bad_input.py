@@ -228,6 +228,35 @@ def test_a_usd_budget_is_checked(tmp_path: Path, text: str, field: str, says: st
     assert says in message
 
 
+@pytest.mark.parametrize(
+    ("text", "field", "says"),
+    [
+        ("tenants: {default: {usd: -1}}\n" + CHAIN, "tenants.default.usd",
+         "greater than or equal to 0"),
+        ("tenants: {default: {sessions: 1.5}}\n" + CHAIN, "tenants.default.sessions",
+         "valid integer"),
+        ("tenants: {default: {concurrent: true}}\n" + CHAIN, "tenants.default.concurrent",
+         "valid integer"),
+        ("tenants: {default: {window: week}}\n" + CHAIN, "tenants.default.window",
+         "'month' or 'day'"),
+        ("tenants: {default: {usd: 1, budget: 2}}\n" + CHAIN, "tenants.default.budget",
+         "unknown key"),
+        ("tenants: {overrides: {'a:b': {usd: 1}}}\n" + CHAIN, "tenants.overrides.a:b",
+         "should match pattern"),
+        ("tenants: {overrides: {vip: {sessions: -2}}}\n" + CHAIN,
+         "tenants.overrides.vip.sessions", "greater than or equal to 0"),
+        ("tenants: {limits: {usd: 1}}\n" + CHAIN, "tenants.limits",
+         "unknown key"),
+        ("state_url: redis+cluster://h:7000/0\ntenants: {default: {usd: 1}}\n" + CHAIN,
+         "tenants", "tenant limits need one Redis"),
+    ],
+)  # fmt: skip
+def test_tenant_limits_are_checked(tmp_path: Path, text: str, field: str, says: str) -> None:
+    message = refused(write(tmp_path, text))
+    assert f"{field}" in message
+    assert says in message
+
+
 def test_a_router_held_warm_pool_may_share_a_usd_budget(tmp_path: Path) -> None:
     """Its warm sandboxes hold and are charged like leases (docs/money.md)."""
     text = (

@@ -313,3 +313,30 @@ def test_a_price_overrides_the_published_one_key_by_key(tmp_path: Path) -> None:
     )
     assert tb.price is None
     assert (tb.size.vcpu, tb.size.memory_gib) == (4, 8)
+
+
+def test_tenant_limits_are_the_default_under_each_override() -> None:
+    from policies.quota import MonthlyWindow
+    from policies.tenants import DailyWindow, TenantLimits
+
+    config = load_config(
+        {
+            "timezone": "Europe/Paris",
+            "reset_day": 5,
+            "tenants": {
+                "default": {"sessions": 10, "usd": 5.0},
+                "overrides": {"vip": {"usd": None, "window": "day"}, "few": {"concurrent": 1}},
+            },
+            "chain": [{"name": "a", "provider": "local"}],
+        },
+        env={},
+    )
+    month = MonthlyWindow("Europe/Paris", 5)
+    assert config.tenant_limits("anyone") == (TenantLimits(10, 5.0, None), month)
+    assert config.tenant_limits("vip") == (
+        TenantLimits(10, None, None),
+        DailyWindow("Europe/Paris"),
+    )
+    assert config.tenant_limits("few") == (TenantLimits(10, 5.0, 1), month)
+    bare = load_config({"chain": [{"name": "a", "provider": "local"}]}, env={})
+    assert bare.tenant_limits("x") == (TenantLimits(), MonthlyWindow())

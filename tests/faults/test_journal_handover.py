@@ -164,3 +164,31 @@ def test_outage_sandboxes_on_each_vendor_are_handed_over_by_status(
     with Router.from_config(path, hooks=[]) as reader:
         assert reader.status().entries[0].used["sessions"] == 3
     assert ledger_sessions(path) == 3
+
+
+def test_a_tenant_s_outage_spend_is_written_back_to_it(
+    aof_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Each lease granted while Redis was down counts to its tenant once handed over,
+    and the tenant's limit then holds across the outage's spend."""
+    local = {"name": "local", "provider": "local", "quota": {"sessions": 20},
+             "options": {"root": str(tmp_path / "sb")}}  # fmt: skip
+    path = write_config(tmp_path, aof_redis.url, local, tenants={"default": {"sessions": 6}})
+    with Router.from_config(path, hooks=[]) as router:
+        router.acquire(tenant="t").release()
+        aof_redis.stop()
+        served = 0
+        while True:  # the blind share: 25 % of the pool's 20
+            try:
+                router.acquire(tenant="t", timeout=5).release()
+            except NoProviderAvailable:
+                break
+            served += 1
+        assert served == 5
+    aof_redis.start()
+    with Router.from_config(path, hooks=[]) as later:  # hands the journal over first
+        later.acquire().release()
+        [spent] = later.tenants()
+        assert (spent.tenant, spent.sessions) == ("t", 6)
+        with pytest.raises(NoProviderAvailable, match="tenant 't' limit reached: sessions 6/6"):
+            later.acquire(tenant="t", timeout=5)

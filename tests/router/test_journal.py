@@ -91,10 +91,38 @@ def test_an_unanswered_reservation_is_handed_over_with_its_batch(tmp_path: Path)
     assert journal.pending(["p"]) == 3
     taken = journal.take(["p"])
     assert taken is not None
-    assert taken.unanswered == [("l-1", "p"), ("l-2", "p")]
+    assert taken.unanswered == [("l-1", "p", None), ("l-2", "p", None)]
     assert [r.lease_id for r in taken.leases] == ["l-2"]
     journal.abandon()
     again = OutageJournal(path, "r2").take(["p"])  # r1 ended before the store answered
     assert again == taken
     journal.handed_over(taken.id, ["p"])
     assert journal.pending(["p"]) == 0
+
+
+def test_a_lease_s_tenant_is_kept_and_an_older_journal_gains_the_column(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "j.db"
+    old = sqlite3.connect(path)  # a journal a router before tenants wrote
+    old.executescript(
+        "create table leases (lease_id text primary key, owner text not null, pid integer "
+        "not null, pool text not null, entry text not null, counted integer not null, "
+        "started real not null, ttl real not null, sandbox_id text not null, released real, "
+        "batch text, meter text);"
+        "create table unanswered (lease_id text primary key, owner text not null, pid "
+        "integer not null, pool text not null, batch text);"
+        "insert into leases values ('l-0', 'gone', 0, 'p', 'x', 1, 0.5, 10.0, 'a', 2.0, "
+        "null, null);"
+    )
+    old.commit()
+    old.close()
+    journal = OutageJournal(path, "r1")
+    journal.granted("l-1", "p", "x", 1.0, 10.0, "b", tenant="user-42")
+    journal.unanswered("l-2", "p", "user-42")
+    taken = journal.take(["p"])
+    assert taken is not None
+    assert [(row.lease_id, row.tenant) for row in taken.leases] == [
+        ("l-0", None), ("l-1", "user-42"),
+    ]  # fmt: skip
+    assert taken.unanswered == [("l-2", "p", "user-42")]

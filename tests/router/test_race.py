@@ -1,4 +1,5 @@
-"""16 processes race for the last units of one pool: exactly the limit is granted."""
+"""16 processes race for the last units of one pool, or of one tenant: exactly the limit
+is granted."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def _config(state_url: str, prefix: str, root: str, quota: dict[str, int]) -> di
     }  # fmt: skip
 
 
-def _worker(config: dict[str, object], start: Any, hold: bool, done: Any) -> int:
+def _worker(
+    config: dict[str, object], start: Any, hold: bool, done: Any, tenant: str | None = None
+) -> int:
     from router.logs import configure_logging
 
     configure_logging("json", "error")
@@ -38,7 +41,7 @@ def _worker(config: dict[str, object], start: Any, hold: bool, done: Any) -> int
     start.wait(60)  # every process is ready: they race from here
     while True:
         try:
-            lease = router.acquire()
+            lease = router.acquire(tenant=tenant)
         except NoProviderAvailable:
             break
         granted += 1
@@ -58,11 +61,11 @@ def state_url(request: pytest.FixtureRequest, redis_url: str, tmp_path: Path) ->
     return redis_url if request.param == "redis" else f"sqlite:///{tmp_path}/race.db"
 
 
-def _race(config: dict[str, object], hold: bool) -> list[int]:
+def _race(config: dict[str, object], hold: bool, tenant: str | None = None) -> list[int]:
     ctx = processes(__name__)
     with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
         start, done = manager.Barrier(PROCESSES), manager.Barrier(PROCESSES)
-        return pool.starmap(_worker, [(config, start, hold, done)] * PROCESSES)
+        return pool.starmap(_worker, [(config, start, hold, done, tenant)] * PROCESSES)
 
 
 def test_exactly_the_sessions_left_are_granted(
@@ -92,7 +95,9 @@ PRICE = {"vcpu_hour": 36.0, "per_sandbox": 0.1}
 LIFETIME = 5.0
 
 
-def _spender(config: dict[str, object], start: Any) -> list[tuple[float, float]]:
+def _spender(
+    config: dict[str, object], start: Any, tenant: str | None = None
+) -> list[tuple[float, float]]:
     """Acquire and release until the budget keeps refusing; the (seconds, cost) of every
     lease released, as its `Released` event said."""
     from providers.base import SandboxSpec
@@ -113,7 +118,7 @@ def _spender(config: dict[str, object], start: Any) -> list[tuple[float, float]]
     refused = 0
     while refused < 5 and time.time() < began + 20:
         try:
-            lease = router.acquire(spec=SandboxSpec(lifetime=LIFETIME))
+            lease = router.acquire(spec=SandboxSpec(lifetime=LIFETIME), tenant=tenant)
         except NoProviderAvailable:
             refused += 1
             time.sleep(0.2)  # the holds of leases still running may settle below them
@@ -125,15 +130,22 @@ def _spender(config: dict[str, object], start: Any) -> list[tuple[float, float]]
     return released
 
 
+@pytest.mark.parametrize("whose", ["pool", "tenant"])
 def test_the_last_dollar_is_never_overspent(
-    state_url: str, key_prefix: str, tmp_path: Path
+    state_url: str, key_prefix: str, tmp_path: Path, whose: str
 ) -> None:
-    config = _config(state_url, key_prefix, str(tmp_path / "sb"), {"usd": 1})
+    """A pool's budget, or one tenant's (its pool unlimited)."""
+    quota = {"usd": 1} if whose == "pool" else {}
+    config = _config(state_url, key_prefix, str(tmp_path / "sb"), quota)
     config["chain"][0]["price"] = PRICE  # type: ignore[index]
+    tenant = None
+    if whose == "tenant":
+        config["tenants"] = {"default": {"usd": 1}}
+        tenant = "user-42"
     ctx = processes(__name__)
     with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
         start = manager.Barrier(PROCESSES)
-        results = pool.starmap(_spender, [(config, start)] * PROCESSES)
+        results = pool.starmap(_spender, [(config, start, tenant)] * PROCESSES)
     leases = [lease for result in results for lease in result]
     for seconds, cost in leases:  # the price table: the fee plus $0.01 a second
         assert cost == pytest.approx(0.1 + 0.01 * seconds, abs=1e-12)
@@ -144,3 +156,23 @@ def test_the_last_dollar_is_never_overspent(
         view = router.status().entries[0]
         assert view.used["usd"] == pytest.approx(spent, abs=1e-9)
         assert view.usd_held == 0.0
+        if tenant is not None:
+            [settled] = router.tenants()
+            assert (settled.usd, settled.usd_held) == (pytest.approx(spent, abs=1e-9), 0.0)
+
+
+def test_a_tenant_s_last_units_are_never_exceeded(
+    state_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """Its sessions exactly; its concurrent slots while the pool has room for more."""
+    config = _config(state_url, key_prefix, str(tmp_path / "sb"), {"concurrent": 100})
+    config["tenants"] = {"default": {"sessions": 40, "concurrent": 7}}
+    granted = _race(config, hold=True, tenant="user-42")
+    assert sum(granted) == 7
+    granted = _race(config, hold=False, tenant="user-42")
+    assert sum(granted) == 40 - 7
+    with Router.from_config(config, hooks=[]) as router:
+        [spent] = router.tenants()
+        assert (spent.tenant, spent.sessions, spent.concurrent) == ("user-42", 40, 0)
+        assert router.status().entries[0].used["sessions"] == 40  # the refusals spent none
+        router.acquire(tenant="user-7").release()  # another tenant is served

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from policies.breaker import BreakerConfig, Outcome
 from policies.quota import Limits, Meter, MonthlyWindow
+from policies.tenants import DailyWindow, TenantLimits
 from policies.warm import WarmRecord
-from router.state import EntryRef, HeldLease, Spend, StateStore, open_store
+from router.state import EntryRef, HeldLease, Spend, StateStore, TenantRef, open_store
 
 CFG = BreakerConfig(
     failure_threshold=3, min_calls=4, window_seconds=30, cooldown_base=5, cooldown_max=12,
@@ -41,6 +42,16 @@ REFS = [
     EntryRef("b", "p", LIMITS, MonthlyWindow(), "fp"),
 ]
 START = 1_790_000_000.0
+# Two tenants over two pools: t1 by the month, t2 by the day (its tight usd budget makes
+# renewals short), and a pool entry without a tenant beside them.
+T1 = TenantRef("t1", TenantLimits(sessions=4, usd=2.5, concurrent=2), MonthlyWindow())
+T2 = TenantRef("t2", TenantLimits(sessions=None, usd=1.2, concurrent=3), DailyWindow())
+TREFS = [
+    EntryRef("a", "p", LIMITS, MonthlyWindow(), "fp", T1),
+    EntryRef("c", "q", Limits(usd=4.0), MonthlyWindow(), "fp", T1),
+    EntryRef("a", "p", LIMITS, MonthlyWindow(), "fp", T2),
+    EntryRef("c", "q", Limits(usd=4.0), MonthlyWindow(), "fp"),
+]
 
 lease_ids = st.sampled_from([f"l{i}" for i in range(6)])
 replicas = st.sampled_from(["r0", "r1", "r2"])
@@ -96,8 +107,59 @@ usd_ops = st.one_of(
 )  # fmt: skip
 
 
+# The ledger calls with tenants: each lease's calls go through the same tenant's entry
+# (its index), as the router makes them; ``tenants`` reads both windows' spend.
+tenant_ops = st.one_of(
+    st.tuples(st.just("t_reserve"), st.integers(0, 3), lease_ids, st.integers(1, 60),
+              st.none() | st.sampled_from(METERS), st.booleans()),
+    st.tuples(
+        st.just("t_settle"), st.integers(0, 3), lease_ids,
+        st.sampled_from([Outcome.SUCCESS, Outcome.SUCCESS, Outcome.TRANSIENT]),
+        st.integers(1, 60),
+    ),
+    st.tuples(st.just("t_release"), st.integers(0, 3), lease_ids),
+    st.tuples(st.just("t_heartbeat"), st.integers(0, 3), lease_ids, st.integers(1, 60)),
+    st.tuples(st.just("t_reconcile"), st.integers(0, 3), st.lists(lease_ids, max_size=2),
+              st.lists(lease_ids, max_size=2), st.integers(1, 60),
+              st.none() | st.sampled_from(METERS)),
+    st.tuples(st.just("t_claim"), st.integers(0, 3), lease_ids, st.integers(1, 60),
+              st.none() | st.sampled_from(METERS)),
+    st.tuples(st.just("t_warm_put"), st.integers(0, 3), lease_ids, st.booleans(),
+              st.integers(1, 60)),
+    st.tuples(st.just("tenants")),
+    st.tuples(st.just("t_snapshot")),
+    st.tuples(st.just("advance"), st.integers(0, 40)),
+    st.tuples(st.just("advance"), st.integers(0, 40_000)),
+)  # fmt: skip
+
+
 async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
     kind = op[0]
+    if kind == "t_reserve":
+        return await store.reserve(TREFS[op[1]], CFG, op[2], now, op[3], meter=op[4],
+                                   new_session=op[5])  # fmt: skip
+    if kind == "t_settle":
+        return await store.settle(TREFS[op[1]], CFG, op[2], now, outcome=op[3], ttl=op[4])
+    if kind == "t_release":
+        return await store.release(TREFS[op[1]], op[2], now)
+    if kind == "t_heartbeat":
+        return await store.heartbeat(TREFS[op[1]], op[2], now, op[3])
+    if kind == "t_reconcile":  # an outage's hand-over: spend, held leases, unanswered
+        ref = TREFS[op[1]]
+        held = tuple(
+            HeldLease(lid, ref.entry, now - 3, op[4], meter=op[5]) for lid in dict.fromkeys(op[2])
+        )
+        spend = Spend(ref, 1, 2.5, held, tuple(dict.fromkeys(op[3])), usd=0.75)
+        return await store.reconcile(f"j{now}", [spend], now)
+    if kind == "t_claim":
+        return await store.reserve(TREFS[op[1]], CFG, op[2], now, op[3], warm=True, meter=op[4])
+    if kind == "t_warm_put":
+        record = WarmRecord(f"sb-{op[2]}", now, now + op[4], now + op[4] + 20, op[3])
+        return await store.warm_put(TREFS[op[1]], op[2], record, now)
+    if kind == "t_snapshot":  # purges the pools, not the tenants
+        return await store.snapshot([TREFS[0], TREFS[3]], now)
+    if kind == "tenants":
+        return [await store.tenants(t.window, now, 5) for t in (T1, T2)]
     if kind == "reserve":
         return await store.reserve(REFS[op[1]], CFG, op[2], now, op[3], meter=op[4],
                                    new_session=op[5])  # fmt: skip
@@ -168,6 +230,14 @@ def test_redis_lua_agrees_on_usd(redis_url: str, sequence: list[Any]) -> None:
     agree(redis_url, sequence)
 
 
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(tenant_ops, max_size=30))
+def test_redis_lua_agrees_on_tenants(redis_url: str, sequence: list[Any]) -> None:
+    agree(redis_url, [*sequence, ("tenants",)])
+
+
 def agree(redis_url: str, sequence: list[Any]) -> None:
     """Run ``sequence`` on Redis and on memory: the same answers, the same state."""
 
@@ -182,7 +252,8 @@ def agree(redis_url: str, sequence: list[Any]) -> None:
                     continue
                 got, want = await apply(lua, op, now), await apply(pure, op, now)
                 assert normal(got) == normal(want), f"step {step}: {op}"
-            assert normal(await lua.snapshot(REFS, now)) == normal(await pure.snapshot(REFS, now))
+            refs = [*REFS, TREFS[3]]
+            assert normal(await lua.snapshot(refs, now)) == normal(await pure.snapshot(refs, now))
             for ref in REFS:
                 assert await lua.warm_kept(ref, now) == await pure.warm_kept(ref, now)
         finally:

@@ -235,8 +235,9 @@ local function settle_usd(usage_key, held_key, m, seconds)
 end
 
 -- Grow m's cover to `expires` by whole renewals if the budget (`limit`, '' = none)
--- holds them (policies/quota.py `cover`). Returns the expiry to keep and whether it fit.
-local function cover(usage_key, held_key, m, expires, limit)
+-- holds them, and the second budget `also` ({spent and held, limit}: its tenant's) when
+-- given (policies/quota.py `cover`). Returns the expiry to keep and whether it fit.
+local function cover(usage_key, held_key, m, expires, limit, also)
   if not m.rate then return expires, true end
   local covered, renew, step = tonumber(m.covered), tonumber(m.renew), tonumber(m.step)
   local need = expires - m.started
@@ -244,6 +245,7 @@ local function cover(usage_key, held_key, m, expires, limit)
   local grown = covered + math.ceil((need - covered) / renew - 1e-9) * renew
   local extra = tonumber(m.rate) * (metered(grown, step) - metered(covered, step))
   local fits = limit == '' or spent_usd(usage_key) + held_usd(held_key) + extra <= tonumber(limit)
+  fits = fits and (also == nil or also[1] + extra <= also[2])
   m.short = fits and 0 or 1
   if not fits and m.kill == 1 then return m.started + covered, false end
   redis.call('HSET', held_key, HELD_USD, num(held_usd(held_key) + extra))
@@ -311,4 +313,160 @@ local function purge(usage_key, leases_key, meta_key, held_key, now)
   end
   if #expired > 0 then clear_held(leases_key, held_key) end
   return #expired / 2
+end
+
+-- Tenants (policies/tenants.py). A tenant's keys, under the tenants' own hash tag:
+-- usage (hash: sessions, usd of its window), leases (zset: lease id -> the expiry its
+-- pool keeps), meta (hash: lease id -> a copy of the pool's slot; `$usd` its holds) and
+-- spend (zset: the window's tenants by usd spent, for `cost --tenants`). `T` is nil for
+-- a lease without a tenant; its limits are strings ('' = unlimited).
+local function tenant_of(first, name, sessions, concurrent, usd)
+  if #KEYS < first + 3 then return nil end
+  return {usage = KEYS[first], leases = KEYS[first + 1], meta = KEYS[first + 2],
+          spend = KEYS[first + 3], name = name, sessions = sessions,
+          concurrent = concurrent, usd = usd}
+end
+
+local function t_held(T)
+  return tonumber(redis.call('HGET', T.meta, HELD_USD) or '0')
+end
+
+local function t_spent(T)
+  return tonumber(redis.call('HGET', T.usage, 'usd') or '0')
+end
+
+local function t_set_held(T, amount)
+  redis.call('HSET', T.meta, HELD_USD, num(math.max(0, amount)))
+end
+
+local function t_touch(T, usage_ttl)
+  redis.call('ZADD', T.spend, t_spent(T), T.name)
+  redis.call('EXPIRE', T.usage, usage_ttl)
+  redis.call('EXPIRE', T.spend, usage_ttl)
+end
+
+-- No lease left holds anything: no float dust stays behind.
+local function t_no_dust(T)
+  if redis.call('ZCARD', T.leases) == 0 then redis.call('DEL', T.meta) end
+end
+
+-- Drop m's hold and charge its cost for `seconds` (its fee if it took a session).
+local function t_settle(T, m, seconds)
+  if not m.rate then return end
+  local fee = tonumber(m.fee)
+  if m.counted == 0 then fee = 0 end
+  t_set_held(T, t_held(T) - hold_of(m))
+  local charged = tonumber(m.rate) * metered(seconds, tonumber(m.step)) + fee
+  redis.call('HSET', T.usage, 'usd', num(t_spent(T) + charged))
+end
+
+-- Drop the tenant's expired leases, charging each until its expiry (as its pool does),
+-- but those in `keep` (a set, or nil): the leases a call names while their pool holds them.
+local function t_purge(T, now, usage_ttl, keep)
+  local expired = redis.call('ZRANGEBYSCORE', T.leases, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
+  for i = 1, #expired, 2 do
+    local lid, expires = expired[i], tonumber(expired[i + 1])
+    if not (keep and keep[lid]) then
+      local raw = redis.call('HGET', T.meta, lid)
+      if raw then
+        local m = cjson.decode(raw)
+        local seconds = 0
+        if m.live == 1 then seconds = math.max(0, expires - m.started) end
+        t_settle(T, m, seconds)
+        redis.call('HDEL', T.meta, lid)
+      end
+      redis.call('ZREM', T.leases, lid)
+    end
+  end
+  if #expired > 0 then
+    t_no_dust(T)
+    t_touch(T, usage_ttl)
+  end
+end
+
+-- The lease a call names, kept from its tenant's purge while its pool holds it.
+local function t_kept(meta_key, lids)
+  local kept = {}
+  for _, lid in ipairs(lids) do
+    if redis.call('HEXISTS', meta_key, lid) == 1 then kept[lid] = true end
+  end
+  return kept
+end
+
+-- The unit the tenant has no room in for slot m, as (unit, used, limit), or nil.
+local function t_check(T, m)
+  local sessions = tonumber(redis.call('HGET', T.usage, 'sessions') or '0')
+  if m.counted == 1 and T.sessions ~= '' and sessions >= tonumber(T.sessions) then
+    return 'sessions', sessions, T.sessions
+  end
+  local live = redis.call('ZCARD', T.leases)
+  if T.concurrent ~= '' and live >= tonumber(T.concurrent) then
+    return 'concurrent', live, T.concurrent
+  end
+  local held = t_spent(T) + t_held(T)
+  if T.usd ~= '' and m.rate and held + hold_of(m) > tonumber(T.usd) then
+    return 'usd', held, T.usd
+  end
+  return nil
+end
+
+-- Count slot m (granted by its pool, expiring at `expires`) to the tenant.
+local function t_add(T, lid, m, expires, usage_ttl)
+  redis.call('HSET', T.meta, lid, cjson.encode(m))
+  redis.call('ZADD', T.leases, expires, lid)
+  if m.counted == 1 then redis.call('HINCRBY', T.usage, 'sessions', 1) end
+  if m.rate then t_set_held(T, t_held(T) + hold_of(m)) end
+  t_touch(T, usage_ttl)
+end
+
+-- Hold a lease an outage ledger granted (its session is in the hand-over's spend).
+local function t_hand_over(T, lid, m, expires)
+  redis.call('HSET', T.meta, lid, cjson.encode(m))
+  redis.call('ZADD', T.leases, expires, lid)
+  if m.rate then t_set_held(T, t_held(T) + hold_of(m)) end
+end
+
+-- The tenant's usd budget as a renewal must fit it too, or nil when unlimited.
+local function t_budget(T)
+  if T == nil or T.usd == '' then return nil end
+  return {t_spent(T) + t_held(T), tonumber(T.usd)}
+end
+
+-- Copy the pool's slot m after a commit or heartbeat changed it (its hold follows).
+local function t_mirror(T, lid, m, expires)
+  local raw = redis.call('HGET', T.meta, lid)
+  if not raw then return end
+  t_set_held(T, t_held(T) + hold_of(m) - hold_of(cjson.decode(raw)))
+  redis.call('HSET', T.meta, lid, cjson.encode(m))
+  redis.call('ZADD', T.leases, expires, lid)
+end
+
+local function t_release(T, lid, now, usage_ttl)
+  local raw = redis.call('HGET', T.meta, lid)
+  if not raw then return end
+  local m = cjson.decode(raw)
+  local seconds = 0
+  if m.live == 1 then
+    seconds = math.max(0, math.min(now, tonumber(redis.call('ZSCORE', T.leases, lid))) - m.started)
+  end
+  t_settle(T, m, seconds)
+  redis.call('HDEL', T.meta, lid)
+  redis.call('ZREM', T.leases, lid)
+  t_no_dust(T)
+  t_touch(T, usage_ttl)
+end
+
+local function t_refund(T, lid, usage_ttl)
+  local raw = redis.call('HGET', T.meta, lid)
+  if not raw then return end
+  local m = cjson.decode(raw)
+  if m.live ~= 0 then return end
+  redis.call('HDEL', T.meta, lid)
+  redis.call('ZREM', T.leases, lid)
+  if m.counted ~= 0 and redis.call('HINCRBY', T.usage, 'sessions', -1) < 0 then
+    redis.call('HSET', T.usage, 'sessions', 0)
+  end
+  if m.rate then t_set_held(T, t_held(T) - hold_of(m)) end
+  t_no_dust(T)
+  t_touch(T, usage_ttl)
 end

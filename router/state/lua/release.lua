@@ -1,9 +1,15 @@
 -- Free a lease's slot, meter its seconds, and lift a capacity block.
--- KEYS: usage, leases, lease meta, health, held per entry, call memo
--- ARGV: now, lease_id, usage ttl, call memo ttl (ms)
+-- KEYS: usage, leases, lease meta, health, held per entry, [the tenant's usage, leases,
+--       meta, spend (tenant_of)], call memo
+-- ARGV: now, lease_id, usage ttl, the tenant's name, call memo ttl (ms)
 -- Answers the seconds metered, or '' when the lease was not held.
 return once(function()
   local now, lid = tonumber(ARGV[1]), ARGV[2]
+  local T = tenant_of(6, ARGV[4], '', '', '')
+  if T then
+    t_purge(T, now, tonumber(ARGV[3]), t_kept(KEYS[3], {lid}))
+    t_release(T, lid, now, tonumber(ARGV[3]))
+  end
   local raw = redis.call('HGET', KEYS[3], lid)
   if not raw then return '' end
   local m = cjson.decode(raw)

@@ -1,25 +1,31 @@
 -- Commit a reservation (outcome 'success': the lease goes live for ttl) or
 -- refund it, and record the outcome on the entry's breaker.
--- KEYS: usage, leases, lease meta, health, held per entry, call memo
+-- KEYS: usage, leases, lease meta, health, held per entry, [the tenant's usage, leases,
+--       meta, spend (tenant_of)], call memo
 -- ARGV: now, lease_id, outcome, ttl, detail, until (0 = none), fingerprint, breaker config,
---       sandbox id (on success), limit usd ('' = unlimited), call memo ttl (ms)
+--       sandbox id (on success), limit usd ('' = unlimited), the tenant's name and usd
+--       limit, usage ttl, call memo ttl (ms)
 -- Answers '<applied 1/0>|<from>|<to>|<cover end>': from and to when the circuit moved,
 -- the cover's end when the usd budget could not cover the committed lease's ttl.
 return once(function()
   local now, lid, outcome, ttl = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
   local applied = false
   local short = ''
+  local T = tenant_of(6, ARGV[11], '', '', ARGV[12])
+  if T then t_purge(T, now, tonumber(ARGV[13]), t_kept(KEYS[3], {lid})) end
   if outcome ~= 'success' then
     applied = refund(KEYS[1], KEYS[2], KEYS[3], KEYS[5], lid)
+    if T then t_refund(T, lid, tonumber(ARGV[13])) end
   else
     local raw = redis.call('HGET', KEYS[3], lid)
     if raw then
       local m = cjson.decode(raw)
       m.live, m.started, m.ttl, m.sandbox = 1, now, ttl, ARGV[9]
-      local kept, fits = cover(KEYS[1], KEYS[5], m, now + ttl, ARGV[10])
+      local kept, fits = cover(KEYS[1], KEYS[5], m, now + ttl, ARGV[10], T and t_budget(T))
       if not fits then short = num(m.started + tonumber(m.covered)) end
       redis.call('HSET', KEYS[3], lid, cjson.encode(m))
       redis.call('ZADD', KEYS[2], kept, lid)
+      if T then t_mirror(T, lid, m, kept) end
       applied = true
     end
   end
