@@ -385,12 +385,16 @@ class Resumed(Event):
 
 @dataclass(frozen=True, slots=True)
 class Reaped(Event):
-    """The janitor killed an orphan."""
+    """The janitor killed an orphan. ``cost``: the USD of paused storage charged to
+    ``pool`` for a paused one whose token lapsed unresumed (its ``pause_ttl`` at
+    ``paused_gib_hour``; else None)."""
 
     name: ClassVar[str] = "reaped"
     entry: str
     sandbox_id: str
     lease_id: str
+    cost: float | None = None
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)

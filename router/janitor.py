@@ -23,13 +23,13 @@ import secrets
 from dataclasses import dataclass, field
 
 from policies.outcome import classify
-from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER
-from providers.errors import ProviderError
+from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER, LABEL_WARM, SandboxInfo
+from providers.errors import ProviderError, StateUnavailable
 from router.context import Context
 from router.entries import Entry
 from router.events import Reaped, TaskFailed
 from router.spans import untraced
-from router.state import StateStore
+from router.state import Spend, StateStore
 
 __all__ = ["REAPER_LOCK", "Janitor", "ReapReport"]
 
@@ -102,6 +102,24 @@ class Janitor:
                 await self._store.unlock(lock, token)
         return report
 
+    async def _storage(self, entry: Entry, info: SandboxInfo) -> float | None:
+        """Charge the pool, once, a reaped paused sandbox's storage: its pause token
+        lapsed unresumed, so a resume never charged it. The router knows it stayed paused
+        for the token's ``pause_ttl`` (the lapse to this reap is not known): that much at
+        ``paused_gib_hour``. None for a running one, a warm one, or an unpriced entry."""
+        price = entry.tariff.price
+        if info.state != "paused" or LABEL_WARM in info.labels:
+            return None
+        if price is None or not price.paused_gib_hour:
+            return None
+        usd = entry.paused_cost(self._ctx.config.pause_ttl)
+        spent = [Spend(entry.ref, usd=usd)]
+        try:
+            await self._store.reconcile(f"paused-{info.id}", spent, self._ctx.clock())
+        except StateUnavailable:
+            return None
+        return usd
+
     async def _reap_entry(self, entry: Entry, report: ReapReport) -> None:
         """Kill the entry's listed sandboxes that neither a session binding nor a lease
         (or warm record) holds, both read after the listing, bindings first: a sandbox
@@ -120,5 +138,7 @@ class Janitor:
                         entry=entry.name,
                         sandbox_id=info.id,
                         lease_id=info.labels.get(LABEL_LEASE, ""),
+                        cost=await self._storage(entry, info),
+                        pool=entry.ref.pool,
                     )
                 )

@@ -329,11 +329,11 @@ class RouterMetrics:
                 self.breaker_transitions.labels(entry, before, after).inc()
             case StateError(operation=operation, mode=mode):
                 self.state_errors.labels(operation, mode).inc()
-            case Released() | LateCreate() | Resumed():
+            case Released() | LateCreate() | Resumed() | Reaped():
                 self._charged(event)
             case BudgetExhausted(entry=entry, pool=pool, action=action):
                 self.budget_exhausted.labels(entry, pool, action).inc()
-            case LeaseLost() | KillFailed() | KillAbandoned() | SessionLost() | Paused() | Reaped():
+            case LeaseLost() | KillFailed() | KillAbandoned() | SessionLost() | Paused():
                 self._per_entry(event).labels(event.entry).inc()
             case QuotaChanged(pool=pool, unit=unit):
                 self.quota_changes.labels(pool, unit).inc()
@@ -355,7 +355,7 @@ class RouterMetrics:
 
     def _per_entry(
         self,
-        event: LeaseLost | KillFailed | KillAbandoned | SessionLost | Paused | Resumed | Reaped,
+        event: LeaseLost | KillFailed | KillAbandoned | SessionLost | Paused | Resumed,
     ) -> Counter:
         """The counter of an event that counts once per entry."""
         match event:
@@ -371,13 +371,11 @@ class RouterMetrics:
                 return self.paused
             case Resumed():
                 return self.resumed
-            case Reaped():
-                return self.reaped
             case _:
                 assert_never(event)
 
-    def _charged(self, event: Released | LateCreate | Resumed) -> None:
-        """A lease's end, a late create's, a resume: what each metered and cost."""
+    def _charged(self, event: Released | LateCreate | Resumed | Reaped) -> None:
+        """A lease's end, a late create's, a resume, a reap: what each metered and cost."""
         match event:
             case Released(entry=entry, seconds=seconds, cost=cost, pool=pool):
                 self.releases.labels(entry).inc()
@@ -392,6 +390,9 @@ class RouterMetrics:
                 self._spent(entry, pool, cost)
             case Resumed(entry=entry, cost=cost, pool=pool):
                 self.resumed.labels(entry).inc()
+                self._spent(entry, pool, cost)
+            case Reaped(entry=entry, cost=cost, pool=pool):
+                self.reaped.labels(entry).inc()
                 self._spent(entry, pool, cost)
             case _:
                 assert_never(event)

@@ -71,12 +71,7 @@ def test_eight_replicas_through_a_redis_kill_stay_within_quota_and_write_back(
     for worker in workers:
         worker.start()
     wait_until(lambda: ready.value == REPLICAS, seconds=120)
-    # Each has seen the whole fleet: it is settled, and every replica has heartbeated
-    # since (a fixed 0.5 s was not enough under load: no replica had a share).
-    wait_until(lambda: fleet_settled(aof_redis.url, "fleet", REPLICAS), seconds=60)
-    with redis.Redis.from_url(aof_redis.url) as admin:
-        settled_at = int(admin.get("{fleet:fleet}:seq") or 0)
-        wait_until(lambda: int(admin.get("{fleet:fleet}:seq") or 0) >= settled_at + 2 * REPLICAS)
+    heartbeated(aof_redis.url, "fleet", REPLICAS)  # each has seen the whole fleet
     go.set()
     time.sleep(0.6)  # ~40 sessions granted, the rest left
     before_kill = granted.value
@@ -123,6 +118,17 @@ def fleet_settled(url: str, prefix: str, replicas: int = 1) -> bool:
     return len(staying) == replicas and min(int(r[1]) for r in staying) > max(
         int(r[0]) for r in staying
     )
+
+
+def heartbeated(url: str, prefix: str, replicas: int = 1) -> None:
+    """Wait until the fleet is settled and every replica has heartbeated since: each one's
+    share of an outage is known then (settled alone was not enough under load)."""
+    wait_until(lambda: fleet_settled(url, prefix, replicas), seconds=60)
+    with redis.Redis.from_url(url) as admin:
+        settled_at = int(admin.get(f"{{{prefix}:fleet}}:seq") or 0)
+        wait_until(
+            lambda: int(admin.get(f"{{{prefix}:fleet}}:seq") or 0) >= settled_at + 2 * replicas
+        )
 
 
 def _drain(router: Router) -> tuple[int, str]:

@@ -18,7 +18,7 @@ from emulators.redis_server import RedisServer
 from providers.errors import NoProviderAvailable, StateUnavailable
 from router import Event, Router
 from router.testing import ScriptedProvider
-from tests.faults.test_fleet_outage import fleet_settled
+from tests.faults.test_fleet_outage import fleet_settled, heartbeated
 from tests.forked import processes
 from tests.polling import needs_script_noreplicas, wait_until
 
@@ -261,16 +261,17 @@ def test_outage_usd_spend_is_handed_over_with_its_cost(
                     {"name": "only", "provider": "local", **priced,
                      "options": {"root": str(tmp_path / "sb")}}]) as r:  # fmt: skip
         r.acquire(spec).release()
-        wait_until(lambda: fleet_settled(aof_redis.url, "faults"))
+        heartbeated(aof_redis.url, "faults")
         aof_redis.stop()
-        served = 0
+        served, refused = 0, ""
         while True:
             try:
                 r.acquire(spec).release()
-            except NoProviderAvailable:
+            except NoProviderAvailable as refusal:
+                refused = str(refusal)
                 break
             served += 1
-        assert served >= 1
+        assert served >= 1, refused
         aof_redis.start()
         wait_until(lambda: any(e.name == "outage_handed_over" for e in events), 30)
     costs = [e.fields["cost"] for e in events if e.name == "released"]

@@ -14,6 +14,7 @@ from emulators import available, emulator_class
 from router import Router
 from router.events import (
     LateCreate,
+    Reaped,
     Released,
     Resumed,
     RouterEvent,
@@ -137,10 +138,13 @@ def priced(new_router: Any, tmp_path: Path, state: dict[str, str]):
     clock = Clock()
     events: list[RouterEvent] = []
 
-    def make(**entry: Any) -> tuple[Router, ScriptedProvider, CollectorRegistry]:
+    def make(
+        settings: dict[str, Any] | None = None, **entry: Any
+    ) -> tuple[Router, ScriptedProvider, CollectorRegistry]:
         scripted = ScriptedProvider("e", tmp_path)
         config = {
             **state,
+            **(settings or {}),
             "lease_ttl": 20,
             "warm_refill_every": 0,
             "warm_reach_every": 0,
@@ -216,6 +220,51 @@ def test_a_paused_sandboxs_storage_is_charged_at_its_resume(priced) -> None:
     resumed.release()
     wait_until(lambda: len(of(priced.events, Released)) == 2)
     assert cost_counter(registry, "e") == pytest.approx(router.status().entries[0].used["usd"])
+
+
+def test_a_paused_sandbox_whose_token_lapsed_is_charged_at_its_reap(priced) -> None:
+    """Never resumed, so no resume charged it: the janitor kills it once its token lapses
+    (pause_ttl 100 s) and charges the pool its 100 s of paused storage, once."""
+    price = {**PRICE, "paused_gib_hour": 3.6}
+    router, scripted, registry = priced(settings={"pause_ttl": 100}, price=price)
+    lease = router.acquire()
+    lease.pause()
+    wait_until(lambda: of(priced.events, Released))
+    spent = router.status().entries[0].used["usd"]
+    assert router.reap().killed == []  # its token holds it
+    priced.clock.advance(101)
+    assert router.reap().killed == [("e", lease.sandbox_id)]
+    assert lease.sandbox_id not in scripted.alive()
+    [reaped] = of(priced.events, Reaped)
+    assert reaped.cost == pytest.approx(0.1)
+    assert router.status().entries[0].used["usd"] == pytest.approx(spent + 0.1)
+    assert router.reap().killed == []
+    assert router.status().entries[0].used["usd"] == pytest.approx(spent + 0.1)
+    assert cost_counter(registry, "e") == pytest.approx(spent + 0.1)
+
+
+def test_a_lapsed_pause_on_the_e2b_emulator_is_charged_at_its_reap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str, key_prefix: str
+) -> None:
+    """E2B's SDK on its emulator: the sandbox paused there, listed paused, is killed by the
+    janitor once its token lapses, and its storage for the token's 2 s is the pool's."""
+    with emulator_class("e2b")() as emu:
+        for key, value in emu.sdk_env().items():
+            monkeypatch.setenv(key, value)
+        e2b = {"name": "e2b", "provider": "e2b", "resources": {"vcpu": 1, "memory_gib": 1},
+               "price": {"vcpu_hour": 0, "memory_gib_hour": 0, "paused_gib_hour": 3.6}}  # fmt: skip
+        config = {"state_url": redis_url, "key_prefix": key_prefix, "pause_ttl": 2, "chain": [e2b]}
+        events: list[RouterEvent] = []
+        with Router.from_config(config, hooks=[events.append]) as router:
+            lease = router.acquire()
+            lease.pause()
+            assert [r.paused for r in emu.alive()] == [True]
+            assert router.reap().killed == []
+            wait_until(lambda: router.reap().killed == [("e2b", lease.sandbox_id)], seconds=15)
+            [reaped] = of(events, Reaped)
+            assert reaped.cost == pytest.approx(0.002)
+            assert router.status().entries[0].used["usd"] == pytest.approx(0.002)
+        assert emu.alive() == []
 
 
 def test_a_paused_warm_sandboxs_storage_is_charged_at_its_claim(priced) -> None:
