@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import json
 import struct
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ __all__ = ["Command", "start"]
 
 _END_STREAM = 0b10
 _HEADER = struct.Struct(">BI")
+_TRAILER_SECONDS = 1.0
 
 
 @dataclass(eq=False)
@@ -43,6 +45,7 @@ class Command:
     pid: int
     _response: aiohttp.ClientResponse
     _native: AsyncSandbox
+    _read_out: bool = False
     _out: list[str] = field(default_factory=list)
     _err: list[str] = field(default_factory=list)
     _decoders: tuple[Any, Any] = field(
@@ -73,6 +76,7 @@ class Command:
                 elif "end" in event:
                     self._flush()
                     end = event["end"]
+                    await self._finish()
                     return int(end.get("exitCode", 0)), end.get("error")
         except cuts() as cut:
             self._flush()
@@ -83,8 +87,19 @@ class Command:
         raise ConnectionResetError("the command's stream ended without its end event")
 
     def close(self) -> None:
-        """Drop the stream (not back to the pool: envd sees the client go)."""
-        self._response.close()
+        """Give the connection back to the pool once the stream was read to its end; else
+        drop it (envd sees the client go)."""
+        if self._read_out:
+            self._response.release()
+        else:
+            self._response.close()
+
+    async def _finish(self) -> None:
+        """Read the end-of-stream envelope that follows the end event, so the connection
+        can serve the next command; given up after a moment (then it is dropped)."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_TRAILER_SECONDS):
+                self._read_out = await _next(self._response) is None
 
     def _take(self, data: dict[str, Any]) -> None:
         import base64
