@@ -11,8 +11,9 @@ keeps the SDK's meaning of the answer: an error status or an end-of-stream error
 the ``ConnectError`` the SDK's transport would raise, mapped by the SDK's own
 ``handle_rpc_exception``; output is decoded as the SDK's handle decodes it (incremental
 UTF-8, replacing what is not); a stream cut with the sandbox gone is the SDK's
-``SandboxNotRunningException``. Killing a command on its deadline stays the SDK's call
-(``commands.kill``). Streaming runs and processes stay on the SDK.
+``SandboxNotRunningException``. A command read to its end gives its connection back
+to the pool (one cut short drops it). Killing a command on its deadline stays the SDK's
+call (``commands.kill``). Streaming runs and processes stay on the SDK.
 """
 
 from __future__ import annotations
