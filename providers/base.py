@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
+from providers import discards
 from providers.capabilities import Capability
 from providers.code import CodeContext, CodeError, RichResult, error_of_output
 from providers.errors import (
@@ -647,16 +648,27 @@ class Provider(abc.ABC):
         task.add_done_callback(self._cleanups.discard)
 
     async def _made_or_discarded(
-        self, making: Coroutine[Any, Any, S], discard: Callable[[S], Awaitable[object]]
+        self,
+        making: Coroutine[Any, Any, S],
+        ident: Callable[[S], str],
+        discard: Callable[[str], Awaitable[object]],
     ) -> S:
         """Await a create's request; cancelled meanwhile, the request runs on (to its own
-        timeout) and what it made is discarded, its id being only in that answer."""
+        timeout) and what it made (``ident`` names it) is discarded, its id being only in
+        that answer. A `providers.discards.CreateReport` the caller set is told."""
         request = asyncio.ensure_future(making)
         try:
-            return await asyncio.shield(request)
+            made = await asyncio.shield(request)
         except asyncio.CancelledError:
-            self._in_background(_discard_when_made(request, discard))
+            self._in_background(discards.when_made(request, ident, discard))
             raise
+        discards.answered(ident(made))
+        return made
+
+    def _discard_later(self, sandbox_id: str, discard: Callable[[str], Awaitable[object]]) -> None:
+        """Discard in the background a sandbox a cancelled create made after its answer
+        (while it waited for the sandbox to run)."""
+        self._in_background(discards.later(sandbox_id, discard))
 
     def configured(self) -> bool:
         """True when the credentials this provider needs are present."""
@@ -719,15 +731,3 @@ class Provider(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} entry={self.name!r}>"
-
-
-async def _discard_when_made(
-    request: asyncio.Future[S], discard: Callable[[S], Awaitable[object]]
-) -> None:
-    """Discard what a cancelled create's request made, once it answers."""
-    try:
-        made = await request
-    except BaseException:  # it made nothing, or nothing that can be named
-        return
-    with contextlib.suppress(Exception):
-        await discard(made)

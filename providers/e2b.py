@@ -226,7 +226,7 @@ class E2BProvider(KeyedProvider[Any]):
                         request_timeout=request_timeout,
                     )
 
-        native = await self._made_or_discarded(ask(), lambda late: self.kill(late.sandbox_id))
+        native = await self._made_or_discarded(ask(), lambda made: made.sandbox_id, self.kill)
         log.debug("sandbox_router.e2b.created", entry=self.name, sandbox_id=native.sandbox_id)
         return E2BSandbox(native, self.name, self._session, workdir=spec.workdir, template=template)
 

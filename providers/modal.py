@@ -393,7 +393,8 @@ class ModalProvider(Provider):
         try:
             native = await self._made_or_discarded(
                 self._create(spec, workdir, max(timeout, self._timeout)),
-                lambda late: self.kill(late.object_id),
+                lambda made: made.object_id,
+                self.kill,
             )
         except Unavailable as err:
             err.unanswered = err.unanswered and (lease is None or lease in self._sent.leases)

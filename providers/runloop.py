@@ -304,7 +304,8 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
         try:
             view = await self._made_or_discarded(
                 api.devboxes.create(**self._create_params(spec), timeout=self.opts.request_timeout),
-                lambda late: self._discard(late.id),
+                lambda made: made.id,
+                self.kill,
             )
             devbox_id = view.id
             if view.status != "running":
@@ -313,7 +314,7 @@ class RunloopProvider(KeyedProvider["AsyncRunloop"]):
                     view = await api.devboxes.await_running(view.id, polling_config=polling)
         except asyncio.CancelledError:
             if devbox_id is not None:
-                self._in_background(self._discard(devbox_id))
+                self._discard_later(devbox_id, self.kill)
             raise
         except Exception:
             if devbox_id is not None:

@@ -22,6 +22,7 @@ provider bills it), found by its lease label when no answer names it.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import NoReturn
@@ -362,9 +363,9 @@ class _Legs(Runner):
         if entry.provider.kind != "local" or entry.cfg.template:
             template = template or entry.cfg.template
         spec = replace(spec, template=template, labels=labels)  # one copy: each one validates
-        creating = entry.provider.create(spec, timeout=booking.budget)
         span = AttemptSpan(phase, entry.name, attempt)
-        create = asyncio.ensure_future(self._ctx.spans.wrap(span, creating))
+        wrap = functools.partial(self._ctx.spans.wrap, span)
+        create = self._upkeep.late.create(entry, spec, booking.budget, wrap)
         ends = asyncio.get_running_loop().time() + booking.budget
         return Leg(entry, booking, create, self._ctx.clock(), attempt, ends)
 

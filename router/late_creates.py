@@ -12,11 +12,13 @@ janitor reaps its sandbox, if any, by its lease label.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
-from providers.base import LABEL_LEASE, Sandbox
+from providers.base import LABEL_LEASE, Sandbox, SandboxSpec
+from providers.discards import CreateReport, Discarded, reporting
 from providers.errors import StateUnavailable, Unavailable
 from router.booking import RESERVE_GRACE, Booking
 from router.context import Context
@@ -63,7 +65,25 @@ class LateCreates:
         self._spawn = spawn
         self._owe = owe
         self._abandoned: set[asyncio.Future[Sandbox]] = set()
+        self._reports: weakref.WeakKeyDictionary[asyncio.Future[Sandbox], CreateReport] = (
+            weakref.WeakKeyDictionary()
+        )
         self._closing = False  # lookups list once more, then stop
+
+    def create(
+        self,
+        entry: Entry,
+        spec: SandboxSpec,
+        timeout: float,
+        wrap: Callable[[Coroutine[Any, Any, Sandbox]], Coroutine[Any, Any, Sandbox]] | None = None,
+    ) -> asyncio.Future[Sandbox]:
+        """Start ``entry``'s create as a task of its own (in ``wrap``: a span), under a
+        report of what its adapter discards if the router cancels it (`_follow`)."""
+        report = CreateReport()
+        creating = entry.provider.create(spec, timeout=timeout)
+        task = asyncio.ensure_future(reporting(report, wrap(creating) if wrap else creating))
+        self._reports[task] = report
+        return task
 
     async def failed(
         self,
@@ -127,7 +147,12 @@ class LateCreates:
             late = LateCreate(entry.name, booking.lease_id, "failed")
         else:
             create.cancel()  # still running when the reservation ends or the router closes
-            late = await self._search(entry, booking, whole=error is not None, horizon=horizon)
+            await asyncio.wait([create])  # its adapter has seen the cancel
+            report = self._reports.get(create)
+            if report is not None and report.discarded is not None:
+                late = await self._discarded(entry, booking, await report.discarded, horizon)
+            else:
+                late = await self._search(entry, booking, whole=error is not None, horizon=horizon)
         if late.outcome == "failed":
             await self._ledger.refund(booking, "late_create_failed")
         else:
@@ -154,6 +179,24 @@ class LateCreates:
         seconds = (self._ctx.clock() - landed) * len(sandbox_ids)
         await self._ledger.charge(booking, sandbox_ids[0], seconds)
         return LateCreate(entry.name, booking.lease_id, outcome, ",".join(sandbox_ids), seconds)
+
+    async def _discarded(
+        self, entry: Entry, booking: Booking, discarded: Discarded, horizon: float
+    ) -> LateCreate:
+        """What the adapter of a create cancelled by the router made and killed, by its
+        own report: its request ran on to the vendor's answer."""
+        sandbox_id, error = discarded.sandbox_id, discarded.error
+        if sandbox_id is not None:
+            seconds = discarded.seconds
+            if not discarded.killed:  # the adapter's kill failed: the router's retries
+                landed = self._ctx.clock()
+                await self._kills.kill_id(entry, sandbox_id)
+                seconds += self._ctx.clock() - landed
+            await self._ledger.charge(booking, sandbox_id, seconds)
+            return LateCreate(entry.name, booking.lease_id, "killed", sandbox_id, seconds)
+        if isinstance(error, Exception) and not unanswered(error):
+            return LateCreate(entry.name, booking.lease_id, "failed")
+        return await self._search(entry, booking, whole=True, horizon=horizon)
 
     async def _search(
         self, entry: Entry, booking: Booking, *, whole: bool, horizon: float

@@ -395,7 +395,7 @@ class WarmPools:
             }
         )
         started = self._ctx.clock()
-        create = asyncio.ensure_future(entry.provider.create(spec, timeout=booking.budget))
+        create = self._upkeep.late.create(entry, spec, booking.budget)
         try:
             await until_done(create, booking.budget)
         except asyncio.CancelledError:

@@ -188,7 +188,7 @@ class DaytonaProvider(KeyedProvider["DaytonaClient"]):
                 ) from exc
         except asyncio.CancelledError:
             if made:
-                self._in_background(self._discard(made[0]))
+                self._discard_later(made[0], self.kill)
             raise
         except ProviderError as err:
             if err.sandbox_id is not None:
@@ -210,7 +210,7 @@ class DaytonaProvider(KeyedProvider["DaytonaClient"]):
                 async with asyncio.timeout(self.opts.request_timeout):
                     return await client.sandboxes.create_sandbox(request)
 
-        dto = await self._made_or_discarded(ask(), lambda late: self._discard(late.id))
+        dto = await self._made_or_discarded(ask(), lambda made: made.id, self.kill)
         made.append(dto.id)
         async with asyncio.timeout(timeout):
             return await self._until_started(client, dto)

@@ -29,9 +29,11 @@ FAULTS = {
 }
 
 
-def _router(vendor: Backend, tmp_path: Path, events: list[RouterEvent]) -> Router:
+def _router(
+    vendor: Backend, tmp_path: Path, events: list[RouterEvent], state: str = "memory://"
+) -> Router:
     config = {
-        "state_url": "memory://",
+        "state_url": state,
         "create_timeout": 2,
         "retry": {"attempts": 1},
         "chain": [
@@ -86,3 +88,35 @@ async def test_a_create_cancelled_after_the_vendor_made_it_is_killed(vendor: Bac
     with pytest.raises(asyncio.CancelledError):
         await creating
     await until(lambda: emu.records() and not emu.alive(), seconds=15)
+
+
+@pytest.mark.parametrize("kill", ["kills", "kill-fails-once"])
+async def test_a_create_the_router_cut_off_at_close_is_metered_until_killed(
+    vendor: Backend, tmp_path: Path, kill: str
+) -> None:
+    """Closing, the router cuts off a create the vendor has not answered yet; the adapter
+    lets the request finish and kills what it made, and tells the router what that was
+    and how long it lived, so its seconds are charged: a lookup by label would have found
+    nothing yet, or nothing any more. When the adapter's kill fails, the router's own
+    kills retry it."""
+    emu = vendor.emulator
+    assert emu is not None
+    events: list[RouterEvent] = []
+    state = f"sqlite:///{tmp_path / 'state.db'}"
+    router = _router(vendor, tmp_path, events, state)
+    async with router:
+        emu.inject("create", delay=3.0)  # the vendor makes it only after the router closed
+        if kill == "kill-fails-once":
+            emu.inject("kill", status=500)
+        async with await router.aacquire() as lease:
+            assert (lease.entry, lease.failovers) == ("local", [vendor.name])
+    [late] = [e for e in events if isinstance(e, LateCreate)]
+    [made] = [r for r in emu.records() if r.labels.get(LABEL_LEASE) == late.lease_id]
+    assert (late.entry, late.outcome, late.sandbox_id) == (vendor.name, "killed", made.id)
+    assert (late.seconds or 0.0) > 0
+    assert emu.alive() == []
+    async with _router(vendor, tmp_path, [], state) as reader:
+        [view] = [v for v in (await reader.astatus()).entries if v.name == vendor.name]
+    assert view.used["sessions"] == 1
+    assert view.used["sandbox_seconds"] == pytest.approx(late.seconds)
+    assert view.used["concurrent"] == 0
