@@ -23,7 +23,7 @@ from tests.polling import until
 
 # (the emulator's create fault, the late create's outcome, sandboxes the vendor made)
 FAULTS = {
-    "answers-late": ({"after": True, "delay": 4.0}, "killed", 1),
+    "answers-late": ({"after": True, "delay": 2.5}, "killed", 1),
     "made-then-dropped": ({"after": True, "drop": True}, "found", 1),
     "dropped-before-making": ({"drop": True}, "failed", 0),
 }
@@ -34,7 +34,7 @@ def _router(
 ) -> Router:
     config = {
         "state_url": state,
-        "create_timeout": 2,
+        "create_timeout": 1,
         "retry": {"attempts": 1},
         "chain": [
             {"name": vendor.name, "provider": vendor.kind},
@@ -105,7 +105,7 @@ async def test_a_create_the_router_cut_off_at_close_is_metered_until_killed(
     state = f"sqlite:///{tmp_path / 'state.db'}"
     router = _router(vendor, tmp_path, events, state)
     async with router:
-        emu.inject("create", delay=3.0)  # the vendor makes it only after the router closed
+        emu.inject("create", delay=2.0)  # the vendor makes it only after the router closed
         if kill == "kill-fails-once":
             emu.inject("kill", status=500)
         async with await router.aacquire() as lease:
