@@ -154,7 +154,7 @@ def test_what_the_agent_gets_matches_e2b_executor(
     name, _ = emulated
     router = make_router(template=CODE_TEMPLATE.get(name))
     with router.acquire(requires=("run_code.stateful",)) as lease:
-        executor = RouterExecutor(lease, ["pip"], logger=QUIET, timeout=2)
+        executor = RouterExecutor(lease, ["pip"], logger=QUIET, timeout=30)
         ran = executor("print('hi')\n'text'")
         assert (ran.output, ran.logs, ran.is_final_answer) == ("text", "hi\n", False)
         assert executor("x = 1").output is None
@@ -162,8 +162,10 @@ def test_what_the_agent_gets_matches_e2b_executor(
             AgentError, match=r"(?s)Executing code yielded an error:\nValueError\nbad"
         ):
             executor("raise ValueError('bad')")
+        executor.timeout = 2  # the other cells get time to spare on a loaded machine
         with pytest.raises(AgentError, match=r"(TimeoutError|KeyboardInterrupt)"):
             executor("import time\ntime.sleep(10)")
+        executor.timeout = 30
         assert executor("x + 1").output in (2, "2")  # the kernel kept x through the timeout
         executor.cleanup()
         assert lease.sandbox.run("true").exit_code == 0  # still the app's
