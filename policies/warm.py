@@ -24,7 +24,10 @@ taken to be killed. The claimed reservation is then priced by the
 acquire's `Meter` (its first cover held, no fee: nothing is made), and is
 claimed only when the budget has room for that cover, counting what the
 settlement frees; else the claim is skipped and the acquire's own
-reservation is refused for ``usd``.
+reservation is refused for ``usd``. A claim for a tenant with a ``usd``
+limit must fit that budget too (`policies.tenants`): the claimed cover is
+held against it in the same call, else the claim is skipped and the
+reservation that follows is refused for the tenant's ``usd``.
 
 A `WarmRecord` is keyed by that lease id in the store, per entry. A claim
 picks the claimable record made first (``since``, then the lease id), turns
@@ -112,14 +115,18 @@ def claim(
     now: float,
     hold: float,
     meter: Meter | None = None,
+    also: tuple[float, float] | None = None,
 ) -> Claim | None:
     """Hand the first claimable record's sandbox to a reservation held for ``hold`` s,
     priced by ``meter`` (the acquire's).
 
     None when none is ready or a unit the claim spends is used up, ``usd``
     included (the caller's ordinary reserve then decides, and denies for the
-    same unit). A running record whose lease is gone (the store lost it) is
-    dropped: its sandbox, unrecorded and unleased, is the janitor's.
+    same unit). ``also`` is a second budget the claimed cover must fit, as
+    (spent and held, limit): its tenant's (`policies.tenants.budget`), which
+    the warm sandbox's settlement frees nothing of. A running record whose lease
+    is gone (the store lost it) is dropped: its sandbox, unrecorded and
+    unleased, is the janitor's.
     """
     if _used_up(pool, limits, "sandbox_seconds"):
         return None
@@ -132,7 +139,7 @@ def claim(
         if record.paused:
             if _used_up(pool, limits, "concurrent"):
                 continue  # a running one needs no slot of its own
-            if not _fits(pool, limits, claimed, 0.0):
+            if not _fits(pool, limits, claimed, 0.0, also):
                 return None
             del records[lease_id]
             pool.leases[lease_id] = claimed
@@ -143,7 +150,7 @@ def claim(
             del records[lease_id]
             continue
         metered = max(0.0, now - slot.started)
-        if not _fits(pool, limits, claimed, slot.hold() - slot.charge(metered)):
+        if not _fits(pool, limits, claimed, slot.hold() - slot.charge(metered), also):
             return None
         del records[lease_id]
         pool.sandbox_seconds += metered
@@ -162,11 +169,20 @@ def _price(slot: LeaseSlot, meter: Meter | None) -> None:
         slot.covered, slot.kill = meter.first, meter.kill
 
 
-def _fits(pool: PoolState, limits: Limits, slot: LeaseSlot, freed: float) -> bool:
-    """Whether the budget holds ``slot``'s cover once ``freed`` USD of holds is let go."""
-    if limits.usd is None or not slot.priced:
+def _fits(
+    pool: PoolState,
+    limits: Limits,
+    slot: LeaseSlot,
+    freed: float,
+    also: tuple[float, float] | None,
+) -> bool:
+    """Whether the budget holds ``slot``'s cover once ``freed`` USD of holds is let go,
+    and ``also`` (the tenant's) holds it."""
+    if not slot.priced:
         return True
-    return pool.usd + pool.usd_held - freed + slot.hold() <= limits.usd
+    if also is not None and also[0] + slot.hold() > also[1]:
+        return False
+    return limits.usd is None or pool.usd + pool.usd_held - freed + slot.hold() <= limits.usd
 
 
 def put(

@@ -613,14 +613,15 @@ def _reserve(
         return Reservation(
             False, reason=admission.reason, until=admission.until, detail=health.block_detail
         )
-    if warm and not admission.probe and _room(ref.tenant, tenant, meter):
+    if warm and not admission.probe and _room(ref.tenant, tenant):
         quota.purge_expired(pool, now)
         records = _warm_rows(tx, ref, now)
         unread = tx.leases(ref.pool, [lid for lid in records if lid not in pool.loaded], None)
         pool.leases.update(unread)
         pool.loaded.update({lid: slot.entry for lid, slot in unread.items()})
         pool.others -= len(unread)
-        claimed = warm_policy.claim(pool, ref.limits, records, ref.entry, now, hold, meter)
+        also = _budget(ref.tenant, tenant)
+        claimed = warm_policy.claim(pool, ref.limits, records, ref.entry, now, hold, meter, also)
         _save_warm(tx, ref, records, now)
         if claimed is not None:
             tx.save_entry(ref.entry, health)
@@ -728,14 +729,11 @@ def _budget(tenant: TenantRef | None, state: TenantState | None) -> tuple[float,
     return tenant_policy.budget(state, tenant.limits)
 
 
-def _room(tenant: TenantRef | None, state: TenantState | None, meter: Meter | None) -> bool:
-    """Whether a warm claim may go ahead for the tenant: it has room for one more lease,
-    and no usd limit a priced claim's hold would be taken from unchecked (that tenant's
-    acquire reserves as a cold one does)."""
+def _room(tenant: TenantRef | None, state: TenantState | None) -> bool:
+    """Whether a warm claim may go ahead for the tenant: it has room for one more lease
+    (its usd budget is the claim's to check: `policies.warm.claim`)."""
     if tenant is None or state is None:
         return True
-    if tenant.limits.usd is not None and meter is not None:
-        return False
     return tenant.limits.concurrent is None or len(state.leases) < tenant.limits.concurrent
 
 

@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
+from emulators.harness import Emulator
 from policies.tenants import DailyWindow
 from providers.base import SandboxSpec
 from providers.errors import ArgumentTypeError, InvalidArgument, NoProviderAvailable
+from tests.contract.conftest import build
 from tests.polling import wait_until
 from tests.router.conftest import NOW, RouterFactory, fired
+from tests.router.test_budget_vendors import billed
 
 # $0.01 a second for one vCPU, $0.1 a sandbox.
 PRICED = {
@@ -192,3 +195,47 @@ def test_a_resumed_lease_counts_to_the_tenant_it_is_resumed_for(
     resumed.release()
     with pytest.raises(InvalidArgument, match=r"resume\(tenant='a b'\)"):
         router.resume(token, tenant="a b")
+
+
+def test_a_tenant_claims_a_warm_vendor_sandbox_its_usd_budget_covers(
+    vendor: tuple[str, Emulator],
+    make_router: RouterFactory,
+    tmp_path: Path,
+    events: list,
+    clock: Any,
+) -> None:
+    """Each adapter on its emulator: a warm sandbox's claimed lease holds its 60 s cover
+    ($0.60) against the tenant's usd; a tenant whose $0.50 cannot hold it claims
+    nothing and is refused naming its usd limit, and the warm sandbox stays ready."""
+    name, emu = vendor
+    backend = build(name, emu, tmp_path)
+    entry = {
+        "name": "v", "provider": backend.kind,
+        "price": {"vcpu_hour": 36.0, "memory_gib_hour": 0.0, "per_sandbox": 0.0},
+        "resources": {"vcpu": 1, "memory_gib": 1},
+        "quota": {"usd": 10.0, "budget_window": 60},
+        "warm": {"size": 2, "max_idle": 100, "server": False},
+    }  # fmt: skip
+    router = make_router(
+        chain=[entry], providers={"v": backend.provider}, warm_refill_every=0,
+        warm_reach_every=0, lease_ttl=20,
+        tenants={"default": {"usd": 1.0}, "overrides": {"poor": {"usd": 0.5}}},
+    )  # fmt: skip
+    assert router.fill_warm() == {"v": 2}
+    made = {e["sandbox_id"] for e in fired(events, "warm_created")}
+    with router.acquire(tenant="rich") as lease:
+        assert lease.sandbox.id in made
+        assert lease.sandbox.run("echo warm").stdout == "warm\n"
+        [rich] = router.tenants()
+        assert (rich.tenant, rich.usd_held, rich.concurrent) == ("rich", pytest.approx(0.6), 1)
+        with pytest.raises(NoProviderAvailable) as refused:
+            router.acquire(tenant="poor", timeout=2)
+        assert "tenant 'poor' usd limit: $0.0000 spent or held of $0.5000" in str(refused.value)
+        assert "window resets at" in str(refused.value)
+        assert len(fired(events, "warm_claimed")) == 1
+        assert router.warm_ready() == {"v": 1}
+        clock.advance(10)
+    wait_until(lambda: fired(events, "released"))
+    [rich] = router.tenants()
+    assert (rich.usd, rich.usd_held) == (pytest.approx(billed(name, 10)), 0.0)  # no fee
+    assert len(emu.alive()) == 1  # the warm one left

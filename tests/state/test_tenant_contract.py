@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from policies.breaker import BreakerConfig, Outcome
 from policies.quota import Limits, Meter, MonthlyWindow
 from policies.tenants import DailyWindow, TenantLimits
+from policies.warm import WarmRecord
 from router.state import EntryRef, HeldLease, Spend, StateStore, TenantRef
 
 NOW = 1_790_000_000.0  # 2026-09-21T13:33:20Z
@@ -164,3 +166,55 @@ async def test_an_outage_hand_over_counts_to_its_tenant_once(store: StateStore) 
     assert pool.used["sessions"] == 3
     await store.release(r, "h1", NOW + 10)
     assert await spent(store, "t1", NOW + 10) == (2, pytest.approx(0.6 + 0.65), 0.0, 0)  # 15 s
+
+
+async def warm_made(store: StateStore, r: EntryRef, lid: str, paused: bool) -> None:
+    """A refill's priced warm sandbox (no tenant: the pool's), ready from NOW."""
+    assert (await store.reserve(r, CFG, lid, NOW, 30, meter=replace(METER, first=130))).granted
+    await store.settle(r, CFG, lid, NOW, outcome=Outcome.SUCCESS, ttl=130)
+    assert await store.warm_put(r, lid, WarmRecord(f"sb-{lid}", NOW, NOW + 100, NOW + 130, paused),
+                                NOW)  # fmt: skip
+
+
+@pytest.mark.parametrize("paused", [False, True], ids=["running", "paused"])
+async def test_a_warm_claim_holds_its_cover_against_the_tenant_usd_budget(
+    store: StateStore, paused: bool
+) -> None:
+    """A claim's cover (100 s at $0.01, no fee: $1.00) is held against its tenant's usd
+    in the claim's call: one claim fits $1.50, the second is refused for the tenant's
+    usd and claims nothing, another tenant claims it, and the release settles it."""
+    pool = ref(None, limits=Limits(usd=100))
+    for lid in ("w1", "w2"):
+        await warm_made(store, pool, lid, paused)
+    t1, t2 = ref("t1", limits=Limits(usd=100), usd=1.5), ref("t2", limits=Limits(usd=100), usd=1.0)
+    got = await store.reserve(t1, CFG, "l1", NOW + 10, 30, warm=True, meter=METER)
+    assert got.claimed is not None
+    assert got.claimed.lease_id == "w1"
+    assert await spent(store, "t1", NOW + 10) == (0, 0.0, pytest.approx(1.0), 1)
+    denied = await store.reserve(t1, CFG, "l2", NOW + 10, 30, warm=True, meter=METER)
+    assert (denied.granted, denied.reason, denied.unit, denied.detail) == (
+        False, "tenant", "usd", "t1",
+    )  # fmt: skip
+    assert (denied.used, denied.limit) == (pytest.approx(1.0), 1.5)
+    assert set(await store.warm_list(pool, NOW + 10)) == {"w2"}  # nothing claimed for t1
+    assert await spent(store, "t1", NOW + 10) == (0, 0.0, pytest.approx(1.0), 1)
+    other = await store.reserve(t2, CFG, "l3", NOW + 10, 30, warm=True, meter=METER)
+    assert other.claimed is not None
+    assert other.claimed.lease_id == "w2"  # $1.00 fits $1.00
+    await store.settle(t1, CFG, "w1", NOW + 10, outcome=Outcome.SUCCESS, ttl=60)
+    await store.release(t1, "w1", NOW + 30)
+    assert await spent(store, "t1", NOW + 30) == (0, pytest.approx(0.2), 0.0, 0)
+
+
+async def test_two_claims_racing_for_a_tenants_last_dollar_get_one(store: StateStore) -> None:
+    pool = ref(None, limits=Limits(usd=100))
+    for lid in ("w1", "w2", "w3"):
+        await warm_made(store, pool, lid, False)
+    t = ref("t1", limits=Limits(usd=100), usd=1.9)
+    got = await asyncio.gather(
+        *(store.reserve(t, CFG, f"l{i}", NOW + 5, 30, warm=True, meter=METER) for i in range(2))
+    )
+    assert sorted(r.granted for r in got) == [False, True]
+    assert sum(r.claimed is not None for r in got) == 1
+    assert len(await store.warm_list(pool, NOW + 5)) == 2
+    assert (await spent(store, "t1", NOW + 5))[2] == pytest.approx(1.0)

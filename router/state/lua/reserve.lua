@@ -28,14 +28,15 @@ return once(function()
     return cjson.encode({granted = false, reason = a.reason, until_ = a.until_, detail = s.block_detail})
   end
   purge(KEYS[1], KEYS[2], KEYS[3], KEYS[5], now)
-  -- A tenant's warm claim needs room for one more lease, and no usd limit a priced
-  -- claim's hold would be taken from unchecked (tables.py `_room`).
-  local room = not T or ((T.usd == '' or ARGV[14] == '') and
-    (T.concurrent == '' or redis.call('ZCARD', T.leases) < tonumber(T.concurrent)))
+  -- A tenant's warm claim needs room for one more lease (tables.py `_room`), and its
+  -- cover must fit the tenant's usd budget (warm_claim's `also`).
+  local room = not T or T.concurrent == '' or
+    redis.call('ZCARD', T.leases) < tonumber(T.concurrent)
   if ARGV[13] == '1' and not a.probe and room then
     local c = warm_claim(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6], entry, now, hold,
                          ARGV[6], ARGV[7], tonumber(ARGV[11]), ARGV[8],
-                         {ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18], ARGV[19]})
+                         {ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18], ARGV[19]},
+                         t_budget(T))
     if c then
       if a.changed then save_health(KEYS[4], s) end
       if T then

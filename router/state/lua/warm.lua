@@ -35,16 +35,20 @@ local function claimed_meta(entry, now, hold, meter)
 end
 
 -- Whether the budget (`limit`, '' = none) holds m's cover once `freed` USD of holds
--- is let go (policies/warm.py `_fits`).
-local function claim_fits(usage_key, held_key, m, freed, limit)
-  if limit == '' or not m.rate then return true end
+-- is let go, and `also` ({spent and held, limit}: its tenant's, or nil) holds it
+-- (policies/warm.py `_fits`).
+local function claim_fits(usage_key, held_key, m, freed, limit, also)
+  if not m.rate then return true end
+  if also and also[1] + hold_of(m) > also[2] then return false end
+  if limit == '' then return true end
   return spent_usd(usage_key) + held_usd(held_key) - freed + hold_of(m) <= tonumber(limit)
 end
 
 -- Hand the first claimable warm sandbox to a reservation held for `hold` seconds
--- (KEYS as reserve's), priced by `meter`, or nil. Expired leases are already purged.
+-- (KEYS as reserve's), priced by `meter`, its cover fitting the tenant's budget `also`
+-- too (t_budget, or nil), or nil. Expired leases are already purged.
 local function warm_claim(usage_key, leases_key, meta_key, held_key, warm_key, entry, now, hold,
-                          limit_seconds, limit_concurrent, usage_ttl, limit_usd, meter)
+                          limit_seconds, limit_concurrent, usage_ttl, limit_usd, meter, also)
   local seconds = tonumber(redis.call('HGET', usage_key, 'sandbox_seconds') or '0')
   if limit_seconds ~= '' and seconds >= tonumber(limit_seconds) then return nil end
   for _, r in ipairs(warm_records(warm_key, now)) do
@@ -54,7 +58,7 @@ local function warm_claim(usage_key, leases_key, meta_key, held_key, warm_key, e
         local full = limit_concurrent ~= ''
           and redis.call('ZCARD', leases_key) >= tonumber(limit_concurrent)
         if not full then
-          if not claim_fits(usage_key, held_key, c, 0, limit_usd) then return nil end
+          if not claim_fits(usage_key, held_key, c, 0, limit_usd, also) then return nil end
           redis.call('HDEL', warm_key, r.lease)
           redis.call('ZADD', leases_key, now + hold, r.lease)
           redis.call('HSET', meta_key, r.lease, cjson.encode(c))
@@ -76,7 +80,7 @@ local function warm_claim(usage_key, leases_key, meta_key, held_key, warm_key, e
             if m.counted == 0 then fee = 0 end
             freed = hold_of(m) - (tonumber(m.rate) * metered(idle, tonumber(m.step)) + fee)
           end
-          if not claim_fits(usage_key, held_key, c, freed, limit_usd) then return nil end
+          if not claim_fits(usage_key, held_key, c, freed, limit_usd, also) then return nil end
           redis.call('HDEL', warm_key, r.lease)
           redis.call('HINCRBYFLOAT', usage_key, 'sandbox_seconds', idle)
           redis.call('EXPIRE', usage_key, usage_ttl)
