@@ -39,6 +39,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Literal
 from zoneinfo import ZoneInfo
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "PoolState",
     "QuotaDenial",
     "Renewal",
+    "ShortOf",
     "check",
     "commit",
     "cover",
@@ -70,6 +72,7 @@ __all__ = [
 UNITS = ("sessions", "sandbox_seconds", "concurrent", "usd")
 COUNTED_UNITS = ("sessions", "sandbox_seconds", "concurrent")  # `check`'s: usd has its own
 RECONNECT_UNITS = ("sandbox_seconds", "concurrent")
+ShortOf = Literal["pool", "tenant"]  # the budget that could not renew a lease's cover
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,11 +250,13 @@ class Renewal:
     """A heartbeat's answer: is the lease alive, and did its budget run short.
 
     ``short_at`` (0: not short) is when the cover of a lease whose renewal the
-    budget refused ends; truthy as ``alive``.
+    budget refused ends; ``short_of`` which budget refused it (`cover`); truthy
+    as ``alive``.
     """
 
     alive: bool
     short_at: float = 0.0
+    short_of: ShortOf | None = None
 
     def __bool__(self) -> bool:
         return self.alive
@@ -269,25 +274,28 @@ def settle_usd(state: PoolState, slot: LeaseSlot, seconds: float, *, fee: bool =
 
 def cover(
     state: PoolState, slot: LeaseSlot, limits: Limits, also: tuple[float, float] | None = None
-) -> bool:
+) -> ShortOf | None:
     """Grow ``slot``'s cover to its ledger expiry by whole renewals, if the budget holds
-    them; False (``short``) when it cannot (see the module's docstring). ``also`` is a
-    second budget the renewal must fit, as (spent and held, limit): its tenant's
-    (`policies.tenants`)."""
+    them; None when they fit, else which budget cannot (``short``, see the module's
+    docstring): ``"pool"`` (asked first) or ``"tenant"``. ``also`` is a second budget
+    the renewal must fit, as (spent and held, limit): its tenant's (`policies.tenants`)."""
     need = slot.expires - slot.started
     if not slot.priced or need <= slot.covered or slot.renew <= 0:
-        return True
+        return None
     grown = slot.covered + math.ceil((need - slot.covered) / slot.renew - 1e-9) * slot.renew
     extra = slot.rate * (metered(grown, slot.step) - metered(slot.covered, slot.step))
-    fits = limits.usd is None or state.usd + state.usd_held + extra <= limits.usd
-    fits = fits and (also is None or also[0] + extra <= also[1])
-    slot.short = not fits
-    if not fits and slot.kill:
+    short: ShortOf | None = None
+    if limits.usd is not None and state.usd + state.usd_held + extra > limits.usd:
+        short = "pool"
+    elif also is not None and also[0] + extra > also[1]:
+        short = "tenant"
+    slot.short = short is not None
+    if short and slot.kill:
         slot.expires = slot.started + slot.covered
-        return False
+        return short
     state.usd_held += extra
     slot.covered = grown
-    return fits
+    return short
 
 
 def purge_expired(state: PoolState, now: float) -> list[str]:
@@ -378,9 +386,10 @@ def commit(
 def _renewal(
     state: PoolState, slot: LeaseSlot, limits: Limits, also: tuple[float, float] | None
 ) -> Renewal:
-    if cover(state, slot, limits, also):
+    short = cover(state, slot, limits, also)
+    if short is None:
         return Renewal(True)
-    return Renewal(True, slot.started + slot.covered)
+    return Renewal(True, slot.started + slot.covered, short)
 
 
 def refund(state: PoolState, lease_id: str) -> bool:

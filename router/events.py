@@ -237,11 +237,13 @@ class Released(Event):
 
 @dataclass(frozen=True, slots=True)
 class BudgetExhausted(Event):
-    """The pool's ``usd`` budget could not renew a lease's cover (`policies.quota.cover`).
+    """A ``usd`` budget could not renew a lease's cover (`policies.quota.cover`).
 
     ``ends``: when its cover ends (Unix time). ``action``: ``kill`` (the router ends
     the lease then: ``on_budget_end: kill``) or ``warn`` (it runs on, an overdraft).
-    The lease says so too (`Lease.budget_exhausted`).
+    ``budget``: whose budget is short, ``pool`` (its pool's ``usd``, asked first) or
+    ``tenant`` (the tenant's, named in ``tenant``: the lease's, whichever is short).
+    The lease says so too (`Lease.budget_exhausted`, `Lease.budget_short`).
     """
 
     name: ClassVar[str] = "budget_exhausted"
@@ -250,6 +252,8 @@ class BudgetExhausted(Event):
     pool: str
     ends: float
     action: str
+    budget: str = "pool"
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

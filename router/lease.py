@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from policies.quota import Renewal
+from policies.quota import Renewal, ShortOf
 from providers.base import (
     CodeContext,
     CodeResult,
@@ -89,6 +89,7 @@ class Held:
     resumed: bool = False
     counted: bool = True  # made a sandbox (False: a reconnect or a warm claim: no fee)
     budget_ends: float | None = None  # its usd cover ends then: the budget could not renew it
+    budget_short: ShortOf | None = None  # whose budget could not: its pool's or its tenant's
     committing: asyncio.Future[Renewal | None] | None = None  # the commit, posted
     binding: asyncio.Future[bool] | None = None  # its session's bind, once started
     spec: SandboxSpec | None = None  # what the acquire asked for: its cost is priced on it
@@ -491,11 +492,18 @@ class _LeaseBase:
 
     @property
     def budget_exhausted(self) -> datetime | None:
-        """When the lease's cover by its pool's ``usd`` budget ends, once the budget could
-        not renew it (a `BudgetExhausted` event said so); None while the budget covers it.
-        With ``on_budget_end: kill`` the router releases the lease then."""
+        """When the lease's ``usd`` cover ends, once a budget (its pool's or its tenant's:
+        `budget_short`) could not renew it (a `BudgetExhausted` event said so); None
+        while the budgets cover it. With ``on_budget_end: kill`` the router releases the
+        lease then."""
         ends = self._held.budget_ends
         return None if ends is None else datetime.fromtimestamp(ends, UTC)
+
+    @property
+    def budget_short(self) -> ShortOf | None:
+        """Whose ``usd`` budget could not renew the lease's cover: ``"pool"`` or
+        ``"tenant"`` (its tenant's, `acquire(tenant=...)`); None while both cover it."""
+        return self._held.budget_short
 
     @property
     def sync_sandbox(self) -> SyncSandbox:

@@ -223,7 +223,7 @@ class Ledger:
                 booking.lease_id, booking.ref, sandbox_id, counted=booking.counted,
                 meter=booking.meter,
             )  # fmt: skip
-        return Renewal(settled.applied, settled.short_at)
+        return Renewal(settled.applied, settled.short_at, settled.short_of)
 
     async def settle_failure(
         self, booking: Booking, exc: BaseException, attempt: int, started: float

@@ -211,9 +211,10 @@ class RouterMetrics:
         )
         self.budget_exhausted = counter(
             "budget_exhausted",
-            "Leases whose pool's usd budget could not renew their cover, by what followed "
-            "(kill: ended when the cover did; warn: ran on as an overdraft).",
-            ("entry", "pool", "action"),
+            "Leases whose usd budget could not renew their cover, by what followed (kill: "
+            "ended when the cover did; warn: ran on as an overdraft) and whose budget it was "
+            "(pool, or tenant: the lease's tenant's, never named here).",
+            ("entry", "pool", "action", "budget"),
         )
         self.quota_changes = counter(
             "quota_adjustments",
@@ -331,8 +332,8 @@ class RouterMetrics:
                 self.state_errors.labels(operation, mode).inc()
             case Released() | LateCreate() | Resumed() | Reaped():
                 self._charged(event)
-            case BudgetExhausted(entry=entry, pool=pool, action=action):
-                self.budget_exhausted.labels(entry, pool, action).inc()
+            case BudgetExhausted(entry=entry, pool=pool, action=action, budget=budget):
+                self.budget_exhausted.labels(entry, pool, action, budget).inc()
             case LeaseLost() | KillFailed() | KillAbandoned() | SessionLost() | Paused():
                 self._per_entry(event).labels(event.entry).inc()
             case QuotaChanged(pool=pool, unit=unit):

@@ -24,7 +24,7 @@ import functools
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
 
-from policies.quota import Meter, Renewal
+from policies.quota import Meter, Renewal, ShortOf
 from providers.capabilities import Capability
 from providers.errors import ProviderError, StateUnavailable
 from router.booking import Booking, Denied
@@ -167,17 +167,22 @@ class Upkeep:
         (`BudgetExhausted`), ended at the cover's end under ``on_budget_end: kill``, and
         forgiven when a later renewal fits again."""
         if not renewal.short_at:
-            held.budget_ends = None
+            held.budget_ends = held.budget_short = None
             return
         if held.budget_ends is not None:
             return
-        held.budget_ends = renewal.short_at
+        short: ShortOf = renewal.short_of or "pool"
+        held.budget_ends, held.budget_short = renewal.short_at, short
         entry = self._ctx.entries[held.entry]
         kill = entry.quota.on_budget_end == "kill"
         action = "kill" if kill else "warn"
+        tenant = held.tenant.name if held.tenant is not None else None
         self._ctx.emit(
-            BudgetExhausted(held.entry, held.lease_id, entry.ref.pool, renewal.short_at, action)
-        )
+            BudgetExhausted(
+                held.entry, held.lease_id, entry.ref.pool, renewal.short_at, action,
+                short, tenant,
+            )
+        )  # fmt: skip
         if kill:
             self.spawn(self._end_at(held, renewal.short_at))
 

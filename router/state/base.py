@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
 from policies.fleet import Registration
-from policies.quota import Limits, Meter, MonthlyWindow, Renewal
+from policies.quota import Limits, Meter, MonthlyWindow, Renewal, ShortOf
 from policies.sessions import SessionBinding, SessionClaim
 from policies.tenants import TenantLimits, TenantWindow
 from router.state.warm import Claim, WarmSupport
@@ -108,11 +108,13 @@ class Reservation:
 class Settlement:
     """The answer to `StateStore.settle`: did the ledger change, did the circuit; a
     commit's ``short_at`` is when its lease's cover ends when the ``usd`` budget could
-    not cover its first TTL (`policies.quota.Renewal`), else 0."""
+    not cover its first TTL (`policies.quota.Renewal`), else 0; ``short_of`` which
+    budget could not: its pool's or its tenant's."""
 
     applied: bool
     transition: tuple[str, str] | None = None
     short_at: float = 0.0
+    short_of: ShortOf | None = None
 
 
 @dataclass(frozen=True, slots=True)

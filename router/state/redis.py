@@ -26,7 +26,7 @@ from redis import exceptions as redis_errors
 
 from policies.breaker import BreakerConfig, Outcome
 from policies.fleet import Registration
-from policies.quota import UNITS, Limits, Meter, Renewal
+from policies.quota import UNITS, Limits, Meter, Renewal, ShortOf
 from policies.tenants import TENANT_UNITS, TenantWindow
 from router.state import redis_snapshot, scripts
 from router.state.base import (
@@ -206,7 +206,8 @@ class RedisStore(StateStore):
             [now, lease_id, ttl, _usd_limit(ref.limits), *tenant],
         )
         alive, _, short = raw.decode().partition("|")
-        return Renewal(alive == "1", float(short) if short else 0.0)
+        ends, _, short_of = short.partition("|")
+        return Renewal(alive == "1", float(ends) if ends else 0.0, _short_of(short_of))
 
     async def record(
         self,
@@ -481,9 +482,17 @@ def _live_binding(raw: bytes | None, expires: float | None, now: float) -> Sessi
 
 
 def _settlement(raw: bytes) -> Settlement:
-    applied, moved_from, moved_to, short = raw.decode().split("|")
+    applied, moved_from, moved_to, short, *short_of = raw.decode().split("|")
     moved = (moved_from, moved_to) if moved_from else None
-    return Settlement(applied == "1", moved, float(short) if short else 0.0)
+    return Settlement(applied == "1", moved, float(short) if short else 0.0, _short_of(*short_of))
+
+
+def _short_of(budget: str = "") -> ShortOf | None:
+    """Which budget a script said was short (none in an answer an older router's script
+    memoised: the router takes that for its pool's)."""
+    if budget == "tenant":
+        return "tenant"
+    return "pool" if budget == "pool" else None
 
 
 def _seconds(raw: bytes) -> float | None:

@@ -222,11 +222,11 @@ class TableStore(StateStore):
         def settle(tx: Tables) -> Settlement:
             pool = _load(tx, ref, now, [lease_id])
             tenant = _load_tenant(tx, ref.tenant, now, _kept(pool, lease_id))
-            short_at = 0.0
+            short_at, short_of = 0.0, None
             if outcome is Outcome.SUCCESS:
                 also = _budget(ref.tenant, tenant)
                 renewal = quota.commit(pool, lease_id, now, ttl, sandbox_id, ref.limits, also)
-                applied, short_at = renewal.alive, renewal.short_at
+                applied, short_at, short_of = renewal.alive, renewal.short_at, renewal.short_of
                 if tenant is not None:
                     tenant_policy.mirror(tenant, lease_id, pool.leases.get(lease_id))
             else:
@@ -236,7 +236,7 @@ class TableStore(StateStore):
             _save(tx, ref.pool, pool)
             _save_tenant(tx, ref.tenant, tenant, now)
             transition = _record(tx, ref, cfg, outcome, now, detail, until)
-            return Settlement(applied, transition, short_at)
+            return Settlement(applied, transition, short_at, short_of)
 
         return await self._once(call_id, now, settle, _settlement)
 
@@ -587,7 +587,9 @@ def _reservation(fields: dict[str, Any]) -> Reservation:
 
 
 def _settlement(fields: dict[str, Any]) -> Settlement:
-    return Settlement(fields["applied"], _pair(fields["transition"]), fields["short_at"])
+    return Settlement(
+        fields["applied"], _pair(fields["transition"]), fields["short_at"], fields.get("short_of")
+    )
 
 
 def _reserve(

@@ -35,9 +35,11 @@ def test_a_lease_ends_when_its_budget_cannot_renew_it(
     wait_until(lambda: fired(events, "budget_exhausted"))
     [told] = fired(events, "budget_exhausted")
     assert told == {
-        "entry": "dear", "lease_id": lease.id, "pool": "dear", "ends": NOW + 2, "action": "kill"
+        "entry": "dear", "lease_id": lease.id, "pool": "dear", "ends": NOW + 2, "action": "kill",
+        "budget": "pool", "tenant": None,
     }  # fmt: skip
     assert lease.budget_exhausted == datetime.fromtimestamp(NOW + 2, UTC)
+    assert lease.budget_short == "pool"
     clock.advance(2)
     wait_until(lambda: lease.released)
     with pytest.raises(LeaseError):

@@ -17,7 +17,7 @@ from providers.errors import ArgumentTypeError, InvalidArgument, NoProviderAvail
 from tests.contract.conftest import build
 from tests.polling import wait_until
 from tests.router.conftest import NOW, RouterFactory, fired
-from tests.router.test_budget_vendors import billed
+from tests.router.test_budget_vendors import billed, step
 
 # $0.01 a second for one vCPU, $0.1 a sandbox.
 PRICED = {
@@ -165,10 +165,26 @@ def test_a_lease_ends_when_its_tenant_budget_cannot_renew_it(
              "price": {"vcpu_hour": 36.0, "memory_gib_hour": 0.0},
              "resources": {"vcpu": 1, "memory_gib": 1},
              "quota": {"budget_window": 2, "on_budget_end": "kill"}}  # fmt: skip
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from router.metrics import instrument
+
     router = make_router(chain=[entry], lease_ttl=5, tenants={"default": {"usd": 0.03}})
+    registry = CollectorRegistry()
+    instrument(router, registry=registry)
     lease = router.acquire(tenant="t")
     wait_until(lambda: fired(events, "budget_exhausted"))
-    assert fired(events, "budget_exhausted")[0]["ends"] == NOW + 2
+    [told] = fired(events, "budget_exhausted")
+    assert (told["ends"], told["budget"], told["tenant"], told["pool"]) == (
+        NOW + 2,
+        "tenant",
+        "t",
+        "a",
+    )
+    assert lease.budget_short == "tenant"
+    exported = generate_latest(registry).decode()
+    labels = 'action="kill",budget="tenant",entry="a",pool="a"'
+    assert f"sandbox_router_budget_exhausted_total{{{labels}}} 1.0" in exported
     clock.advance(2)
     wait_until(lambda: lease.released)
     wait_until(lambda: fired(events, "released"))
@@ -239,3 +255,41 @@ def test_a_tenant_claims_a_warm_vendor_sandbox_its_usd_budget_covers(
     [rich] = router.tenants()
     assert (rich.usd, rich.usd_held) == (pytest.approx(billed(name, 10)), 0.0)  # no fee
     assert len(emu.alive()) == 1  # the warm one left
+
+
+def test_a_vendor_sandbox_is_killed_when_its_tenant_budget_cannot_renew_it(
+    vendor: tuple[str, Emulator],
+    make_router: RouterFactory,
+    tmp_path: Path,
+    events: list,
+    clock: Any,
+) -> None:
+    """Each adapter on its emulator: the pool has room, the tenant's budget holds the first
+    2 s window and not the renewal its TTL needs; the event names the tenant's budget,
+    and the vendor's sandbox is killed at the window's end, charged to the tenant."""
+    name, emu = vendor
+    backend = build(name, emu, tmp_path)
+    entry = {
+        "name": "v", "provider": backend.kind,
+        "price": {"vcpu_hour": 36.0, "memory_gib_hour": 0.0, "per_sandbox": 0.0},
+        "resources": {"vcpu": 1, "memory_gib": 1},
+        "quota": {"usd": 100.0, "budget_window": 2, "on_budget_end": "kill"},
+    }  # fmt: skip
+    ttl = 5 + step(name)  # past a billing step, so a renewal costs more
+    router = make_router(
+        chain=[entry], providers={"v": backend.provider}, lease_ttl=ttl,
+        tenants={"default": {"usd": 1.5 * billed(name, 2)}},
+    )  # fmt: skip
+    lease = router.acquire(tenant="user-42")
+    assert lease.sandbox.run("echo paid").stdout == "paid\n"
+    wait_until(lambda: fired(events, "budget_exhausted"))
+    [told] = fired(events, "budget_exhausted")
+    assert (told["budget"], told["tenant"], told["ends"]) == ("tenant", "user-42", NOW + 2)
+    assert [r.id for r in emu.alive()] == [lease.sandbox.id]
+    clock.advance(2)
+    wait_until(lambda: lease.released)
+    wait_until(lambda: emu.alive() == [])
+    wait_until(lambda: fired(events, "released"))
+    [spent] = router.tenants()
+    assert (spent.usd, spent.usd_held) == (pytest.approx(billed(name, 2)), 0.0)
+    assert router.status().entries[0].used["usd"] == pytest.approx(billed(name, 2))

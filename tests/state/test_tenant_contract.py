@@ -122,11 +122,33 @@ async def test_a_renewal_the_tenant_budget_cannot_hold_leaves_the_lease_short(
     settled = await store.settle(r, CFG, "l1", NOW, outcome=Outcome.SUCCESS, ttl=60)
     assert settled.short_at == 0.0  # 60 s fit in the first 100 s
     renewal = await store.heartbeat(r, "l1", NOW + 50, 60)
-    assert (renewal.alive, renewal.short_at) == (True, NOW + 100)
+    assert (renewal.alive, renewal.short_at, renewal.short_of) == (True, NOW + 100, "tenant")
     roomy = ref(usd=5.0)
     renewal = await store.heartbeat(roomy, "l1", NOW + 60, 60)
-    assert (renewal.alive, renewal.short_at) == (True, 0.0)
+    assert (renewal.alive, renewal.short_at, renewal.short_of) == (True, 0.0, None)
     assert await spent(store, "t1", NOW + 60) == (1, 0.0, pytest.approx(2.0), 1)
+
+
+@pytest.mark.parametrize(
+    ("pool_usd", "tenant_usd", "short"),
+    [(1.5, 5.0, "pool"), (5.0, 1.5, "tenant"), (1.5, 1.5, "pool")],
+    ids=["pool", "tenant", "both"],
+)
+async def test_a_short_renewal_says_whose_budget_is_short(
+    store: StateStore, pool_usd: float, tenant_usd: float, short: str
+) -> None:
+    """The commit (its TTL past a 10 s lifetime) and a heartbeat say which budget could
+    not hold the renewal: the pool's when it is short (asked first), else the tenant's."""
+    r = ref(limits=Limits(usd=pool_usd), usd=tenant_usd)
+    no_fee = Meter(0.01, 0.0, 0.0, 100.0, 50.0, kill=True)
+    assert (await store.reserve(r, CFG, "l1", NOW, 30, meter=no_fee)).granted  # $1.00 held
+    lifetime = replace(no_fee, first=10.0)  # $0.10 more: no room for a $0.50 renewal
+    assert (await store.reserve(r, CFG, "l2", NOW, 30, meter=lifetime)).granted
+    settled = await store.settle(r, CFG, "l2", NOW, outcome=Outcome.SUCCESS, ttl=60)
+    assert (settled.short_at, settled.short_of) == (NOW + 10, short)
+    await store.settle(r, CFG, "l1", NOW, outcome=Outcome.SUCCESS, ttl=60)
+    renewal = await store.heartbeat(r, "l1", NOW + 50, 60)
+    assert (renewal.short_at, renewal.short_of) == (NOW + 100, short)
 
 
 async def test_a_day_window_resets_at_midnight_in_its_timezone(store: StateStore) -> None:

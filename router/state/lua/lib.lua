@@ -236,21 +236,27 @@ end
 
 -- Grow m's cover to `expires` by whole renewals if the budget (`limit`, '' = none)
 -- holds them, and the second budget `also` ({spent and held, limit}: its tenant's) when
--- given (policies/quota.py `cover`). Returns the expiry to keep and whether it fit.
+-- given (policies/quota.py `cover`). Returns the expiry to keep, whether it fit, and
+-- which budget did not ('pool', asked first, or 'tenant'; '' when it fit).
 local function cover(usage_key, held_key, m, expires, limit, also)
-  if not m.rate then return expires, true end
+  if not m.rate then return expires, true, '' end
   local covered, renew, step = tonumber(m.covered), tonumber(m.renew), tonumber(m.step)
   local need = expires - m.started
-  if need <= covered or renew <= 0 then return expires, true end
+  if need <= covered or renew <= 0 then return expires, true, '' end
   local grown = covered + math.ceil((need - covered) / renew - 1e-9) * renew
   local extra = tonumber(m.rate) * (metered(grown, step) - metered(covered, step))
-  local fits = limit == '' or spent_usd(usage_key) + held_usd(held_key) + extra <= tonumber(limit)
-  fits = fits and (also == nil or also[1] + extra <= also[2])
+  local short = ''
+  if limit ~= '' and spent_usd(usage_key) + held_usd(held_key) + extra > tonumber(limit) then
+    short = 'pool'
+  elseif also ~= nil and also[1] + extra > also[2] then
+    short = 'tenant'
+  end
+  local fits = short == ''
   m.short = fits and 0 or 1
-  if not fits and m.kill == 1 then return m.started + covered, false end
+  if not fits and m.kill == 1 then return m.started + covered, false, short end
   redis.call('HSET', held_key, HELD_USD, num(held_usd(held_key) + extra))
   m.covered = num(grown)
-  return expires, fits
+  return expires, fits, short
 end
 
 -- Free lease `lid` (its slot and its count) and meter a live one's seconds from its
