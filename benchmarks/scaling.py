@@ -130,7 +130,7 @@ async def _fill(router: Router, count: int, batch: int = 10_000) -> None:
     cfg = router.config
     entry = cfg.chain[0]
     ref = EntryRef(entry.name, entry.pool, cfg.pool_quota(entry).limits(), cfg.window(entry))
-    store = open_store(cfg.resolved_state_url(), cfg.key_prefix)
+    store = open_store(cfg.resolved_state_url(), cfg.key_prefix, tenants=cfg.counts_tenants)
     try:
         now = time.time()
         for first in range(0, count, batch):

@@ -377,7 +377,7 @@ def _free_slots(cfg: config_mod.RouterConfig, pool: str, keep: int) -> int:
     )
 
     async def free() -> tuple[int, int]:
-        store = open_store(cfg.resolved_state_url(), cfg.key_prefix)
+        store = open_store(cfg.resolved_state_url(), cfg.key_prefix, tenants=cfg.counts_tenants)
         try:
             now = time.time()
             held = sorted(await store.lease_ids(ref, now))

@@ -535,13 +535,6 @@ class RouterConfig(_Strict):
                 raise ValueError(_format_errors(exc, f"{where}.options")) from None
             except ValueError as exc:
                 raise ValueError(f"{where}.options.{exc}") from None
-        url = self.state_url.get_secret_value() if self.state_url else ""
-        if self.tenants != TenantsConfig() and url.startswith(("redis+cluster", "rediss+cluster")):
-            raise ValueError(
-                "tenants: tenant limits need one Redis (a tenant's counts and a pool's are "
-                "changed in one script, and Cluster keeps them on different nodes); use a "
-                "single Redis or Sentinel state_url, or drop tenants"
-            )
         if self.fail_open_floor > self.fail_open_ceiling:
             raise ValueError(
                 f"fail_open_floor: {self.fail_open_floor} is above fail_open_ceiling "
@@ -557,6 +550,13 @@ class RouterConfig(_Strict):
     def window(self, entry: EntryConfig) -> MonthlyWindow:
         q = self.pool_quota(entry)
         return MonthlyWindow(q.timezone or self.timezone, q.reset_day or self.reset_day)
+
+    @property
+    def counts_tenants(self) -> bool:
+        """The config has a ``tenants:`` section, empty or not. A Redis Cluster store then
+        keeps every pool's and tenant's ledger keys under one hash tag (`open_store`'s
+        ``tenants``), and without one it counts no tenant (`router.tenants`)."""
+        return "tenants" in self.model_fields_set
 
     def tenant_limits(self, tenant: str) -> tuple[TenantLimits, TenantWindow]:
         """``tenant``'s limits (its override over the default) and window (in the pools'

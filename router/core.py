@@ -73,7 +73,9 @@ class Router:
         self._clock = clock
         self._engine = Engine()
         self._entries = build_entries(config, providers)
-        store = store or open_store(config.resolved_state_url(), config.key_prefix)
+        store = store or open_store(
+            config.resolved_state_url(), config.key_prefix, tenants=config.counts_tenants
+        )
         ctx = Context(config, self._entries, self._hooks, clock, self._spans)
         self._ledger = Ledger(store, ctx)
         self._upkeep = Upkeep(self._ledger, ctx)

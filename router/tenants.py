@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 
 from policies.tenants import valid_name
-from providers.errors import ArgumentTypeError, InvalidArgument
+from providers.errors import ArgumentTypeError, ConfigError, InvalidArgument
 from router.config import RouterConfig
-from router.state import TenantRef
+from router.state import TenantRef, on_cluster
 
 __all__ = ["Tenants", "check_tenant"]
 
@@ -39,10 +39,20 @@ class Tenants:
     def __init__(self, config: RouterConfig) -> None:
         self._config = config
         self.ref = functools.lru_cache(maxsize=4096)(self._make)
+        url = config.state_url.get_secret_value() if config.state_url else ""
+        self._uncounted = on_cluster(url) and not config.counts_tenants
 
     def _make(self, tenant: str | None) -> TenantRef | None:
-        """The tenant's ref (None for an acquire without one)."""
+        """The tenant's ref (None for an acquire without one); a Redis Cluster store whose
+        config has no ``tenants:`` keeps no tenant's keys beside its pools' (a
+        `ConfigError`)."""
         if tenant is None:
             return None
+        if self._uncounted:
+            raise ConfigError(
+                f"tenant {tenant!r}: the state store is a Redis Cluster, where tenants are "
+                "counted only with a tenants: section in the config (tenants: {} counts "
+                "them without limits); it puts every ledger key under one hash tag"
+            )
         limits, window = self._config.tenant_limits(tenant)
         return TenantRef(tenant, limits, window)

@@ -34,6 +34,7 @@ __all__ = [
     "StateStore",
     "TenantRef",
     "TenantUsage",
+    "on_cluster",
     "open_store",
 ]
 
@@ -50,14 +51,20 @@ SCHEMES = {
 }
 
 
-def open_store(url: str, prefix: str) -> StateStore:
-    """The store for ``url``, namespaced by ``prefix``."""
+def on_cluster(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (a script there touches one hash slot)."""
+    return url.partition("://")[0].lower() in ("redis+cluster", "rediss+cluster")
+
+
+def open_store(url: str, prefix: str, *, tenants: bool = False) -> StateStore:
+    """The store for ``url``, namespaced by ``prefix``; ``tenants``: the config counts
+    tenants (on Redis Cluster its ledger keys then share one hash tag)."""
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     kind = SCHEMES.get(scheme)
     if kind == "redis":
         from router.state.redis import RedisStore
 
-        return RedisStore(url, prefix)
+        return RedisStore(url, prefix, tenants=tenants)
     if kind == "sqlite":
         from router.state.sqlite import SQLiteStore
 

@@ -28,7 +28,7 @@ from policies.breaker import BreakerConfig, Outcome
 from policies.fleet import Registration
 from policies.quota import UNITS, Limits, Meter, Renewal, ShortOf
 from policies.tenants import TENANT_UNITS, TenantWindow
-from router.state import redis_snapshot, scripts
+from router.state import on_cluster, redis_snapshot, scripts
 from router.state.base import (
     CALL_MEMORY,
     FLEET_MEMORY,
@@ -63,14 +63,21 @@ class RedisStore(StateStore):
     """State in Redis, shared by every replica pointed at it.
 
     ``runner`` picks the script runner (see `router.state.scripts.runner`).
+    ``tenants``: the config counts tenants (``tenants:``); on Redis Cluster every
+    ledger key then shares one hash tag (`router.state.redis_keys`).
     """
 
     def __init__(
-        self, url: str, prefix: str = "sandbox-router", runner: scripts.RunnerName = "auto"
+        self,
+        url: str,
+        prefix: str = "sandbox-router",
+        runner: scripts.RunnerName = "auto",
+        *,
+        tenants: bool = False,
     ) -> None:
         self.url = redact(url)
         self.prefix = prefix
-        self._keys = KeySpace(prefix)
+        self._keys = KeySpace(prefix, shared=tenants and on_cluster(url))
         self._redis = client(url)
         self._runner = scripts.runner(url, self._redis, runner)
 
@@ -268,14 +275,12 @@ class RedisStore(StateStore):
         if top <= 0 or not ranked:
             return []
         names = [name.decode() for name in ranked]
-        tag = f"{{{self.prefix}:tenants}}"
 
         def queue(pipe: Any) -> None:
             for name in names:
+                leases, slots = self._keys.tenant_leases(name)
                 pipe.hmget(self._keys.tenant_usage(window, now, name), "sessions", "usd")
-                pipe.hget(f"{tag}:{name}:lease", "$usd").zcount(
-                    f"{tag}:{name}:leases", f"({now}", "+inf"
-                )
+                pipe.hget(slots, "$usd").zcount(leases, f"({now}", "+inf")
 
         replies = await self._commands(queue)
         found = []

@@ -21,6 +21,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
 
 from providers.errors import ConfigError, StateUnavailable
+from router.state import on_cluster
 
 __all__ = ["client", "redact", "state_errors"]
 
@@ -94,7 +95,7 @@ def client(url: str) -> Any:
         extra["retry"] = _reconnect()
         pool = BlockingConnectionPool.from_url(url, timeout=_POOL_WAIT, **extra)
         return Redis.from_pool(pool)  # the client owns (and closes) its pool
-    if parts.scheme in ("redis+cluster", "rediss+cluster"):
+    if on_cluster(url):
         base = url.replace("+cluster", "", 1)
         extra = {k: v for k, v in timeouts.items() if k not in query}
         return RedisCluster.from_url(base, **extra)

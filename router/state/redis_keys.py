@@ -4,6 +4,12 @@ Keys of one pool share the hash tag ``{<prefix>:<pool>}`` (usage per window,
 the lease set, lease metadata, the count of leases each entry holds, call
 answers, reconciled journals, and the health of every entry drawing on the
 pool), so each ledger script touches one slot and runs on Redis Cluster.
+The tenants' keys share ``{<prefix>:tenants}``: a script counting a lease to
+its pool and its tenant touches both tags, which one Redis (or Sentinel's
+master) runs. On Redis Cluster with tenants (`KeySpace` ``shared``), every
+pool's keys and the tenants' share the one tag ``{<prefix>:ledger}``
+instead, so those scripts touch one slot, on one node: the layout differs
+only there (a Cluster that turns tenants on or off moves its ledger).
 Sessions, locks and the replica registry each have a tag of their own.
 """
 
@@ -30,10 +36,12 @@ class PoolKeys(NamedTuple):
 
 
 class KeySpace:
-    """The key names under ``prefix``."""
+    """The key names under ``prefix``; ``shared``: every pool's and tenant's ledger key
+    under one hash tag (Redis Cluster with tenants, see the module's docstring)."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, *, shared: bool = False) -> None:
         self.prefix = prefix
+        self.shared = shared
         self._windows: dict[TenantWindow, tuple[float, float, str]] = {}
         self._calls = itertools.count()
         self._replica = secrets.token_hex(8)  # call ids of replicas never meet
@@ -49,26 +57,32 @@ class KeySpace:
         )
 
     def tenant(self, tenant: TenantRef | None, now: float) -> list[str]:
-        """The tenant's keys (none without one), under the tenants' own hash tag: its
+        """The tenant's keys (none without one), under the tenants' hash tag: its
         window's usage (hash: sessions, usd), its leases (zset: id -> expiry), their
         slots (hash: id -> slot json, ``$usd`` their holds), and the window's spend by
-        tenant (zset). A ledger script touching a pool's keys and a tenant's spans two
-        hash tags, so tenants need one Redis (not Cluster)."""
+        tenant (zset)."""
         if tenant is None:
             return []
-        tag, window = f"{{{self.prefix}:tenants}}", self._window(tenant.window, now)
+        window = self._window(tenant.window, now)
         return [
-            f"{tag}:{tenant.name}:usage:{window}",
-            f"{tag}:{tenant.name}:leases",
-            f"{tag}:{tenant.name}:lease",
-            f"{tag}:spend:{window}",
+            self.tenant_usage(tenant.window, now, tenant.name),
+            *self.tenant_leases(tenant.name),
+            f"{self._tenants}:spend:{window}",
         ]
 
     def tenant_usage(self, window: TenantWindow, now: float, tenant: str) -> str:
-        return f"{{{self.prefix}:tenants}}:{tenant}:usage:{self._window(window, now)}"
+        return f"{self._tenants}:{tenant}:usage:{self._window(window, now)}"
+
+    def tenant_leases(self, tenant: str) -> tuple[str, str]:
+        """The tenant's lease set (zset: id -> expiry) and their slots (hash)."""
+        return f"{self._tenants}:{tenant}:leases", f"{self._tenants}:{tenant}:lease"
 
     def tenant_spend(self, window: TenantWindow, now: float) -> str:
-        return f"{{{self.prefix}:tenants}}:spend:{self._window(window, now)}"
+        return f"{self._tenants}:spend:{self._window(window, now)}"
+
+    @property
+    def _tenants(self) -> str:
+        return f"{{{self.prefix}:ledger}}:tenants" if self.shared else f"{{{self.prefix}:tenants}}"
 
     def memo(self, ref: EntryRef, call_id: str) -> str:
         """Where a script keeps this call's answer for a retry (see `LedgerSupport`)."""
@@ -102,6 +116,8 @@ class KeySpace:
         return f"{tag}:members", f"{tag}:seq"
 
     def _tag(self, pool: str) -> str:
+        if self.shared:
+            return f"{{{self.prefix}:ledger}}:pool:{pool}"
         return f"{{{self.prefix}:{pool}}}"
 
     def _window(self, window: TenantWindow, now: float) -> str:

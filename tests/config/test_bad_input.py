@@ -247,8 +247,6 @@ def test_a_usd_budget_is_checked(tmp_path: Path, text: str, field: str, says: st
          "tenants.overrides.vip.sessions", "greater than or equal to 0"),
         ("tenants: {limits: {usd: 1}}\n" + CHAIN, "tenants.limits",
          "unknown key"),
-        ("state_url: redis+cluster://h:7000/0\ntenants: {default: {usd: 1}}\n" + CHAIN,
-         "tenants", "tenant limits need one Redis"),
     ],
 )  # fmt: skip
 def test_tenant_limits_are_checked(tmp_path: Path, text: str, field: str, says: str) -> None:

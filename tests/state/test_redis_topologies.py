@@ -13,15 +13,18 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from policies.breaker import BreakerConfig, Outcome
-from policies.quota import Limits, MonthlyWindow
-from providers.errors import StateUnavailable
+from policies.quota import Limits, Meter, MonthlyWindow
+from policies.tenants import TenantLimits
+from policies.warm import WarmRecord
+from providers.errors import ConfigError, NoProviderAvailable, StateUnavailable
 from router import Router
-from router.state import EntryRef, open_store
+from router.state import EntryRef, TenantRef, open_store
 from router.state.redis import RedisStore
 from router.state.scripts import RunnerName
 
@@ -287,3 +290,70 @@ async def test_tls_refuses_a_certificate_for_another_host(
                     await store.reserve(ref, BreakerConfig(), "l1", NOW, 30)
         finally:
             await store.close()
+
+
+async def test_tenants_on_a_cluster_share_one_tag_and_span_pools_on_one_node(
+    procs: Processes, tmp_path: Path
+) -> None:
+    """A tenant's lease counted with its pool in one script on a real 3-node Cluster:
+    its limits hold across pools, a warm claim holds its cover against its usd, and
+    its spend is listed. A store without tenants keeps each pool's own tag."""
+    url = cluster_url(procs, tmp_path)
+    plain, store = open_store(url, "plain"), open_store(url, "topo", tenants=True)
+    cfg, meter = BreakerConfig(), Meter(0.01, 0.0, 0.0, 100.0, 50.0)
+    limits = TenantLimits(sessions=None, usd=2.5, concurrent=2)
+    t = TenantRef("user-42", limits, MonthlyWindow())
+    refs = [
+        EntryRef(f"e{i}", f"pool{i}", Limits(usd=10), MonthlyWindow(), tenant=t) for i in range(6)
+    ]
+    try:
+        assert (await plain.reserve(replace(refs[0], tenant=None), cfg, "l0", NOW, 30)).granted
+        assert await plain.client.exists("{plain:pool0}:held")  # the layout it always had
+        for ref in refs[:2]:  # pools on different slots: one tag holds them and the tenant
+            assert (await store.reserve(ref, cfg, f"l-{ref.pool}", NOW, 30, meter=meter)).granted
+            assert await store.client.exists(f"{{topo:ledger}}:pool:{ref.pool}:held")
+        denied = await store.reserve(refs[2], cfg, "l-pool2", NOW, 30, meter=meter)
+        assert (denied.reason, denied.unit, denied.detail) == ("tenant", "concurrent", "user-42")
+        await store.settle(refs[0], cfg, "l-pool0", NOW, outcome=Outcome.SUCCESS, ttl=60)
+        assert await store.release(refs[0], "l-pool0", NOW + 10) == pytest.approx(10)
+        # A warm sandbox of pool 3 claimed for the tenant: its $1.00 cover fits beside the
+        # $0.10 spent and the $1.00 pool 1 holds; then the tenant has no room left.
+        warm = replace(refs[3], tenant=None)
+        assert (await store.reserve(warm, cfg, "w1", NOW, 30)).granted
+        await store.settle(warm, cfg, "w1", NOW, outcome=Outcome.SUCCESS, ttl=130)
+        assert await store.warm_put(warm, "w1", WarmRecord("sb", NOW, NOW + 100, NOW + 130), NOW)
+        claimed = await store.reserve(refs[3], cfg, "l-3", NOW + 10, 30, warm=True, meter=meter)
+        assert claimed.claimed is not None
+        [usage] = await store.tenants(MonthlyWindow(), NOW + 10, 5)
+        assert (usage.tenant, usage.sessions, usage.concurrent) == ("user-42", 2, 2)
+        assert (usage.usd, usage.usd_held) == (pytest.approx(0.1), pytest.approx(2.0))
+        full = await store.reserve(refs[4], cfg, "l-pool4", NOW + 10, 30, meter=meter)
+        assert (full.reason, full.unit) == ("tenant", "concurrent")
+    finally:
+        await plain.close()
+        await store.close()
+
+
+def test_a_router_counts_tenants_on_a_cluster(procs: Processes, tmp_path: Path) -> None:
+    """Through a Router on a real Cluster: a tenant at its limit is refused while another
+    is served; without a tenants: section a tenant is refused naming the config."""
+    url = cluster_url(procs, tmp_path)
+    chain = [
+        {"name": f"local{i}", "provider": "local", "options": {"root": str(tmp_path / f"sb{i}")}}
+        for i in range(2)
+    ]  # fmt: skip
+    config = {"state_url": url, "key_prefix": "tenants", "chain": chain}
+    with Router.from_config(
+        {**config, "tenants": {"default": {"sessions": 2}}}, hooks=[]
+    ) as router:
+        for _ in range(2):
+            with router.acquire(tenant="user-42") as lease:
+                assert lease.sandbox.run("echo on-cluster").stdout == "on-cluster\n"
+        with pytest.raises(NoProviderAvailable, match="tenant 'user-42' limit reached"):
+            router.acquire(tenant="user-42", timeout=2)
+        router.acquire(tenant="user-7").release()
+        assert {t.tenant: t.sessions for t in router.tenants()} == {"user-42": 2, "user-7": 1}
+    with Router.from_config(config, hooks=[]) as bare:
+        bare.acquire().release()
+        with pytest.raises(ConfigError, match="tenant 'user-42': the state store is a Redis"):
+            bare.acquire(tenant="user-42")
