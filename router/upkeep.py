@@ -43,6 +43,7 @@ from router.waits import until_done
 __all__ = ["Upkeep"]
 
 T = TypeVar("T")
+_END_LOOK = 0.5  # seconds between looks at the clock while a short lease's cover runs out
 
 
 class Upkeep:
@@ -182,9 +183,14 @@ class Upkeep:
             self.spawn(self._end_at(held, renewal.short_at))
 
     async def _end_at(self, held: Held, ends: float) -> None:
-        """Release ``held`` when its usd cover ends, unless a renewal covered it since."""
-        await asyncio.sleep(max(0.0, ends - self._ctx.clock()))
-        if held.budget_ends is not None and not held.released:
+        """Release ``held`` when its usd cover ends, unless a renewal covered it since.
+
+        The router's clock is looked at every `_END_LOOK` seconds at most (a cover may
+        run for a whole billing step: the clock, not a timer, says when it ends), and a
+        later shortfall ending elsewhere is its own task's."""
+        while (left := ends - self._ctx.clock()) > 0 and held.budget_ends == ends:
+            await asyncio.sleep(min(left, _END_LOOK))
+        if held.budget_ends == ends and not held.released:
             await self.release(held)
 
     async def release(self, held: Held, *, kill: bool = True) -> None:

@@ -56,8 +56,9 @@ def test_the_vendor_sandbox_is_killed_when_the_budget_cannot_renew_it(
     vendor: tuple[str, Emulator], make_router, tmp_path: Path, events, clock: Clock
 ) -> None:
     """The budget covers a lease's first window, not the renewals its TTL needs: the
-    app is told at once, the vendor's sandbox is killed at the window's end, and the
-    pool is charged what the vendor bills for it (Daytona: a whole minute)."""
+    app is told at once, the vendor's sandbox is killed where the window's billing steps
+    end (Daytona: the minute it paid for), and the pool is charged what the vendor bills
+    for it."""
     name, emu = vendor
     ttl = 5 + step(name)  # past a billing step, so a renewal costs more
     router = priced(
@@ -66,9 +67,10 @@ def test_the_vendor_sandbox_is_killed_when_the_budget_cannot_renew_it(
     lease = router.acquire()
     assert lease.sandbox.run("echo paid").stdout == "paid\n"
     wait_until(lambda: fired(events, "budget_exhausted"))
-    assert fired(events, "budget_exhausted")[0]["ends"] == NOW + 2
+    paid = metered(2, step(name))
+    assert fired(events, "budget_exhausted")[0]["ends"] == NOW + paid
     assert [r.id for r in emu.alive()] == [lease.sandbox.id]
-    clock.advance(2)
+    clock.advance(paid)
     wait_until(lambda: lease.released)
     wait_until(lambda: emu.alive() == [])
     with pytest.raises(LeaseError):
@@ -78,6 +80,33 @@ def test_the_vendor_sandbox_is_killed_when_the_budget_cannot_renew_it(
     view = router.status().entries[0]
     assert view.used["usd"] == pytest.approx(billed(name, 2))
     assert view.usd_held == 0
+
+
+@pytest.mark.parametrize("vendor", ["daytona"], indirect=True)
+def test_a_minute_billed_lease_runs_out_the_minute_it_paid_for(
+    vendor: tuple[str, Emulator], make_router, tmp_path: Path, events, clock: Clock
+) -> None:
+    """Daytona charges a whole minute at its start: a lease whose 2 s window the budget
+    cannot renew keeps its sandbox, for no more money, until that minute ends, and is
+    charged that minute, what it held."""
+    name, emu = vendor
+    router = priced(
+        vendor, tmp_path, make_router, 1.5 * billed(name, 2), 2, ttl=65, on_budget_end="kill"
+    )
+    lease = router.acquire()
+    wait_until(lambda: fired(events, "budget_exhausted"))
+    assert fired(events, "budget_exhausted")[0]["ends"] == NOW + 60
+    clock.advance(30)  # well past its 2 s window, inside its minute
+    assert lease.sandbox.run("echo still").stdout == "still\n"
+    assert not lease.released and lease.budget_exhausted is not None
+    assert router.status().entries[0].usd_held == pytest.approx(billed(name, 60))
+    clock.advance(30)
+    wait_until(lambda: lease.released)
+    wait_until(lambda: emu.alive() == [])
+    wait_until(lambda: fired(events, "released"))
+    assert fired(events, "released")[0]["cost"] == pytest.approx(RATE * 60)
+    view = router.status().entries[0]
+    assert (view.used["usd"], view.usd_held) == (pytest.approx(RATE * 60), 0)
 
 
 def test_no_vendor_sandbox_is_made_past_what_the_budget_covers(

@@ -224,6 +224,11 @@ local function clear_held(leases_key, held_key)
   end
 end
 
+-- When m's cover ends: the end of the last billing step its hold pays for.
+local function cover_end(m)
+  return m.started + metered(tonumber(m.covered), tonumber(m.step))
+end
+
 -- Drop m's hold and charge its cost for `seconds` (its fee if it took a session).
 local function settle_usd(usage_key, held_key, m, seconds)
   if not m.rate then return end
@@ -234,6 +239,16 @@ local function settle_usd(usage_key, held_key, m, seconds)
   redis.call('HSET', usage_key, 'usd', num(spent_usd(usage_key) + charged))
 end
 
+-- `covered` grown by the fewest whole `renew` windows whose paid steps reach `need`
+-- seconds (policies/quota.py `_grown`).
+local function grown_cover(covered, renew, step, need)
+  if step <= 0 then return covered + math.ceil((need - covered) / renew - 1e-9) * renew end
+  local steps = math.ceil(need / step - 1e-9)
+  local windows = math.max(1, math.floor(((steps - 1) * step - covered) / renew))
+  while metered(covered + windows * renew, step) < need do windows = windows + 1 end
+  return covered + windows * renew
+end
+
 -- Grow m's cover to `expires` by whole renewals if the budget (`limit`, '' = none)
 -- holds them, and the second budget `also` ({spent and held, limit}: its tenant's) when
 -- given (policies/quota.py `cover`). Returns the expiry to keep and whether it fit.
@@ -241,13 +256,14 @@ local function cover(usage_key, held_key, m, expires, limit, also)
   if not m.rate then return expires, true end
   local covered, renew, step = tonumber(m.covered), tonumber(m.renew), tonumber(m.step)
   local need = expires - m.started
-  if need <= covered or renew <= 0 then return expires, true end
-  local grown = covered + math.ceil((need - covered) / renew - 1e-9) * renew
+  local paid = metered(covered, step)  -- the cover ends where its paid steps do
+  if need <= paid or renew <= 0 then return expires, true end
+  local grown = grown_cover(covered, renew, step, need)
   local extra = tonumber(m.rate) * (metered(grown, step) - metered(covered, step))
   local fits = limit == '' or spent_usd(usage_key) + held_usd(held_key) + extra <= tonumber(limit)
   fits = fits and (also == nil or also[1] + extra <= also[2])
   m.short = fits and 0 or 1
-  if not fits and m.kill == 1 then return m.started + covered, false end
+  if not fits and m.kill == 1 then return m.started + paid, false end
   redis.call('HSET', held_key, HELD_USD, num(held_usd(held_key) + extra))
   m.covered = num(grown)
   return expires, fits
