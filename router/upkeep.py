@@ -188,10 +188,12 @@ class Upkeep:
         The router's clock is looked at every `_END_LOOK` seconds at most (a cover may
         run for a whole billing step: the clock, not a timer, says when it ends), and a
         later shortfall ending elsewhere is its own task's."""
-        while (left := ends - self._ctx.clock()) > 0 and held.budget_ends == ends:
+        while held.budget_ends == ends and not held.released:
+            left = ends - self._ctx.clock()
+            if left <= 0:
+                await self.release(held)
+                return
             await asyncio.sleep(min(left, _END_LOOK))
-        if held.budget_ends == ends and not held.released:
-            await self.release(held)
 
     async def release(self, held: Held, *, kill: bool = True) -> None:
         """Dispose of the sandbox (``kill=False``: a paused one, left as it is); free the

@@ -311,7 +311,8 @@ def test_a_cover_ends_with_the_step_it_paid_for(
     hold = meter.cost(first)
     quota.reserve(state, Limits(usd=hold), "l", "e", 0.0, 10, meter=meter)
     renewal = quota.commit(state, "l", 100.0, ttl, limits=Limits(usd=hold))
-    assert renewal.alive and renewal.short_at == (100.0 + ends if ends else 0.0)
+    assert renewal.alive
+    assert renewal.short_at == (100.0 + ends if ends else 0.0)
     slot = state.leases["l"]
     assert slot.expires == 100.0 + (ends or ttl)
     assert quota.release(state, "l", 100.0 + ttl) == (ends or ttl)
@@ -343,9 +344,11 @@ def test_a_lease_the_budget_cannot_renew_is_charged_exactly_its_hold(
     slot = state.leases["l"]
     assert slot.paid() == paid
     if ttl <= paid + 1e-9:
-        assert renewal.short_at == 0.0 and slot.expires == ttl
+        assert renewal.short_at == 0.0
+        assert slot.expires == ttl
     else:
-        assert renewal.short_at == paid and slot.expires == paid
+        assert renewal.short_at == paid
+        assert slot.expires == paid
     assert quota.heartbeat(state, "l", slot.expires, ttl, limits).alive is False
     quota.purge_expired(state, slot.expires + late)
     assert state.usd <= limits.usd + 1e-12  # type: ignore[operator]
