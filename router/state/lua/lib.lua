@@ -217,11 +217,63 @@ local function add_held(held_key, amount)
   redis.call('HSET', held_key, HELD_USD, num(math.max(0, held_usd(held_key) + amount)))
 end
 
--- No lease left holds anything: no float dust stays behind.
+-- Paused sandboxes' storage holds (policies/paused.py): the held hash's `$paused` field, a
+-- json object sandbox id -> {entry, started, expires, rate} (numbers as %.17g strings),
+-- their USD counted in `$usd`; no field once none is held.
+local PAUSED = '$paused'
+
+-- Nothing left holds anything: no float dust stays behind.
 local function clear_held(leases_key, held_key)
-  if redis.call('ZCARD', leases_key) == 0 and redis.call('HEXISTS', held_key, HELD_USD) == 1 then
+  if redis.call('ZCARD', leases_key) == 0 and redis.call('HEXISTS', held_key, HELD_USD) == 1
+      and redis.call('HEXISTS', held_key, PAUSED) == 0 then
     redis.call('HSET', held_key, HELD_USD, '0')
   end
+end
+
+local function paused_holds(held_key)
+  local raw = redis.call('HGET', held_key, PAUSED)
+  if not raw then return {} end
+  return cjson.decode(raw)
+end
+
+local function save_paused(held_key, holds)
+  if next(holds) == nil then
+    redis.call('HDEL', held_key, PAUSED)
+  else
+    redis.call('HSET', held_key, PAUSED, cjson.encode(holds))
+  end
+end
+
+local function paused_held(h)
+  return tonumber(h.rate) * (tonumber(h.expires) - tonumber(h.started))
+end
+
+local function paused_charge(h, now)
+  local started = tonumber(h.started)
+  return tonumber(h.rate) * (math.min(math.max(now, started), tonumber(h.expires)) - started)
+end
+
+-- Drop sandbox `id`'s storage hold, charging what it used until `now`: the USD, nil if
+-- it held none.
+local function settle_paused(usage_key, held_key, holds, id, now)
+  local h = holds[id]
+  if not h then return nil end
+  holds[id] = nil
+  add_held(held_key, -paused_held(h))
+  local charged = paused_charge(h, now)
+  redis.call('HSET', usage_key, 'usd', num(spent_usd(usage_key) + charged))
+  return charged
+end
+
+-- Charge every hold past its end whole, in sandbox id order. Returns how many.
+local function purge_paused(usage_key, held_key, holds, now)
+  local ended = {}
+  for id, h in pairs(holds) do
+    if tonumber(h.expires) <= now then table.insert(ended, id) end
+  end
+  table.sort(ended)
+  for _, id in ipairs(ended) do settle_paused(usage_key, held_key, holds, id, now) end
+  return #ended
 end
 
 -- When m's cover ends: the end of the last billing step its hold pays for.
