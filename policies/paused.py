@@ -6,9 +6,10 @@ longest it may last (the pause token's ``pause_ttl``, a sticky session's
 idle TTL), beside the leases' holds (`policies.quota`): a pause is made
 only when the window's spend plus every hold plus this one fits the
 budget, so a paused sandbox never takes the pool past it. Its resume (or
-its kill) settles the hold to the storage used, from the pause to then
-and never past the hold's end; a hold nobody settled by its end (the
-sandbox was left to the janitor) is charged whole.
+its kill, the janitor's reap of a lapsed one) settles the hold to the
+storage used, from the pause to then and never past the hold's end; a
+hold still unsettled `LAPSE_GRACE` past its end (its sandbox gone unseen)
+is charged whole by the store itself.
 
 The holds are keyed by sandbox id in the pool (the janitor knows a sandbox
 by its id, not by the token or session that paused it). The Redis store
@@ -22,7 +23,11 @@ from dataclasses import dataclass
 
 from policies.quota import Limits, PoolState, QuotaDenial
 
-__all__ = ["PausedHold", "hold", "purge_expired", "settle"]
+__all__ = ["LAPSE_GRACE", "PausedHold", "hold", "purge_expired", "settle"]
+
+# Seconds past its end a hold waits for the janitor's reap (every ``reap_every``, a day
+# at most) to settle it, with its event; the store charges it whole after that.
+LAPSE_GRACE = 24 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +84,9 @@ def settle(
 
 
 def purge_expired(pool: PoolState, holds: MutableMapping[str, PausedHold], now: float) -> int:
-    """Charge every hold past its end whole (in sandbox id order); how many."""
-    ended = sorted(sid for sid, found in holds.items() if found.expires <= now)
+    """Charge whole every hold `LAPSE_GRACE` past its end (in sandbox id order); how
+    many."""
+    ended = sorted(sid for sid, found in holds.items() if found.expires + LAPSE_GRACE <= now)
     for sandbox_id in ended:
         settle(pool, holds, sandbox_id, now)
     return len(ended)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from policies.breaker import BreakerConfig, Outcome
-from policies.paused import PausedHold
+from policies.paused import LAPSE_GRACE, PausedHold
 from policies.quota import Limits, Meter, MonthlyWindow, QuotaDenial
 from router.state import EntryRef, StateStore
 
@@ -66,13 +66,18 @@ async def test_the_paused_hold_outlives_the_lease_it_was_paused_from(store: Stat
 
 
 async def test_a_lapsed_hold_is_charged_whole_never_more(store: StateStore) -> None:
+    """Settled after its end (the janitor's reap), a hold is charged whole; one nobody
+    settles a grace past its end (its sandbox gone unseen) is charged whole by the store."""
     r = ref(usd=2.0)
     assert await store.hold_paused(r, "sb", HOUR, NOW) is None
     assert await store.hold_paused(r, "sb2", PausedHold("a", NOW, NOW + 7200, 0.0001), NOW) is None
-    assert await usage(store, r, NOW + 3601) == (pytest.approx(0.36), pytest.approx(0.72))
-    assert await store.settle_paused(r, "sb", NOW + 5000) is None  # charged when it lapsed
-    assert await store.settle_paused(r, "sb2", NOW + 9000) == pytest.approx(0.72)
-    assert await usage(store, r, NOW + 9000) == (pytest.approx(1.08), 0.0)
+    assert await store.settle_paused(r, "sb", NOW + 5000) == pytest.approx(0.36)
+    assert await usage(store, r, NOW + 5000) == (pytest.approx(0.36), pytest.approx(0.72))
+    later = NOW + 7200 + LAPSE_GRACE
+    assert await usage(store, r, later - 1) == (pytest.approx(0.36), pytest.approx(0.72))
+    assert await usage(store, r, later) == (pytest.approx(1.08), 0.0)
+    assert await store.settle_paused(r, "sb2", later + 1) is None  # charged once
+    assert await usage(store, r, later + 1) == (pytest.approx(1.08), 0.0)
 
 
 async def test_a_sandbox_paused_again_settles_its_first_hold(store: StateStore) -> None:

@@ -265,11 +265,12 @@ local function settle_paused(usage_key, held_key, holds, id, now)
   return charged
 end
 
--- Charge every hold past its end whole, in sandbox id order. Returns how many.
+-- Charge whole every hold LAPSE_GRACE past its end, in sandbox id order. Returns how many.
+local LAPSE_GRACE = 24 * 3600  -- policies/paused.py's
 local function purge_paused(usage_key, held_key, holds, now)
   local ended = {}
   for id, h in pairs(holds) do
-    if tonumber(h.expires) <= now then table.insert(ended, id) end
+    if tonumber(h.expires) + LAPSE_GRACE <= now then table.insert(ended, id) end
   end
   table.sort(ended)
   for _, id in ipairs(ended) do settle_paused(usage_key, held_key, holds, id, now) end
