@@ -23,6 +23,9 @@ __all__ = ["PausedStorage"]
 
 
 class PausedStorage:
+    """Holds and settles paused storage for the router's pauses (the ledger's, the
+    janitor's)."""
+
     def __init__(self, store: StateStore, ctx: Context) -> None:
         self._store = store
         self._ctx = ctx
@@ -55,7 +58,10 @@ class PausedStorage:
     async def settle(self, entry: Entry, sandbox_id: str) -> float | None:
         """Charge ``entry``'s pool the storage ``sandbox_id`` used paused until now, and
         drop its hold: the USD, None when it held none (or the store cannot be reached:
-        the hold is charged whole once it lapses)."""
+        the hold is charged whole once it lapses); an entry that prices no storage asks
+        the store nothing."""
+        if entry.paused_rate() <= 0:
+            return None
         try:
             return await self._store.settle_paused(entry.ref, sandbox_id, self._ctx.clock())
         except StateUnavailable as exc:

@@ -30,14 +30,7 @@ from providers.errors import BudgetExceeded, ProviderError, StateUnavailable
 from router.booking import Booking, Denied
 from router.context import Context
 from router.entries import Entry
-from router.events import (
-    BudgetExhausted,
-    FreesOwed,
-    LeaseLost,
-    Paused,
-    SessionLost,
-    TaskFailed,
-)
+from router.events import BudgetExhausted, FreesOwed, LeaseLost, Paused, SessionLost, TaskFailed
 from router.kills import Kills
 from router.late_creates import LateCreates
 from router.lease import Held
