@@ -62,6 +62,7 @@ __all__ = [
     "meter",
     "metered",
     "paused_cost",
+    "paused_rate",
     "rate",
     "resources",
     "tariff",
@@ -232,12 +233,18 @@ def meter(
     return quota.Meter(per_second, t.price.per_sandbox, step, first, renew, kill)
 
 
-def paused_cost(t: Tariff, res: Resources, seconds: float) -> float:
-    """USD a paused sandbox holding ``res`` costs for ``seconds``: its memory's GiB (the
-    image a pause keeps) at ``paused_gib_hour``, exact (no vendor step is known)."""
-    if t.price is None or seconds <= 0:
+def paused_rate(t: Tariff, res: Resources) -> float:
+    """USD a second a paused sandbox holding ``res`` costs: its memory's GiB (the image a
+    pause keeps) at ``paused_gib_hour``."""
+    if t.price is None:
         return 0.0
-    return t.price.paused_gib_hour * res.memory_gib * seconds / HOUR
+    return t.price.paused_gib_hour * res.memory_gib / HOUR
+
+
+def paused_cost(t: Tariff, res: Resources, seconds: float) -> float:
+    """USD a paused sandbox holding ``res`` costs for ``seconds``, exact (no vendor step
+    is known)."""
+    return paused_rate(t, res) * seconds if seconds > 0 else 0.0
 
 
 def estimate(t: Tariff, res: Resources, lifetime: float | None = None) -> float:

@@ -22,8 +22,11 @@ hold plus its own fits the limit. The release settles the hold to the
 metered cost (the fee, and the rate times the seconds rounded up to the
 vendor's step: `policies.pricing.lease_cost`); a refund gives it back; a
 lease that expires (its app crashed) is charged until its expiry, which a
-lease's cover never passes. Whenever a lease's ledger expiry would pass its
-cover (a commit, a heartbeat), the cover grows by whole renewal windows if
+lease's cover never passes. A cover ends where the billing steps its hold
+pays for end (`LeaseSlot.paid`): a vendor billing whole minutes charges the
+minute a lease starts, so the lease may run it out without more money.
+Whenever a lease's ledger expiry would pass its cover's end (a commit, a
+heartbeat), the cover grows by whole renewal windows if
 the budget holds them; if not, the lease is `Renewal.short`: with
 ``kill`` its expiry stops at the cover's end (the router ends the sandbox
 then), else the cover grows anyway (an overdraft the pool's hold shows, so
@@ -206,6 +209,11 @@ class LeaseSlot:
     def priced(self) -> bool:
         return self.rate > 0 or self.fee > 0
 
+    def paid(self) -> float:
+        """Seconds its cover pays for: ``covered`` rounded up to the vendor's step (a
+        step-billed vendor charges the whole step it starts, so the cover ends there)."""
+        return metered(self.covered, self.step)
+
     def hold(self) -> float:
         """USD this lease holds against its pool's budget."""
         return _cost(self.rate, self.fee, self.step, self.covered) if self.priced else 0.0
@@ -275,14 +283,15 @@ def settle_usd(state: PoolState, slot: LeaseSlot, seconds: float, *, fee: bool =
 def cover(
     state: PoolState, slot: LeaseSlot, limits: Limits, also: tuple[float, float] | None = None
 ) -> ShortOf | None:
-    """Grow ``slot``'s cover to its ledger expiry by whole renewals, if the budget holds
-    them; None when they fit, else which budget cannot (``short``, see the module's
-    docstring): ``"pool"`` (asked first) or ``"tenant"``. ``also`` is a second budget
-    the renewal must fit, as (spent and held, limit): its tenant's (`policies.tenants`)."""
+    """Grow ``slot``'s cover (its end: `LeaseSlot.paid`) to its ledger expiry by whole
+    renewals, if the budget holds them; None when they fit, else which budget cannot
+    (``short``, see the module's docstring): ``"pool"`` (asked first) or ``"tenant"``.
+    ``also`` is a second budget the renewal must fit, as (spent and held, limit): its
+    tenant's (`policies.tenants`)."""
     need = slot.expires - slot.started
-    if not slot.priced or need <= slot.covered or slot.renew <= 0:
+    if not slot.priced or need <= slot.paid() or slot.renew <= 0:
         return None
-    grown = slot.covered + math.ceil((need - slot.covered) / slot.renew - 1e-9) * slot.renew
+    grown = _grown(slot.covered, slot.renew, slot.step, need)
     extra = slot.rate * (metered(grown, slot.step) - metered(slot.covered, slot.step))
     short: ShortOf | None = None
     if limits.usd is not None and state.usd + state.usd_held + extra > limits.usd:
@@ -291,11 +300,23 @@ def cover(
         short = "tenant"
     slot.short = short is not None
     if short and slot.kill:
-        slot.expires = slot.started + slot.covered
+        slot.expires = slot.started + slot.paid()
         return short
     state.usd_held += extra
     slot.covered = grown
     return short
+
+
+def _grown(covered: float, renew: float, step: float, need: float) -> float:
+    """``covered`` grown by the fewest whole ``renew`` windows whose paid steps reach
+    ``need`` seconds (a window's seconds inside a step already paid add nothing)."""
+    if step <= 0:
+        return covered + math.ceil((need - covered) / renew - 1e-9) * renew
+    steps = math.ceil(need / step - 1e-9)  # the steps ``need`` takes, as `metered` counts
+    windows = max(1, math.floor(((steps - 1) * step - covered) / renew))
+    while metered(covered + windows * renew, step) < need:
+        windows += 1
+    return covered + windows * renew
 
 
 def purge_expired(state: PoolState, now: float) -> list[str]:
@@ -389,7 +410,7 @@ def _renewal(
     short = cover(state, slot, limits, also)
     if short is None:
         return Renewal(True)
-    return Renewal(True, slot.started + slot.covered, short)
+    return Renewal(True, slot.started + slot.paid(), short)
 
 
 def refund(state: PoolState, lease_id: str) -> bool:

@@ -16,6 +16,7 @@ exception stays on ``__cause__``::
     ├── StateUnavailable            the shared state store cannot be reached
     ├── RouterClosed                a call on a router after its close (also a RuntimeError)
     ├── NoProviderAvailable         every chain entry was skipped or failed (router)
+    ├── BudgetExceeded              a pool's usd budget cannot hold a pause's storage
     ├── LeaseError                  a lease was used after release, or lost
     │   └── SessionBusy             another live lease held the session past the timeout
     └── ProviderError               raised by a provider adapter
@@ -42,6 +43,7 @@ from datetime import datetime
 __all__ = [
     "ArgumentTypeError",
     "AuthError",
+    "BudgetExceeded",
     "CapacityExceeded",
     "ConfigError",
     "InvalidArgument",
@@ -131,6 +133,11 @@ class NoProviderAvailable(SandboxRouterError):
             if lines
             else "no sandbox provider available: the chain is empty"
         )
+
+
+class BudgetExceeded(SandboxRouterError):
+    """A pool's ``usd`` budget cannot hold what a call would spend (a pause's storage for
+    its whole pause): nothing was done, the lease is as it was."""
 
 
 class ProviderError(SandboxRouterError):

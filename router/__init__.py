@@ -22,6 +22,7 @@ from providers.base import (
 from providers.errors import (
     ArgumentTypeError,
     AuthError,
+    BudgetExceeded,
     CapacityExceeded,
     ConfigError,
     InvalidArgument,
@@ -51,6 +52,7 @@ __all__ = [
     "ArgumentTypeError",
     "AsyncLease",
     "AuthError",
+    "BudgetExceeded",
     "CapacityExceeded",
     "CodeContext",
     "CodeError",

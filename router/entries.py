@@ -17,6 +17,7 @@ from policies.pricing import (
     lease_cost,
     meter,
     paused_cost,
+    paused_rate,
     resources,
 )
 from policies.quota import Meter
@@ -67,6 +68,10 @@ class Entry:
     def paused_cost(self, seconds: float) -> float:
         """USD one of its sandboxes (the entry's size) costs paused for ``seconds``."""
         return paused_cost(self.tariff, self.tariff.size, seconds)
+
+    def paused_rate(self) -> float:
+        """USD a second one of its sandboxes (the entry's size) costs paused."""
+        return paused_rate(self.tariff, self.tariff.size)
 
     def meter(self, spec: SandboxSpec | None) -> Meter | None:
         """How the ledger holds and settles a lease of ``spec`` here (its pool's ``usd``):

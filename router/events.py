@@ -375,8 +375,8 @@ class Paused(Event):
 @dataclass(frozen=True, slots=True)
 class Resumed(Event):
     """A paused sandbox runs again under a new lease (``session`` as in `Paused`).
-    ``cost``: the USD its paused storage was charged to ``pool`` (a pause token's,
-    priced with ``paused_gib_hour``; else None)."""
+    ``cost``: the USD its paused storage was charged to ``pool`` (a pause token's or a
+    sticky session's, priced with ``paused_gib_hour``; else None)."""
 
     name: ClassVar[str] = "resumed"
     entry: str

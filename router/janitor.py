@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 
 from policies.outcome import classify
 from providers.base import LABEL_ENTRY, LABEL_LEASE, LABEL_ROUTER, LABEL_WARM, SandboxInfo
-from providers.errors import ProviderError, StateUnavailable
+from providers.errors import ProviderError
 from router.context import Context
 from router.entries import Entry
 from router.events import Reaped, TaskFailed
+from router.paused_storage import PausedStorage
 from router.spans import untraced
-from router.state import Spend, StateStore
+from router.state import StateStore
 
 __all__ = ["REAPER_LOCK", "Janitor", "ReapReport"]
 
@@ -51,6 +52,7 @@ class Janitor:
     def __init__(self, store: StateStore, ctx: Context) -> None:
         self._ctx = ctx
         self._store = store
+        self._paused = PausedStorage(store, ctx)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -103,22 +105,13 @@ class Janitor:
         return report
 
     async def _storage(self, entry: Entry, info: SandboxInfo) -> float | None:
-        """Charge the pool, once, a reaped paused sandbox's storage: its pause token
-        lapsed unresumed, so a resume never charged it. The router knows it stayed paused
-        for the token's ``pause_ttl`` (the lapse to this reap is not known): that much at
-        ``paused_gib_hour``. None for a running one, a warm one, or an unpriced entry."""
-        price = entry.tariff.price
-        if info.state != "paused" or LABEL_WARM in info.labels:
+        """Settle a reaped paused sandbox's storage hold: its pause token (or its sticky
+        session) lapsed unresumed, so no resume settled it. Its hold ends with the pause's
+        TTL, so that much is charged (the lapse to this reap is not: it was never held).
+        None for one that held nothing (running, warm, unpriced)."""
+        if LABEL_WARM in info.labels:
             return None
-        if price is None or not price.paused_gib_hour:
-            return None
-        usd = entry.paused_cost(self._ctx.config.pause_ttl)
-        spent = [Spend(entry.ref, usd=usd)]
-        try:
-            await self._store.reconcile(f"paused-{info.id}", spent, self._ctx.clock())
-        except StateUnavailable:
-            return None
-        return usd
+        return await self._paused.settle(entry, info.id)
 
     async def _reap_entry(self, entry: Entry, report: ReapReport) -> None:
         """Kill the entry's listed sandboxes that neither a session binding nor a lease

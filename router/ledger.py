@@ -31,6 +31,7 @@ from router.failures import create_failed, verdict
 from router.known_exhausted import KnownExhausted
 from router.lease import Held
 from router.outage import Outage
+from router.paused_storage import PausedStorage
 from router.state import (
     EntryRef,
     Reservation,
@@ -58,6 +59,7 @@ class Ledger:
         # Pools seen out of quota: skipped with no round trip (policies/exhausted.py).
         self.exhausted = KnownExhausted(recheck=ctx.config.fleet_heartbeat)
         self.bindings = Bindings(store, ctx.clock)
+        self.storage = PausedStorage(store, ctx)
 
     async def check(self) -> None:
         """Warn once about a store that would lose the ledger (no persistence)."""

@@ -2,10 +2,14 @@
 
 `Pauses.pause` pauses the sandbox and ends its lease without the kill: the
 seconds are metered up to the pause and the slot is freed (a paused
-sandbox is not running). The paused sandbox is recorded in the shared store
-as a session binding under a key of its own (``pause:<token>``) kept for
-``pause_ttl``, so any replica can find it and the janitor, which keeps every
-bound sandbox, leaves it alone until then and reaps it after.
+sandbox is not running). Where the entry prices paused storage, the pause
+first holds that storage for ``pause_ttl`` against its pool's ``usd``
+budget (`router.paused_storage`; refused with `BudgetExceeded` when it has
+no room, the lease untouched), and the resume or the janitor settles it.
+The paused sandbox is recorded in the shared store as a session binding
+under a key of its own (``pause:<token>``) kept for ``pause_ttl``, so any
+replica can find it and the janitor, which keeps every bound sandbox,
+leaves it alone until then and reaps it after.
 
 The token is a bearer secret (whoever holds it can wake the sandbox), so no
 error, event or log line shows it.
@@ -24,6 +28,7 @@ import secrets
 
 from providers.capabilities import Capability
 from providers.errors import (
+    BudgetExceeded,
     LeaseError,
     NoProviderAvailable,
     NotFound,
@@ -33,7 +38,6 @@ from providers.errors import (
 )
 from router.booking import RESERVE_GRACE, Denied, describe
 from router.context import Context
-from router.entries import Entry
 from router.events import Paused, Resumed
 from router.lease import Held
 from router.ledger import Ledger
@@ -63,6 +67,8 @@ class Pauses:
 
         Raises:
             Unsupported: the entry does not declare ``pause`` (the lease stays live).
+            BudgetExceeded: its pool's usd budget cannot hold the paused storage for
+                ``pause_ttl`` (the lease stays live, its sandbox running).
             LeaseError: the lease was already released.
         """
         if held.released:
@@ -70,16 +76,24 @@ class Pauses:
         entry = self._ctx.entries[held.entry]
         if Capability.PAUSE not in entry.capabilities:
             raise Unsupported(entry.name, Capability.PAUSE)
-        token = secrets.token_urlsafe(24)
-        now = self._ctx.clock()
-        # Bound first: a sandbox paused with no record of it could be neither resumed nor kept.
-        await self._ledger.store.bind_session(
-            PAUSE_KEY + token, held.entry, held.sandbox.id, now + self._ctx.config.pause_ttl, now
-        )
+        token, ttl = secrets.token_urlsafe(24), self._ctx.config.pause_ttl
+        storage, sandbox_id = self._ledger.storage, held.sandbox.id
+        # Its storage held first: a pause the budget cannot pay for is not made.
+        started = await storage.hold(entry, sandbox_id, ttl, f"pause of lease {held.lease_id}")
         try:
-            await held.sandbox.pause()
+            # Bound next: a sandbox paused with no record of it could be neither resumed
+            # nor kept.
+            now = self._ctx.clock()
+            await self._ledger.store.bind_session(
+                PAUSE_KEY + token, held.entry, sandbox_id, now + ttl, now
+            )
+            try:
+                await held.sandbox.pause()
+            except BaseException:
+                await asyncio.shield(self._ledger.store.unbind_session(PAUSE_KEY + token))
+                raise
         except BaseException:
-            await asyncio.shield(self._ledger.store.unbind_session(PAUSE_KEY + token))
+            await asyncio.shield(storage.drop(entry, sandbox_id, started))
             raise
         if held.session is not None:  # the sandbox is the token's now, not the session's
             await self._ledger.bindings.let_go(held, 0.0, drop=True)
@@ -152,30 +166,24 @@ class Pauses:
         except asyncio.CancelledError:
             self._upkeep.spawn(self._repark(key, binding.expires, held))
             raise
-        cost = await self._storage(entry, binding, held)
+        cost = await self._ledger.storage.settle(entry, sandbox.id)
         self._ctx.emit(Resumed(name, held.lease_id, sandbox.id, cost=cost, pool=entry.ref.pool))
         return held
 
-    async def _storage(self, entry: Entry, binding: SessionBinding, held: Held) -> float | None:
-        """Charge the pool the paused sandbox's storage, from its pause (its binding was
-        written for ``pause_ttl`` then) to now, at ``paused_gib_hour``; None unpriced."""
-        if entry.tariff.price is None or not entry.tariff.price.paused_gib_hour:
-            return None
-        paused_at = binding.expires - self._ctx.config.pause_ttl
-        usd = entry.paused_cost(self._ctx.clock() - paused_at)
-        await self._ledger.spend(entry.ref, f"paused-{held.lease_id}", usd)
-        return usd
-
     async def _repark(self, key: str, expires: float, held: Held) -> None:
-        """Pause again, under its token, a sandbox woken for a caller who was cancelled; a
-        sandbox that cannot be parked again is killed (its token dropped)."""
+        """Pause again, under its token, a sandbox woken for a caller who was cancelled (its
+        storage held again, to the token's end); a sandbox that cannot be parked again
+        (nor its storage held) is killed, its token dropped."""
+        entry = self._ctx.entries[held.entry]
         try:
             now = self._ctx.clock()
+            await self._ledger.storage.hold(entry, held.sandbox.id, expires - now, "re-pause")
             await self._ledger.store.bind_session(key, held.entry, held.sandbox.id, expires, now)
             await held.sandbox.pause()
-        except (ProviderError, StateUnavailable):
+        except (ProviderError, StateUnavailable, BudgetExceeded):
             with contextlib.suppress(StateUnavailable):
                 await self._ledger.store.unbind_session(key)
+            await self._ledger.storage.settle(entry, held.sandbox.id)  # what it held so far
             await self._upkeep.release(held)
             return
         await self._upkeep.release(held, kill=False)

@@ -26,6 +26,7 @@ from policies.quota import Renewal
 from providers.errors import SessionBusy, StateUnavailable
 from router.booking import RESERVE_GRACE, Denied, describe
 from router.context import Context
+from router.entries import Entry
 from router.events import Resumed, SessionClosed, SessionHeld, SessionLost
 from router.lease import Held
 from router.ledger import Ledger
@@ -190,7 +191,10 @@ class Sessions:
             raise
         self._upkeep.keep(held)
         if binding.paused:
-            self._ctx.emit(Resumed(entry.name, held.lease_id, sandbox.id, claim.session))
+            cost = await self._ledger.storage.settle(entry, binding.sandbox_id)
+            self._ctx.emit(
+                Resumed(entry.name, held.lease_id, sandbox.id, claim.session, cost, entry.ref.pool)
+            )
         return held
 
     async def _release(self, committing: asyncio.Future[Renewal | None], held: Held) -> None:
@@ -239,7 +243,13 @@ class Sessions:
         """
         entry = self._ctx.entries.get(binding.entry)
         if entry is not None:
-            self._upkeep.spawn(self._upkeep.kills.kill_id(entry, binding.sandbox_id))
+            self._upkeep.spawn(self._kill(entry, binding))
+
+    async def _kill(self, entry: Entry, binding: SessionBinding) -> None:
+        """Kill a session's sandbox, and settle the storage a paused one held."""
+        await self._upkeep.kills.kill_id(entry, binding.sandbox_id)
+        if binding.paused:
+            await self._ledger.storage.settle(entry, binding.sandbox_id)
 
     async def close(self, session: str) -> bool:
         """Forget the session now and kill its sandbox; False when it had none.
@@ -252,7 +262,7 @@ class Sessions:
             return False
         entry = self._ctx.entries.get(binding.entry)
         if entry is not None and not binding.holder:
-            await self._upkeep.kills.kill_id(entry, binding.sandbox_id)
+            await self._kill(entry, binding)
         self._ctx.emit(
             SessionClosed(session=session, entry=binding.entry, sandbox_id=binding.sandbox_id)
         )

@@ -26,11 +26,11 @@ from typing import Any, TypeVar
 
 from policies.quota import Meter, Renewal, ShortOf
 from providers.capabilities import Capability
-from providers.errors import ProviderError, StateUnavailable
+from providers.errors import BudgetExceeded, ProviderError, StateUnavailable
 from router.booking import Booking, Denied
 from router.context import Context
 from router.entries import Entry
-from router.events import BudgetExhausted, FreesOwed, LeaseLost, Paused, TaskFailed
+from router.events import BudgetExhausted, FreesOwed, LeaseLost, Paused, SessionLost, TaskFailed
 from router.kills import Kills
 from router.late_creates import LateCreates
 from router.lease import Held
@@ -43,6 +43,7 @@ from router.waits import until_done
 __all__ = ["Upkeep"]
 
 T = TypeVar("T")
+_END_LOOK = 0.5  # seconds between looks at the clock while a short lease's cover runs out
 
 
 class Upkeep:
@@ -187,10 +188,17 @@ class Upkeep:
             self.spawn(self._end_at(held, renewal.short_at))
 
     async def _end_at(self, held: Held, ends: float) -> None:
-        """Release ``held`` when its usd cover ends, unless a renewal covered it since."""
-        await asyncio.sleep(max(0.0, ends - self._ctx.clock()))
-        if held.budget_ends is not None and not held.released:
-            await self.release(held)
+        """Release ``held`` when its usd cover ends, unless a renewal covered it since.
+
+        The router's clock is looked at every `_END_LOOK` seconds at most (a cover may
+        run for a whole billing step: the clock, not a timer, says when it ends), and a
+        later shortfall ending elsewhere is its own task's."""
+        while held.budget_ends == ends and not held.released:
+            left = ends - self._ctx.clock()
+            if left <= 0:
+                await self.release(held)
+                return
+            await asyncio.sleep(min(left, _END_LOOK))
 
     async def release(self, held: Held, *, kill: bool = True) -> None:
         """Dispose of the sandbox (``kill=False``: a paused one, left as it is); free the
@@ -250,9 +258,11 @@ class Upkeep:
         """Park a session's sandbox while the lease still holds the session, then let go.
 
         Paused where the entry can pause and ``session_pause`` is on (its
-        bill stops), else kept running for ``session_idle_ttl``; killed when
-        sessions are kept for no idle time, or when the session no longer
-        names this lease (closed, or its claim expired and it moved on). The
+        bill stops; its paused storage held for the idle TTL first, and where
+        the pool's usd budget cannot hold it, killed and the session lost),
+        else kept running for ``session_idle_ttl``; killed when sessions are
+        kept for no idle time, or when the session no longer names this lease
+        (closed, or its claim expired and it moved on). The
         pause comes first: once let go, another replica may resume the
         sandbox, and nothing may pause it under that lease. A store that
         cannot be reached leaves the binding held until it expires; the
@@ -269,17 +279,41 @@ class Upkeep:
             return
         paused = False
         if self._ctx.config.session_pause and Capability.PAUSE in entry.capabilities:
+            try:
+                started = await self._hold_storage(entry, held, idle)
+            except BudgetExceeded as exc:  # parked neither paused (unpaid) nor running
+                self._ctx.emit(
+                    SessionLost(held.session or "", entry.name, str(exc), held.sandbox.id)
+                )
+                await self.kills.kill(entry, held.sandbox)
+                await self._let_go(held, 0.0, drop=True)
+                return
             with contextlib.suppress(ProviderError):
                 await held.sandbox.pause()
                 paused = True
+            if not paused:
+                with contextlib.suppress(StateUnavailable):
+                    await self._ledger.storage.drop(entry, held.sandbox.id, started)
         if not paused:
             with contextlib.suppress(ProviderError):
                 await held.sandbox.keepalive(idle)
         kept = await self._let_go(held, idle, paused=paused)
         if kept is False:
             await self.kills.kill(entry, held.sandbox)
+            if paused:
+                await self._ledger.storage.settle(entry, held.sandbox.id)
         elif kept and paused:
             self._ctx.emit(Paused(entry.name, held.lease_id, held.sandbox.id, held.session or ""))
+
+    async def _hold_storage(self, entry: Entry, held: Held, idle: float) -> float | None:
+        """Hold a session's sandbox's paused storage for its idle TTL (`PausedStorage.hold`);
+        a store that cannot be reached holds nothing (reported), and the pause goes on."""
+        what = f"pause of session {held.session!r}'s sandbox"
+        try:
+            return await self._ledger.storage.hold(entry, held.sandbox.id, idle, what)
+        except StateUnavailable as exc:
+            self._ledger.report("session", exc)
+            return None
 
     async def _let_go(
         self, held: Held, ttl: float, *, paused: bool = False, drop: bool = False

@@ -4,8 +4,9 @@ A store is assembled from capabilities, each an abstract base holding the
 calls of one concern (limits' ``Storage`` with its ``MovingWindowSupport``
 is the model): `LedgerSupport` (quota units, lease slots, entry health),
 `SessionSupport` (sticky session bindings), `LockSupport` (fleet-wide
-locks) and `FleetSupport` (the replica registry and the reconcile of an
-outage's spend). `StateStore` is all of them plus the connection's upkeep;
+locks), `FleetSupport` (the replica registry and the reconcile of an
+outage's spend), `WarmSupport` (warm pools) and `PausedSupport` (paused
+storage's holds). `StateStore` is all of them plus the connection's upkeep;
 the router holds one.
 
 Each call is one atomic decision (a Lua script on Redis, one transaction on
@@ -25,6 +26,7 @@ from policies.fleet import Registration
 from policies.quota import Limits, Meter, MonthlyWindow, Renewal, ShortOf
 from policies.sessions import SessionBinding, SessionClaim
 from policies.tenants import TenantLimits, TenantWindow
+from router.state.paused import PausedSupport
 from router.state.warm import Claim, WarmSupport
 
 __all__ = [
@@ -426,7 +428,9 @@ SETTABLE_UNITS = (
 )  # `StateStore.set_usage`; concurrent is live leases
 
 
-class StateStore(LedgerSupport, SessionSupport, LockSupport, FleetSupport, WarmSupport):
+class StateStore(
+    LedgerSupport, SessionSupport, LockSupport, FleetSupport, WarmSupport, PausedSupport
+):
     """Shared state for one router configuration (namespaced by ``prefix``)."""
 
     url: str

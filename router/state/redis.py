@@ -26,7 +26,8 @@ from redis import exceptions as redis_errors
 
 from policies.breaker import BreakerConfig, Outcome
 from policies.fleet import Registration
-from policies.quota import UNITS, Limits, Meter, Renewal, ShortOf
+from policies.paused import PausedHold
+from policies.quota import UNITS, Limits, Meter, QuotaDenial, Renewal, ShortOf
 from policies.tenants import TENANT_UNITS, TenantWindow
 from router.state import on_cluster, redis_snapshot, scripts
 from router.state.base import (
@@ -440,6 +441,27 @@ class RedisStore(StateStore):
     async def warm_kept(self, ref: EntryRef, now: float) -> set[str]:
         keys = [self._keys.pool(ref, now).leases, self._keys.warm(ref)]
         return {lid.decode() for lid in await self._script("warm_kept", keys, [now])}
+
+    async def hold_paused(
+        self, ref: EntryRef, sandbox_id: str, hold: PausedHold, now: float
+    ) -> QuotaDenial | None:
+        keys = self._keys.pool(ref, now)
+        numbers = (repr(float(v)) for v in (hold.started, hold.expires, hold.rate))
+        raw = await self._script(
+            "paused_hold", [keys.usage, keys.leases, keys.meta, keys.held],
+            [now, sandbox_id, hold.entry, *numbers, _usd_limit(ref.limits), _USAGE_TTL],
+        )  # fmt: skip
+        if not raw:
+            return None
+        assert ref.limits.usd is not None  # only a limit refuses
+        return QuotaDenial("usd", float(raw), ref.limits.usd)
+
+    async def settle_paused(self, ref: EntryRef, sandbox_id: str, now: float) -> float | None:
+        keys = self._keys.pool(ref, now)
+        raw = await self._script(
+            "paused_settle", [keys.usage, keys.leases, keys.held], [now, sandbox_id, _USAGE_TTL]
+        )
+        return float(raw) if raw else None
 
     async def ping(self) -> None:
         await self._commands(lambda pipe: pipe.ping())

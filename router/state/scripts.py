@@ -46,7 +46,7 @@ RunnerName = Literal["auto", "resp", "redis-py"]
 RUNNERS: tuple[RunnerName, ...] = ("auto", "resp", "redis-py")
 _WITH_LIB = frozenset(
     {"reserve", "settle", "release", "heartbeat", "record", "reconcile", "snapshot",
-     "session_release"}
+     "session_release", "paused_hold", "paused_settle"}
 )  # fmt: skip
 _WITH_WARM = frozenset({"reserve", "warm_put", "warm_take", "warm_kept"})
 _WITH_SESSION = frozenset({"session_claim", "session_bind", "session_release"})

@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from policies import breaker, fleet, quota
+from policies import paused as paused_policy
 from policies import sessions as session_policy
 from policies import tenants as tenant_policy
 from policies import warm as warm_policy
 from policies.breaker import BreakerConfig, BreakerState, Outcome
-from policies.quota import UNITS, LeaseSlot, Limits, Meter, PoolState, Renewal
+from policies.paused import PausedHold
+from policies.quota import UNITS, LeaseSlot, Limits, Meter, PoolState, QuotaDenial, Renewal
 from policies.tenants import TenantState, TenantWindow
 from policies.warm import Claim, WarmRecord
 from router.state.base import (
@@ -98,8 +100,8 @@ def _save(tx: Tables, name: str, pool: _Pool) -> None:
     deltas = Counter(slot.entry for slot in pool.leases.values())
     deltas.subtract(pool.loaded.values())
     tx.count_held(name, {entry: n for entry, n in deltas.items() if n})
-    if pool.used("concurrent") == 0:
-        pool.usd_held = 0.0  # no lease holds anything: no float dust is left over
+    if pool.used("concurrent") == 0 and tx.get("paused", name) is None:
+        pool.usd_held = 0.0  # nothing holds anything: no float dust is left over
     if pool.usd_held != pool.loaded_usd_held:
         tx.put("usd_held", name, repr(pool.usd_held), math.inf, 0.0)
 
@@ -518,6 +520,33 @@ class TableStore(StateStore):
             lambda tx: tx.lease_ids(ref.pool, now) | set(_warm_rows(tx, ref, now))
         )
 
+    async def hold_paused(
+        self, ref: EntryRef, sandbox_id: str, hold: PausedHold, now: float
+    ) -> QuotaDenial | None:
+        def hold_it(tx: Tables) -> QuotaDenial | None:
+            pool = _load(tx, ref, now, purge=True)
+            quota.purge_expired(pool, now)
+            holds = _paused_rows(tx, ref.pool)
+            paused_policy.purge_expired(pool, holds, now)
+            denial = paused_policy.hold(pool, holds, sandbox_id, hold, ref.limits)
+            _save_paused(tx, ref.pool, holds, now)
+            _save(tx, ref.pool, pool)
+            return denial
+
+        return await self._transact(hold_it)
+
+    async def settle_paused(self, ref: EntryRef, sandbox_id: str, now: float) -> float | None:
+        def settle(tx: Tables) -> float | None:
+            pool = _load(tx, ref, now)
+            holds = _paused_rows(tx, ref.pool)
+            charged = paused_policy.settle(pool, holds, sandbox_id, now)
+            paused_policy.purge_expired(pool, holds, now)
+            _save_paused(tx, ref.pool, holds, now)
+            _save(tx, ref.pool, pool)
+            return charged
+
+        return await self._transact(settle)
+
     async def ping(self) -> None:
         await self._transact(lambda tx: None)
 
@@ -541,6 +570,24 @@ def _handed_over(pool: _Pool, held: HeldLease, now: float) -> LeaseSlot:
         pool.usd_held += slot.hold()
         quota.cover(pool, slot, Limits())
     return slot
+
+
+def _paused_rows(tx: Tables, pool: str) -> dict[str, PausedHold]:
+    """The pool's paused storage holds by sandbox id (one row: a pool pauses few)."""
+    row = tx.get("paused", pool)
+    if row is None:
+        return {}
+    return {sid: PausedHold(*fields) for sid, fields in json.loads(row[0]).items()}
+
+
+def _save_paused(tx: Tables, pool: str, holds: Mapping[str, PausedHold], now: float) -> None:
+    """Write the pool's holds back (no row once it holds none: `_save` reads that)."""
+    if not holds:
+        if tx.get("paused", pool) is not None:
+            tx.delete("paused", pool)
+        return
+    value = {sid: [h.entry, h.started, h.expires, h.rate] for sid, h in holds.items()}
+    tx.put("paused", pool, json.dumps(value), math.inf, now)
 
 
 def _binding(tx: Tables, session: str) -> SessionBinding | None:
@@ -794,6 +841,9 @@ def _snapshot(tx: Tables, refs: list[EntryRef], now: float) -> Snapshot:
         if ref.pool not in snap.pools:
             pool = _load(tx, ref, now, purge=True)
             quota.purge_expired(pool, now)
+            holds = _paused_rows(tx, ref.pool)
+            if paused_policy.purge_expired(pool, holds, now):
+                _save_paused(tx, ref.pool, holds, now)
             _save(tx, ref.pool, pool)
             held[ref.pool] = tx.held(ref.pool)
             snap.pools[ref.pool] = PoolStatus(

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from policies import quota
-from policies.quota import Grant, Limits, MonthlyWindow, PoolState, QuotaDenial
+from policies.quota import Grant, Limits, Meter, MonthlyWindow, PoolState, QuotaDenial
 
 
 def ts(*args: int, tz: str = "UTC") -> float:
@@ -228,7 +229,7 @@ class UsdMachine(RuleBasedStateMachine):
         if renewal:
             self.live.add(lid)
             slot = self.state.leases[lid]
-            assert not slot.priced or slot.expires - slot.started <= slot.covered + 1e-9
+            assert not slot.priced or slot.expires - slot.started <= slot.paid() + 1e-9
 
     @precondition(lambda self: self.reserved)
     @rule(data=st.data())
@@ -258,7 +259,7 @@ class UsdMachine(RuleBasedStateMachine):
         slot = self.state.leases.get(lid)
         if renewal.short_at:
             assert slot is not None
-            assert renewal.short_at == slot.started + slot.covered
+            assert renewal.short_at == slot.started + slot.paid()
             assert slot.expires <= renewal.short_at
 
     @rule(dt=st.floats(0, 120))
@@ -288,3 +289,94 @@ TestUsd = UsdMachine.TestCase
 )  # fmt: skip
 def test_metered_rounds_up_to_whole_steps(seconds: float, step: float, billed: float) -> None:
     assert quota.metered(seconds, step) == billed
+
+
+STEPS = st.sampled_from([0.0, 1.0, 60.0])
+
+
+@pytest.mark.parametrize(
+    ("step", "first", "ttl", "ends"),
+    [(60.0, 2.0, 65.0, 60.0), (60.0, 2.0, 30.0, 0.0), (60.0, 59.5, 61.0, 60.0),
+     (60.0, 60.0, 60.0, 0.0), (60.0, 61.0, 121.0, 120.0), (1.0, 2.5, 5.0, 3.0),
+     (0.0, 2.0, 65.0, 2.0)],
+)  # fmt: skip
+def test_a_cover_ends_with_the_step_it_paid_for(
+    step: float, first: float, ttl: float, ends: float
+) -> None:
+    """A lease the budget cannot renew runs to the end of the billing step its hold paid
+    for (Daytona's minute), not to its cover's seconds; one inside that step needs no
+    renewal at all (``ends`` 0: not short)."""
+    meter = Meter(0.01, 0.0, step, first, 2.0, kill=True)
+    state = PoolState("w")
+    hold = meter.cost(first)
+    quota.reserve(state, Limits(usd=hold), "l", "e", 0.0, 10, meter=meter)
+    renewal = quota.commit(state, "l", 100.0, ttl, limits=Limits(usd=hold))
+    assert renewal.alive
+    assert renewal.short_at == (100.0 + ends if ends else 0.0)
+    slot = state.leases["l"]
+    assert slot.expires == 100.0 + (ends or ttl)
+    assert quota.release(state, "l", 100.0 + ttl) == (ends or ttl)
+    assert state.usd == pytest.approx(hold) if ends else state.usd <= hold
+    assert state.usd_held == pytest.approx(0.0)
+
+
+@given(
+    rate=st.floats(0.0001, 1.0),
+    step=STEPS,
+    first=st.floats(0.5, 200.0),
+    renew=st.floats(0.5, 200.0),
+    ttl=st.floats(0.5, 500.0),
+    late=st.floats(0.0, 300.0),
+)
+def test_a_lease_the_budget_cannot_renew_is_charged_exactly_its_hold(
+    rate: float, step: float, first: float, renew: float, ttl: float, late: float
+) -> None:
+    """The budget holds the first cover only: the lease ends at the end of the steps
+    that hold pays for (or its TTL, if sooner), and however late it is released, or
+    purged once its app crashed, it is charged at most its hold: exactly it when it ran
+    to the end."""
+    meter = Meter(rate, 0.0, step, first, renew, kill=True)
+    limits = Limits(usd=meter.cost(first))
+    state = PoolState("w")
+    assert isinstance(quota.reserve(state, limits, "l", "e", 0.0, 10, meter=meter), Grant)
+    paid = quota.metered(first, step)
+    renewal = quota.commit(state, "l", 0.0, ttl, limits=limits)
+    slot = state.leases["l"]
+    assert slot.paid() == paid
+    if ttl <= paid + 1e-9:
+        assert renewal.short_at == 0.0
+        assert slot.expires == ttl
+    else:
+        assert renewal.short_at == paid
+        assert slot.expires == paid
+    assert quota.heartbeat(state, "l", slot.expires, ttl, limits).alive is False
+    quota.purge_expired(state, slot.expires + late)
+    assert state.usd <= limits.usd + 1e-12  # type: ignore[operator]
+    if ttl > paid + 1e-9:
+        assert state.usd == pytest.approx(limits.usd)
+    assert state.usd_held == pytest.approx(0.0)
+
+
+@given(
+    rate=st.floats(0.0001, 1.0),
+    step=STEPS,
+    first=st.floats(0.5, 200.0),
+    renew=st.floats(0.5, 200.0),
+    ttl=st.floats(0.5, 2000.0),
+)
+def test_a_renewal_adds_whole_windows_until_the_paid_steps_reach_the_expiry(
+    rate: float, step: float, first: float, renew: float, ttl: float
+) -> None:
+    """With room in the budget, the cover grows by the fewest whole windows whose paid
+    steps reach the lease's expiry, and the pool holds exactly what they cost."""
+    meter = Meter(rate, 0.0, step, first, renew)
+    state = PoolState("w")
+    quota.reserve(state, Limits(), "l", "e", 0.0, 10, meter=meter)
+    assert quota.commit(state, "l", 0.0, ttl).short_at == 0.0
+    slot = state.leases["l"]
+    windows = round((slot.covered - first) / renew)
+    assert slot.covered == pytest.approx(first + windows * renew)
+    assert slot.paid() >= ttl - 1e-6
+    if windows:
+        assert quota.metered(slot.covered - renew, step) < ttl
+    assert state.usd_held == pytest.approx(rate * slot.paid())

@@ -3,6 +3,7 @@ what is held, settled and ended."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from emulators.harness import Emulator
 from policies.pricing import METERING
 from policies.quota import metered
-from providers.errors import LeaseError, NoProviderAvailable
+from providers.errors import BudgetExceeded, LeaseError, NoProviderAvailable
 from router import Router
 from tests.contract.conftest import build
 from tests.polling import wait_until
@@ -36,28 +37,34 @@ def priced(
     usd: float,
     window: float,
     ttl: float = 5,
+    paused_gib_hour: float = 0.0,
+    pause_ttl: float = 3600,
     **quota: object,
 ) -> Router:
     """A router on the vendor's adapter, its pool's budget ``usd``, leases renewed
-    ``window`` seconds at a time."""
+    ``window`` seconds at a time, paused storage at ``paused_gib_hour``."""
     name, emu = vendor
     backend = build(name, emu, tmp_path)
+    price = {"vcpu_hour": 36.0, "memory_gib_hour": 0.0, "per_sandbox": 0.0}
     entry = {
         "name": "v",
         "provider": backend.kind,
-        "price": {"vcpu_hour": 36.0, "memory_gib_hour": 0.0, "per_sandbox": 0.0},
+        "price": {**price, "paused_gib_hour": paused_gib_hour},
         "resources": {"vcpu": 1, "memory_gib": 1},
         "quota": {"usd": usd, "budget_window": window, **quota},
     }
-    return make_router(chain=[entry], providers={"v": backend.provider}, lease_ttl=ttl)
+    return make_router(
+        chain=[entry], providers={"v": backend.provider}, lease_ttl=ttl, pause_ttl=pause_ttl
+    )
 
 
 def test_the_vendor_sandbox_is_killed_when_the_budget_cannot_renew_it(
     vendor: tuple[str, Emulator], make_router, tmp_path: Path, events, clock: Clock
 ) -> None:
     """The budget covers a lease's first window, not the renewals its TTL needs: the
-    app is told at once, the vendor's sandbox is killed at the window's end, and the
-    pool is charged what the vendor bills for it (Daytona: a whole minute)."""
+    app is told at once, the vendor's sandbox is killed where the window's billing steps
+    end (Daytona: the minute it paid for), and the pool is charged what the vendor bills
+    for it."""
     name, emu = vendor
     ttl = 5 + step(name)  # past a billing step, so a renewal costs more
     router = priced(
@@ -66,9 +73,10 @@ def test_the_vendor_sandbox_is_killed_when_the_budget_cannot_renew_it(
     lease = router.acquire()
     assert lease.sandbox.run("echo paid").stdout == "paid\n"
     wait_until(lambda: fired(events, "budget_exhausted"))
-    assert fired(events, "budget_exhausted")[0]["ends"] == NOW + 2
+    paid = metered(2, step(name))
+    assert fired(events, "budget_exhausted")[0]["ends"] == NOW + paid
     assert [r.id for r in emu.alive()] == [lease.sandbox.id]
-    clock.advance(2)
+    clock.advance(paid)
     wait_until(lambda: lease.released)
     wait_until(lambda: emu.alive() == [])
     with pytest.raises(LeaseError):
@@ -78,6 +86,34 @@ def test_the_vendor_sandbox_is_killed_when_the_budget_cannot_renew_it(
     view = router.status().entries[0]
     assert view.used["usd"] == pytest.approx(billed(name, 2))
     assert view.usd_held == 0
+
+
+@pytest.mark.parametrize("vendor", ["daytona"], indirect=True)
+def test_a_minute_billed_lease_runs_out_the_minute_it_paid_for(
+    vendor: tuple[str, Emulator], make_router, tmp_path: Path, events, clock: Clock
+) -> None:
+    """Daytona charges a whole minute at its start: a lease whose 2 s window the budget
+    cannot renew keeps its sandbox, for no more money, until that minute ends, and is
+    charged that minute, what it held."""
+    name, emu = vendor
+    router = priced(
+        vendor, tmp_path, make_router, 1.5 * billed(name, 2), 2, ttl=65, on_budget_end="kill"
+    )
+    lease = router.acquire()
+    wait_until(lambda: fired(events, "budget_exhausted"))
+    assert fired(events, "budget_exhausted")[0]["ends"] == NOW + 60
+    clock.advance(30)  # well past its 2 s window, inside its minute
+    assert lease.sandbox.run("echo still").stdout == "still\n"
+    assert not lease.released
+    assert lease.budget_exhausted is not None
+    assert router.status().entries[0].usd_held == pytest.approx(billed(name, 60))
+    clock.advance(30)
+    wait_until(lambda: lease.released)
+    wait_until(lambda: emu.alive() == [])
+    wait_until(lambda: fired(events, "released"))
+    assert fired(events, "released")[0]["cost"] == pytest.approx(RATE * 60)
+    view = router.status().entries[0]
+    assert (view.used["usd"], view.usd_held) == (pytest.approx(RATE * 60), 0)
 
 
 def test_no_vendor_sandbox_is_made_past_what_the_budget_covers(
@@ -98,3 +134,44 @@ def test_no_vendor_sandbox_is_made_past_what_the_budget_covers(
     held[1].release()
     wait_until(lambda: emu.alive() == [])
     assert router.status().entries[0].usd_held == 0
+
+
+@pytest.mark.parametrize("vendor", ["daytona", "e2b", "runloop"], indirect=True)
+def test_a_vendor_pause_holds_its_storage_first_and_its_resume_settles_it(
+    vendor: tuple[str, Emulator], make_router, tmp_path: Path, events, clock: Clock
+) -> None:
+    """Storage at $0.01 a GiB-second, a budget with room for a lease's window and $0.20:
+    a pause for 100 s ($1) is refused, the vendor's sandbox running on under its live
+    lease; one for 10 s ($0.10) is held from the pause (two routers, one pool), and the
+    resume 5 s later settles it to $0.05."""
+    name, emu = vendor
+    vendor_says = build(name, emu, tmp_path).provider
+
+    def paused() -> list[bool]:
+        return [info.state == "paused" for info in asyncio.run(vendor_says.list())]
+
+    usd = billed(name, 2) + 0.2
+    long = priced(vendor, tmp_path, make_router, usd, 2, paused_gib_hour=36.0, pause_ttl=100)
+    lease = long.acquire()
+    with pytest.raises(BudgetExceeded, match=r"usd budget of pool 'v': .* no room for its paus"):
+        lease.pause()
+    assert paused() == [False]
+    assert lease.sandbox.run("echo on").stdout == "on\n"
+    assert not fired(events, "paused")
+    lease.release()
+    wait_until(lambda: emu.alive() == [])
+    short = priced(vendor, tmp_path, make_router, usd, 2, paused_gib_hour=36.0, pause_ttl=10)
+    token = short.acquire().pause()
+    assert paused() == [True]
+    wait_until(lambda: len(fired(events, "released")) == 2)
+    assert short.status().entries[0].usd_held == pytest.approx(0.1)
+    clock.advance(5)
+    resumed = short.resume(token)
+    assert fired(events, "resumed")[0]["cost"] == pytest.approx(0.05)
+    assert paused() == [False]
+    clock.advance(3)
+    resumed.release()
+    wait_until(lambda: len(fired(events, "released")) == 3)
+    view = short.status().entries[0]
+    assert view.used["usd"] == pytest.approx(0.05 + billed(name, 3))
+    assert view.usd_held == 0

@@ -11,13 +11,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from emulators import available, emulator_class
-from router import Router
+from router import BudgetExceeded, NoProviderAvailable, Router
 from router.events import (
     LateCreate,
+    Paused,
     Reaped,
     Released,
     Resumed,
     RouterEvent,
+    SessionLost,
     WarmClaimed,
     WarmCreated,
     WarmKilled,
@@ -205,28 +207,131 @@ def test_a_warm_sandbox_killed_idle_is_charged_its_wait(priced) -> None:
     assert cost_counter(registry, "e") == pytest.approx(killed.cost)
 
 
-def test_a_paused_sandboxs_storage_is_charged_at_its_resume(priced) -> None:
-    """paused_gib_hour 3.6: $0.001 a GiB-second; the entry holds 1 GiB."""
-    router, _, registry = priced(price={**PRICE, "paused_gib_hour": 3.6})
+STORED = {**PRICE, "paused_gib_hour": 3.6}  # $0.001 a GiB-second; the entry holds 1 GiB
+
+
+def test_a_paused_sandboxs_storage_is_held_from_its_pause_and_settled_at_its_resume(
+    priced,
+) -> None:
+    """pause_ttl 1000 s: the pause holds $1 of storage against the $3, so beside it one
+    more lease ($0.50 + 60 s at $0.01) fits and a second does not; the resume 100 s
+    later settles the hold to $0.10."""
+    router, _, registry = priced(settings={"pause_ttl": 1000}, price=STORED)
     lease = router.acquire()
     token = lease.pause()
     wait_until(lambda: of(priced.events, Released))
+    view = router.status().entries[0]
+    spent = view.used["usd"]
+    assert (spent, view.usd_held) == (pytest.approx(0.5), pytest.approx(1.0))
+    other = router.acquire()
+    with pytest.raises(NoProviderAvailable, match="usd budget"):
+        router.acquire(timeout=1)
+    other.release()
+    wait_until(lambda: len(of(priced.events, Released)) == 2)
     spent = router.status().entries[0].used["usd"]
     priced.clock.advance(100)
     resumed = router.resume(token)
     [event] = of(priced.events, Resumed)
-    assert event.cost == pytest.approx(0.1, abs=0.001)
-    assert router.status().entries[0].used["usd"] == pytest.approx(spent + event.cost)
+    assert (event.cost, event.pool) == (pytest.approx(0.1), "e")
+    view = router.status().entries[0]
+    assert view.used["usd"] == pytest.approx(spent + 0.1)
+    assert view.usd_held == pytest.approx(0.6)  # the resumed lease's window, no fee
     resumed.release()
-    wait_until(lambda: len(of(priced.events, Released)) == 2)
+    wait_until(lambda: len(of(priced.events, Released)) == 3)
+    assert router.status().entries[0].usd_held == 0
     assert cost_counter(registry, "e") == pytest.approx(router.status().entries[0].used["usd"])
+
+
+def test_a_pause_the_budget_cannot_hold_is_refused_and_the_lease_runs_on(priced) -> None:
+    """pause_ttl 2000 s: $2 of storage beside the lease's $1.10 passes the $3: the pause is
+    refused naming the pool's budget, nothing is paused, bound or spent, and the lease
+    goes on as before."""
+    router, scripted, _ = priced(settings={"pause_ttl": 2000}, price=STORED)
+    lease = router.acquire()
+    with pytest.raises(BudgetExceeded) as refused:
+        lease.pause()
+    assert str(refused.value) == (
+        f"pause of lease {lease.id} on e refused: usd budget of pool 'e': $1.1000 "
+        "spent or held of $3.0000, no room for its paused storage's hold ($2.0000 for "
+        "2000s); nothing was paused"
+    )
+    assert not lease.released
+    assert lease.sandbox.run("echo on").stdout == "on\n"
+    assert scripted.paused() == []
+    assert of(priced.events, Paused) == []
+    assert router.status().entries[0].usd_held == pytest.approx(1.1)
+    assert router.reap().killed == []  # its lease holds it
+    lease.release()
+    wait_until(lambda: of(priced.events, Released))
+    assert router.status().entries[0].usd_held == 0
+
+
+def test_a_sticky_sessions_paused_sandbox_holds_its_storage_until_its_reconnect(
+    priced,
+) -> None:
+    """A session's sandbox paused between uses (session_idle_ttl 1000 s) holds $1 of
+    storage; the session's next acquire, 100 s on, wakes it and settles $0.10."""
+    router, scripted, registry = priced(settings={"session_idle_ttl": 1000}, price=STORED)
+    lease = router.acquire(session="s1")
+    lease.release()
+    assert scripted.paused() == [lease.sandbox_id]
+    wait_until(lambda: of(priced.events, Released))
+    view = router.status().entries[0]
+    spent = view.used["usd"]
+    assert view.usd_held == pytest.approx(1.0)
+    priced.clock.advance(100)
+    again = router.acquire(session="s1")
+    assert again.sandbox_id == lease.sandbox_id
+    [resumed] = of(priced.events, Resumed)
+    assert (resumed.session, resumed.cost, resumed.pool) == ("s1", pytest.approx(0.1), "e")
+    view = router.status().entries[0]
+    assert view.used["usd"] == pytest.approx(spent + 0.1)
+    assert view.usd_held == pytest.approx(0.6)
+    router.close_session("s1")  # its release kills it then, paused or not: nothing held
+    again.release()
+    assert scripted.alive() == []
+    wait_until(lambda: len(of(priced.events, Released)) == 2)
+    assert router.status().entries[0].usd_held == 0
+    assert cost_counter(registry, "e") == pytest.approx(router.status().entries[0].used["usd"])
+
+
+def test_a_sticky_sessions_lapsed_pause_is_charged_at_its_reap(priced) -> None:
+    router, _, registry = priced(settings={"session_idle_ttl": 100}, price=STORED)
+    lease = router.acquire(session="s1")
+    lease.release()
+    wait_until(lambda: of(priced.events, Released))
+    spent = router.status().entries[0].used["usd"]
+    assert router.reap().killed == []  # its session holds it
+    priced.clock.advance(101)
+    assert router.reap().killed == [("e", lease.sandbox_id)]
+    [reaped] = of(priced.events, Reaped)
+    assert reaped.cost == pytest.approx(0.1)
+    view = router.status().entries[0]
+    assert (view.used["usd"], view.usd_held) == (pytest.approx(spent + 0.1), 0)
+    assert cost_counter(registry, "e") == pytest.approx(spent + 0.1)
+
+
+def test_a_sticky_session_whose_pause_the_budget_cannot_hold_is_lost(priced) -> None:
+    """session_idle_ttl 3500 s: $3.50 of storage does not fit the $3, so the session's
+    sandbox is neither paused unpaid nor left running: it is killed, and the session's
+    next acquire makes a new one."""
+    router, scripted, _ = priced(settings={"session_idle_ttl": 3500}, price=STORED)
+    lease = router.acquire(session="s1")
+    lease.release()
+    [lost] = of(priced.events, SessionLost)
+    assert (lost.session, lost.sandbox_id) == ("s1", lease.sandbox_id)
+    assert "usd budget of pool 'e'" in lost.reason
+    assert scripted.alive() == []
+    wait_until(lambda: of(priced.events, Released))
+    assert router.status().entries[0].usd_held == 0
+    with router.acquire(session="s1") as again:
+        assert again.sandbox_id != lease.sandbox_id
 
 
 def test_a_paused_sandbox_whose_token_lapsed_is_charged_at_its_reap(priced) -> None:
     """Never resumed, so no resume charged it: the janitor kills it once its token lapses
     (pause_ttl 100 s) and charges the pool its 100 s of paused storage, once."""
-    price = {**PRICE, "paused_gib_hour": 3.6}
-    router, scripted, registry = priced(settings={"pause_ttl": 100}, price=price)
+    router, scripted, registry = priced(settings={"pause_ttl": 100}, price=STORED)
     lease = router.acquire()
     lease.pause()
     wait_until(lambda: of(priced.events, Released))

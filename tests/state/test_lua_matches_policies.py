@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.breaker import BreakerConfig, Outcome
+from policies.paused import PausedHold
 from policies.quota import Limits, Meter, MonthlyWindow
 from policies.tenants import DailyWindow, TenantLimits
 from policies.warm import WarmRecord
@@ -107,6 +108,23 @@ usd_ops = st.one_of(
 )  # fmt: skip
 
 
+# Paused storage's holds beside the leases': held or refused, settled, re-held, lapsed
+# past the grace and charged by a snapshot or the next call.
+paused_ops = st.one_of(
+    st.tuples(st.just("reserve"), st.integers(0, 1), lease_ids, st.integers(1, 60),
+              st.sampled_from(METERS), st.booleans()),
+    st.tuples(st.just("settle"), st.integers(0, 1), lease_ids, st.just(Outcome.SUCCESS),
+              st.integers(1, 60), st.none()),
+    st.tuples(st.just("release"), st.integers(0, 1), lease_ids),
+    st.tuples(st.just("hold_paused"), st.integers(0, 1), st.sampled_from(["sa", "sb", "sc"]),
+              st.integers(1, 120), st.sampled_from([0.001, 0.013])),
+    st.tuples(st.just("settle_paused"), st.integers(0, 1), st.sampled_from(["sa", "sb", "sc"])),
+    st.tuples(st.just("snapshot")),
+    st.tuples(st.just("advance"), st.integers(0, 90)),
+    st.tuples(st.just("advance"), st.just(90_000)),
+)  # fmt: skip
+
+
 # The ledger calls with tenants: each lease's calls go through the same tenant's entry
 # (its index), as the router makes them; ``tenants`` reads both windows' spend.
 tenant_ops = st.one_of(
@@ -192,6 +210,11 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         return await store.warm_put(REFS[op[1]], op[2], record, now)
     if kind == "warm_take":
         return await store.warm_take(REFS[op[1]], op[2], now)
+    if kind == "hold_paused":
+        hold = PausedHold(REFS[op[1]].entry, now, now + op[3], op[4])
+        return await store.hold_paused(REFS[op[1]], op[2], hold, now)
+    if kind == "settle_paused":
+        return await store.settle_paused(REFS[op[1]], op[2], now)
     if kind == "warm_list":
         return await store.warm_list(REFS[op[1]], now)
     if kind == "register":
@@ -227,6 +250,14 @@ def test_redis_lua_agrees_with_the_pure_policies(redis_url: str, sequence: list[
 )
 @given(st.lists(usd_ops, max_size=30))
 def test_redis_lua_agrees_on_usd(redis_url: str, sequence: list[Any]) -> None:
+    agree(redis_url, sequence)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(paused_ops, max_size=20))
+def test_redis_lua_agrees_on_paused_storage(redis_url: str, sequence: list[Any]) -> None:
     agree(redis_url, sequence)
 
 

@@ -120,6 +120,23 @@ async def test_a_commit_past_a_short_lifetime_renews_at_once(store: StateStore) 
     assert await usage(store, r, NOW + 11) == (pytest.approx(0.6), 0.0)
 
 
+async def test_a_step_billed_lease_runs_out_the_step_it_paid_for(store: StateStore) -> None:
+    """Billed by the minute, renewed 2 s at a time: the first hold pays a whole minute,
+    so the lease's cover ends at that minute's end, not 2 s in; it is charged the
+    minute, what it held."""
+    r = ref(usd=0.9)
+    minute = Meter(0.01, 0.0, 60.0, 2.0, 2.0, kill=True)  # holds $0.60
+    await store.reserve(r, CFG, "l1", NOW, 30, meter=minute)
+    inside = await store.settle(r, CFG, "l1", NOW, outcome=Outcome.SUCCESS, ttl=30)
+    assert (inside.applied, inside.short_at) == (True, 0.0)  # 30 s: inside the paid minute
+    assert (await store.heartbeat(r, "l1", NOW + 25, 30)).short_at == 0.0  # to 55 s
+    short = await store.heartbeat(r, "l1", NOW + 40, 30)  # to 70 s: a minute more, no room
+    assert short.short_at == pytest.approx(NOW + 60)
+    assert await usage(store, r, NOW + 40) == (0.0, pytest.approx(0.6))
+    assert await store.heartbeat(r, "l1", NOW + 59, 30)  # alive until the minute ends
+    assert await usage(store, r, NOW + 61) == (pytest.approx(0.6), 0.0)  # crashed: the minute
+
+
 async def test_a_handed_over_lease_is_held_and_its_outage_spend_added(store: StateStore) -> None:
     r = ref(usd=5)
     held = HeldLease("l9", "a", NOW - 10, 60, "sb", METER)

@@ -15,4 +15,4 @@ redis.call('ZADD', KEYS[2], kept, lid)
 redis.call('HSET', KEYS[3], lid, cjson.encode(m))
 if T then t_mirror(T, lid, m, kept) end
 if fits then return '1' end
-return '1|' .. num(m.started + tonumber(m.covered)) .. '|' .. short
+return '1|' .. num(cover_end(m)) .. '|' .. short

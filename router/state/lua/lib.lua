@@ -217,11 +217,69 @@ local function add_held(held_key, amount)
   redis.call('HSET', held_key, HELD_USD, num(math.max(0, held_usd(held_key) + amount)))
 end
 
--- No lease left holds anything: no float dust stays behind.
+-- Paused sandboxes' storage holds (policies/paused.py): the held hash's `$paused` field, a
+-- json object sandbox id -> {entry, started, expires, rate} (numbers as %.17g strings),
+-- their USD counted in `$usd`; no field once none is held.
+local PAUSED = '$paused'
+
+-- Nothing left holds anything: no float dust stays behind.
 local function clear_held(leases_key, held_key)
-  if redis.call('ZCARD', leases_key) == 0 and redis.call('HEXISTS', held_key, HELD_USD) == 1 then
+  if redis.call('ZCARD', leases_key) == 0 and redis.call('HEXISTS', held_key, HELD_USD) == 1
+      and redis.call('HEXISTS', held_key, PAUSED) == 0 then
     redis.call('HSET', held_key, HELD_USD, '0')
   end
+end
+
+local function paused_holds(held_key)
+  local raw = redis.call('HGET', held_key, PAUSED)
+  if not raw then return {} end
+  return cjson.decode(raw)
+end
+
+local function save_paused(held_key, holds)
+  if next(holds) == nil then
+    redis.call('HDEL', held_key, PAUSED)
+  else
+    redis.call('HSET', held_key, PAUSED, cjson.encode(holds))
+  end
+end
+
+local function paused_held(h)
+  return tonumber(h.rate) * (tonumber(h.expires) - tonumber(h.started))
+end
+
+local function paused_charge(h, now)
+  local started = tonumber(h.started)
+  return tonumber(h.rate) * (math.min(math.max(now, started), tonumber(h.expires)) - started)
+end
+
+-- Drop sandbox `id`'s storage hold, charging what it used until `now`: the USD, nil if
+-- it held none.
+local function settle_paused(usage_key, held_key, holds, id, now)
+  local h = holds[id]
+  if not h then return nil end
+  holds[id] = nil
+  add_held(held_key, -paused_held(h))
+  local charged = paused_charge(h, now)
+  redis.call('HSET', usage_key, 'usd', num(spent_usd(usage_key) + charged))
+  return charged
+end
+
+-- Charge whole every hold LAPSE_GRACE past its end, in sandbox id order. Returns how many.
+local LAPSE_GRACE = 24 * 3600  -- policies/paused.py's
+local function purge_paused(usage_key, held_key, holds, now)
+  local ended = {}
+  for id, h in pairs(holds) do
+    if tonumber(h.expires) + LAPSE_GRACE <= now then table.insert(ended, id) end
+  end
+  table.sort(ended)
+  for _, id in ipairs(ended) do settle_paused(usage_key, held_key, holds, id, now) end
+  return #ended
+end
+
+-- When m's cover ends: the end of the last billing step its hold pays for.
+local function cover_end(m)
+  return m.started + metered(tonumber(m.covered), tonumber(m.step))
 end
 
 -- Drop m's hold and charge its cost for `seconds` (its fee if it took a session).
@@ -234,6 +292,16 @@ local function settle_usd(usage_key, held_key, m, seconds)
   redis.call('HSET', usage_key, 'usd', num(spent_usd(usage_key) + charged))
 end
 
+-- `covered` grown by the fewest whole `renew` windows whose paid steps reach `need`
+-- seconds (policies/quota.py `_grown`).
+local function grown_cover(covered, renew, step, need)
+  if step <= 0 then return covered + math.ceil((need - covered) / renew - 1e-9) * renew end
+  local steps = math.ceil(need / step - 1e-9)
+  local windows = math.max(1, math.floor(((steps - 1) * step - covered) / renew))
+  while metered(covered + windows * renew, step) < need do windows = windows + 1 end
+  return covered + windows * renew
+end
+
 -- Grow m's cover to `expires` by whole renewals if the budget (`limit`, '' = none)
 -- holds them, and the second budget `also` ({spent and held, limit}: its tenant's) when
 -- given (policies/quota.py `cover`). Returns the expiry to keep, whether it fit, and
@@ -242,8 +310,9 @@ local function cover(usage_key, held_key, m, expires, limit, also)
   if not m.rate then return expires, true, '' end
   local covered, renew, step = tonumber(m.covered), tonumber(m.renew), tonumber(m.step)
   local need = expires - m.started
-  if need <= covered or renew <= 0 then return expires, true, '' end
-  local grown = covered + math.ceil((need - covered) / renew - 1e-9) * renew
+  local paid = metered(covered, step)  -- the cover ends where its paid steps do
+  if need <= paid or renew <= 0 then return expires, true, '' end
+  local grown = grown_cover(covered, renew, step, need)
   local extra = tonumber(m.rate) * (metered(grown, step) - metered(covered, step))
   local short = ''
   if limit ~= '' and spent_usd(usage_key) + held_usd(held_key) + extra > tonumber(limit) then
@@ -253,7 +322,7 @@ local function cover(usage_key, held_key, m, expires, limit, also)
   end
   local fits = short == ''
   m.short = fits and 0 or 1
-  if not fits and m.kill == 1 then return m.started + covered, false, short end
+  if not fits and m.kill == 1 then return m.started + paid, false, short end
   redis.call('HSET', held_key, HELD_USD, num(held_usd(held_key) + extra))
   m.covered = num(grown)
   return expires, fits, short

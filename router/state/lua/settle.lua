@@ -24,7 +24,7 @@ return once(function()
       m.live, m.started, m.ttl, m.sandbox = 1, now, ttl, ARGV[9]
       local kept, fits, budget = cover(KEYS[1], KEYS[5], m, now + ttl, ARGV[10],
                                        T and t_budget(T))
-      if not fits then short, short_of = num(m.started + tonumber(m.covered)), budget end
+      if not fits then short, short_of = num(cover_end(m)), budget end
       redis.call('HSET', KEYS[3], lid, cjson.encode(m))
       redis.call('ZADD', KEYS[2], kept, lid)
       if T then t_mirror(T, lid, m, kept) end
