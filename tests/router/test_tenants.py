@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from emulators.harness import Emulator
+from policies.quota import metered
 from policies.tenants import DailyWindow
 from providers.base import SandboxSpec
 from providers.errors import ArgumentTypeError, InvalidArgument, NoProviderAvailable
@@ -266,7 +267,8 @@ def test_a_vendor_sandbox_is_killed_when_its_tenant_budget_cannot_renew_it(
 ) -> None:
     """Each adapter on its emulator: the pool has room, the tenant's budget holds the first
     2 s window and not the renewal its TTL needs; the event names the tenant's budget,
-    and the vendor's sandbox is killed at the window's end, charged to the tenant."""
+    and the vendor's sandbox is killed where the billing step that window paid for ends
+    (Daytona: the minute), charged to the tenant."""
     name, emu = vendor
     backend = build(name, emu, tmp_path)
     entry = {
@@ -284,9 +286,10 @@ def test_a_vendor_sandbox_is_killed_when_its_tenant_budget_cannot_renew_it(
     assert lease.sandbox.run("echo paid").stdout == "paid\n"
     wait_until(lambda: fired(events, "budget_exhausted"))
     [told] = fired(events, "budget_exhausted")
-    assert (told["budget"], told["tenant"], told["ends"]) == ("tenant", "user-42", NOW + 2)
+    paid = metered(2, step(name))
+    assert (told["budget"], told["tenant"], told["ends"]) == ("tenant", "user-42", NOW + paid)
     assert [r.id for r in emu.alive()] == [lease.sandbox.id]
-    clock.advance(2)
+    clock.advance(paid)
     wait_until(lambda: lease.released)
     wait_until(lambda: emu.alive() == [])
     wait_until(lambda: fired(events, "released"))
