@@ -38,8 +38,6 @@ from router.state.base import (
     EntryRef,
     FleetView,
     Reservation,
-    SessionBinding,
-    SessionClaim,
     Settlement,
     Snapshot,
     Spend,
@@ -49,6 +47,7 @@ from router.state.base import (
 )
 from router.state.redis_client import client, redact, state_errors
 from router.state.redis_keys import KeySpace, PoolKeys
+from router.state.redis_sessions import RedisSessions
 from router.state.warm import Claim, WarmRecord
 
 __all__ = ["PoolKeys", "RedisStore"]
@@ -60,7 +59,7 @@ _JOURNAL_MS = int(JOURNAL_MEMORY * 1000)
 _FLEET_MS = int(FLEET_MEMORY * 1000)
 
 
-class RedisStore(StateStore):
+class RedisStore(RedisSessions, StateStore):
     """State in Redis, shared by every replica pointed at it.
 
     ``runner`` picks the script runner (see `router.state.scripts.runner`).
@@ -296,84 +295,6 @@ class RedisStore(StateStore):
         found.sort(key=lambda t: (-t.usd, -t.sessions, t.tenant))
         return found
 
-    async def claim_session(
-        self, session: str, holder: str, expires: float, now: float
-    ) -> SessionClaim:
-        reply = await self._script(
-            "session_claim", self._keys.sessions(), [session, holder, expires, now]
-        )
-        if reply[0] == b"new":
-            return SessionClaim(False)
-        data = json.loads(reply[1])
-        return SessionClaim(reply[0] == b"busy", _binding(data, float(data["expires"])))
-
-    async def bind_session(
-        self,
-        session: str,
-        entry: str,
-        sandbox_id: str,
-        expires: float,
-        now: float,
-        *,
-        paused: bool = False,
-        kept: bool = False,
-        holder: str = "",
-    ) -> bool:
-        args = [session, entry, sandbox_id, expires, now, _flag(paused), holder, _flag(kept)]
-        return bool(await self._script("session_bind", self._keys.sessions(), args))
-
-    async def release_session(
-        self,
-        session: str,
-        holder: str,
-        expires: float,
-        now: float,
-        *,
-        sandbox_id: str = "",
-        paused: bool | None = None,
-        drop: bool = False,
-    ) -> bool:
-        marked = "" if paused is None else _flag(paused)
-        args = [session, holder, sandbox_id, expires, now, marked, _flag(drop), _CALL_MS]
-        keys = [*self._keys.sessions(), self._keys.session_memo()]
-        answer: bytes = await self._script("session_release", keys, args)
-        return answer == b"1"
-
-    async def session(self, session: str, now: float) -> SessionBinding | None:
-        index, bindings = self._keys.sessions()
-        raw, expires = await self._commands(
-            lambda pipe: pipe.hget(bindings, session).zscore(index, session), transaction=True
-        )
-        return _live_binding(raw, expires, now)
-
-    async def take_session(self, session: str, now: float) -> SessionBinding | None:
-        index, bindings = self._keys.sessions()
-        raw, expires, *_ = await self._commands(
-            lambda pipe: (
-                pipe.hget(bindings, session).zscore(index, session)
-                .hdel(bindings, session).zrem(index, session)
-            ),
-            transaction=True,
-        )  # fmt: skip
-        return _live_binding(raw, expires, now)
-
-    async def unbind_session(self, session: str) -> None:
-        index, bindings = self._keys.sessions()
-        await self._commands(
-            lambda pipe: pipe.hdel(bindings, session).zrem(index, session), transaction=True
-        )
-
-    async def bound_sandboxes(self, now: float) -> set[tuple[str, str]]:
-        index, bindings = self._keys.sessions()
-        await self._script("session_prune", [index, bindings], [now])
-        [values] = await self._commands(lambda pipe: pipe.hvals(bindings))
-        found = set()
-        for raw in values:
-            data = json.loads(raw)
-            if data["sandbox_id"]:  # a claim for a create names none yet
-                found.add((data["entry"], data["sandbox_id"]))
-        return found
-
     async def lock(self, name: str, token: str, ttl: float, now: float) -> bool:
         key, ms = self._keys.lock(name), int(ttl * 1000)
         [taken] = await self._commands(lambda pipe: pipe.set(key, token, nx=True, px=ms))
@@ -484,28 +405,6 @@ class RedisStore(StateStore):
     async def close(self) -> None:
         await self._runner.aclose()
         await self._redis.aclose()
-
-
-def _flag(value: bool) -> str:
-    return "1" if value else "0"
-
-
-def _binding(data: dict[str, Any], expires: float) -> SessionBinding:
-    return SessionBinding(
-        data["entry"],
-        data["sandbox_id"],
-        expires,
-        bool(data.get("paused", False)),
-        data.get("holder", ""),
-    )
-
-
-def _live_binding(raw: bytes | None, expires: float | None, now: float) -> SessionBinding | None:
-    """A binding read back: None when it is gone, expired, or a claim naming no sandbox."""
-    if raw is None or expires is None or expires <= now:
-        return None
-    found = _binding(json.loads(raw), float(expires))
-    return found if found.sandbox_id else None
 
 
 def _settlement(raw: bytes) -> Settlement:
