@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import replace
 from typing import NoReturn
 
 import tenacity
@@ -351,18 +350,13 @@ class _Legs(Runner):
         self._tenant = tenant
 
     def launch(self, entry: Entry, booking: Booking, attempt: int, phase: Phase = "create") -> Leg:
-        spec = self._spec
         labels = {
-            **spec.labels,
             **(self._labels or {}),
             LABEL_ROUTER: self._ctx.config.key_prefix,
             LABEL_ENTRY: entry.name,
             LABEL_LEASE: booking.lease_id,
         }
-        template = spec.template
-        if entry.provider.kind != "local" or entry.cfg.template:
-            template = template or entry.cfg.template
-        spec = replace(spec, template=template, labels=labels)  # one copy: each one validates
+        spec = entry.create_spec(self._spec, labels)  # one copy: each one validates
         span = AttemptSpan(phase, entry.name, attempt)
         wrap = functools.partial(self._ctx.spans.wrap, span)
         create = self._upkeep.late.create(entry, spec, booking.budget, wrap)

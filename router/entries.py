@@ -8,7 +8,7 @@ name in the mapping this returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.pricing import (
     Resources,
@@ -53,6 +53,15 @@ class Entry:
         if self.cfg.capabilities is not None:
             return frozenset(self.cfg.capabilities)
         return self.provider.capabilities
+
+    def create_spec(self, spec: SandboxSpec, labels: Mapping[str, str]) -> SandboxSpec:
+        """What the router asks this entry to create for ``spec``: the entry's template
+        where the spec names none (``local`` only when its entry sets one: its sandboxes
+        have no image), and ``labels`` (the router's, naming its lease) on top."""
+        template = spec.template
+        if self.provider.kind != "local" or self.cfg.template:
+            template = template or self.cfg.template
+        return replace(spec, template=template, labels={**spec.labels, **labels})
 
     def resources(self, spec: SandboxSpec | None) -> Resources:
         """What a sandbox of ``spec`` holds here (the entry's size where the spec names none)."""

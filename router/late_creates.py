@@ -26,6 +26,7 @@ from router.entries import Entry
 from router.events import LateCreate, TaskFailed
 from router.kills import Kills
 from router.ledger import Ledger
+from router.state import Spend
 from router.waits import until_done
 
 __all__ = ["LateCreates", "unanswered"]
@@ -177,7 +178,7 @@ class LateCreates:
         landed = self._ctx.clock()
         await killing
         seconds = (self._ctx.clock() - landed) * len(sandbox_ids)
-        await self._ledger.charge(booking, sandbox_ids[0], seconds)
+        await self._meter(booking, sandbox_ids[0], seconds)
         return LateCreate(entry.name, booking.lease_id, outcome, ",".join(sandbox_ids), seconds)
 
     async def _discarded(
@@ -192,11 +193,29 @@ class LateCreates:
                 landed = self._ctx.clock()
                 await self._kills.kill_id(entry, sandbox_id)
                 seconds += self._ctx.clock() - landed
-            await self._ledger.charge(booking, sandbox_id, seconds)
+            await self._meter(booking, sandbox_id, seconds)
             return LateCreate(entry.name, booking.lease_id, "killed", sandbox_id, seconds)
         if isinstance(error, Exception) and not unanswered(error):
             return LateCreate(entry.name, booking.lease_id, "failed")
         return await self._search(entry, booking, whole=True, horizon=horizon)
+
+    async def _meter(self, booking: Booking, sandbox_id: str, seconds: float) -> None:
+        """Meter a late create's sandbox, which no lease ever held, for ``seconds`` (their
+        cost at its price; its fee is charged when its reservation is released)."""
+        ledger = self._ledger
+        if not booking.shared:
+            rate_only = None if booking.meter is None else replace(booking.meter, fee=0.0)
+            ledger.outage.granted(
+                booking.lease_id, booking.ref, sandbox_id, counted=False, meter=rate_only
+            )
+            ledger.outage.released(booking.lease_id, seconds)
+            return
+        usd = 0.0 if booking.meter is None else booking.meter.cost(seconds, fee=False)
+        spend = Spend(booking.ref, sandbox_seconds=seconds, usd=usd)
+        try:  # the lease id makes it one charge, however often it is sent
+            await ledger.store.reconcile("late-" + booking.lease_id, [spend], self._ctx.clock())
+        except StateUnavailable as exc:
+            ledger.report("charge", exc)
 
     async def _search(
         self, entry: Entry, booking: Booking, *, whole: bool, horizon: float

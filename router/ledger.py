@@ -37,7 +37,6 @@ from router.state import (
     Reservation,
     Settlement,
     Snapshot,
-    Spend,
     StateStore,
     TenantRef,
 )
@@ -86,15 +85,12 @@ class Ledger:
     ) -> Booking:
         """Reserve what one create (or reconnect) needs before ``deadline``; raises `Denied`.
 
-        ``new_session=False`` takes a slot only: reconnecting to a session's
-        sandbox creates nothing. ``warm=True`` claims a ready warm sandbox of
-        the entry in the same call when there is one (`Booking.claimed`, whose
-        lease id the booking takes); only the shared store holds warm pools.
-        Cancelled while the store answers, what it grants goes to
-        ``abandoned`` (else it would hold its slot until the hold expires).
-        ``meter`` prices the lease: its cover is held against the pool's ``usd``.
-        ``tenant`` counts it to its tenant too (`policies.tenants`), in the same call.
-        """
+        ``new_session=False`` takes a slot only (a session's reconnect creates
+        nothing). ``warm=True`` claims a ready warm sandbox in the same call
+        (`Booking.claimed`, whose lease id the booking takes; only the shared store
+        holds them). Cancelled while the store answers, what it grants goes to
+        ``abandoned``. ``meter`` prices the lease (its cover held against the pool's
+        ``usd``); ``tenant`` counts it to its tenant too, in the same call."""
         lease_id = "l-" + secrets.token_hex(8)
         budget = max(0.0, min(self._ctx.config.create_timeout, deadline - self._ctx.clock()))
         hold, now = budget + RESERVE_GRACE, self._ctx.clock()
@@ -296,34 +292,6 @@ class Ledger:
         elif seconds:
             self.outage.spent(booking.ref.pool, "sandbox_seconds", seconds)
         return seconds
-
-    async def charge(self, booking: Booking, sandbox_id: str, seconds: float) -> None:
-        """Meter a late create's sandbox, which no lease ever held, for ``seconds`` (their
-        cost at its price; its fee is charged when its reservation is released)."""
-        if not booking.shared:
-            rate_only = None if booking.meter is None else replace(booking.meter, fee=0.0)
-            self.outage.granted(
-                booking.lease_id, booking.ref, sandbox_id, counted=False, meter=rate_only
-            )
-            self.outage.released(booking.lease_id, seconds)
-            return
-        usd = 0.0 if booking.meter is None else booking.meter.cost(seconds, fee=False)
-        spend = Spend(booking.ref, sandbox_seconds=seconds, usd=usd)
-        try:  # the lease id makes it one charge, however often it is sent
-            await self.store.reconcile("late-" + booking.lease_id, [spend], self._ctx.clock())
-        except StateUnavailable as exc:
-            self.report("charge", exc)
-
-    async def spend(self, ref: EntryRef, key: str, usd: float) -> None:
-        """Charge ``usd`` the router spent outside any lease (a paused sandbox's storage)
-        to ``ref``'s pool: once per ``key``, however often it is sent. Not held first:
-        what it charges is known only once spent."""
-        if usd <= 0:
-            return
-        try:
-            await self.store.reconcile(key, [Spend(ref, usd=usd)], self._ctx.clock())
-        except StateUnavailable as exc:
-            self.report("charge", exc)
 
     async def heartbeat(self, booking: Booking, ttl: float) -> Renewal | None:
         """Extend a live lease: not alive when it had expired (``short_at`` when its usd

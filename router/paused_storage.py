@@ -16,7 +16,7 @@ from providers.errors import BudgetExceeded, StateUnavailable
 from router.context import Context
 from router.entries import Entry
 from router.events import StateError
-from router.state import StateStore
+from router.state import EntryRef, Spend, StateStore
 from router.state.paused import PausedHold
 
 __all__ = ["PausedStorage"]
@@ -68,6 +68,17 @@ class PausedStorage:
             mode = self._ctx.config.on_state_error
             self._ctx.emit(StateError(operation="charge", error=str(exc), mode=mode))
             return None
+
+    async def spend(self, ref: EntryRef, key: str, usd: float) -> None:
+        """Charge ``usd`` of storage spent outside any hold (a warm sandbox parked paused)
+        to ``ref``'s pool: once per ``key``, however often it is sent."""
+        if usd <= 0:
+            return
+        try:
+            await self._store.reconcile(key, [Spend(ref, usd=usd)], self._ctx.clock())
+        except StateUnavailable as exc:
+            mode = self._ctx.config.on_state_error
+            self._ctx.emit(StateError(operation="charge", error=str(exc), mode=mode))
 
     async def drop(self, entry: Entry, sandbox_id: str, started: float | None) -> None:
         """Give back a hold whose pause never happened (``started``: `hold`'s answer),

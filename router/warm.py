@@ -194,7 +194,7 @@ class WarmPools:
         if not paused:
             return entry.cost(None, metered)
         usd = entry.paused_cost(idle)
-        await self._ledger.spend(entry.ref, f"paused-{lease_id}", usd)
+        await self._ledger.storage.spend(entry.ref, f"paused-{lease_id}", usd)
         return usd
 
     async def _connect(self, entry: Entry, booking: Booking) -> Sandbox:
@@ -383,17 +383,9 @@ class WarmPools:
         if not booking.shared:  # the store went away since the pass began
             await self._ledger.refund(booking, "warm_refill_outage")
             return False
-        spec = SandboxSpec()
-        if entry.provider.kind != "local" or entry.cfg.template:
-            spec = SandboxSpec(template=entry.cfg.template)
-        spec = spec.with_labels(
-            {
-                LABEL_ROUTER: self._ctx.config.key_prefix,
-                LABEL_ENTRY: entry.name,
-                LABEL_LEASE: booking.lease_id,
-                LABEL_WARM: "1",
-            }
-        )
+        router = self._ctx.config.key_prefix
+        labels = {LABEL_ROUTER: router, LABEL_ENTRY: entry.name, LABEL_LEASE: booking.lease_id}
+        spec = entry.create_spec(SandboxSpec(), {**labels, LABEL_WARM: "1"})
         started = self._ctx.clock()
         create = self._upkeep.late.create(entry, spec, booking.budget)
         try:
@@ -429,9 +421,7 @@ class WarmPools:
             sandbox.id, now, now + warm.max_idle, committed + ttl, paused=warm.pause
         )
         if not await self._ledger.store.warm_put(entry.ref, booking.lease_id, record, now):
-            await self._upkeep.kills.kill_id(
-                entry, sandbox.id
-            )  # its lease was lost: nothing holds it
+            await self._upkeep.kills.kill_id(entry, sandbox.id)  # its lease was lost
             return False
         if not warm.pause and self._ctx.config.warm_reach_every > 0:
             self._handles.keep(entry.name, sandbox)  # the reach loop lets go of it once claimed
