@@ -16,7 +16,7 @@ from providers.errors import BudgetExceeded, StateUnavailable
 from router.context import Context
 from router.entries import Entry
 from router.events import StateError
-from router.state import EntryRef, Spend, StateStore
+from router.state import StateStore
 from router.state.paused import PausedHold
 
 __all__ = ["PausedStorage"]
@@ -55,6 +55,16 @@ class PausedStorage:
             )
         return now
 
+    async def try_hold(self, entry: Entry, sandbox_id: str, seconds: float) -> float | None:
+        """`hold`, where being refused is an answer: when the hold began (now, when the
+        entry prices no storage), None when the pool's usd budget has no room or the
+        store cannot be reached (a warm sandbox is then parked running instead)."""
+        try:
+            started = await self.hold(entry, sandbox_id, seconds, f"pause of {sandbox_id}")
+        except (BudgetExceeded, StateUnavailable):
+            return None
+        return self._ctx.clock() if started is None else started
+
     async def settle(self, entry: Entry, sandbox_id: str) -> float | None:
         """Charge ``entry``'s pool the storage ``sandbox_id`` used paused until now, and
         drop its hold: the USD, None when it held none (or the store cannot be reached:
@@ -68,17 +78,6 @@ class PausedStorage:
             mode = self._ctx.config.on_state_error
             self._ctx.emit(StateError(operation="charge", error=str(exc), mode=mode))
             return None
-
-    async def spend(self, ref: EntryRef, key: str, usd: float) -> None:
-        """Charge ``usd`` of storage spent outside any hold (a warm sandbox parked paused)
-        to ``ref``'s pool: once per ``key``, however often it is sent."""
-        if usd <= 0:
-            return
-        try:
-            await self._store.reconcile(key, [Spend(ref, usd=usd)], self._ctx.clock())
-        except StateUnavailable as exc:
-            mode = self._ctx.config.on_state_error
-            self._ctx.emit(StateError(operation="charge", error=str(exc), mode=mode))
 
     async def drop(self, entry: Entry, sandbox_id: str, started: float | None) -> None:
         """Give back a hold whose pause never happened (``started``: `hold`'s answer),

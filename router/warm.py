@@ -56,7 +56,12 @@ from providers.base import (
     SandboxSpec,
 )
 from providers.capabilities import Capability
-from providers.errors import ConfigError, ProviderError, StateUnavailable, Unavailable
+from providers.errors import (
+    ConfigError,
+    ProviderError,
+    StateUnavailable,
+    Unavailable,
+)
 from router.booking import RESERVE_GRACE, Booking, Denied
 from router.config import WarmConfig
 from router.context import Context
@@ -160,8 +165,7 @@ class WarmPools:
             await asyncio.shield(self._upkeep.give_back(entry, booking))
             if not isinstance(exc, Exception):
                 raise
-            cost = await self._charged(entry, booking.lease_id, claimed.paused, claimed.idle,
-                                       claimed.metered)  # fmt: skip
+            cost = await self._charged(entry, claimed.sandbox_id, claimed.paused, claimed.metered)
             self._ctx.emit(
                 WarmKilled(
                     entry.name, claimed.sandbox_id, "unreachable", claimed.paused,
@@ -170,8 +174,7 @@ class WarmPools:
             )  # fmt: skip
             return None
         now = self._ctx.clock()
-        cost = await self._charged(entry, booking.lease_id, claimed.paused, claimed.idle,
-                                   claimed.metered)  # fmt: skip
+        cost = await self._charged(entry, claimed.sandbox_id, claimed.paused, claimed.metered)
         self._ctx.emit(
             WarmClaimed(
                 entry.name, booking.lease_id, sandbox.id, claimed.paused, claimed.idle,
@@ -184,18 +187,16 @@ class WarmPools:
         return held
 
     async def _charged(
-        self, entry: Entry, lease_id: str, paused: bool, idle: float, metered: float
+        self, entry: Entry, sandbox_id: str, paused: bool, metered: float
     ) -> float | None:
         """What a warm sandbox's wait cost its pool: running, its fee and ``metered``
-        seconds (the store settled them with the claim or the take); paused, its
-        storage for ``idle`` seconds, charged here. None when the entry is unpriced."""
+        seconds (the store settled them with the claim or the take); paused, the storage
+        its hold settles to. None when the entry is unpriced."""
         if entry.tariff.price is None:
             return None
         if not paused:
             return entry.cost(None, metered)
-        usd = entry.paused_cost(idle)
-        await self._ledger.storage.spend(entry.ref, f"paused-{lease_id}", usd)
-        return usd
+        return await self._ledger.storage.settle(entry, sandbox_id)
 
     async def _connect(self, entry: Entry, booking: Booking) -> Sandbox:
         claimed = booking.claimed
@@ -407,27 +408,30 @@ class WarmPools:
         if not await self._ledger.commit(booking, sandbox.id, committed, ttl=ttl):
             await self._upkeep.kills.kill_id(entry, sandbox.id)
             return False
+        # Parked running (its lease's hold covers that) where its storage cannot be held.
+        held = await self._ledger.storage.try_hold(entry, sandbox.id, ttl) if warm.pause else None
+        paused = held is not None
         try:
-            if warm.pause:
+            if paused:
                 await sandbox.pause()
         except Exception as exc:
             self._ctx.emit(TaskFailed("warm pause", f"{type(exc).__name__}: {exc}"))
+            with contextlib.suppress(StateUnavailable):  # lapsed, it is charged whole
+                await self._ledger.storage.drop(entry, sandbox.id, held)
             await self._upkeep.kills.kill_id(entry, sandbox.id)
             await self._ledger.release(booking)
             return False
         now = self._ctx.clock()
         # Its stay ends where its lease's cover does (the held worst case), not later.
-        record = WarmRecord(
-            sandbox.id, now, now + warm.max_idle, committed + ttl, paused=warm.pause
-        )
+        record = WarmRecord(sandbox.id, now, now + warm.max_idle, committed + ttl, paused=paused)
         if not await self._ledger.store.warm_put(entry.ref, booking.lease_id, record, now):
             await self._upkeep.kills.kill_id(entry, sandbox.id)  # its lease was lost
             return False
-        if not warm.pause and self._ctx.config.warm_reach_every > 0:
+        if not paused and self._ctx.config.warm_reach_every > 0:
             self._handles.keep(entry.name, sandbox)  # the reach loop lets go of it once claimed
-        cost = entry.cost(None, now - committed) if warm.pause and entry.tariff.price else None
+        cost = entry.cost(None, now - committed) if paused and entry.tariff.price else None
         self._ctx.emit(
-            WarmCreated(entry.name, sandbox.id, warm.pause, now - started, cost, entry.ref.pool)
+            WarmCreated(entry.name, sandbox.id, paused, now - started, cost, entry.ref.pool)
         )
         return True
 
@@ -440,7 +444,7 @@ class WarmPools:
         self._handles.drop(entry.name, record.sandbox_id)
         await self._upkeep.kills.kill_id(entry, record.sandbox_id)
         idle = now - record.since
-        cost = await self._charged(entry, lease_id, record.paused, idle, metered)
+        cost = await self._charged(entry, record.sandbox_id, record.paused, metered)
         self._ctx.emit(
             WarmKilled(
                 entry.name, record.sandbox_id, reason, record.paused, idle, metered, cost,

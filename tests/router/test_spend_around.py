@@ -390,6 +390,38 @@ def test_a_paused_warm_sandboxs_storage_is_charged_at_its_claim(priced) -> None:
     assert cost_counter(registry, "e") == pytest.approx(used)
 
 
+def test_a_paused_warm_sandbox_holds_its_storage_from_its_park(priced) -> None:
+    """Parked paused, a warm sandbox holds its storage for its whole stay (120 s of 1 GiB:
+    $0.12) before the vendor pauses it (its lease, and its hold, end with the pause);
+    its claim settles the hold to what it used."""
+    price = {**PRICE, "paused_gib_hour": 3.6}
+    router, scripted, _ = priced(price=price, warm={"size": 1, "max_idle": 100, "pause": True})
+    assert router.fill_warm() == {"e": 1}
+    assert scripted.paused() != []
+    assert router.status().entries[0].usd_held == pytest.approx(0.12)
+    priced.clock.advance(40)
+    with router.acquire():
+        pass
+    wait_until(lambda: of(priced.events, Released))
+    view = router.status().entries[0]
+    assert view.usd_held == 0
+    assert view.used["usd"] == pytest.approx(0.5 + 0.04, abs=0.002)
+
+
+def test_a_warm_sandbox_whose_storage_the_budget_cannot_hold_is_parked_running(
+    priced,
+) -> None:
+    """$1 a second paused: 120 s of storage would pass the $3 budget, so the warm sandbox
+    is parked running, which its lease's hold already covers; nothing is paused."""
+    price = {**PRICE, "paused_gib_hour": 3600.0}
+    router, scripted, _ = priced(price=price, warm={"size": 1, "max_idle": 100, "pause": True})
+    assert router.fill_warm() == {"e": 1}
+    [created] = of(priced.events, WarmCreated)
+    assert not created.paused
+    assert scripted.paused() == []
+    assert router.status().entries[0].usd_held == pytest.approx(1.70)
+
+
 @pytest.mark.skipif(not available(["e2b"]), reason="needs the e2b SDK")
 def test_a_warm_e2b_sandbox_is_held_and_charged_through_its_sdk(
     make_router: Any, tmp_path: Path, events: list[RouterEvent], clock: Clock
