@@ -115,6 +115,12 @@ class Kernel:
         self._reader = asyncio.ensure_future(self._read(process))
         try:
             await process.write_stdin(json.dumps(source()) + "\n")
+        except ProviderError:
+            if not await self._ending():
+                await self.close()
+                raise
+            # It ended before it read its program (a python that cannot run): the caller
+            # finds it ended and says why, from what it printed.
         except BaseException:
             await self.close()
             raise
