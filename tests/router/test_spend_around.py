@@ -455,3 +455,34 @@ def test_a_warm_e2b_sandbox_is_held_and_charged_through_its_sdk(
         view = two.status().entries[0]
         assert (view.used["usd"], view.usd_held) == (pytest.approx(0.90), 0)
         assert emu.alive() == []
+
+
+@pytest.mark.skipif(not available(["e2b"]), reason="needs the e2b SDK")
+def test_a_paused_warm_e2b_sandbox_holds_its_storage_through_its_sdk(
+    make_router: Any, tmp_path: Path, events: list[RouterEvent], clock: Clock
+) -> None:
+    """E2B's SDK on its emulator, a Redis ledger: one replica parks a warm sandbox paused,
+    its storage held for its whole stay (120 s of 1 GiB: $0.12) before E2B pauses it;
+    another replica's claim resumes it through the SDK and settles the hold to the
+    40 s it waited ($0.04)."""
+    with emulator_class("e2b")() as emu:
+        maker, claimer = build("e2b", emu, tmp_path), build("e2b", emu, tmp_path)
+        entry = {
+            "name": "v", "provider": "e2b", "price": {**PRICE, "paused_gib_hour": 3.6},
+            "resources": SIZE, "quota": {"usd": 3.0, "budget_window": 60},
+            "warm": {"size": 1, "max_idle": 100, "pause": True},
+        }  # fmt: skip
+        settings = {"warm_refill_every": 0, "warm_reach_every": 0, "lease_ttl": 20}
+        one = make_router(chain=[entry], providers={"v": maker.provider}, **settings)
+        two = make_router(chain=[entry], providers={"v": claimer.provider}, **settings)
+        assert one.fill_warm() == {"v": 1}
+        assert [r.paused for r in emu.alive()] == [True]
+        assert one.status().entries[0].usd_held == pytest.approx(0.12)
+        clock.advance(40)
+        with two.acquire() as lease:
+            assert lease.sandbox.run("echo warm").stdout == "warm\n"
+        wait_until(lambda: of(events, Released))
+        [claimed] = of(events, WarmClaimed)
+        assert (claimed.paused, claimed.cost) == (True, pytest.approx(0.04))
+        assert two.status().entries[0].usd_held == 0
+        assert emu.alive() == []
