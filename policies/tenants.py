@@ -38,10 +38,13 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from zoneinfo import ZoneInfo
 
 from policies.quota import LeaseSlot, MonthlyWindow, QuotaDenial, metered
+
+if TYPE_CHECKING:
+    from policies.paused import PausedHold
 
 __all__ = [
     "TENANT_NAME",
@@ -123,13 +126,15 @@ class TenantDenial(QuotaDenial):
 
 @dataclass(slots=True)
 class TenantState:
-    """A tenant's usage in one window plus copies of its leases' pool slots."""
+    """A tenant's usage in one window plus copies of its leases' pool slots and of its
+    paused sandboxes' storage holds (`policies.paused`)."""
 
     window: str
     sessions: int = 0
     usd: float = 0.0  # settled spend in the window
-    usd_held: float = 0.0  # every lease's hold (whatever the window)
+    usd_held: float = 0.0  # every lease's and paused sandbox's hold (whatever the window)
     leases: dict[str, LeaseSlot] = field(default_factory=dict)
+    paused: dict[str, PausedHold] = field(default_factory=dict)
 
 
 def purge_expired(state: TenantState, now: float, keep: Collection[str] = ()) -> list[str]:
@@ -228,6 +233,6 @@ def _settle(state: TenantState, slot: LeaseSlot, seconds: float) -> float:
 
 
 def _no_dust(state: TenantState) -> None:
-    """No lease left holds anything: no float dust stays behind."""
-    if not state.leases:
+    """Nothing left holds anything: no float dust stays behind."""
+    if not state.leases and not state.paused:
         state.usd_held = 0.0

@@ -61,7 +61,6 @@ from router.pause import PAUSE_KEY
 from router.sessions import Claim, Sessions
 from router.spans import AcquireSpan, AttemptSpan, Phase
 from router.state import TenantRef
-from router.tenants import Tenants
 from router.upkeep import Upkeep
 from router.waits import until_done
 from router.warm import WarmPools
@@ -95,7 +94,6 @@ class Acquirer:
         self._slot_pools = {
             e.ref.pool for e in ctx.entries.values() if e.ref.limits.concurrent is not None
         }
-        self._tenants = Tenants(ctx.config)
 
     async def acquire(
         self,
@@ -109,7 +107,7 @@ class Acquirer:
         requires = tuple(requires)
         with self._ctx.spans(AcquireSpan(requires, session=session is not None)):
             return await self._acquire(
-                spec, requires, labels, session, timeout, self._tenants.ref(tenant)
+                spec, requires, labels, session, timeout, self._ledger.tenants.ref(tenant)
             )
 
     async def _acquire(

@@ -84,7 +84,7 @@ class Router:
         self._acquirer = Acquirer(
             self._ledger, self._upkeep, self._sessions, ctx, sleep, self._warm
         )
-        self._janitor = Janitor(store, ctx)
+        self._janitor = Janitor(store, ctx, self._ledger.storage)
         self._pauses = Pauses(self._ledger, self._upkeep, ctx)
 
     # -- construction ----------------------------------------------------------

@@ -49,10 +49,10 @@ class ReapReport:
 
 
 class Janitor:
-    def __init__(self, store: StateStore, ctx: Context) -> None:
+    def __init__(self, store: StateStore, ctx: Context, paused: PausedStorage) -> None:
         self._ctx = ctx
         self._store = store
-        self._paused = PausedStorage(store, ctx)
+        self._paused = paused
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 

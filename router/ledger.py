@@ -41,6 +41,7 @@ from router.state import (
     TenantRef,
 )
 from router.state.posted import posted, then
+from router.tenants import Tenants
 
 __all__ = ["Ledger"]
 
@@ -58,7 +59,8 @@ class Ledger:
         # Pools seen out of quota: skipped with no round trip (policies/exhausted.py).
         self.exhausted = KnownExhausted(recheck=ctx.config.fleet_heartbeat)
         self.bindings = Bindings(store, ctx.clock)
-        self.storage = PausedStorage(store, ctx)
+        self.tenants = Tenants(ctx.config)  # each tenant's ref, made once per name
+        self.storage = PausedStorage(store, ctx, self.tenants)
 
     async def check(self) -> None:
         """Warn once about a store that would lose the ledger (no persistence)."""

@@ -87,7 +87,7 @@ class Parking:
         a store that cannot be reached holds nothing (reported), and the pause goes on."""
         what = f"pause of session {held.session!r}'s sandbox"
         try:
-            return await self._ledger.storage.hold(entry, held.sandbox.id, idle, what)
+            return await self._ledger.storage.hold(entry, held.sandbox.id, idle, what, held.tenant)
         except StateUnavailable as exc:
             self._ledger.report("session", exc)
             return None

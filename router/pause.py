@@ -42,7 +42,6 @@ from router.events import Paused, Resumed
 from router.lease import Held
 from router.ledger import Ledger
 from router.state.base import SessionBinding, TenantRef
-from router.tenants import Tenants
 from router.upkeep import Upkeep
 
 __all__ = ["PAUSE_KEY", "Pauses"]
@@ -57,7 +56,6 @@ class Pauses:
         self._ctx = ctx
         self._ledger = ledger
         self._upkeep = upkeep
-        self._tenants = Tenants(ctx.config)
 
     async def pause(self, held: Held) -> str:
         """Pause the lease's sandbox, end the lease without killing it; the resume token.
@@ -67,8 +65,9 @@ class Pauses:
 
         Raises:
             Unsupported: the entry does not declare ``pause`` (the lease stays live).
-            BudgetExceeded: its pool's usd budget cannot hold the paused storage for
-                ``pause_ttl`` (the lease stays live, its sandbox running).
+            BudgetExceeded: its pool's usd budget, or its tenant's, cannot hold the
+                paused storage for ``pause_ttl`` (the lease stays live, its sandbox
+                running).
             LeaseError: the lease was already released.
         """
         if held.released:
@@ -79,7 +78,8 @@ class Pauses:
         token, ttl = secrets.token_urlsafe(24), self._ctx.config.pause_ttl
         storage, sandbox_id = self._ledger.storage, held.sandbox.id
         # Its storage held first: a pause the budget cannot pay for is not made.
-        started = await storage.hold(entry, sandbox_id, ttl, f"pause of lease {held.lease_id}")
+        what = f"pause of lease {held.lease_id}"
+        started = await storage.hold(entry, sandbox_id, ttl, what, held.tenant)
         try:
             # Bound next: a sandbox paused with no record of it could be neither resumed
             # nor kept.
@@ -123,7 +123,7 @@ class Pauses:
         if not await self._ledger.store.lock(key, claim, timeout + RESERVE_GRACE, now):
             raise LeaseError("this paused sandbox is being resumed by another call")
         try:
-            held = await self._wake(key, binding, now + timeout, self._tenants.ref(tenant))
+            held = await self._wake(key, binding, now + timeout, self._ledger.tenants.ref(tenant))
         except BaseException:
             await asyncio.shield(self._ledger.store.unlock(key, claim))
             raise
@@ -177,7 +177,8 @@ class Pauses:
         entry = self._ctx.entries[held.entry]
         try:
             now = self._ctx.clock()
-            await self._ledger.storage.hold(entry, held.sandbox.id, expires - now, "re-pause")
+            storage = self._ledger.storage
+            await storage.hold(entry, held.sandbox.id, expires - now, "re-pause", held.tenant)
             await self._ledger.store.bind_session(key, held.entry, held.sandbox.id, expires, now)
             await held.sandbox.pause()
         except (ProviderError, StateUnavailable, BudgetExceeded):

@@ -6,18 +6,24 @@ asked to pause it (`PausedStorage.hold`: `BudgetExceeded` when the pool's
 budget has no room, and nothing was done); a resume, a kill or the
 janitor's reap settles the hold to the storage used (`PausedStorage.settle`).
 Priced by the entry's ``paused_gib_hour`` and size (`policies.pricing`); an
-entry without that rate holds and charges nothing. The rules are
-`policies.paused`'s, applied in the store (`router.state.paused`).
+entry without that rate holds and charges nothing. A pause of a tenant's
+lease holds against the tenant's budget too; the settle finds the hold's
+tenant first (the janitor knows a sandbox, not who paused it). The rules
+are `policies.paused`'s, applied in the store (`router.state.paused`).
 """
 
 from __future__ import annotations
 
-from providers.errors import BudgetExceeded, StateUnavailable
+from dataclasses import replace
+
+from policies.tenants import TenantDenial
+from providers.errors import BudgetExceeded, ConfigError, StateUnavailable
 from router.context import Context
 from router.entries import Entry
 from router.events import StateError
-from router.state import StateStore
+from router.state import EntryRef, StateStore, TenantRef
 from router.state.paused import PausedHold
+from router.tenants import Tenants
 
 __all__ = ["PausedStorage"]
 
@@ -26,29 +32,41 @@ class PausedStorage:
     """Holds and settles paused storage for the router's pauses (the ledger's, the
     janitor's)."""
 
-    def __init__(self, store: StateStore, ctx: Context) -> None:
+    def __init__(self, store: StateStore, ctx: Context, tenants: Tenants) -> None:
         self._store = store
         self._ctx = ctx
+        self._tenants = tenants
 
-    async def hold(self, entry: Entry, sandbox_id: str, seconds: float, what: str) -> float | None:
-        """Hold ``sandbox_id``'s storage for ``seconds`` from now against ``entry``'s pool:
-        when it started (`drop` takes it), None when the entry prices no storage.
+    async def hold(
+        self,
+        entry: Entry,
+        sandbox_id: str,
+        seconds: float,
+        what: str,
+        tenant: TenantRef | None = None,
+    ) -> float | None:
+        """Hold ``sandbox_id``'s storage for ``seconds`` from now against ``entry``'s pool
+        and ``tenant`` (the paused lease's): when it started (`drop` takes it), None when
+        the entry prices no storage.
 
         Raises:
-            BudgetExceeded: the pool's usd budget has no room for it (``what`` names the
-                pause in the message); nothing is held.
+            BudgetExceeded: the pool's or the tenant's usd budget has no room for it
+                (``what`` names the pause in the message); nothing is held.
             StateUnavailable: the store cannot be reached; nothing is held.
         """
         rate = entry.paused_rate()
         if rate <= 0:
             return None
         now = self._ctx.clock()
-        denial = await self._store.hold_paused(
-            entry.ref, sandbox_id, PausedHold(entry.name, now, now + seconds, rate), now
-        )
+        ref = replace(entry.ref, tenant=tenant)
+        hold = PausedHold(entry.name, now, now + seconds, rate)
+        denial = await self._store.hold_paused(ref, sandbox_id, hold, now)
         if denial is not None:
+            budget = f"pool {entry.ref.pool!r}"
+            if isinstance(denial, TenantDenial) and tenant is not None:
+                budget = f"tenant {tenant.name!r}"
             raise BudgetExceeded(
-                f"{what} on {entry.name} refused: usd budget of pool {entry.ref.pool!r}: "
+                f"{what} on {entry.name} refused: usd budget of {budget}: "
                 f"${denial.used:.4f} spent or held of ${denial.limit:.4f}, no room for its "
                 f"paused storage's hold (${rate * seconds:.4f} for {seconds:.0f}s); nothing "
                 "was paused"
@@ -73,7 +91,8 @@ class PausedStorage:
         if entry.paused_rate() <= 0:
             return None
         try:
-            return await self._store.settle_paused(entry.ref, sandbox_id, self._ctx.clock())
+            ref = await self._counted(entry, sandbox_id)
+            return await self._store.settle_paused(ref, sandbox_id, self._ctx.clock())
         except StateUnavailable as exc:
             mode = self._ctx.config.on_state_error
             self._ctx.emit(StateError(operation="charge", error=str(exc), mode=mode))
@@ -83,4 +102,17 @@ class PausedStorage:
         """Give back a hold whose pause never happened (``started``: `hold`'s answer),
         charging nothing."""
         if started is not None:
-            await self._store.settle_paused(entry.ref, sandbox_id, started)
+            ref = await self._counted(entry, sandbox_id)
+            await self._store.settle_paused(ref, sandbox_id, started)
+
+    async def _counted(self, entry: Entry, sandbox_id: str) -> EntryRef:
+        """``entry``'s ref naming the tenant ``sandbox_id``'s hold is counted to. A tenant
+        the config no longer counts (a Redis Cluster's without ``tenants:``) is left out:
+        its copy lapses, charged whole."""
+        name = await self._store.paused_tenant(entry.ref, sandbox_id)
+        if name is None:
+            return entry.ref
+        try:
+            return replace(entry.ref, tenant=self._tenants.ref(name))
+        except ConfigError:
+            return entry.ref

@@ -28,7 +28,7 @@ from policies.breaker import BreakerConfig, Outcome
 from policies.fleet import Registration
 from policies.paused import PausedHold
 from policies.quota import UNITS, Limits, Meter, QuotaDenial, Renewal, ShortOf
-from policies.tenants import TENANT_UNITS, TenantWindow
+from policies.tenants import TENANT_UNITS, TenantDenial, TenantWindow
 from router.state import on_cluster, redis_snapshot, scripts
 from router.state.base import (
     CALL_MEMORY,
@@ -369,20 +369,35 @@ class RedisStore(RedisSessions, StateStore):
         keys = self._keys.pool(ref, now)
         numbers = (repr(float(v)) for v in (hold.started, hold.expires, hold.rate))
         raw = await self._script(
-            "paused_hold", [keys.usage, keys.leases, keys.meta, keys.held],
-            [now, sandbox_id, hold.entry, *numbers, _usd_limit(ref.limits), _USAGE_TTL],
+            "paused_hold",
+            [keys.usage, keys.leases, keys.meta, keys.held, *self._keys.tenant(ref.tenant, now)],
+            [now, sandbox_id, hold.entry, *numbers, _usd_limit(ref.limits), _USAGE_TTL,
+             *_tenant_budget(ref.tenant)],
         )  # fmt: skip
         if not raw:
             return None
+        budget, used = raw[0].decode(), float(raw[1])
+        if budget == "tenant":
+            assert ref.tenant is not None
+            assert ref.tenant.limits.usd is not None
+            return TenantDenial("usd", used, ref.tenant.limits.usd)
         assert ref.limits.usd is not None  # only a limit refuses
-        return QuotaDenial("usd", float(raw), ref.limits.usd)
+        return QuotaDenial("usd", used, ref.limits.usd)
 
     async def settle_paused(self, ref: EntryRef, sandbox_id: str, now: float) -> float | None:
         keys = self._keys.pool(ref, now)
         raw = await self._script(
-            "paused_settle", [keys.usage, keys.leases, keys.held], [now, sandbox_id, _USAGE_TTL]
+            "paused_settle",
+            [keys.usage, keys.leases, keys.held, *self._keys.tenant(ref.tenant, now)],
+            [now, sandbox_id, _USAGE_TTL, *([ref.tenant.name] if ref.tenant else [])],
         )
         return float(raw) if raw else None
+
+    async def paused_tenant(self, ref: EntryRef, sandbox_id: str) -> str | None:
+        held = self._keys.pool(ref, 0.0).held
+        [raw] = await self._commands(lambda pipe: pipe.hget(held, "$paused"))
+        found = json.loads(raw).get(sandbox_id) if raw else None
+        return found.get("tenant") if isinstance(found, dict) else None
 
     async def ping(self) -> None:
         await self._commands(lambda pipe: pipe.ping())

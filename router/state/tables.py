@@ -523,14 +523,19 @@ class TableStore(StateStore):
     async def hold_paused(
         self, ref: EntryRef, sandbox_id: str, hold: PausedHold, now: float
     ) -> QuotaDenial | None:
+        hold = dataclasses.replace(hold, tenant=ref.tenant.name if ref.tenant else None)
+
         def hold_it(tx: Tables) -> QuotaDenial | None:
             pool = _load(tx, ref, now, purge=True)
             quota.purge_expired(pool, now)
             holds = _paused_rows(tx, ref.pool)
             paused_policy.purge_expired(pool, holds, now)
-            denial = paused_policy.hold(pool, holds, sandbox_id, hold, ref.limits)
+            tenant = _load_tenant(tx, ref.tenant, now)
+            also = None if ref.tenant is None or tenant is None else (tenant, ref.tenant.limits)
+            denial = paused_policy.hold(pool, holds, sandbox_id, hold, ref.limits, also)
             _save_paused(tx, ref.pool, holds, now)
             _save(tx, ref.pool, pool)
+            _save_tenant(tx, ref.tenant, tenant, now)
             return denial
 
         return await self._transact(hold_it)
@@ -539,13 +544,24 @@ class TableStore(StateStore):
         def settle(tx: Tables) -> float | None:
             pool = _load(tx, ref, now)
             holds = _paused_rows(tx, ref.pool)
-            charged = paused_policy.settle(pool, holds, sandbox_id, now)
+            found = holds.get(sandbox_id)
+            mine = ref.tenant is not None and found is not None and found.tenant == ref.tenant.name
+            tenant = _load_tenant(tx, ref.tenant if mine else None, now)
+            charged = paused_policy.settle(pool, holds, sandbox_id, now, tenant)
             paused_policy.purge_expired(pool, holds, now)
             _save_paused(tx, ref.pool, holds, now)
             _save(tx, ref.pool, pool)
+            _save_tenant(tx, ref.tenant, tenant, now)
             return charged
 
         return await self._transact(settle)
+
+    async def paused_tenant(self, ref: EntryRef, sandbox_id: str) -> str | None:
+        def tenant(tx: Tables) -> str | None:
+            found = _paused_rows(tx, ref.pool).get(sandbox_id)
+            return None if found is None else found.tenant
+
+        return await self._transact(tenant)
 
     async def ping(self) -> None:
         await self._transact(lambda tx: None)
@@ -586,8 +602,14 @@ def _save_paused(tx: Tables, pool: str, holds: Mapping[str, PausedHold], now: fl
         if tx.get("paused", pool) is not None:
             tx.delete("paused", pool)
         return
-    value = {sid: [h.entry, h.started, h.expires, h.rate] for sid, h in holds.items()}
+    value = {sid: _paused_fields(h) for sid, h in holds.items()}
     tx.put("paused", pool, json.dumps(value), math.inf, now)
+
+
+def _paused_fields(found: PausedHold) -> list[Any]:
+    """A hold as its row keeps it (its tenant last, only when it has one)."""
+    fields: list[Any] = [found.entry, found.started, found.expires, found.rate]
+    return fields if found.tenant is None else [*fields, found.tenant]
 
 
 def _binding(tx: Tables, session: str) -> SessionBinding | None:
@@ -730,13 +752,15 @@ def _load_tenant(
     usage = tx.get("tenant_usage", f"{window}|{tenant.name}")
     sessions, usd = json.loads(usage[0]) if usage is not None else (0, 0.0)
     row = tx.get("tenant", tenant.name)
-    held, leases = 0.0, {}
+    held, leases, paused = 0.0, {}, {}
     if row is not None:
         data = json.loads(row[0])
         held = data["held"]
         leases = {lid: LeaseSlot(**fields) for lid, fields in data["leases"].items()}
-    state = TenantState(window, sessions, usd, held, leases)
+        paused = {sid: PausedHold(*fields) for sid, fields in data.get("paused", {}).items()}
+    state = TenantState(window, sessions, usd, held, leases, paused)
     tenant_policy.purge_expired(state, now, keep)
+    paused_policy.purge_expired(state, state.paused, now)
     return state
 
 
@@ -751,16 +775,19 @@ def _save_tenant(
     usage, stored = json.dumps([state.sessions, state.usd]), tx.get("tenant_usage", key)
     # A row as soon as it holds a lease: `tenants` lists it (what Redis's spend zset does).
     before = stored[0] if stored is not None else json.dumps([0, 0.0])
-    if before != usage or (stored is None and state.leases):
+    if before != usage or (stored is None and (state.leases or state.paused)):
         expires = tenant.window.reset_at(now).timestamp() + _USAGE_KEEP
         tx.put("tenant_usage", key, usage, expires, now)
     row = tx.get("tenant", tenant.name)
-    if not state.leases:
+    if not state.leases and not state.paused:
         if row is not None:
             tx.delete("tenant", tenant.name)
         return
     leases = {lid: dataclasses.asdict(slot) for lid, slot in state.leases.items()}
-    value = json.dumps({"held": state.usd_held, "leases": leases})
+    data: dict[str, Any] = {"held": state.usd_held, "leases": leases}
+    if state.paused:
+        data["paused"] = {sid: _paused_fields(h) for sid, h in state.paused.items()}
+    value = json.dumps(data)
     if row is None or row[0] != value:
         tx.put("tenant", tenant.name, value, math.inf, now)
 

@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from policies import paused, quota
 from policies.paused import LAPSE_GRACE, PausedHold
 from policies.quota import Grant, Limits, Meter, PoolState, QuotaDenial
+from policies.tenants import TenantDenial, TenantLimits, TenantState
 
 HOUR = PausedHold("e", 0.0, 3600.0, 0.0001)  # $0.36
 
@@ -52,20 +53,51 @@ def test_only_holds_a_grace_past_their_end_are_purged() -> None:
     assert (set(holds), pool.usd, pool.usd_held) == ({"b"}, pytest.approx(0.36), 0.72)
 
 
+def test_a_tenants_pause_is_held_against_its_budget_too_all_or_nothing() -> None:
+    """The pool has room, the tenant has not: refused, neither ledger changes; with room
+    in both, both hold it and the settle charges both the same."""
+    pool, holds, tenant = PoolState("w"), {}, TenantState("w", usd=0.5)
+    mine = PausedHold("e", 0.0, 3600.0, 0.0001, tenant="t")
+    tight, room = (tenant, TenantLimits(usd=0.8)), (tenant, TenantLimits(usd=0.9))
+    assert paused.hold(pool, holds, "sb", mine, Limits(usd=5.0), tight) == TenantDenial(
+        "usd", 0.5, 0.8
+    )
+    assert (pool.usd_held, holds, tenant.usd_held, tenant.paused) == (0.0, {}, 0.0, {})
+    assert paused.hold(pool, holds, "sb", mine, Limits(usd=5.0), room) is None
+    assert (pool.usd_held, tenant.usd_held) == (pytest.approx(0.36), pytest.approx(0.36))
+    assert paused.settle(pool, holds, "sb", 900.0, tenant) == pytest.approx(0.09)
+    assert (pool.usd, tenant.usd) == (pytest.approx(0.09), pytest.approx(0.59))
+    assert (pool.usd_held, tenant.usd_held, tenant.paused) == (0.0, 0.0, {})
+
+
+def test_a_tenants_copy_settled_without_it_lapses_charged_whole() -> None:
+    """A settle that cannot name the tenant (its budget unknown there) charges the pool
+    what was used; the tenant's copy is charged whole a grace past its end."""
+    pool, holds, tenant = PoolState("w"), {}, TenantState("w")
+    mine = PausedHold("e", 0.0, 3600.0, 0.0001, tenant="t")
+    paused.hold(pool, holds, "sb", mine, Limits(), (tenant, TenantLimits()))
+    assert paused.settle(pool, holds, "sb", 900.0) == pytest.approx(0.09)
+    assert paused.purge_expired(tenant, tenant.paused, 3600.0 + LAPSE_GRACE - 1) == 0
+    assert paused.purge_expired(tenant, tenant.paused, 3600.0 + LAPSE_GRACE) == 1
+    assert (tenant.usd, tenant.usd_held, pool.usd) == pytest.approx((0.36, 0.0, 0.09))
+
+
 METER = Meter(0.01, 0.2, 0.0, 30.0, 30.0, kill=True)
 SANDBOXES = st.sampled_from(["sa", "sb", "sc"])
 
 
 class PausedMachine(RuleBasedStateMachine):
-    """Leases and paused holds in one pool, at random: what was spent plus what is held
-    never passes the budget, the pool holds what its leases and holds hold, and no hold
-    is charged more than it held."""
+    """Leases and paused holds in one pool, some of them a tenant's, at random: what was
+    spent plus what is held never passes the pool's budget nor the tenant's, each holds
+    what its leases and holds hold, and no hold is charged more than it held."""
 
     def __init__(self) -> None:
         super().__init__()
         self.limits = Limits(usd=2.0)
         self.pool = PoolState("w")
         self.holds: dict[str, PausedHold] = {}
+        self.tenant = TenantState("w")
+        self.tenant_limits = TenantLimits(usd=0.8)
         self.now = 0.0
         self.next_id = 0
 
@@ -84,19 +116,27 @@ class PausedMachine(RuleBasedStateMachine):
         lid = data.draw(st.sampled_from(sorted(self.pool.leases)))
         quota.release(self.pool, lid, self.now)
 
-    @rule(sandbox=SANDBOXES, seconds=st.floats(1, 5000), rate=st.floats(0.00001, 0.001))
-    def pause(self, sandbox: str, seconds: float, rate: float) -> None:
-        new = PausedHold("e", self.now, self.now + seconds, rate)
-        before = self.pool.usd + self.pool.usd_held
-        denial = paused.hold(self.pool, self.holds, sandbox, new, self.limits)
+    @rule(
+        sandbox=SANDBOXES,
+        seconds=st.floats(1, 5000),
+        rate=st.floats(0.00001, 0.001),
+        tenants=st.booleans(),
+    )
+    def pause(self, sandbox: str, seconds: float, rate: float, tenants: bool) -> None:
+        new = PausedHold("e", self.now, self.now + seconds, rate, "t" if tenants else None)
+        before = (self.pool.usd + self.pool.usd_held, self.tenant.usd + self.tenant.usd_held)
+        also = (self.tenant, self.tenant_limits) if tenants else None
+        denial = paused.hold(self.pool, self.holds, sandbox, new, self.limits, also)
         if denial is not None:
-            assert self.pool.usd + self.pool.usd_held == before
+            after = (self.pool.usd + self.pool.usd_held, self.tenant.usd + self.tenant.usd_held)
+            assert after == before
             assert self.holds.get(sandbox) != new
 
-    @rule(sandbox=SANDBOXES)
-    def settle(self, sandbox: str) -> None:
+    @rule(sandbox=SANDBOXES, named=st.booleans())
+    def settle(self, sandbox: str, named: bool) -> None:
         found = self.holds.get(sandbox)
-        charged = paused.settle(self.pool, self.holds, sandbox, self.now)
+        tenant = self.tenant if named and found is not None and found.tenant else None
+        charged = paused.settle(self.pool, self.holds, sandbox, self.now, tenant)
         assert (charged is None) == (found is None)
         if found is not None:
             assert 0.0 <= charged <= found.held() + 1e-12  # type: ignore[operator]
@@ -106,10 +146,17 @@ class PausedMachine(RuleBasedStateMachine):
         self.now += dt
         quota.purge_expired(self.pool, self.now)
         paused.purge_expired(self.pool, self.holds, self.now)
+        paused.purge_expired(self.tenant, self.tenant.paused, self.now)
 
     @invariant()
     def never_past_the_budget(self) -> None:
         assert self.pool.usd + self.pool.usd_held <= 2.0 + 1e-9
+        assert self.tenant.usd + self.tenant.usd_held <= 0.8 + 1e-9
+
+    @invariant()
+    def the_tenant_holds_its_copies(self) -> None:
+        held = sum(h.held() for h in self.tenant.paused.values())
+        assert self.tenant.usd_held == pytest.approx(held, abs=1e-9)
 
     @invariant()
     def the_pool_holds_what_its_leases_and_pauses_hold(self) -> None:

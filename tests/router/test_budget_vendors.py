@@ -175,3 +175,42 @@ def test_a_vendor_pause_holds_its_storage_first_and_its_resume_settles_it(
     view = short.status().entries[0]
     assert view.used["usd"] == pytest.approx(0.05 + billed(name, 3))
     assert view.usd_held == 0
+
+
+@pytest.mark.parametrize("vendor", ["daytona", "e2b", "runloop"], indirect=True)
+def test_a_tenants_vendor_pause_is_held_and_settled_by_its_tenant_too(
+    vendor: tuple[str, Emulator], make_router, tmp_path: Path, events, clock: Clock
+) -> None:
+    """The pool has room; tenant 'poor' has no room for $0.10 of paused storage past its
+    lease's window: its pause is refused naming it, the vendor's sandbox running on.
+    Tenant 'u1''s pause holds the storage in its own ledger, and a resume that names no
+    tenant (the hold's is found) charges it the 5 s used."""
+    name, emu = vendor
+    backend = build(name, emu, tmp_path)
+    price = {"vcpu_hour": 36.0, "memory_gib_hour": 0.0, "per_sandbox": 0.0}
+    entry = {
+        "name": "v",
+        "provider": backend.kind,
+        "price": {**price, "paused_gib_hour": 36.0},
+        "resources": {"vcpu": 1, "memory_gib": 1},
+        "quota": {"usd": 100.0, "budget_window": 2},
+    }
+    tenants = {"default": {"usd": 100.0}, "overrides": {"poor": {"usd": billed(name, 2) + 0.05}}}
+    router = make_router(
+        chain=[entry], providers={"v": backend.provider}, lease_ttl=5, pause_ttl=10,
+        tenants=tenants,
+    )  # fmt: skip
+    lease = router.acquire(tenant="poor")
+    with pytest.raises(BudgetExceeded, match=r"usd budget of tenant 'poor': .* no room for its"):
+        lease.pause()
+    assert lease.sandbox.run("echo on").stdout == "on\n"
+    lease.release()
+    token = router.acquire(tenant="u1").pause()
+    wait_until(lambda: len(fired(events, "released")) == 2)
+    [u1] = [t for t in router.tenants() if t.tenant == "u1"]
+    assert u1.usd_held == pytest.approx(0.1)
+    clock.advance(5)
+    router.resume(token).release()
+    wait_until(lambda: len(fired(events, "released")) == 3)
+    [after] = [t for t in router.tenants() if t.tenant == "u1"]
+    assert (after.usd, after.usd_held) == (pytest.approx(u1.usd + 0.05), 0.0)

@@ -1,5 +1,5 @@
-"""16 processes race for the last units of one pool, or of one tenant: exactly the limit
-is granted."""
+"""16 processes race for the last units of one pool, or of one tenant (sessions, slots,
+dollars of leases and of paused storage): exactly the limit is granted."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from providers.errors import NoProviderAvailable
+from providers.errors import BudgetExceeded, NoProviderAvailable
 from router import Router
 from tests.forked import processes
 
@@ -176,3 +176,56 @@ def test_a_tenant_s_last_units_are_never_exceeded(
         assert (spent.tenant, spent.sessions, spent.concurrent) == ("user-42", 40, 0)
         assert router.status().entries[0].used["sessions"] == 40  # the refusals spent none
         router.acquire(tenant="user-7").release()  # another tenant is served
+
+
+def _pauser(config: dict[str, object], start: Any, tenant: str | None) -> list[str]:
+    """Acquire and pause until the budget refuses a pause (11 at most: more than the
+    budget holds); the tokens of those made."""
+    from router.logs import configure_logging
+
+    configure_logging("json", "error")
+    router = Router.from_config(config, hooks=[])
+    tokens = []
+    start.wait(60)
+    while len(tokens) <= 10:
+        lease = router.acquire(tenant=tenant)
+        try:
+            tokens.append(lease.pause())
+        except BudgetExceeded:
+            lease.release()
+            break
+    router.close()
+    return tokens
+
+
+@pytest.mark.parametrize("whose", ["pool", "tenant"])
+def test_the_last_dollar_of_paused_storage_is_never_overspent(
+    state_url: str, key_prefix: str, tmp_path: Path, whose: str
+) -> None:
+    """Storage alone is priced: a pause holds $0.10 (1 GiB for pause_ttl 10 s at $36 a
+    GiB-hour) of a $1 budget, its pool's or its tenant's: 16 processes pausing at once
+    make exactly 10 pauses, and their resumes settle no more than was held."""
+    config = _config(
+        state_url, key_prefix, str(tmp_path / "sb"), {"usd": 1} if whose == "pool" else {}
+    )
+    config["chain"][0]["price"] = {"paused_gib_hour": 36.0}  # type: ignore[index]
+    config["chain"][0]["resources"] = {"vcpu": 1, "memory_gib": 1}  # type: ignore[index]
+    config["pause_ttl"] = 10
+    tenant = None
+    if whose == "tenant":
+        config["tenants"] = {"default": {"usd": 1}}
+        tenant = "user-42"
+    ctx = processes(__name__)
+    with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
+        start = manager.Barrier(PROCESSES)
+        results = pool.starmap(_pauser, [(config, start, tenant)] * PROCESSES)
+    tokens = [token for result in results for token in result]
+    assert len(tokens) == 10
+    with Router.from_config(config, hooks=[]) as router:
+        ledger = router.tenants()[0] if tenant else router.status().entries[0]
+        assert ledger.usd_held == pytest.approx(1.0)
+        for token in tokens:
+            router.resume(token).release()
+        ledger = router.tenants()[0] if tenant else router.status().entries[0]
+        spent = ledger.usd if tenant else ledger.used["usd"]
+        assert (ledger.usd_held, 0 < spent <= 1.0) == (0.0, True)

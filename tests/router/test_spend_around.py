@@ -328,6 +328,30 @@ def test_a_sticky_session_whose_pause_the_budget_cannot_hold_is_lost(priced) -> 
         assert again.sandbox_id != lease.sandbox_id
 
 
+def test_a_tenants_pause_is_held_by_its_budget_and_its_reap_charges_it(priced) -> None:
+    """A tenant's lease pauses: its storage is held by the tenant too ($0.10 for 100 s,
+    refused to a tenant with $0.05 left, naming it, though the pool has room); the
+    janitor, which knows the sandbox and not who paused it, charges the tenant at the
+    reap."""
+    tenants = {"default": {"usd": 10.0}, "overrides": {"poor": {"usd": 1.15}}}
+    router, scripted, _ = priced(settings={"pause_ttl": 100, "tenants": tenants}, price=STORED)
+    refused = router.acquire(tenant="poor")  # holds its $0.50 fee and a window of $0.60
+    with pytest.raises(BudgetExceeded, match=r"usd budget of tenant 'poor': .* no room"):
+        refused.pause()
+    assert refused.sandbox.run("echo on").stdout == "on\n"
+    refused.release()
+    lease = router.acquire(tenant="u1")
+    lease.pause()
+    wait_until(lambda: len(of(priced.events, Released)) == 2)
+    [u1] = [t for t in router.tenants() if t.tenant == "u1"]
+    assert u1.usd_held == pytest.approx(0.1)
+    priced.clock.advance(101)
+    assert router.reap().killed == [("e", lease.sandbox_id)]
+    assert lease.sandbox_id not in scripted.alive()
+    [after] = [t for t in router.tenants() if t.tenant == "u1"]
+    assert (after.usd, after.usd_held) == (pytest.approx(u1.usd + 0.1), 0.0)
+
+
 def test_a_paused_sandbox_whose_token_lapsed_is_charged_at_its_reap(priced) -> None:
     """Never resumed, so no resume charged it: the janitor kills it once its token lapses
     (pause_ttl 100 s) and charges the pool its 100 s of paused storage, once."""

@@ -15,7 +15,7 @@ import secrets
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from policies.breaker import BreakerConfig, Outcome
@@ -151,6 +151,25 @@ tenant_ops = st.one_of(
 )  # fmt: skip
 
 
+# Paused storage held for a tenant (or not: index 3) beside its leases, refused by either
+# budget, settled naming the hold's tenant or not, lapsed past the grace.
+paused_sandboxes = st.sampled_from(["sa", "sb"])
+tenant_paused_ops = st.one_of(
+    st.tuples(st.just("t_reserve"), st.integers(0, 3), lease_ids, st.integers(1, 60),
+              st.sampled_from(METERS), st.just(True)),
+    st.tuples(st.just("t_settle"), st.integers(0, 3), lease_ids, st.just(Outcome.SUCCESS),
+              st.integers(1, 60)),
+    st.tuples(st.just("t_release"), st.integers(0, 3), lease_ids),
+    st.tuples(st.just("t_hold_paused"), st.integers(0, 3), paused_sandboxes,
+              st.integers(1, 120), st.sampled_from([0.001, 0.013])),
+    st.tuples(st.just("t_settle_paused"), st.integers(0, 3), paused_sandboxes),
+    st.tuples(st.just("t_paused_tenant"), st.integers(0, 3), paused_sandboxes),
+    st.tuples(st.just("tenants")),
+    st.tuples(st.just("advance"), st.integers(0, 90)),
+    st.tuples(st.just("advance"), st.just(90_000)),
+)  # fmt: skip
+
+
 async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
     kind = op[0]
     if kind == "t_reserve":
@@ -178,6 +197,13 @@ async def apply(store: StateStore, op: tuple[Any, ...], now: float) -> Any:
         return await store.snapshot([TREFS[0], TREFS[3]], now)
     if kind == "tenants":
         return [await store.tenants(t.window, now, 5) for t in (T1, T2)]
+    if kind == "t_hold_paused":
+        hold = PausedHold(TREFS[op[1]].entry, now, now + op[3], op[4])
+        return await store.hold_paused(TREFS[op[1]], op[2], hold, now)
+    if kind == "t_settle_paused":
+        return await store.settle_paused(TREFS[op[1]], op[2], now)
+    if kind == "t_paused_tenant":
+        return await store.paused_tenant(TREFS[op[1]], op[2])
     if kind == "reserve":
         return await store.reserve(REFS[op[1]], CFG, op[2], now, op[3], meter=op[4],
                                    new_session=op[5])  # fmt: skip
@@ -266,6 +292,18 @@ def test_redis_lua_agrees_on_paused_storage(redis_url: str, sequence: list[Any])
 )
 @given(st.lists(tenant_ops, max_size=30))
 def test_redis_lua_agrees_on_tenants(redis_url: str, sequence: list[Any]) -> None:
+    agree(redis_url, [*sequence, ("tenants",)])
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(tenant_paused_ops, min_size=4, max_size=20))
+@example(  # a tenant's copy settled by another tenant's call, then lapsed: charged whole
+    [("t_hold_paused", 0, "sa", 100, 0.001), ("t_settle_paused", 2, "sa"),
+     ("advance", 90_000), ("t_hold_paused", 0, "sb", 100, 0.001)],
+)  # fmt: skip
+def test_redis_lua_agrees_on_tenants_paused_storage(redis_url: str, sequence: list[Any]) -> None:
     agree(redis_url, [*sequence, ("tenants",)])
 
 

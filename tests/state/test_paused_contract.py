@@ -3,12 +3,15 @@ settled to the storage used, charged whole once lapsed, kept when the leases go.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policies.breaker import BreakerConfig, Outcome
 from policies.paused import LAPSE_GRACE, PausedHold
 from policies.quota import Limits, Meter, MonthlyWindow, QuotaDenial
-from router.state import EntryRef, StateStore
+from policies.tenants import TenantDenial, TenantLimits
+from router.state import EntryRef, StateStore, TenantRef
 
 NOW = 1_790_000_000.0
 CFG = BreakerConfig()
@@ -86,3 +89,63 @@ async def test_a_sandbox_paused_again_settles_its_first_hold(store: StateStore) 
     again = PausedHold("a", NOW + 1800, NOW + 5400, 0.0001)
     assert await store.hold_paused(r, "sb", again, NOW + 1800) is None  # 0.18 freed: 0.54
     assert await usage(store, r, NOW + 1800) == (pytest.approx(0.18), pytest.approx(0.36))
+
+
+T = TenantRef("t", TenantLimits(usd=0.5), MonthlyWindow())
+
+
+def tenant_ref(usd: float | None = None, tenant: TenantRef = T) -> EntryRef:
+    return replace(ref(usd), tenant=tenant)
+
+
+async def tenant_usage(store: StateStore, now: float) -> tuple[float, float] | None:
+    found = [t for t in await store.tenants(MonthlyWindow(), now, 10) if t.tenant == "t"]
+    return (found[0].usd, found[0].usd_held) if found else None
+
+
+async def test_a_tenants_pause_is_held_against_its_budget_too(store: StateStore) -> None:
+    """The pool has room, the tenant has not: refused by the tenant, nothing held by
+    either; with room it is held by both, named by the hold, and settled by both."""
+    tight = tenant_ref(5.0, TenantRef("t", TenantLimits(usd=0.3), MonthlyWindow()))
+    denied = await store.hold_paused(tight, "sb", HOUR, NOW)
+    assert denied == TenantDenial("usd", 0.0, 0.3)
+    assert await usage(store, tight, NOW) == (0.0, 0.0)
+    assert await store.paused_tenant(tight, "sb") is None
+    r = tenant_ref(5.0)
+    assert await store.hold_paused(r, "sb", HOUR, NOW) is None
+    assert await store.paused_tenant(ref(), "sb") == "t"
+    assert await tenant_usage(store, NOW) == (0.0, pytest.approx(0.36))
+    assert await store.settle_paused(r, "sb", NOW + 900) == pytest.approx(0.09)
+    assert await tenant_usage(store, NOW + 900) == (pytest.approx(0.09), 0.0)
+    assert await usage(store, r, NOW + 900) == (pytest.approx(0.09), 0.0)
+    assert await store.paused_tenant(r, "sb") is None
+
+
+async def test_a_tenants_pause_and_lease_share_its_budget(store: StateStore) -> None:
+    """A lease holding $1.00 of the tenant's $1.20 leaves no room for $0.36 of storage;
+    its release settles what it cost and the pause fits."""
+    r = tenant_ref(5.0, TenantRef("t", TenantLimits(usd=1.2), MonthlyWindow()))
+    assert (await store.reserve(r, CFG, "l1", NOW, 30, meter=METER)).granted
+    await store.settle(r, CFG, "l1", NOW, outcome=Outcome.SUCCESS, ttl=60)
+    denied = await store.hold_paused(r, "sb", HOUR, NOW + 10)
+    assert denied == TenantDenial("usd", pytest.approx(1.0), 1.2)  # type: ignore[arg-type]
+    await store.release(r, "l1", NOW + 10)  # $0.10 spent
+    assert (
+        await store.hold_paused(r, "sb", PausedHold("a", NOW + 10, NOW + 3610, 0.0001), NOW + 10)
+        is None
+    )
+    assert await tenant_usage(store, NOW + 10) == (pytest.approx(0.1), pytest.approx(0.36))
+
+
+async def test_a_tenants_copy_settled_without_it_lapses_charged_whole(store: StateStore) -> None:
+    """A settle that does not name the tenant charges the pool what was used; the
+    tenant's copy is charged whole by its next call a grace past the hold's end."""
+    r = tenant_ref(5.0)
+    assert await store.hold_paused(r, "sb", HOUR, NOW) is None
+    assert await store.settle_paused(ref(5.0), "sb", NOW + 900) == pytest.approx(0.09)
+    assert await tenant_usage(store, NOW + 900) == (0.0, pytest.approx(0.36))
+    later = NOW + 3600 + LAPSE_GRACE
+    assert (
+        await store.hold_paused(r, "sc", PausedHold("a", later, later + 60, 0.0001), later) is None
+    )
+    assert await tenant_usage(store, later) == (pytest.approx(0.36), pytest.approx(0.006))

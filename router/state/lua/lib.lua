@@ -420,9 +420,30 @@ local function t_touch(T, usage_ttl)
   redis.call('EXPIRE', T.spend, usage_ttl)
 end
 
--- No lease left holds anything: no float dust stays behind.
+-- Nothing left holds anything: no float dust stays behind.
 local function t_no_dust(T)
-  if redis.call('ZCARD', T.leases) == 0 then redis.call('DEL', T.meta) end
+  if redis.call('ZCARD', T.leases) == 0 and redis.call('HEXISTS', T.meta, PAUSED) == 0 then
+    redis.call('DEL', T.meta)
+  end
+end
+
+-- The tenant's copies of its paused sandboxes' storage holds (policies/paused.py), the
+-- meta hash's `$paused` field as the pool's held hash keeps them.
+local function t_paused(T)
+  return paused_holds(T.meta)
+end
+
+local function t_save_paused(T, holds)
+  save_paused(T.meta, holds)
+end
+
+-- Drop the tenant's copy of sandbox `id`'s hold, charging what it used until `now`.
+local function t_settle_paused(T, holds, id, now)
+  local h = holds[id]
+  if not h then return end
+  holds[id] = nil
+  t_set_held(T, t_held(T) - paused_held(h))
+  redis.call('HSET', T.usage, 'usd', num(t_spent(T) + paused_charge(h, now)))
 end
 
 -- Drop m's hold and charge its cost for `seconds` (its fee if it took a session).
@@ -436,7 +457,8 @@ local function t_settle(T, m, seconds)
 end
 
 -- Drop the tenant's expired leases, charging each until its expiry (as its pool does),
--- but those in `keep` (a set, or nil): the leases a call names while their pool holds them.
+-- but those in `keep` (a set, or nil): the leases a call names while their pool holds them;
+-- then charge whole its paused holds LAPSE_GRACE past their end (as its pools do).
 local function t_purge(T, now, usage_ttl, keep)
   local expired = redis.call('ZRANGEBYSCORE', T.leases, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1000)
   for i = 1, #expired, 2 do
@@ -453,7 +475,14 @@ local function t_purge(T, now, usage_ttl, keep)
       redis.call('ZREM', T.leases, lid)
     end
   end
-  if #expired > 0 then
+  local holds, lapsed = t_paused(T), {}
+  for id, h in pairs(holds) do
+    if tonumber(h.expires) + LAPSE_GRACE <= now then table.insert(lapsed, id) end
+  end
+  table.sort(lapsed)
+  for _, id in ipairs(lapsed) do t_settle_paused(T, holds, id, now) end
+  if #lapsed > 0 then t_save_paused(T, holds) end
+  if #expired > 0 or #lapsed > 0 then
     t_no_dust(T)
     t_touch(T, usage_ttl)
   end
