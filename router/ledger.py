@@ -68,7 +68,8 @@ class Ledger:
             return
         self._checked = True
         try:
-            problems = await self.store.warnings()
+            refs = [entry.ref for entry in self._ctx.entries.values()]
+            problems = await self.store.warnings(refs, self._ctx.clock())
         except StateUnavailable:
             return  # the acquire that follows reports it, by on_state_error
         for problem in problems:

@@ -18,7 +18,7 @@ every store.
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass, field
 
 from policies.breaker import BreakerConfig, BreakerState, Outcome
@@ -440,8 +440,9 @@ class StateStore(
     async def ping(self) -> None:
         """Raise StateUnavailable when the store cannot be reached."""
 
-    async def warnings(self) -> list[str]:
-        """Operational problems worth a warning at start (e.g. no persistence)."""
+    async def warnings(self, refs: Collection[EntryRef], now: float) -> list[str]:
+        """Operational problems worth a warning at start (e.g. no persistence, or the
+        ledger of ``refs`` kept where this store does not read it)."""
         return []
 
     async def close(self) -> None:

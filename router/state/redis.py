@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
@@ -78,6 +78,7 @@ class RedisStore(RedisSessions, StateStore):
         self.url = redact(url)
         self.prefix = prefix
         self._keys = KeySpace(prefix, shared=tenants and on_cluster(url))
+        self._cluster = on_cluster(url)
         self._redis = client(url)
         self._runner = scripts.runner(url, self._redis, runner)
 
@@ -402,20 +403,43 @@ class RedisStore(RedisSessions, StateStore):
     async def ping(self) -> None:
         await self._commands(lambda pipe: pipe.ping())
 
-    async def warnings(self) -> list[str]:
-        try:
-            info, save = await self._commands(
-                lambda pipe: pipe.info("persistence").config_get("save")
-            )
+    async def warnings(self, refs: Collection[EntryRef], now: float) -> list[str]:
+        found = await self._moved(refs, now) if self._cluster else []
+        try:  # one by one: a Cluster's pipeline refuses INFO
+            with state_errors(self.url):
+                info = await self._redis.info("persistence")
+                save = await self._redis.config_get("save")
         except redis_errors.ResponseError:  # CONFIG disabled (managed Redis): cannot tell
-            return []
+            return found
         snapshots = bool(save.get("save") or save.get(b"save"))
         if not info.get("aof_enabled") and not snapshots:
-            return [
+            found.append(
                 f"Redis at {self.url} persists nothing (no AOF, no RDB snapshots): a restart "
                 "forgets every quota count and lease; enable appendonly yes"
-            ]
-        return []
+            )
+        return found
+
+    async def _moved(self, refs: Collection[EntryRef], now: float) -> list[str]:
+        """On a Cluster, the pools whose current window is counted in the other layout
+        (the config's ``tenants:`` turned on or off since: `router.state.redis_keys`),
+        which this store does not read: their counts start from zero here."""
+        pools = {ref.pool: ref for ref in refs}
+        other = KeySpace(self.prefix, shared=not self._keys.shared)
+        keys = [(other.pool(ref, now).usage, other.pool(ref, now).leases) for ref in pools.values()]
+        replies = await self._commands(lambda pipe: [pipe.exists(*pair) for pair in keys])
+        moved = [pool for pool, found in zip(pools, replies, strict=True) if found]
+        if not moved:
+            return []
+        tags = [f"{{{self.prefix}:<pool>}}", f"{{{self.prefix}:ledger}}"]
+        was, now_at = tags if self._keys.shared else tags[::-1]
+        turned = "on" if self._keys.shared else "off"
+        return [
+            f"Redis Cluster at {self.url}: this window's counts of pool(s) "
+            f"{', '.join(map(repr, moved))} are under the hash tag {was}, and this router "
+            f"counts under {now_at} (the config's tenants: section was turned {turned}): "
+            "they start from zero here. Carry them over with `sandbox-router quota set "
+            "POOL UNIT VALUE` (docs/money.md)"
+        ]
 
     async def close(self) -> None:
         await self._runner.aclose()

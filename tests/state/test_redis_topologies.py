@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 
 from policies.breaker import BreakerConfig, Outcome
+from policies.paused import PausedHold
 from policies.quota import Limits, Meter, MonthlyWindow
 from policies.tenants import TenantLimits
 from policies.warm import WarmRecord
 from providers.errors import ConfigError, NoProviderAvailable, StateUnavailable
 from router import Router
+from router.events import StateWarning
 from router.state import EntryRef, TenantRef, open_store
 from router.state.redis import RedisStore
 from router.state.scripts import RunnerName
@@ -329,6 +331,15 @@ async def test_tenants_on_a_cluster_share_one_tag_and_span_pools_on_one_node(
         assert (usage.usd, usage.usd_held) == (pytest.approx(0.1), pytest.approx(2.0))
         full = await store.reserve(refs[4], cfg, "l-pool4", NOW + 10, 30, meter=meter)
         assert (full.reason, full.unit) == ("tenant", "concurrent")
+        # Paused storage held against pool 5 and the tenant in one script: $0.30 fits the
+        # $0.40 left, $0.50 does not; the settle charges the tenant too.
+        hold = PausedHold("e5", NOW + 10, NOW + 40, 0.01)
+        assert await store.hold_paused(refs[5], "sb5", hold, NOW + 10) is None
+        too_much = PausedHold("e5", NOW + 10, NOW + 60, 0.01)
+        assert (await store.hold_paused(refs[5], "sb6", too_much, NOW + 10)).limit == 2.5
+        assert await store.settle_paused(refs[5], "sb5", NOW + 20) == pytest.approx(0.1)
+        [usage] = await store.tenants(MonthlyWindow(), NOW + 20, 5)
+        assert (usage.usd, usage.usd_held) == (pytest.approx(0.2), pytest.approx(2.0))
     finally:
         await plain.close()
         await store.close()
@@ -357,3 +368,30 @@ def test_a_router_counts_tenants_on_a_cluster(procs: Processes, tmp_path: Path) 
         bare.acquire().release()
         with pytest.raises(ConfigError, match="tenant 'user-42': the state store is a Redis"):
             bare.acquire(tenant="user-42")
+
+
+def test_turning_tenants_on_or_off_on_a_cluster_warns_of_the_counts_left_behind(
+    procs: Processes, tmp_path: Path
+) -> None:
+    """The ledger's keys move when a Cluster's config turns tenants: on (one tag) or off
+    (a tag per pool): the router's first acquire warns, naming the pool whose window
+    was counted in the other layout and how to carry it over; a router whose layout
+    holds the counts says nothing."""
+    url = cluster_url(procs, tmp_path)
+    entry = {"name": "local", "provider": "local", "options": {"root": str(tmp_path / "sb")}}
+    config = {"state_url": url, "key_prefix": "moved", "chain": [entry]}
+    tenants = {**config, "tenants": {}}
+
+    def warned(cfg: dict[str, object]) -> list[str]:
+        events: list[object] = []
+        with Router.from_config(cfg, hooks=[events.append]) as router:
+            router.acquire().release()
+        return [e.problem for e in events if isinstance(e, StateWarning) and "Cluster" in e.problem]
+
+    assert warned(config) == []
+    [problem] = warned(tenants)
+    assert "pool(s) 'local' are under the hash tag {moved:<pool>}" in problem
+    assert "counts under {moved:ledger} (the config's tenants: section was turned on)" in problem
+    assert "sandbox-router quota set POOL UNIT VALUE" in problem
+    assert warned(tenants) != []  # both layouts hold counts now: it keeps saying so
+    assert "turned off" in warned(config)[0]
