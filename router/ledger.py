@@ -63,7 +63,8 @@ class Ledger:
         self.storage = PausedStorage(store, ctx, self.tenants)
 
     async def check(self) -> None:
-        """Warn once about a store that would lose the ledger (no persistence)."""
+        """Warn once about a store that would lose the ledger (no persistence) or keeps
+        it where this router does not read it (a Cluster's layout switched)."""
         if self._checked:
             return
         self._checked = True
@@ -199,14 +200,9 @@ class Ledger:
         the upkeep commits a new lease without a task.
         """
         settling = self._store(booking).settle(
-            booking.ref,
-            self._breaker,
-            booking.lease_id,
-            now,
-            outcome=Outcome.SUCCESS,
-            ttl=self._ctx.config.lease_ttl if ttl is None else ttl,
-            sandbox_id=sandbox_id,
-        )
+            booking.ref, self._breaker, booking.lease_id, now, outcome=Outcome.SUCCESS,
+            ttl=self._ctx.config.lease_ttl if ttl is None else ttl, sandbox_id=sandbox_id,
+        )  # fmt: skip
         return then(settling, functools.partial(self._committed, booking, sandbox_id))
 
     def _committed(

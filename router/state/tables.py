@@ -523,45 +523,14 @@ class TableStore(StateStore):
     async def hold_paused(
         self, ref: EntryRef, sandbox_id: str, hold: PausedHold, now: float
     ) -> QuotaDenial | None:
-        hold = dataclasses.replace(hold, tenant=ref.tenant.name if ref.tenant else None)
-
-        def hold_it(tx: Tables) -> QuotaDenial | None:
-            pool = _load(tx, ref, now, purge=True)
-            quota.purge_expired(pool, now)
-            holds = _paused_rows(tx, ref.pool)
-            paused_policy.purge_expired(pool, holds, now)
-            tenant = _load_tenant(tx, ref.tenant, now)
-            also = None if ref.tenant is None or tenant is None else (tenant, ref.tenant.limits)
-            denial = paused_policy.hold(pool, holds, sandbox_id, hold, ref.limits, also)
-            _save_paused(tx, ref.pool, holds, now)
-            _save(tx, ref.pool, pool)
-            _save_tenant(tx, ref.tenant, tenant, now)
-            return denial
-
-        return await self._transact(hold_it)
+        return await self._transact(lambda tx: _hold_paused(tx, ref, sandbox_id, hold, now))
 
     async def settle_paused(self, ref: EntryRef, sandbox_id: str, now: float) -> float | None:
-        def settle(tx: Tables) -> float | None:
-            pool = _load(tx, ref, now)
-            holds = _paused_rows(tx, ref.pool)
-            found = holds.get(sandbox_id)
-            mine = ref.tenant is not None and found is not None and found.tenant == ref.tenant.name
-            tenant = _load_tenant(tx, ref.tenant if mine else None, now)
-            charged = paused_policy.settle(pool, holds, sandbox_id, now, tenant)
-            paused_policy.purge_expired(pool, holds, now)
-            _save_paused(tx, ref.pool, holds, now)
-            _save(tx, ref.pool, pool)
-            _save_tenant(tx, ref.tenant, tenant, now)
-            return charged
-
-        return await self._transact(settle)
+        return await self._transact(lambda tx: _settle_paused(tx, ref, sandbox_id, now))
 
     async def paused_tenant(self, ref: EntryRef, sandbox_id: str) -> str | None:
-        def tenant(tx: Tables) -> str | None:
-            found = _paused_rows(tx, ref.pool).get(sandbox_id)
-            return None if found is None else found.tenant
-
-        return await self._transact(tenant)
+        found = await self._transact(lambda tx: _paused_rows(tx, ref.pool).get(sandbox_id))
+        return None if found is None else found.tenant
 
     async def ping(self) -> None:
         await self._transact(lambda tx: None)
@@ -604,6 +573,40 @@ def _save_paused(tx: Tables, pool: str, holds: Mapping[str, PausedHold], now: fl
         return
     value = {sid: _paused_fields(h) for sid, h in holds.items()}
     tx.put("paused", pool, json.dumps(value), math.inf, now)
+
+
+def _hold_paused(
+    tx: Tables, ref: EntryRef, sandbox_id: str, hold: PausedHold, now: float
+) -> QuotaDenial | None:
+    """`PausedSupport.hold_paused` in one transaction (`policies.paused.hold`)."""
+    pool = _load(tx, ref, now, purge=True)
+    quota.purge_expired(pool, now)
+    holds = _paused_rows(tx, ref.pool)
+    paused_policy.purge_expired(pool, holds, now)
+    tenant = _load_tenant(tx, ref.tenant, now)
+    also = None if ref.tenant is None or tenant is None else (tenant, ref.tenant.limits)
+    named = dataclasses.replace(hold, tenant=ref.tenant.name if ref.tenant else None)
+    denial = paused_policy.hold(pool, holds, sandbox_id, named, ref.limits, also)
+    _save_paused(tx, ref.pool, holds, now)
+    _save(tx, ref.pool, pool)
+    _save_tenant(tx, ref.tenant, tenant, now)
+    return denial
+
+
+def _settle_paused(tx: Tables, ref: EntryRef, sandbox_id: str, now: float) -> float | None:
+    """`PausedSupport.settle_paused` in one transaction (`policies.paused.settle`): the
+    tenant's copy is charged when ``ref`` names the hold's tenant."""
+    pool = _load(tx, ref, now)
+    holds = _paused_rows(tx, ref.pool)
+    found = holds.get(sandbox_id)
+    mine = ref.tenant is not None and found is not None and found.tenant == ref.tenant.name
+    tenant = _load_tenant(tx, ref.tenant if mine else None, now)
+    charged = paused_policy.settle(pool, holds, sandbox_id, now, tenant)
+    paused_policy.purge_expired(pool, holds, now)
+    _save_paused(tx, ref.pool, holds, now)
+    _save(tx, ref.pool, pool)
+    _save_tenant(tx, ref.tenant, tenant, now)
+    return charged
 
 
 def _paused_fields(found: PausedHold) -> list[Any]:
