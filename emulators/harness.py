@@ -23,13 +23,17 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import fcntl
+import functools
+import json
+import os
 import random
 import secrets
 import socket
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -41,6 +45,7 @@ from emulators.filesystem import GuestSandbox, PathRefused
 from emulators.latency import LatencyProfile
 from providers.base import SandboxSpec
 from providers.local import LocalOptions, LocalProvider
+from providers.local.processes import born
 
 __all__ = [
     "AccountQuota",
@@ -60,28 +65,53 @@ T = TypeVar("T")
 
 _PORTS = range(20000, 32768)  # below Linux's ephemeral range, where bind(0) and clients draw
 _handed_out: set[int] = set()
+# Every process drawing ports here lists its own, and who it is, in this file (under
+# a lock beside it): a process that exits leaves ports anyone may draw again.
+_REGISTRY = Path(tempfile.gettempdir()) / "sandbox-router-emulator-ports.json"
 
 
 def free_port() -> int:
-    """A loopback port free now, never handed out before by this process.
+    """A loopback port free now, never handed out before by this process nor held by
+    another live process that drew it here.
 
     The port is bound later by someone else (a server, a sandbox's server),
     so it is drawn at random below the ephemeral range: the kernel's own
-    picks (``bind(0)``, every outgoing connection) and other processes'
-    draws then rarely land on it before that bind.
+    picks (``bind(0)``, every outgoing connection) then never land on it, and
+    the registry keeps two processes (pytest-xdist's workers, each starting
+    emulators) from drawing the same one before either binds it.
     """
-    for _ in range(1000):
-        port = random.choice(_PORTS)
-        if port in _handed_out:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
+    with _registry() as held:
+        for _ in range(1000):
+            port = random.choice(_PORTS)
+            if port in _handed_out or str(port) in held:
                 continue
-        _handed_out.add(port)
-        return port
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            held[str(port)] = [os.getpid(), born(os.getpid())]  # told from a later pid's
+            return port
     raise RuntimeError(f"no free loopback port in {_PORTS.start}-{_PORTS.stop - 1}")
+
+
+@contextlib.contextmanager
+def _registry() -> Iterator[dict[str, list[int | None]]]:
+    """The registry's ports by holder (pid and start time), those of processes that
+    exited left out; written back on exit, all under its lock."""
+    with open(_REGISTRY.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            held = json.loads(_REGISTRY.read_text())
+        except (OSError, ValueError):
+            held = {}
+        alive = functools.cache(lambda pid, start: born(pid) == start)
+        held = {port: owner for port, owner in held.items() if alive(*owner)}
+        yield held
+        scratch = _REGISTRY.with_suffix(f".{os.getpid()}")
+        scratch.write_text(json.dumps(held))
+        os.replace(scratch, _REGISTRY)
 
 
 _LATENCIES = {"create": "latency", "resume": "resume_latency"}  # control port phase -> core

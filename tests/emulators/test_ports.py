@@ -1,8 +1,11 @@
-"""Ports handed out before someone binds them: never twice, never where the kernel draws."""
+"""Ports handed out before someone binds them: never twice, never to two processes at once,
+never where the kernel draws."""
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
+from typing import Any
 
 from emulators.harness import free_port
 
@@ -21,3 +24,27 @@ def test_a_port_someone_listens_on_is_not_handed_out() -> None:
         taken.listen()
         busy = taken.getsockname()[1]
         assert busy not in {free_port() for _ in range(300)}
+
+
+def _draw(count: int, drawn: Any, done: Any) -> None:
+    drawn.put([free_port() for _ in range(count)])
+    done.wait(60)  # alive, its ports not yet bound, while the other process draws
+
+
+def test_a_port_another_process_was_handed_is_not_handed_out_while_it_lives() -> None:
+    """Two pytest-xdist workers draw ports for their emulators at once; one must not be
+    handed a port the other holds and has not bound yet ("address already in use" at
+    an emulator's start). 600 draws each of 12,768 ports would share about 28 ports
+    if each process drew on its own."""
+    ctx = multiprocessing.get_context("spawn")
+    drawn, done = ctx.Queue(), ctx.Event()
+    other = ctx.Process(target=_draw, args=(600, drawn, done))
+    other.start()
+    try:
+        theirs = set(drawn.get(timeout=60))
+        mine = {free_port() for _ in range(600)}
+        assert not mine & theirs
+    finally:
+        done.set()
+        other.join(30)
+    assert not other.exitcode
