@@ -134,6 +134,13 @@ class Container(GuestSandbox):
     holder with the rest, and the namespace with it. Without bubblewrap the
     commands share the host's PID namespace anyway (their own mount namespaces
     keep no PID namespace: `emulators.confinement`).
+
+    A joining command is not ``--die-with-parent``: bubblewrap enters the
+    PID namespace through an intermediate process that exits once it forked
+    the command, and the command sets its parent-death signal without
+    waiting for that exit, so an intermediate that exited late (the machine
+    loaded) killed it (exit 137, no output). The namespace's end and the
+    kill of its process group end it instead.
     """
 
     def __init__(
@@ -184,7 +191,8 @@ class Container(GuestSandbox):
         if self._init is None:
             return alone
         shared = ["--userns", "3", "--pidns", "4", "--unshare-ipc", "--unshare-net"]
-        shared += ["--unshare-uts", "--unshare-cgroup-try", *alone[2:]]
+        shared += ["--unshare-uts", "--unshare-cgroup-try"]
+        shared += [arg for arg in alone[2:] if arg != "--die-with-parent"]
         join = 'exec 3<"$1/user" 4<"$1/pid" && shift && exec "$@"'
         return ["/bin/sh", "-c", join, "join", f"/proc/{self._init}/ns", bwrap, *shared]
 

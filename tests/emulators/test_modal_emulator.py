@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -899,3 +901,26 @@ def test_a_volume_is_shared_by_the_sandboxes_mounting_it(
         "users/u1/new.txt",
         "users/u1/seed.txt",
     ]
+
+
+def test_an_exec_outlives_the_intermediate_process_that_joined_it_to_the_container(
+    emu: ModalEmulator, client: Any
+) -> None:
+    """bubblewrap joins an exec to the container's PID namespace through an intermediate
+    process that exits once it forked the command; with ``--die-with-parent`` the command
+    tied its life to that process, and one that exited late (a loaded machine: the
+    command ran first) killed it with SIGKILL (exit 137, no output). strace delays the
+    intermediate's exit by 0.3 s here; the command, 0.6 s long, finishes."""
+    if emu.core.confinement != "bwrap" or shutil.which("strace") is None:
+        pytest.skip("needs bubblewrap and strace (apt-get install bubblewrap strace)")
+    sb = create(client)
+    try:
+        assert sb.exec("true").wait() == 0  # the container's namespace holder runs
+        container = emu.core.sandboxes[sb.object_id]
+        delayed = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=exit_group"]
+        delayed += ["-e", "inject=exit_group:delay_enter=300000:when=1"]
+        command = [*container._bwrap("/"), "/bin/sh", "-c", "sleep 0.6; echo done"]
+        ran = subprocess.run([*delayed, *command], capture_output=True, timeout=30, check=False)
+        assert (ran.returncode, ran.stdout) == (0, b"done\n"), ran.stderr
+    finally:
+        sb.terminate()
