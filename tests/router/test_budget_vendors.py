@@ -39,10 +39,12 @@ def priced(
     ttl: float = 5,
     paused_gib_hour: float = 0.0,
     pause_ttl: float = 3600,
+    tenants: dict[str, object] | None = None,
     **quota: object,
 ) -> Router:
     """A router on the vendor's adapter, its pool's budget ``usd``, leases renewed
-    ``window`` seconds at a time, paused storage at ``paused_gib_hour``."""
+    ``window`` seconds at a time, paused storage at ``paused_gib_hour``, ``tenants`` the
+    config's."""
     name, emu = vendor
     backend = build(name, emu, tmp_path)
     price = {"vcpu_hour": 36.0, "memory_gib_hour": 0.0, "per_sandbox": 0.0}
@@ -53,9 +55,11 @@ def priced(
         "resources": {"vcpu": 1, "memory_gib": 1},
         "quota": {"usd": usd, "budget_window": window, **quota},
     }
+    settings = {"tenants": tenants} if tenants is not None else {}
     return make_router(
-        chain=[entry], providers={"v": backend.provider}, lease_ttl=ttl, pause_ttl=pause_ttl
-    )
+        chain=[entry], providers={"v": backend.provider}, lease_ttl=ttl, pause_ttl=pause_ttl,
+        **settings,
+    )  # fmt: skip
 
 
 def test_the_vendor_sandbox_is_killed_when_the_budget_cannot_renew_it(
@@ -185,19 +189,10 @@ def test_a_tenants_vendor_pause_is_held_and_settled_by_its_tenant_too(
     lease's window: its pause is refused naming it, the vendor's sandbox running on.
     Tenant 'u1''s pause holds the storage in its own ledger, and a resume that names no
     tenant (the hold's is found) charges it the 5 s used."""
-    name, emu = vendor
-    backend = build(name, emu, tmp_path)
-    price = {"vcpu_hour": 36.0, "memory_gib_hour": 0.0, "per_sandbox": 0.0}
-    entry = {
-        "name": "v",
-        "provider": backend.kind,
-        "price": {**price, "paused_gib_hour": 36.0},
-        "resources": {"vcpu": 1, "memory_gib": 1},
-        "quota": {"usd": 100.0, "budget_window": 2},
-    }
+    name, _ = vendor
     tenants = {"default": {"usd": 100.0}, "overrides": {"poor": {"usd": billed(name, 2) + 0.05}}}
-    router = make_router(
-        chain=[entry], providers={"v": backend.provider}, lease_ttl=5, pause_ttl=10,
+    router = priced(
+        vendor, tmp_path, make_router, 100.0, 2, paused_gib_hour=36.0, pause_ttl=10,
         tenants=tenants,
     )  # fmt: skip
     lease = router.acquire(tenant="poor")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,22 @@ def _spender(
     return released
 
 
+def _race_for_a_dollar(
+    config: dict[str, object], whose: str, worker: Callable[..., list[Any]]
+) -> tuple[list[Any], str | None]:
+    """16 processes running ``worker`` at once, spending the pool's $1 (its ``quota``) or
+    a tenant's (``whose``): what each returned, and the tenant."""
+    tenant = None
+    if whose == "tenant":
+        config["tenants"] = {"default": {"usd": 1}}
+        tenant = "user-42"
+    ctx = processes(__name__)
+    with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
+        start = manager.Barrier(PROCESSES)
+        results = pool.starmap(worker, [(config, start, tenant)] * PROCESSES)
+    return [item for result in results for item in result], tenant
+
+
 @pytest.mark.parametrize("whose", ["pool", "tenant"])
 def test_the_last_dollar_is_never_overspent(
     state_url: str, key_prefix: str, tmp_path: Path, whose: str
@@ -138,15 +155,7 @@ def test_the_last_dollar_is_never_overspent(
     quota = {"usd": 1} if whose == "pool" else {}
     config = _config(state_url, key_prefix, str(tmp_path / "sb"), quota)
     config["chain"][0]["price"] = PRICE  # type: ignore[index]
-    tenant = None
-    if whose == "tenant":
-        config["tenants"] = {"default": {"usd": 1}}
-        tenant = "user-42"
-    ctx = processes(__name__)
-    with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
-        start = manager.Barrier(PROCESSES)
-        results = pool.starmap(_spender, [(config, start, tenant)] * PROCESSES)
-    leases = [lease for result in results for lease in result]
+    leases, tenant = _race_for_a_dollar(config, whose, _spender)
     for seconds, cost in leases:  # the price table: the fee plus $0.01 a second
         assert cost == pytest.approx(0.1 + 0.01 * seconds, abs=1e-12)
     spent = math.fsum(cost for _, cost in leases)
@@ -211,15 +220,7 @@ def test_the_last_dollar_of_paused_storage_is_never_overspent(
     config["chain"][0]["price"] = {"paused_gib_hour": 36.0}  # type: ignore[index]
     config["chain"][0]["resources"] = {"vcpu": 1, "memory_gib": 1}  # type: ignore[index]
     config["pause_ttl"] = 10
-    tenant = None
-    if whose == "tenant":
-        config["tenants"] = {"default": {"usd": 1}}
-        tenant = "user-42"
-    ctx = processes(__name__)
-    with ctx.Manager() as manager, ctx.Pool(PROCESSES) as pool:
-        start = manager.Barrier(PROCESSES)
-        results = pool.starmap(_pauser, [(config, start, tenant)] * PROCESSES)
-    tokens = [token for result in results for token in result]
+    tokens, tenant = _race_for_a_dollar(config, whose, _pauser)
     assert len(tokens) == 10
     with Router.from_config(config, hooks=[]) as router:
         ledger = router.tenants()[0] if tenant else router.status().entries[0]
