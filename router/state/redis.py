@@ -395,7 +395,7 @@ class RedisStore(RedisSessions, StateStore):
         return float(raw) if raw else None
 
     async def paused_tenant(self, ref: EntryRef, sandbox_id: str) -> str | None:
-        held = self._keys.pool(ref, 0.0).held
+        held = self._keys.held(ref)
         [raw] = await self._commands(lambda pipe: pipe.hget(held, "$paused"))
         found = json.loads(raw).get(sandbox_id) if raw else None
         return found.get("tenant") if isinstance(found, dict) else None

@@ -53,8 +53,12 @@ class KeySpace:
             f"{tag}:leases",
             f"{tag}:lease",
             f"{tag}:entry:{ref.entry}",
-            f"{tag}:held",
+            self.held(ref),
         )
+
+    def held(self, ref: EntryRef) -> str:
+        """The pool's holds (hash: entry -> leases it holds, ``$usd``, ``$paused``)."""
+        return f"{self._tag(ref.pool)}:held"
 
     def tenant(self, tenant: TenantRef | None, now: float) -> list[str]:
         """The tenant's keys (none without one), under the tenants' hash tag: its
