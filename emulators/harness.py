@@ -589,15 +589,14 @@ class Emulator(abc.ABC):
         return self
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._main())
-        except BaseException as exc:
-            self._error = exc
-            self._started.set()
-        finally:
-            loop.close()
+        """Serve until `stop`; the runner then cancels what still runs on the loop."""
+        with asyncio.Runner() as runner:
+            self._loop = runner.get_loop()
+            try:
+                runner.run(self._main())
+            except BaseException as exc:
+                self._error = exc
+                self._started.set()
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()

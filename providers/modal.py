@@ -2,9 +2,10 @@
 
 Each chain entry is one Modal workspace (one token: ``token_id`` /
 ``token_secret``, else ``MODAL_TOKEN_ID`` / ``MODAL_TOKEN_SECRET``). Its
-client is made on first use with ``modal.Client.from_credentials`` (or, when
-the entry names a ``server_url``, a client for that URL), so several
-workspaces work side by side in one process; the app the sandboxes belong to
+client is made on first use for the entry's token and ``server_url`` (else the
+SDK's), so several workspaces work side by side in one process, and closed
+when its first connect is given up (the SDK's connect task would retry for a
+minute, then fail unseen); the app the sandboxes belong to
 is looked up (created if missing) once per entry. Sandboxes run a registry
 image (``image``, or the spec's ``template``), with the spec's env, tags
 (the router's labels), lifetime, idle timeout, workdir, cpu, memory and
@@ -343,7 +344,7 @@ class ModalProvider(Provider):
         if self._client is None:
             opened = await self._open_client()
             if self._adopt(opened) is not opened:  # a concurrent first call won the race
-                await opened.close.aio()
+                await self._close_client(opened)
         return self._client
 
     def _adopt(self, client: Any) -> Any:
@@ -357,16 +358,25 @@ class ModalProvider(Provider):
             raise AuthError(str(self.unconfigured_reason()), provider=self.name)
         logging.getLogger(_HEADER_LOG).addFilter(_REDACT_TOKENS)
         modal = _sdk()
-        if self.opts.server_url is None:
-            client = await modal.Client.from_credentials.aio(*credentials)
-            self._sent.listen(await _stop_sdk_retries(client, modal.config.config["server_url"]))
-            return client
         from modal_proto import api_pb2
 
-        client = modal.Client(self.opts.server_url, api_pb2.CLIENT_TYPE_CLIENT, credentials)
-        await client.__aenter__()
-        self._sent.listen(await _stop_sdk_retries(client, self.opts.server_url))
+        server_url = self.opts.server_url or modal.config.config["server_url"]
+        client = modal.Client(server_url, api_pb2.CLIENT_TYPE_CLIENT, credentials)
+        try:
+            await client.__aenter__()
+            self._sent.listen(await _stop_sdk_retries(client, server_url))
+        except BaseException:
+            await self._close_client(client)
+            raise
         return client
+
+    async def _close_client(self, client: Any) -> None:
+        """Close a client, within the request timeout: this cancels its connect task, which
+        otherwise retries on the SDK's loop for a minute after its caller gave up."""
+        try:
+            await asyncio.wait_for(client.close.aio(), self._timeout)
+        except Exception as exc:
+            log.debug("sandbox_router.modal.close_failed", entry=self.name, error=repr(exc))
 
     async def _native_app(self, client: Any) -> Any:
         if self._app is None:
@@ -503,10 +513,7 @@ class ModalProvider(Provider):
         self._app = None
         self._images.clear()
         if client is not None:
-            try:
-                await asyncio.wait_for(client.close.aio(), self._timeout)
-            except Exception as exc:
-                log.debug("sandbox_router.modal.close_failed", entry=self.name, error=repr(exc))
+            await self._close_client(client)
 
 
 class ModalSandbox(ShellFiles, Sandbox):
