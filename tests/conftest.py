@@ -8,57 +8,21 @@ persistence, and stops it at the end. Each test gets its own key prefix.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
-import pkgutil
 import secrets
 import tempfile
-import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import hypothesis.internal
 import pytest
 import structlog
 
-import emulators
-import policies
-import providers
-import router
 from emulators.redis_server import RedisServer
 from router import Router
 from tests.redis_proxy import RedisProxy
 
 pytest_plugins = ["emulators.pytest_plugin"]
-
-# pytest assertion-rewrites the packages of every distribution with a pytest plugin:
-# hypothesis, anyio, langsmith (with deepagents), and ours (emulators.pytest_plugin). A
-# module of theirs imported lazily is parsed then, in whatever thread imports it (the
-# router's engine thread, an emulator's), and CPython 3.11.7 keeps the AST builder's
-# recursion count per process: a parse in another thread at that moment (smolagents
-# reads its tools' source) fails with "AST constructor recursion depth mismatch",
-# hiding the real result. Import them all now, in this thread.
-_OPTIONAL = {"mcp", "deepagents", "smolagents", "agents"}  # "agents": the OpenAI Agents SDK
-for _package in (hypothesis.internal, router, providers, policies, emulators):
-    for _module in pkgutil.walk_packages(_package.__path__, _package.__name__ + "."):
-        try:
-            importlib.import_module(_module.name)
-        except ModuleNotFoundError as _missing:  # an optional extra's module without its SDK
-            if (_missing.name or "").partition(".")[0] not in _OPTIONAL:
-                raise
-for _name in ("anyio", "langsmith"):
-    if importlib.util.find_spec(_name) is None:
-        continue
-    _third = importlib.import_module(_name)
-    with warnings.catch_warnings():  # their deprecated aliases say so as they are imported
-        warnings.simplefilter("ignore")
-        for _module in pkgutil.walk_packages(_third.__path__, _name + ".", lambda _: None):
-            try:
-                importlib.import_module(_module.name)
-            except Exception:  # a module for an optional backend of theirs
-                continue
 
 
 @pytest.fixture(scope="session")
