@@ -54,6 +54,8 @@ DEFAULT_TIMEOUT = 600  # seconds, when a call names none
 WORKER = r"""
 import json, os, queue, signal, sys, threading, traceback
 
+# Python leaves SIGINT ignored when it starts so (a background job's child): take it anyway.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 out = os.fdopen(os.dup(1), "w", buffering=1)
 namespace = {"__name__": "__main__", "__doc__": None, "__package__": None,
              "__builtins__": __builtins__}

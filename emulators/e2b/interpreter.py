@@ -58,6 +58,8 @@ KERNEL = r"""
 import ast, base64, io, json, linecache, os, queue, signal, sys, threading, time, traceback
 import warnings
 
+# Python leaves SIGINT ignored when it starts so (a background job's child): take it anyway.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 proto = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
 lock = threading.Lock()

@@ -4,6 +4,7 @@ on every provider: E2B's and Daytona's own interpreters, the router's kernel els
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -132,6 +133,26 @@ async def test_a_timeout_interrupts_the_cell_and_keeps_the_state(backend: Backen
         assert (looped.timed_out, looped.ok, looped.exit_code) == (True, False, -1)
         assert looped.error is not None
         assert looped.error.name == "TimeoutError"
+        after = await sbx.run_code("count > 0", timeout=30)
+        assert (after.text, after.stateful, after.restarted) == ("True", True, False)
+    finally:
+        await sbx.kill()
+
+
+async def test_a_kernel_started_by_a_process_ignoring_sigint_is_still_interrupted(
+    backend: Backend,
+) -> None:
+    """An app run as a shell's background job (``cmd &``, ``nohup``) ignores SIGINT, and
+    its children inherit that: the kernel must still take its interrupt."""
+    sbx = await backend.create(template=backend.code_template)
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        await sbx.run_code("count = 0")  # the kernel starts here
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    try:
+        looped = await sbx.run_code("while True:\n    count += 1", timeout=1)
+        assert looped.timed_out
         after = await sbx.run_code("count > 0", timeout=30)
         assert (after.text, after.stateful, after.restarted) == ("True", True, False)
     finally:
