@@ -5,8 +5,8 @@ file wrapper: a worker thread for each line read, written and flushed,
 three thread hand-offs per tool call, about 1.5 ms of its latency on this
 machine (``python -m benchmarks mcp``). It takes the two streams as
 arguments, so `wire` hands it the process's pipes polled by the loop
-instead (a regular file, which no loop can poll, is read and written as it
-is: it never blocks). As the SDK does, the process's own descriptors are
+instead (a regular file or ``/dev/null``, which no loop can poll, is read and
+written as it is: it never blocks). As the SDK does, the process's own descriptors are
 taken off the wire while it serves: fd 0 reads ``/dev/null`` and fd 1
 writes to stderr, so neither a child process nor a stray print can take or
 corrupt a message; both are put back on exit.
@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import selectors
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, BinaryIO, TypeVar
@@ -139,7 +140,7 @@ async def wire() -> AsyncIterator[tuple[Lines, Writer]]:
 async def _reading(
     loop: asyncio.AbstractEventLoop, source: BinaryIO, transports: list[asyncio.BaseTransport]
 ) -> Callable[[], Awaitable[bytes]]:
-    if _regular(source):
+    if not _pollable(source, selectors.EVENT_READ):
         return lambda: _done(source.readline())
     reader = asyncio.StreamReader(limit=LINE_LIMIT)
     transport, _ = await loop.connect_read_pipe(
@@ -152,7 +153,7 @@ async def _reading(
 async def _writing(
     loop: asyncio.AbstractEventLoop, sink: BinaryIO, transports: list[asyncio.BaseTransport]
 ) -> tuple[Callable[[bytes], object], Callable[[], Awaitable[None]]]:
-    if _regular(sink):
+    if not _pollable(sink, selectors.EVENT_WRITE):
         return sink.write, lambda: _done(None)
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, sink)
     transports.append(transport)
@@ -160,8 +161,19 @@ async def _writing(
     return writer.write, writer.drain
 
 
-def _regular(stream: BinaryIO) -> bool:
-    return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+def _pollable(stream: BinaryIO, events: int) -> bool:
+    """Whether the loop can wait on ``stream``: not a regular file, nor a device the
+    selector refuses (epoll refuses ``/dev/null``, a supervisor's usual stdin); asyncio
+    would take either and fail later, in a callback, leaving the read unanswered."""
+    fd = stream.fileno()
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return False
+    with selectors.DefaultSelector() as probe:
+        try:
+            probe.register(fd, events)
+        except OSError:
+            return False
+    return True
 
 
 async def _done(value: T) -> T:

@@ -227,3 +227,19 @@ def test_requests_sent_before_the_input_ends_are_all_answered(
     assert [a["id"] for a in answers] == [1, 2, "three"]
     assert len(answers[1]["result"]["tools"]) == 15
     assert answers[2]["result"]["structuredContent"]["stdout"] == "late\n"
+
+
+def test_a_server_whose_input_is_dev_null_ends_at_once(server) -> None:  # type: ignore[no-untyped-def]
+    """``/dev/null`` is a character device no event loop can poll (epoll refuses it): a
+    server started with it as stdin (a supervisor's default) reads its end and exits,
+    as with an empty file, rather than wait forever on a reader never registered."""
+    done = subprocess.run(
+        [server.command, *server.args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=30,
+        env={**os.environ, **server.env},
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, b"")
