@@ -499,6 +499,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             highlight=False,
         )
         return 2
+    if not args.http and (sys.stdin is None or sys.stdout is None):  # fd 0 or 1 was closed
+        err.print("[red]sandbox-router mcp: the stdio transport needs stdin and stdout open "
+                  "(or serve over --http)[/red]", highlight=False)  # fmt: skip
+        return 2
     cfg = config_mod.load_config(args.config) if args.config else config_mod.from_env()
     if cfg.log.model_fields_set:
         _configure_logging(args, cfg.log.format, cfg.log.level)

@@ -244,3 +244,20 @@ def test_a_server_whose_input_is_dev_null_ends_at_once(server) -> None:  # type:
     )
     assert done.returncode == 0
     assert b"Traceback" not in done.stderr, done.stderr.decode()
+
+
+def test_a_server_started_without_stdin_says_so(server) -> None:  # type: ignore[no-untyped-def]
+    """With fd 0 closed the first file the process opens takes its number: the stdio
+    transport would read that. The command refuses at once, naming what is missing."""
+    done = subprocess.run(
+        [server.command, *server.args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=30,
+        env={**os.environ, **server.env},
+        preexec_fn=lambda: os.close(0),
+        check=False,
+    )
+    assert done.returncode == 2
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    assert b"stdin" in done.stderr
