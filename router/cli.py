@@ -549,10 +549,21 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """A TCP port for argparse (0: any free one), refused before anything binds."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
+    return port
+
+
 def _mcp_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http", action="store_true", help="Streamable HTTP instead of stdio")
     p.add_argument("--host", default="127.0.0.1", help="address to bind with --http")
-    p.add_argument("--port", type=int, default=8765, help="port with --http (0: any free one)")
+    p.add_argument("--port", type=_port, default=8765, help="port with --http (0: any free one)")
     p.set_defaults(func=cmd_mcp)
 
 
@@ -624,11 +635,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="a scripted day of traffic on the emulators")
     p.add_argument("--redis", help="use this Redis instead of the embedded SQLite store")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--metrics-port", type=int, help="serve /metrics on this port meanwhile")
+    p.add_argument("--metrics-port", type=_port, help="serve /metrics on this port meanwhile")
     p.set_defaults(func=cmd_demo)
 
     p = with_config(sub.add_parser("metrics", help="serve Prometheus /metrics (a sidecar)"))
-    p.add_argument("--port", type=int, default=9464, help="port to serve on (default 9464)")
+    p.add_argument("--port", type=_port, default=9464, help="port to serve on (default 9464)")
     p.add_argument(
         "--addr",
         default="127.0.0.1",
@@ -640,8 +651,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("emulate", help="run provider emulators on loopback")
     p.add_argument("name", choices=["daytona", "runloop", "modal", "e2b", "all"])
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--control-port", type=int, default=0)
+    p.add_argument("--port", type=_port, default=0)
+    p.add_argument("--control-port", type=_port, default=0)
     p.set_defaults(func=cmd_emulate)
     return parser
 

@@ -323,3 +323,25 @@ def test_cost_month_shows_each_pools_month_budget_left_and_projection(
     assert f"total: ${team['spent_usd']:.2f} spent" in text
     assert main(["cost", "--config", str(path)]) == 0  # without --month: as before
     assert "spend this window, by entry (estimated)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["metrics", "--port", "70000"],
+        ["mcp", "--http", "--port", "-1"],
+        ["emulate", "e2b", "--port", "65536"],
+        ["emulate", "e2b", "--control-port", "-2"],
+        ["demo", "--metrics-port", "99999"],
+    ],
+)
+def test_a_port_out_of_range_is_a_usage_error(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused by the parser, naming the option, before anything starts or binds."""
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {args[-2]}" in err
+    assert "0 to 65535" in err
