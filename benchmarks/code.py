@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import percentile, summary_ms
+from benchmarks.common import percentile, summary_ms, warm_rounds
 from emulators import available, sdk_environment
 from emulators.process import emulator_process
 from providers import provider_class
@@ -59,7 +59,7 @@ async def _rounds(
     """Each path once per round, in turns (the order rotating), after a warm-up."""
     await sandbox.run_code("x = 1")
     names = list(paths)
-    for name in names * 3:
+    for name in names * warm_rounds(3, iterations):
         await paths[name](sandbox)
     timings: dict[str, list[float]] = {name: [] for name in names}
     for i in range(iterations):

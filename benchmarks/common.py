@@ -40,6 +40,13 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def warm_rounds(warmup: int, iterations: int) -> int:
+    """Warm-up rounds before ``iterations`` measured ones: ``warmup``, but never more
+    than are measured (a run of a few rounds, as the tests make, is timed for its
+    shape, not its figures)."""
+    return min(warmup, iterations)
+
+
 async def paired(
     via_router: Callable[[], Awaitable[None]],
     directly: Callable[[], Awaitable[None]],
@@ -58,7 +65,7 @@ async def paired(
     its threads): what the router's own code costs, apart from waiting.
     """
     paths = {"router": via_router, "direct": directly, **(also or {})}
-    for _ in range(warmup):  # imports, connections, scripts loaded, caches hot
+    for _ in range(warm_rounds(warmup, iterations)):  # imports, connections, caches hot
         for path in paths.values():
             await path()
     timings: dict[str, list[float]] = {name: [] for name in paths}

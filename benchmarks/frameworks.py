@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.common import percentile, summary_ms
+from benchmarks.common import percentile, summary_ms, warm_rounds
 from emulators import sdk_environment
 from emulators.process import Remote, emulator_process
 from providers.base import SandboxSpec
@@ -35,7 +35,7 @@ Call = Callable[[], object]
 def rounds(paths: dict[str, Call], iterations: int, warmup: int = 3) -> dict[str, Any]:
     """Each path once per round, the order rotating; wall and CPU per call, and the
     router's p50 over the vendor's."""
-    for _ in range(warmup):
+    for _ in range(warm_rounds(warmup, iterations)):
         for path in paths.values():
             path()
     wall: dict[str, list[float]] = {name: [] for name in paths}

@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import percentile, summary_ms
+from benchmarks.common import percentile, summary_ms, warm_rounds
 from benchmarks.scaling import balanced_ratio, chain_length
 from emulators import sdk_environment
 from emulators.latency import PUBLISHED, RESUME, LatencyProfile
@@ -70,7 +70,7 @@ def cold(redis_url: str, n: int) -> dict[str, Any]:
 
         async def run() -> list[float]:
             async with Router.from_config(config, hooks=[]) as router:
-                await _time_acquires(router, 3)
+                await _time_acquires(router, warm_rounds(3, n))
                 return await _time_acquires(router, n)
 
         return {
@@ -121,7 +121,7 @@ def warm(
 
         async def run() -> tuple[list[float], int]:
             async with Router.from_config(config(0), hooks=[]) as claimer:
-                await _time_acquires(claimer, 3, pause=0.3)
+                await _time_acquires(claimer, warm_rounds(3, n), pause=0.3)
                 times = await _time_acquires(claimer, n, pause=0.3)
                 status = await claimer.astatus()
             hits = next(e for e in status.entries if e.name == VENDOR).used.get("sessions", 0)
@@ -159,7 +159,7 @@ def vendor_warm(redis_url: str, n: int, size: int = 8) -> dict[str, Any]:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"Daytona's pool never held {size}")
                     await asyncio.sleep(0.2)
-                await _time_acquires(router, 3, pause=0.3)
+                await _time_acquires(router, warm_rounds(3, n), pause=0.3)
                 return await _time_acquires(router, n, pause=0.3)
 
         times = asyncio.run(run())
@@ -186,7 +186,8 @@ def degraded(redis_url: str, n_unhedged: int, n_hedged: int, after: float) -> di
 
         async def timed(cfg: dict[str, Any], n: int) -> list[float]:
             async with Router.from_config(cfg, hooks=[]) as router:
-                await _time_acquires(router, 2)  # clients open, the emulators' first boots
+                # clients open, the emulators' first boots
+                await _time_acquires(router, warm_rounds(2, n))
                 return await _time_acquires(router, n)
 
         second_cold = asyncio.run(timed(config(None, [second]), n_hedged))
