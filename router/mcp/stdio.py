@@ -5,11 +5,11 @@ file wrapper: a worker thread for each line read, written and flushed,
 three thread hand-offs per tool call, about 1.5 ms of its latency on this
 machine (``python -m benchmarks mcp``). It takes the two streams as
 arguments, so `wire` hands it the process's pipes polled by the loop
-instead (a regular file or ``/dev/null``, which no loop can poll, is read and
-written as it is: it never blocks). As the SDK does, the process's own descriptors are
-taken off the wire while it serves: fd 0 reads ``/dev/null`` and fd 1
-writes to stderr, so neither a child process nor a stray print can take or
-corrupt a message; both are put back on exit.
+instead (a regular file or ``/dev/null``, which no loop can poll, is read
+and written as it is: it never blocks). As the SDK does, the process's own
+descriptors are taken off the wire while it serves: fd 0 reads
+``/dev/null`` and fd 1 writes to stderr, so neither a child process nor a
+stray print can take or corrupt a message; both are put back on exit.
 
 End of input is held back until every request read has its answer: the
 SDK cancels what is still in flight when its input ends, so a client that
