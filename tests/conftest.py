@@ -72,15 +72,24 @@ _FIRST = (
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the hypothesis suites and smolagents' first.
+    """Run the hypothesis suites and smolagents' first, then the slow tests.
 
     Hypothesis reads a test's source (inspect -> ast.parse), and so does
     smolagents' CodeAgent (its tools' source, to validate them); late in a long
     session of threads, subprocesses and Redis restarts, CPython 3.11.7 can fail
     that parse with "AST constructor recursion depth mismatch" (fixed in later
     CPython releases). Early, it cannot.
+
+    The slow tests (the soak alone takes 50 s) come next: pytest-xdist's
+    worksteal hands each worker a slice of this order and idle workers take
+    the back of a busy one's queue, so a long test left near the end would
+    be the whole run's tail.
     """
-    items.sort(key=lambda item: not item.nodeid.startswith(_FIRST))
+    items.sort(key=lambda item: (not item.nodeid.startswith(_FIRST), not _slow(item)))
+
+
+def _slow(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None
 
 
 @pytest.fixture(autouse=True)

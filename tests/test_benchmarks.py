@@ -131,6 +131,7 @@ def test_skip15_times_a_chain_of_one_and_of_sixteen(redis_url: str, tmp_path: Pa
     assert result["ratio"] > 0
 
 
+@pytest.mark.slow
 def test_warm_rows_claim_across_replicas_and_from_daytonas_pool(redis_url: str) -> None:
     """Every warm acquire is a hit: the sessions spent are the pool's 2 and at most one
     refill per claim (2 warm-up, 2 timed); a miss would create, spending one more."""
@@ -141,6 +142,7 @@ def test_warm_rows_claim_across_replicas_and_from_daytonas_pool(redis_url: str) 
     assert (vendor["n"], vendor["server"]) == (2, True)
 
 
+@pytest.mark.slow
 def test_the_paused_warm_row_resumes_what_it_claims(redis_url: str) -> None:
     """Parked paused, each claim resumes: it takes E2B's published resume time."""
     paused = time_to_sandbox.warm(redis_url, 2, size=2, pause=True)

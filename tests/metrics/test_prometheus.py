@@ -26,7 +26,7 @@ from tests.metrics.conftest import Clock, RouterFactory, chain_config
 from tests.metrics.grafana import DASHBOARDS, GRAFANA, RULES, panel_queries, substitute
 from tests.metrics.prometheus import BINARY, SKIP_REASON, Prometheus
 
-pytestmark = pytest.mark.skipif(BINARY is None, reason=SKIP_REASON)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(BINARY is None, reason=SKIP_REASON)]
 
 
 def rules_firing_at_once(tmp_path: Path) -> Path:
