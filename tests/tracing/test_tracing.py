@@ -386,28 +386,32 @@ def test_no_secret_env_value_or_command_text_by_default(
     router = local_router()
     instrument(router, provider)
     spec = SandboxSpec(env={"API_TOKEN": SECRET})
-    with router.acquire(spec, session=f"user-{MARK}") as lease:
-        box = lease.sandbox
-        assert box.run(f"echo {MARK} $API_TOKEN", env={"OTHER": SECRET}).exit_code == 0
-        box.run(["echo", MARK], env={"OTHER": SECRET})
-        box.run(f"sleep 5 # {MARK}", timeout=0.2)
-        box.run_code(f"print('{MARK}')", env={"OTHER": SECRET})
-        box.start(f"echo {MARK}", env={"OTHER": SECRET}).wait()
-        box.write_file(f"{MARK}.txt", SECRET)
-        box.read_file(f"{MARK}.txt")
-        local = tmp_path / "upload.txt"
-        local.write_text(SECRET)
-        box.upload_file(local, f"{MARK}-up.txt")
-        with pytest.raises(SandboxError):
-            box.read_file(f"missing/{MARK}")
-    released(exporter)
-    names = {span.name for span in exporter.get_finished_spans()}
-    assert {"run", "run_code", "start", "write_file", "upload_file"} <= {
-        name.removeprefix("sandbox_router.") for name in names
-    }
-    recorded = everything_recorded(exporter)
-    assert SECRET not in recorded
-    assert MARK not in recorded
+    session = f"user-{MARK}"
+    try:
+        with router.acquire(spec, session=session) as lease:
+            box = lease.sandbox
+            assert box.run(f"echo {MARK} $API_TOKEN", env={"OTHER": SECRET}).exit_code == 0
+            box.run(["echo", MARK], env={"OTHER": SECRET})
+            box.run(f"sleep 5 # {MARK}", timeout=0.2)
+            box.run_code(f"print('{MARK}')", env={"OTHER": SECRET})
+            box.start(f"echo {MARK}", env={"OTHER": SECRET}).wait()
+            box.write_file(f"{MARK}.txt", SECRET)
+            box.read_file(f"{MARK}.txt")
+            local = tmp_path / "upload.txt"
+            local.write_text(SECRET)
+            box.upload_file(local, f"{MARK}-up.txt")
+            with pytest.raises(SandboxError):
+                box.read_file(f"missing/{MARK}")
+        released(exporter)
+        names = {span.name for span in exporter.get_finished_spans()}
+        assert {"run", "run_code", "start", "write_file", "upload_file"} <= {
+            name.removeprefix("sandbox_router.") for name in names
+        }
+        recorded = everything_recorded(exporter)
+        assert SECRET not in recorded
+        assert MARK not in recorded
+    finally:
+        router.close_session(session)  # a released session's sandbox outlives its router
 
 
 def test_record_commands_and_paths_when_the_app_asks(
