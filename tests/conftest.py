@@ -8,9 +8,12 @@ persistence, and stops it at the end. Each test gets its own key prefix.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import signal
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,44 @@ from router import Router
 from tests.redis_proxy import RedisProxy
 
 pytest_plugins = ["emulators.pytest_plugin"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_outlives_the_session(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """Fail the session's last teardown if a process started under this worker's
+    temporary directory is still alive once everything else is torn down: a
+    sandbox (a ``local`` one's runner, bubblewrap, kernel), a server or a replica
+    a test left behind would outlive the run. Only what names the directory in its
+    command line is found, which is how a ``local`` sandbox's processes start."""
+    yield
+    if not os.path.isdir("/proc"):  # no process table to read (macOS)
+        return
+    base = str(tmp_path_factory.getbasetemp())
+    left: list[str] = []
+    for _ in range(50):  # a kill still in flight ends within a few seconds
+        left = _processes_naming(base)
+        if not left:
+            return
+        time.sleep(0.1)
+    for line in left:  # reported, and not left to outlive the run too
+        with contextlib.suppress(OSError):
+            os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    raise AssertionError("processes outlived the tests:\n" + "\n".join(left))
+
+
+def _processes_naming(path: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        if int(pid) != os.getpid() and any(path in arg for arg in argv):
+            found.append(f"{pid}: {' '.join(argv)[:300]}")
+    return found
 
 
 @pytest.fixture(scope="session")
