@@ -9,6 +9,7 @@ persistence, and stops it at the end. Each test gets its own key prefix.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import secrets
 import signal
@@ -131,6 +132,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _slow(item: pytest.Item) -> bool:
     return item.get_closest_marker("slow") is not None
+
+
+def pytest_collection_finish() -> None:
+    """Leave what collection made (every module, every test item) out of the garbage
+    collector's full passes for the rest of the session: it lives as long as the
+    worker, and each full pass would walk all of it again."""
+    gc.freeze()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure() -> None:
+    """Leave the whole heap out of the full collections Python runs at exit.
+
+    A worker ends a run holding some 400 MB of objects, and the collections at
+    interpreter exit walked all of it: about 8 s with six workers on two cores,
+    after the last test, for nothing (the process is ending).
+    """
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
