@@ -110,6 +110,7 @@ def test_an_http_session_left_idle_ends_with_its_sandboxes(
         assert processes_with(marker)
     wait_until(lambda: not processes_with(marker), 10)  # idle timeout 1 s, then a tick
     assert processes_with(marker) == []
+    wait_until(lambda: live_leases(config) == 0, 5)  # released once the kill is done
     assert live_leases(config) == 0
 
 
