@@ -42,6 +42,7 @@ import builtins
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeAlias
@@ -95,9 +96,11 @@ class ScriptedProvider(Provider):
         self.script: list[Step] = list(script)
         self._unconfigured = unconfigured
         self._kill_gate = kill_gate
-        self._own_root = None
+        self._remove_root: weakref.finalize[[str], ScriptedProvider] | None = None
         if root is None:
-            root = self._own_root = Path(tempfile.mkdtemp(prefix="sandbox-router-scripted-"))
+            root = Path(tempfile.mkdtemp(prefix="sandbox-router-scripted-"))
+            # gone with the provider (or at exit) even if it is never closed
+            self._remove_root = weakref.finalize(self, _remove_tree, str(root))
         self.local = LocalProvider(name, LocalOptions(root=root / name))
         self.capabilities = frozenset(
             self.local.capabilities if capabilities is None else capabilities
@@ -150,8 +153,8 @@ class ScriptedProvider(Provider):
 
     async def aclose(self) -> None:
         """Remove the temporary root it made (a given ``root`` is left alone)."""
-        if self._own_root is not None:
-            await asyncio.to_thread(shutil.rmtree, self._own_root, ignore_errors=True)
+        if self._remove_root is not None:
+            await asyncio.to_thread(self._remove_root)
 
     def alive(self) -> builtins.list[str]:
         """The ids of the sandboxes it created that are not killed yet."""
@@ -179,3 +182,7 @@ class _GatedSandbox(LocalSandbox):
     async def kill(self) -> None:
         await asyncio.to_thread(self._gate.wait)
         await super().kill()
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
@@ -53,3 +54,14 @@ def test_the_apps_structlog_setup_gets_the_lines(new_router, redis_url, key_pref
 def _reset_structlog() -> None:
     yield
     structlog.reset_defaults()
+
+
+def test_a_scripted_provider_never_closed_leaves_no_directory_behind() -> None:
+    """`ScriptedProvider` without a ``root`` makes a temporary one; dropping the
+    provider unclosed (reading its capabilities, say) must not leave it in /tmp."""
+    provider = ScriptedProvider("x")
+    root = provider.local.root.parent
+    assert root.is_dir()
+    del provider
+    gc.collect()
+    assert not root.exists()
