@@ -62,7 +62,8 @@ def _processes_naming(path: str) -> list[str]:
                 argv = f.read().decode(errors="replace").split("\0")
         except OSError:  # gone, or not ours to read
             continue
-        if int(pid) != os.getpid() and any(path in arg for arg in argv):
+        inside = path + os.sep  # not a sibling run's pytest-12 for this run's pytest-1
+        if int(pid) != os.getpid() and any(arg == path or inside in arg for arg in argv):
             found.append(f"{pid}: {' '.join(argv)[:300]}")
     return found
 
