@@ -24,6 +24,7 @@ import structlog
 
 from emulators.redis_server import RedisServer
 from router import Router
+from tests.processes import command_line, processes_with
 from tests.redis_proxy import RedisProxy
 
 pytest_plugins = ["emulators.pytest_plugin"]
@@ -41,31 +42,18 @@ def _no_process_outlives_the_session(
     yield
     if not os.path.isdir("/proc"):  # no process table to read (macOS)
         return
-    base = str(tmp_path_factory.getbasetemp())
-    left: list[str] = []
+    inside = f"{tmp_path_factory.getbasetemp()}{os.sep}"  # not a sibling run's pytest-12
+    left: list[int] = []
     for _ in range(50):  # a kill still in flight ends within a few seconds
-        left = _processes_naming(base)
+        left = processes_with(inside)
         if not left:
             return
         time.sleep(0.1)
-    for line in left:  # reported, and not left to outlive the run too
+    named = [f"{pid}: {command_line(pid)[:300]}" for pid in left]
+    for pid in left:  # reported, and not left to outlive the run too
         with contextlib.suppress(OSError):
-            os.kill(int(line.split(":")[0]), signal.SIGKILL)
-    raise AssertionError("processes outlived the tests:\n" + "\n".join(left))
-
-
-def _processes_naming(path: str) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except OSError:  # gone, or not ours to read
-            continue
-        inside = path + os.sep  # not a sibling run's pytest-12 for this run's pytest-1
-        if int(pid) != os.getpid() and any(arg == path or inside in arg for arg in argv):
-            found.append(f"{pid}: {' '.join(argv)[:300]}")
-    return found
+            os.kill(pid, signal.SIGKILL)
+    raise AssertionError("processes outlived the tests:\n" + "\n".join(named))
 
 
 @pytest.fixture(scope="session")

@@ -217,15 +217,3 @@ def fetch(url: str, headers: Mapping[str, str], emulator: Emulator | None = None
         sent["Host"] = target_url.netloc.decode()
         target_url = target_url.copy_with(scheme="http", host=target[0], port=target[1])
     return httpx.get(target_url, headers=sent, timeout=10)
-
-
-def processes_with(marker: str) -> list[int]:
-    """Host processes whose command line holds ``marker`` (this test's own excepted)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if marker.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-    return found

@@ -21,12 +21,12 @@ from tests.mcp.conftest import local_entry, vendor_entry  # noqa: E402
 from tests.mcp.harness import (  # noqa: E402
     HttpServer,
     McpClient,
-    processes_with,
     server_env,
     stdio,
     write_config,
 )
 from tests.polling import wait_until  # noqa: E402
+from tests.processes import processes_with  # noqa: E402
 
 
 def live_leases(config: Path) -> int:
